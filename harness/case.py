@@ -1,0 +1,425 @@
+"""One conformance case, end to end (DESIGN.md "One case, as data flows").
+
+1. the family builds a tiny HF model with seeded weights (or a local checkpoint
+   / GGUF is loaded) -- the single source of weights for everyone;
+2. each reference is captured (cached, content-addressed);
+3. impl runs teacher-forced: every layer is fed THAT reference's own input to
+   the layer, so each layer is judged on its own;
+4. every probe impl produces is compared with the reference's; references are
+   compared with each other.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import impl
+from impl import Backend, Layer
+from impl.config import ConfigError
+from impl.kv import KV_MODES
+from impl.runner import SCHEDULES, chunk_sizes, run_layer
+from impl.trace import LAYER_PROBES
+
+from . import cache, families
+from .compare import judge, judge_against_oracle, metrics
+from .errors import UsageError, suggest
+from .families.base import NotInImpl
+from .features import model_features
+from .policy import Policy, comparison_dtype
+from .versions import versions
+
+REFERENCES = ("hf", "llamacpp")
+REF_CHOICES = REFERENCES + ("all",)
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
+STATUSES = ("pass", "fail", "error", "not-exposed", "not-implemented", "skipped")
+CAPTURE_SCHEMA = 1  # bump when the meaning of a stored capture changes
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    ref: str = "hf"
+    backend: str = "numpy"
+    device: str = "cpu"
+    dtype: str = "float32"
+    kv: str = "decode"
+    schedule: str = "mixed"
+    seed: int = 0
+    tokens: int = 16
+    seqs: int | None = None  # default: 1 for decode, 2 for batched / paged
+    overrides: tuple = ()  # ((key, value), ...)
+    gguf_type: str = "f32"
+    hf_model: str | None = None
+    gguf: str | None = None
+    page_size: int = 4
+
+    @property
+    def refs(self) -> list[str]:
+        return list(REFERENCES) if self.ref == "all" else [self.ref]
+
+    @property
+    def n_seqs(self) -> int:
+        return self.seqs if self.seqs is not None else (1 if self.kv == "decode" else 2)
+
+    @property
+    def family_label(self) -> str:
+        return self.family
+
+    def case_id(self) -> str:
+        parts = [self.family, f"{self.backend}-{self.device}-{self.dtype}", self.kv, self.schedule, self.ref,
+                 f"s{self.seed}", f"t{self.tokens}"]
+        if self.seqs is not None:
+            parts.append(f"n{self.seqs}")
+        if self.gguf_type != "f32":
+            parts.append(f"gguf-{self.gguf_type}")
+        for k, v in self.overrides:
+            parts.append(f"{k}={v}")
+        if self.hf_model:
+            parts.append(f"hf-model={Path(self.hf_model).name}")
+        if self.gguf:
+            parts.append(f"gguf={Path(self.gguf).name}")
+        return "/".join(str(p) for p in parts)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["overrides"] = [list(kv) for kv in self.overrides]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Case":
+        d = dict(d)
+        d["overrides"] = tuple(tuple(kv) for kv in d.get("overrides", ()))
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def validate(self) -> None:
+        """Every name checked against what is valid, before any work (exit 2)."""
+        if self.gguf is None:
+            families.get(self.family)
+        if self.ref not in REF_CHOICES:
+            raise UsageError(f"unknown reference {self.ref!r}; {suggest(self.ref, REF_CHOICES)}")
+        if self.kv not in KV_MODES:
+            raise UsageError(f"unknown kv mode {self.kv!r}; {suggest(self.kv, KV_MODES)}")
+        if self.gguf_type not in GGUF_TYPES:
+            raise UsageError(f"unknown GGUF weight type {self.gguf_type!r}; {suggest(self.gguf_type, GGUF_TYPES)}")
+        if not isinstance(self.tokens, int) or self.tokens < 1:
+            raise UsageError(f"--tokens must be a positive integer, got {self.tokens!r}")
+        if self.n_seqs < 1:
+            raise UsageError(f"--seqs must be a positive integer, got {self.n_seqs!r}")
+        if self.kv == "decode" and self.n_seqs != 1:
+            raise UsageError("kv mode decode holds one sequence; use --kv batched or paged for several")
+        if self.page_size < 1:
+            raise UsageError(f"--page-size must be a positive integer, got {self.page_size}")
+        try:
+            Backend(self.backend, self.device, self.dtype)
+            chunk_sizes(self.schedule, self.tokens)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        if self.schedule not in SCHEDULES and "," not in self.schedule:
+            raise UsageError(f"unknown schedule {self.schedule!r}; {suggest(self.schedule, SCHEDULES)}")
+        if self.hf_model and not Path(self.hf_model).is_dir():
+            raise UsageError(f"--hf-model {self.hf_model!r} is not a directory (expected config.json + *.safetensors)")
+        if self.gguf and not Path(self.gguf).is_file():
+            raise UsageError(f"--gguf {self.gguf!r} is not a file")
+        if self.gguf and self.ref not in ("llamacpp",):
+            raise UsageError("--gguf compares impl against llama.cpp on the file; use --ref llamacpp")
+
+
+@dataclass
+class RefCapture:
+    name: str
+    dtype: str  # the precision the reference computed in
+    probes: dict = field(default_factory=dict)
+    error: str | None = None
+    meta: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    cached: bool = False
+
+
+class CaseRun:
+    """Everything one case computes; rows come out of ``rows()``."""
+
+    def __init__(self, case: Case, policy: Policy, progress=None):
+        self.case = case
+        self.policy = policy
+        self.progress = progress or (lambda msg: None)
+        self.timings: dict[str, float] = {}
+        self.source = None  # set for --gguf / --hf-model
+        if case.gguf:
+            from .refs import gguf_import
+
+            self.source = gguf_import.load(case.gguf)
+            self.family = self.source.family
+        else:
+            self.family = families.get(case.family)
+
+    # ------------------------------------------------------------ model & weights
+    @cached_property
+    def config(self):
+        if self.source is not None:
+            return self.source.config
+        if self.case.hf_model:
+            from .refs.checkpoint import load_config
+
+            return load_config(self.case.hf_model, self.family, dict(self.case.overrides))
+        return self.family.make_config(dict(self.case.overrides))
+
+    @cached_property
+    def layer_cfgs(self):
+        try:
+            return self.family.layer_configs(self.config)
+        except ConfigError as e:
+            raise UsageError(f"family {self.family.name}: {e}") from None
+
+    @cached_property
+    def base_model(self):
+        """The float32 model every reference and impl take their weights from."""
+        t = time.perf_counter()
+        if self.case.hf_model:
+            from .refs.checkpoint import load_model
+
+            m = load_model(self.case.hf_model, self.family, self.config)
+        else:
+            m = self.family.build_model(self.config, self.case.seed, "float32")
+        self.timings["build_model"] = time.perf_counter() - t
+        return m
+
+    def model_in(self, dtype: str):
+        import copy
+
+        import torch
+
+        if dtype == "float32":
+            return self.base_model
+        return copy.deepcopy(self.base_model).to(getattr(torch, dtype))
+
+    @cached_property
+    def tokens(self) -> np.ndarray:
+        vocab = int(self.config.vocab_size)
+        rows = [np.random.default_rng([self.case.seed, s, 7]).integers(0, vocab, self.case.tokens)
+                for s in range(self.case.n_seqs)]
+        return np.stack(rows).astype(np.int64)
+
+    def weights_for(self, dtype: str) -> list[dict]:
+        """impl's weights, as the reference computing in ``dtype`` holds them."""
+        key = f"_weights_{dtype}"
+        if key not in self.__dict__:
+            if self.source is not None:
+                self.__dict__[key] = self.source.layer_weights
+            else:
+                model = self.model_in(dtype if dtype in ("float16", "bfloat16") else "float32")
+                self.__dict__[key] = [
+                    {} if isinstance(lc, NotInImpl) else self.family.layer_weights(model, self.config, i)
+                    for i, lc in enumerate(self.layer_cfgs)
+                ]
+        return self.__dict__[key]
+
+    @cached_property
+    def features(self) -> list[str]:
+        f = model_features(self.layer_cfgs, self.weights_for("float32"))
+        f |= set(self.family.declared_features)
+        f.add(f"kv_{self.case.kv}")
+        return sorted(f)
+
+    # ------------------------------------------------------------ references
+    def capture(self, ref: str) -> RefCapture:
+        t = time.perf_counter()
+        try:
+            if ref == "hf":
+                rc = self._capture_hf()
+            else:
+                from .refs import llamacpp
+
+                rc = llamacpp.capture_for_case(self)
+        except UsageError:
+            raise
+        except Exception as e:  # a crash inside a reference is a recorded error row
+            rc = RefCapture(ref, "float32", error=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}",
+                            meta={"traceback": traceback.format_exc(limit=4)})
+        rc.seconds = time.perf_counter() - t
+        self.timings[f"capture_{ref}"] = rc.seconds
+        return rc
+
+    def _hf_dtype(self) -> str:
+        return self.case.dtype
+
+    @staticmethod
+    def _hf_effective(dtype: str) -> str:
+        # HF runs a float64 model with float32 inside: LlamaRMSNorm.forward upcasts to
+        # float32 (`hidden_states.to(torch.float32)`), the rotary embedding keeps
+        # inv_freq in float32 and computes cos/sin under `.float()`. So a float64
+        # comparison against HF is judged at float32 -- the precision HF delivers.
+        return "float32" if dtype == "float64" else dtype
+
+    def _capture_hf(self) -> RefCapture:
+        from .refs import hf
+
+        dtype = self._hf_dtype()
+        fam_file = Path(__import__(type(self.family).__module__, fromlist=["x"]).__file__)
+        src = cache.source_hash(fam_file, Path(hf.__file__), Path(__file__).parent / "families" / "base.py")
+        k = cache.key("hf", CAPTURE_SCHEMA, self.family.name, self.config.to_json_string(use_diff=False),
+                      self.case.seed, self.tokens.tolist(), dtype, self.case.hf_model,
+                      _checkpoint_stamp(self.case.hf_model), versions().get("torch"),
+                      versions().get("transformers"), src)
+        hit = cache.load("hf", k)
+        if hit is not None:
+            return RefCapture("hf", self._hf_effective(dtype), hit[0], meta=hit[1], cached=True)
+        model = self.model_in(dtype)
+        probes = hf.capture(self.family, model, self.config, self.tokens)
+        cache.store("hf", k, probes, {"family": self.family.name})
+        return RefCapture("hf", self._hf_effective(dtype), probes)
+
+    # ------------------------------------------------------------ impl
+    def run_impl(self, rc: RefCapture, backend: Backend, dtype_weights: str) -> dict[str, np.ndarray]:
+        """impl teacher-forced from ``rc``'s own layer inputs: ``{"L{i}.{probe}": [seqs, ...]}``."""
+        out: dict[str, np.ndarray] = {}
+        weights = self.weights_for(dtype_weights)
+        for i, lc in enumerate(self.layer_cfgs):
+            if isinstance(lc, NotInImpl):
+                continue
+            key = f"L{i}.layer_in"
+            if key not in rc.probes:
+                continue
+            inputs = [rc.probes[key][s] for s in range(rc.probes[key].shape[0])]
+            layer = Layer.load(lc, weights[i], backend)
+            _, traces, _ = run_layer(layer, inputs, self.case.kv, self.case.schedule,
+                                     page_size=self.case.page_size, seed=self.case.seed)
+            per_seq = [t.assemble() for t in traces]
+            for probe in per_seq[0]:
+                out[f"L{i}.{probe}"] = np.stack([p[probe] for p in per_seq])
+        return out
+
+    # ------------------------------------------------------------ rows
+    def rows(self) -> list[dict]:
+        case = self.case
+        self.progress(f"{case.case_id()}: capturing {', '.join(case.refs)}")
+        backend = Backend(case.backend, case.device, case.dtype)
+        try:
+            backend.check_available()
+        except ConfigError as e:
+            return [self._row("impl", "-", None, "", "skipped", str(e))]
+        caps = [self.capture(r) for r in case.refs]
+        rows: list[dict] = []
+        for rc in caps:
+            if rc.error:
+                rows.append(self._row("impl", rc.name, None, "", "error", f"reference {rc.name} failed: {rc.error}"))
+                continue
+            t = time.perf_counter()
+            rows += self._compare_impl(rc, backend)
+            self.timings[f"impl_vs_{rc.name}"] = time.perf_counter() - t
+        good = [rc for rc in caps if not rc.error]
+        if len(good) >= 2:
+            rows += self._compare_refs(good[1], good[0])
+        return rows
+
+    def _compare_impl(self, rc: RefCapture, backend: Backend) -> list[dict]:
+        case = self.case
+        cdt = comparison_dtype(case.dtype, rc.dtype)
+        if rc.name == "llamacpp":
+            cdt = comparison_dtype(cdt, case.gguf_type)
+        low = backend.low_precision
+        wdt = case.dtype if low and rc.name == "hf" else "float32"
+        cand = self.run_impl(rc, backend, wdt)
+        oracle = self.run_impl(rc, Backend("numpy", "cpu", "float64"), wdt) if low else None
+        rows = []
+        for i, lc in enumerate(self.layer_cfgs):
+            if isinstance(lc, NotInImpl):
+                rows.append(self._row("impl", rc.name, i, "*", "not-implemented",
+                                      f"not implemented in impl: {lc.kind} ({lc.reason})", layer_kind=lc.kind))
+                continue
+            if f"L{i}.layer_in" not in rc.probes:
+                rows.append(self._row("impl", rc.name, i, "layer_in", "not-exposed",
+                                      f"{rc.name} does not expose this layer's input; the layer cannot be teacher-forced"))
+                continue
+            for probe in LAYER_PROBES:
+                key = f"L{i}.{probe}"
+                if key not in cand or probe == "layer_in":
+                    continue
+                if key not in rc.probes:
+                    rows.append(self._row("impl", rc.name, i, probe, "not-exposed",
+                                          f"{rc.name} does not expose {probe} for {self.family.name}"))
+                    continue
+                rows.append(self._judge("impl", rc.name, i, probe, cand[key], rc.probes[key], cdt,
+                                        None if oracle is None else oracle.get(key)))
+        return rows
+
+    def _compare_refs(self, cand: RefCapture, ref: RefCapture) -> list[dict]:
+        cdt = comparison_dtype(comparison_dtype(cand.dtype, ref.dtype), self.case.gguf_type)
+        rows = []
+        keys = [k for k in ref.probes if k in cand.probes]
+        order = {p: n for n, p in enumerate(LAYER_PROBES)}
+
+        def sort_key(k):
+            if k.startswith("L"):
+                layer, probe = k.split(".", 1)
+                return (1, int(layer[1:]), order.get(probe, 99), probe)
+            return (0 if k == "embeddings" else 2, 0, 0, k)
+
+        for k in sorted(keys, key=sort_key):
+            layer, probe = (int(k.split(".")[0][1:]), k.split(".", 1)[1]) if k.startswith("L") else (None, k)
+            rows.append(self._judge(cand.name, ref.name, layer, probe, cand.probes[k], ref.probes[k], cdt, None))
+        return rows
+
+    def _judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle) -> dict:
+        if np.shape(a) != np.shape(b):
+            return self._row(cand_name, ref_name, layer, probe, "error",
+                             f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
+        m = metrics(a, b, probe)
+        tol, why = self.policy.tolerance(cdt, probe, self.family.name, ref_name)
+        extra = {}
+        if oracle is not None and cdt in ("float16", "bfloat16"):
+            cm, rm = metrics(a, oracle, probe), metrics(b, oracle, probe)
+            status, reason = judge_against_oracle(cm, rm, tol)
+            extra = {"nmse_cand_oracle": cm["nmse"], "nmse_ref_oracle": rm["nmse"]}
+        else:
+            status, reason = judge(m, tol)
+        row = self._row(cand_name, ref_name, layer, probe, status, reason, cmp_dtype=cdt, **m, **extra,
+                        tol_nmse=tol.get("nmse"), tol_atol=tol.get("atol"), tol_reason=why)
+        return row
+
+    def _row(self, cand, ref, layer, probe, status, reason, **kw) -> dict:
+        c = self.case
+        lc = self.layer_cfgs[layer] if layer is not None and layer < len(self.layer_cfgs) else None
+        row = dict(
+            case_id=c.case_id(), family=self.family.name, features=";".join(self.features), backend=c.backend,
+            device=c.device, dtype=c.dtype, kv=c.kv, schedule=c.schedule, seed=c.seed, tokens=c.tokens,
+            seqs=c.n_seqs, gguf_type=c.gguf_type, overrides=";".join(f"{k}={v}" for k, v in c.overrides),
+            candidate=cand, reference=ref, layer=-1 if layer is None else layer, probe=probe,
+            layer_kind=kw.pop("layer_kind", None) or _layer_kind(lc), status=status, reason=reason,
+        )
+        row.update(kw)
+        return row
+
+
+def _layer_kind(lc) -> str:
+    if lc is None:
+        return "model"
+    if isinstance(lc, NotInImpl):
+        return lc.kind
+    return getattr(lc, "kind", None) or ("attention" if getattr(lc, "shape", "gqa") == "gqa" else lc.shape)
+
+
+def _checkpoint_stamp(path: str | None):
+    if not path:
+        return None
+    p = Path(path)
+    return sorted((f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in p.iterdir() if f.is_file())
+
+
+def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dict]:
+    """Validate, run, and return ``(rows, info)``. UsageError propagates (exit 2)."""
+    case.validate()
+    run = CaseRun(case, policy, progress)
+    _ = run.layer_cfgs  # shape errors surface as UsageError before any capture
+    t = time.perf_counter()
+    rows = run.rows()
+    run.timings["total"] = time.perf_counter() - t
+    return rows, {"case": case.to_dict(), "case_id": case.case_id(), "features": run.features,
+                  "timings": run.timings, "family": run.family.name}

@@ -1,0 +1,324 @@
+"""What a model family knows: its tiny HF config, its seeded weights, how its
+weights and hyper-parameters map into impl, and where its probes live in HF.
+
+A family is data plus a few small methods; ``LlamaLike`` covers the shape most
+decoder-only families share (``model.layers[i].self_attn.{q,k,v,o}_proj``,
+``input_layernorm``, ``post_attention_layernorm``) so a family module states
+only what differs, with a comment citing the HF module it mirrors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from impl import LayerConfig, NormSpec, QkNormSpec, WindowSpec, make_rope
+from impl.config import ConfigError
+
+from ..errors import UsageError, suggest
+
+# Generic PretrainedConfig fields a user has no business setting through --set.
+_GENERIC_FIELDS = {
+    "transformers_version", "architectures", "output_hidden_states", "return_dict", "dtype",
+    "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type",
+    "use_cache", "initializer_range",
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where a probe is read in HF: a module path relative to the decoder layer
+    ('' is the layer itself) and whether its input or its output is taken."""
+
+    path: str
+    io: str  # "in" | "out"
+
+
+@dataclass(frozen=True)
+class NotInImpl:
+    """A layer impl does not implement (a linear-attention / delta-net layer): the
+    report lists it by name, and the references are still compared with each other."""
+
+    kind: str
+    reason: str
+
+
+class Family:
+    name: str = ""
+    hf_model_type: str = ""
+    description: str = ""
+    # Per-family sizes, passed as kwargs at construction so derived fields
+    # (layer_types, head_dim, ...) come out right.
+    tiny: dict = {}
+    declared_features: tuple[str, ...] = ()
+    layers_path = "model.layers"
+    hf_points: dict[str, Point] = {}
+    # model-level probes: name -> (module path from the model root, "in"/"out")
+    hf_model_points = {"embeddings": ("model.embed_tokens", "out"), "final_norm": ("model.norm", "out")}
+    # The eager attention function the attention module calls, by its name in the
+    # module's own modeling file (wrapped during capture to read q_rope, k_rope,
+    # attn_probs, attn_heads).
+    eager_name = "eager_attention_forward"
+    # Sequences of tokens the HF reference runs as one batch (no padding).
+    # llama.cpp side (issue 3): set by families that export GGUF.
+    gguf_arch: str | None = None
+
+    # ------------------------------------------------------------------ config
+    def config_class(self):
+        from transformers import AutoConfig
+
+        return type(AutoConfig.for_model(self.hf_model_type))
+
+    def settable_keys(self) -> list[str]:
+        cls = self.config_class()
+        names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else list(vars(cls()))
+        return sorted(n for n in names if n not in _GENERIC_FIELDS and not n.startswith("_"))
+
+    def config_kwargs(self, overrides: dict) -> dict:
+        kw = json.loads(json.dumps(self.tiny))  # deep copy
+        valid = self.settable_keys()
+        for key, value in overrides.items():
+            top, _, sub = key.partition(".")
+            if top not in valid:
+                raise UsageError(f"unknown config key {key!r} for family {self.name}; {suggest(top, valid)}")
+            if sub:
+                base = kw.get(top)
+                if base is None:
+                    base = dict(getattr(self.config_class()(), top, None) or {})
+                if not isinstance(base, dict):
+                    raise UsageError(f"config key {top!r} is not a table; set it as {top}=VALUE")
+                base = dict(base)
+                base[sub] = value
+                kw[top] = base
+            else:
+                kw[key] = value
+        return kw
+
+    def make_config(self, overrides: dict | None = None):
+        from transformers import AutoConfig
+
+        kw = self.config_kwargs(overrides or {})
+        self.validate(kw)
+        try:
+            config = AutoConfig.for_model(self.hf_model_type, **kw)
+        except (ValueError, TypeError, KeyError) as e:
+            raise UsageError(f"family {self.name}: the HF config refused these settings: {_one_line(e)}") from None
+        self.validate_config(config)
+        return config
+
+    def validate(self, kw: dict) -> None:
+        """Shape checks HF itself does not make (it would build a model that
+        silently truncates, or fail deep inside a forward)."""
+        h, nh = kw.get("hidden_size"), kw.get("num_attention_heads")
+        nkv = kw.get("num_key_value_heads", nh)
+        for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "head_dim"):
+            v = kw.get(name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise UsageError(f"{name} must be a positive integer, got {v!r}")
+        if nh and nkv and nh % nkv:
+            divs = [d for d in range(1, nh + 1) if nh % d == 0]
+            raise UsageError(
+                f"num_key_value_heads={nkv} does not divide num_attention_heads={nh}; valid: {', '.join(map(str, divs))}"
+            )
+        if kw.get("head_dim") is None and h and nh and h % nh:
+            divs = [d for d in range(1, h + 1) if h % d == 0]
+            raise UsageError(
+                f"num_attention_heads={nh} does not divide hidden_size={h} (and no head_dim is set); "
+                f"valid head counts: {', '.join(map(str, divs))}, or set head_dim"
+            )
+
+    def validate_config(self, config) -> None:
+        try:
+            self.layer_configs(config)
+        except ConfigError as e:
+            raise UsageError(f"family {self.name}: {e}") from None
+
+    # ------------------------------------------------------------------ model
+    def build_model(self, config, seed: int, dtype: str = "float32"):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+        self.init_weights(model, seed)
+        model = model.to(dtype=getattr(torch, dtype)).eval()
+        return model
+
+    def init_weights(self, model, seed: int) -> None:
+        """Seeded weights with O(1) activations: HF's own init (std 0.02) leaves the
+        attention nearly uniform, where a wrong scale or mask hardly shows."""
+        import torch
+
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+                r = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+                p.copy_(self.init_value(name, p, r).to(p.dtype))
+
+    def init_value(self, name: str, p, r):
+        leaf = name.rsplit(".", 2)
+        if "embed" in name or name.endswith("wte.weight") or name.endswith("word_embeddings.weight"):
+            return r
+        if p.ndim >= 2:
+            return r / np.sqrt(p.shape[-1])
+        if name.endswith("bias"):
+            return 0.1 * r
+        if "norm" in name or "ln" in leaf[-2]:
+            # around whatever HF initialised (1 for w, 0 for gemma's 1 + w)
+            return p.detach().to(r.dtype) + 0.1 * r
+        return r
+
+    def decoder_layers(self, model):
+        obj = model
+        for part in self.layers_path.split("."):
+            obj = getattr(obj, part)
+        return list(obj)
+
+    # ------------------------------------------------------------------ impl
+    def layer_configs(self, config) -> list[LayerConfig | NotInImpl]:
+        return [self.layer_config(config, i) for i in range(config.num_hidden_layers)]
+
+    def layer_config(self, config, i: int) -> LayerConfig | NotInImpl:
+        raise NotImplementedError
+
+    def layer_weights(self, model, config, i: int) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ probes
+    def hf_points_for(self, config, i: int) -> dict[str, Point]:
+        """The probe points of layer ``i`` (families with mixed layer kinds override)."""
+        return self.hf_points
+
+    def hf_canonical(self, probe: str, arr: np.ndarray, lc: LayerConfig) -> np.ndarray:
+        """HF's tensor for ``probe`` ([seqs, ...]) in the canonical layout."""
+        if not isinstance(lc, LayerConfig) or lc.shape != "gqa":
+            return arr
+        s, t = arr.shape[0], arr.shape[1] if arr.ndim > 1 else None
+        if probe == "q":
+            return arr.reshape(s, t, lc.n_heads, lc.head_dim)
+        if probe == "k":
+            return arr.reshape(s, t, lc.n_kv_heads, lc.head_dim)
+        if probe == "v":
+            return arr.reshape(s, t, lc.n_kv_heads, lc.dv)
+        if probe in ("q_rope", "k_rope"):  # eager: [S, heads, T, D]
+            return arr.transpose(0, 2, 1, 3)
+        return arr
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+def tensor(module, name: str) -> np.ndarray | None:
+    """A parameter (or None) as float64 NumPy, by dotted path."""
+    obj = module
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj.detach().to(dtype=__import__("torch").float64).cpu().numpy()
+
+
+def rope_from_config(config, layer_type: str | None = None, layout: str = "neox", head_dim: int | None = None):
+    """impl RoPE from transformers 5's ``config.rope_parameters`` (per layer type
+    where the family keys them so)."""
+    params = config.rope_parameters or {}
+    if layer_type is not None and layer_type in params:
+        params = params[layer_type]
+    params = dict(params)
+    kind = params.get("rope_type", "default")
+    theta = params["rope_theta"]
+    hd = head_dim or getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    prf = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    rot = int(hd * prf)
+    if kind == "yarn":
+        params.setdefault("max_position_embeddings", config.max_position_embeddings)
+    return make_rope(kind, theta, rot, layout, params)
+
+
+class LlamaLike(Family):
+    """HF ``LlamaForCausalLM``'s shape; the default probe map reads:
+
+    layer_in   decoder layer input          attn_in   self_attn input
+    q, k, v    {q,k,v}_proj outputs          attn_branch  o_proj input
+    attn_out   self_attn output[0]          resid_mid post_attention_layernorm input
+    layer_out  decoder layer output
+    and, from the wrapped eager attention: q_rope, k_rope, attn_probs, attn_heads.
+    """
+
+    hf_points = {
+        "layer_in": Point("", "in"),
+        "attn_in": Point("self_attn", "in"),
+        "q": Point("self_attn.q_proj", "out"),
+        "k": Point("self_attn.k_proj", "out"),
+        "v": Point("self_attn.v_proj", "out"),
+        "attn_branch": Point("self_attn.o_proj", "in"),
+        "attn_out": Point("self_attn", "out"),
+        "resid_mid": Point("post_attention_layernorm", "in"),
+        "layer_out": Point("", "out"),
+    }
+    qk_norm: QkNormSpec | None = None
+
+    def head_dim(self, config) -> int:
+        return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    def window(self, config, i: int) -> WindowSpec | None:
+        types = getattr(config, "layer_types", None)
+        if types and types[i] == "sliding_attention" and getattr(config, "sliding_window", None):
+            return WindowSpec("sliding", int(config.sliding_window))
+        return None
+
+    def layer_config(self, config, i: int) -> LayerConfig:
+        hd = self.head_dim(config)
+        eps = config.rms_norm_eps
+        return LayerConfig(
+            hidden_size=config.hidden_size,
+            n_heads=config.num_attention_heads,
+            n_kv_heads=config.num_key_value_heads,
+            head_dim=hd,
+            input_norm=NormSpec("rms", eps),
+            rope=rope_from_config(config, head_dim=hd),
+            window=self.window(config, i),
+            qk_norm=None if self.qk_norm is None else dataclasses.replace(
+                self.qk_norm, norm=NormSpec(self.qk_norm.norm.kind, eps)),
+        )
+
+    # HF name (relative to the decoder layer) -> impl weight name
+    weight_map = {
+        "input_layernorm.weight": "attn_norm",
+        "self_attn.q_proj.weight": "wq",
+        "self_attn.q_proj.bias": "bq",
+        "self_attn.k_proj.weight": "wk",
+        "self_attn.k_proj.bias": "bk",
+        "self_attn.v_proj.weight": "wv",
+        "self_attn.v_proj.bias": "bv",
+        "self_attn.o_proj.weight": "wo",
+        "self_attn.o_proj.bias": "bo",
+        "self_attn.q_norm.weight": "q_norm",
+        "self_attn.k_norm.weight": "k_norm",
+    }
+
+    def layer_weights(self, model, config, i: int) -> dict[str, np.ndarray]:
+        layer = self.decoder_layers(model)[i]
+        out = {}
+        for hf_name, ours in self.weight_map.items():
+            t = tensor(layer, hf_name)
+            if t is not None:
+                out[ours] = t
+        return out
+
+
+@dataclass
+class FamilyInfo:
+    """What `conformance list` prints for a family."""
+
+    name: str
+    hf_model_type: str
+    features: list[str] = field(default_factory=list)
+    gguf_arch: str | None = None
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,142 @@
+"""Feature tags, derived from what impl is actually told to compute.
+
+A family does not claim a feature; its impl layer configs and weights show it.
+That keeps ``conformance features`` honest: a tag means the decoration was
+switched on in impl for that case and compared. ``SPEC_DECORATIONS`` lists
+every decoration the specification names, so a decoration no family exercises
+yet is listed as unverified instead of silently missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from impl import LayerConfig
+
+# tag -> (what it is, where the spec names it)
+SPEC_DECORATIONS = {
+    "gqa": ("grouped-query heads (n_kv_heads < n_heads)", "attn_block: AttnShape::Gqa"),
+    "mqa": ("one KV head shared by every query head", "attn_block: AttnShape::Gqa"),
+    "qkv_bias": ("Q/K/V projection biases", "apply_qkv_bias_and_clamp"),
+    "qkv_clamp": ("clamp of Q/K/V (clip_qkv)", "apply_qkv_bias_and_clamp"),
+    "qk_norm_head": ("per-head QK norm before RoPE", "apply_qk_norms_pre_rope"),
+    "qk_norm_row": ("whole-row QK norm before RoPE", "apply_qk_norms_pre_rope"),
+    "qk_norm_post_rope": ("QK norm after RoPE", "apply_qk_norms_post_rope"),
+    "rope_neox": ("rotate-half RoPE", "apply_rope_head_layer"),
+    "rope_interleaved": ("GPT-J interleaved RoPE", "apply_rope_head_layer"),
+    "partial_rotary": ("RoPE on the leading channels only", "apply_rope_head_layer"),
+    "rope_scaling": ("RoPE frequency scaling (linear / llama3 / YaRN)", "apply_rope_head_layer"),
+    "rope_attn_factor": ("RoPE attention factor / YaRN mscale", "apply_rope_attn_factor"),
+    "per_layer_theta": ("per-layer RoPE theta", "apply_rope_head_layer(layer_idx)"),
+    "nope_layers": ("layers without RoPE", "apply_rope_head_layer"),
+    "attn_scale": ("attention scale other than head_dim^-0.5", "apply_attention_scale"),
+    "temperature": ("per-position attention temperature", "apply_attn_temperature"),
+    "sliding_window": ("sliding-window attention", "layer_window_for_query"),
+    "chunked_window": ("chunked attention windows", "layer_window_for_query"),
+    "softcap": ("logit softcap", "push_and_attend_row: softcap"),
+    "alibi": ("ALiBi position bias", "push_and_attend_row: alibi_slopes"),
+    "sinks": ("attention sinks", "push_and_attend_row: sinks"),
+    "q_gate_interleaved": ("interleaved Q gate", "split_interleaved_q_gate / apply_interleaved_gate"),
+    "output_gate": ("output gate from a separate projection", "attn_branch_rows: output_gate"),
+    "sub_norm": ("attention sub-norm before wo", "attn_branch_rows: attn_sub_norm"),
+    "o_bias": ("o_proj bias", "project_attn_rows: o_bias"),
+    "o_scale": ("wo scale companion", "project_attn_rows: o_scale"),
+    "value_scale": ("attention value scale after wo", "project_attn_rows: attn_value_scale"),
+    "post_norm": ("post-attention norm", "project_attn_rows: post_attn_norm"),
+    "v_head_dim": ("V head width != K head width", "push_and_attend_row: v_head_dim"),
+    "per_layer_heads": ("per-layer head counts", "ModelConfig::layer_shape"),
+    "absent_layer": ("a layer with no attention", "AttnShape::Absent"),
+    "linear_layer": ("a layer whose attention is one linear map", "AttnShape::Linear"),
+    "parallel_residual": ("attention and FFN on the same input", "(family residual layout)"),
+    "layernorm": ("LayerNorm input norm", "(family input norm)"),
+    "residual_multiplier": ("residual multiplier", "(family residual layout)"),
+    "mla": ("multi-head latent attention", "mla.rs: mla_forward_token"),
+    "mla_absorbed": ("MLA absorbed (split k_b/v_b) form", "mla.rs: MlaKvB::Split"),
+    "mla_naive": ("MLA naive (combined kv_b) form", "mla.rs: MlaKvB::Combined"),
+    "mla_low_rank_q": ("MLA low-rank Q (q_a, norm, q_b)", "mla.rs: MlaQProj"),
+    "mla_rope": ("MLA decoupled RoPE (interleaved)", "mla.rs: rotate_pe"),
+    "mla_yarn": ("MLA YaRN (bands, magnitude, kq_scale)", "mla.rs: mla_yarn"),
+    "mla_gate": ("MLA sigmoid output gate", "mla.rs: g_proj"),
+    "kv_decode": ("contiguous single-sequence KV", "KvStep::Decode"),
+    "kv_batched": ("contiguous multi-sequence KV", "KvStep::Batched"),
+    "kv_paged": ("paged KV over a block table", "KvStep::Paged"),
+}
+
+
+def layer_features(lc, weights: dict | None = None) -> set[str]:
+    w = weights or {}
+    if not isinstance(lc, LayerConfig):
+        return getattr(lc, "features", lambda: set())() if hasattr(lc, "features") else set()
+    if lc.shape == "absent":
+        return {"absent_layer"}
+    if lc.shape == "linear":
+        return {"linear_layer"}
+    f = set()
+    if lc.n_kv_heads == 1 and lc.n_heads > 1:
+        f.add("mqa")
+    elif lc.n_kv_heads < lc.n_heads:
+        f.add("gqa")
+    if any(k in w for k in ("bq", "bk", "bv")):
+        f.add("qkv_bias")
+    if lc.qkv_clamp is not None:
+        f.add("qkv_clamp")
+    if lc.qk_norm is not None:
+        f.add("qk_norm_post_rope" if lc.qk_norm.where == "post_rope" else f"qk_norm_{lc.qk_norm.over}")
+    if lc.rope is None:
+        f.add("nope_layers")
+    else:
+        f.add(f"rope_{lc.rope.layout}")
+        if lc.rope.rotary_dim < lc.head_dim:
+            f.add("partial_rotary")
+        if lc.rope.kind != "default":
+            f.add("rope_scaling")
+        if lc.rope.attention_factor != 1.0:
+            f.add("rope_attn_factor")
+    if lc.scale is not None and not np.isclose(lc.scale, lc.head_dim**-0.5):
+        f.add("attn_scale")
+    if lc.temperature is not None:
+        f.add("temperature")
+    if lc.window is not None:
+        f.add("sliding_window" if lc.window.kind == "sliding" else "chunked_window")
+    if lc.softcap is not None:
+        f.add("softcap")
+    if lc.alibi_max_bias is not None:
+        f.add("alibi")
+    if "sinks" in w:
+        f.add("sinks")
+    if lc.q_gate == "interleaved":
+        f.add("q_gate_interleaved")
+    if lc.q_gate == "separate":
+        f.add("output_gate")
+    if lc.sub_norm is not None:
+        f.add("sub_norm")
+    if "bo" in w:
+        f.add("o_bias")
+    if lc.o_scale is not None:
+        f.add("o_scale")
+    if lc.value_scale is not None:
+        f.add("value_scale")
+    if lc.post_norm is not None:
+        f.add("post_norm")
+    if lc.v_head_dim is not None and lc.v_head_dim != lc.head_dim:
+        f.add("v_head_dim")
+    if lc.residual == "parallel":
+        f.add("parallel_residual")
+    if lc.input_norm.kind == "layer":
+        f.add("layernorm")
+    if lc.residual_multiplier != 1.0:
+        f.add("residual_multiplier")
+    return f
+
+
+def model_features(layer_cfgs: list, weights: list[dict]) -> set[str]:
+    f: set[str] = set()
+    for lc, w in zip(layer_cfgs, weights):
+        f |= layer_features(lc, w)
+    gqa = [lc for lc in layer_cfgs if isinstance(lc, LayerConfig) and lc.shape == "gqa"]
+    if len({(lc.n_heads, lc.n_kv_heads, lc.head_dim, lc.dv) for lc in gqa}) > 1:
+        f.add("per_layer_heads")
+    thetas = {lc.rope.inv_freq for lc in gqa if lc.rope is not None}
+    if len(thetas) > 1:
+        f.add("per_layer_theta")
+    return f

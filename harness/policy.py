@@ -1,0 +1,82 @@
+"""The tolerance policy: a TOML file under fixtures/, keyed by dtype and probe,
+with per-family overrides that each carry a written reason."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UsageError, suggest
+
+DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "tolerance.toml"
+PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "q8_0")
+_TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor"}
+_OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "reason"} | _TOL_KEYS
+
+
+def comparison_dtype(a: str, b: str) -> str:
+    """The less precise of two sides (f16 and bf16 count as equally coarse; a
+    quantized weight type is coarser than both)."""
+    rank = {"float64": 0, "float32": 1, "f32": 1, "bfloat16": 2, "float16": 2, "bf16": 2, "f16": 2, "q8_0": 3}
+    norm = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+    a, b = norm.get(a, a), norm.get(b, b)
+    return a if rank[a] >= rank[b] else b
+
+
+@dataclass
+class Policy:
+    path: str
+    dtypes: dict
+    overrides: list = field(default_factory=list)
+    regression_factor: float = 4.0
+
+    def tolerance(self, dtype: str, probe: str, family: str = "", reference: str = "") -> tuple[dict, str]:
+        """``(tolerance, reason_if_overridden)`` for one comparison."""
+        if dtype not in self.dtypes:
+            raise UsageError(f"tolerance policy {self.path} has no dtype {dtype!r}; {suggest(dtype, self.dtypes)}")
+        table = self.dtypes[dtype]
+        tol = dict(table["default"])
+        tol.update(table.get(probe, {}))
+        reason = ""
+        for o in self.overrides:
+            if o.get("family", family) != family or o.get("dtype", dtype) != dtype:
+                continue
+            if o.get("probe", probe) != probe or o.get("reference", reference) != reference:
+                continue
+            tol.update({k: v for k, v in o.items() if k in _TOL_KEYS})
+            reason = o["reason"]
+        return tol, reason
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    p = Path(path) if path else DEFAULT_POLICY
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"tolerance policy {p} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"tolerance policy {p} is not valid TOML: {e}") from None
+    known = {"dtype", "override", "regression"}
+    for key in data:
+        if key not in known:
+            raise UsageError(f"tolerance policy {p}: unknown table {key!r}; {suggest(key, sorted(known))}")
+    dtypes = data.get("dtype", {})
+    for dt, table in dtypes.items():
+        if "default" not in table:
+            raise UsageError(f"tolerance policy {p}: [dtype.{dt}] needs a 'default' entry")
+        for probe, tol in table.items():
+            bad = set(tol) - _TOL_KEYS
+            if bad:
+                raise UsageError(f"tolerance policy {p}: [dtype.{dt}].{probe} has unknown keys {sorted(bad)}; "
+                                 f"valid: {', '.join(sorted(_TOL_KEYS))}")
+    overrides = data.get("override", [])
+    for o in overrides:
+        bad = set(o) - _OVERRIDE_KEYS
+        if bad:
+            raise UsageError(f"tolerance policy {p}: an override has unknown keys {sorted(bad)}; "
+                             f"valid: {', '.join(sorted(_OVERRIDE_KEYS))}")
+        if not str(o.get("reason", "")).strip():
+            raise UsageError(f"tolerance policy {p}: every override needs a written reason ({o})")
+    reg = data.get("regression", {})
+    return Policy(str(p), dtypes, overrides, float(reg.get("factor", 4.0)))

@@ -1,0 +1,138 @@
+"""HF transformers as a reference: forward hooks read the canonical probes.
+
+Module probes come from forward (pre-)hooks at the points the family names
+(``Family.hf_points``). The four probes that live inside the attention function
+-- ``q_rope``, ``k_rope`` (what enters the score product), ``attn_probs`` and
+``attn_heads`` (softmax(QK)V per head) -- come from wrapping the family's own
+eager attention function for the duration of the forward: the model is built
+with ``attn_implementation="eager"`` and its attention module looks the
+function up in its modeling module's globals at call time
+(``ALL_ATTENTION_FUNCTIONS.get_interface(..., eager_attention_forward)``), so
+the wrapper sees exactly the tensors HF computes with, sinks and softcap and
+masks included.
+
+A capture is a dict ``"L{layer}.{probe}" -> float64 array [seqs, ...]`` plus
+model-level ``embeddings``, ``final_norm`` and ``logits``.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+
+
+def _to_np(t):
+    import torch
+
+    return t.detach().to(dtype=torch.float64).cpu().numpy()
+
+
+def _first_tensor(args, kwargs, key="hidden_states"):
+    if key in kwargs and kwargs[key] is not None:
+        return kwargs[key]
+    return args[0] if args else None
+
+
+def _resolve(root, path: str):
+    obj = root
+    if not path:
+        return obj
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+@contextmanager
+def _wrapped_eager(family, model, sink: dict):
+    """Replace the eager attention function in every modeling module the model's
+    attention modules come from; record what it is called with and returns."""
+    patched = []
+    modules = {type(m).__module__ for m in model.modules() if hasattr(m, "layer_idx")}
+    for modname in modules:
+        mod = sys.modules.get(modname)
+        orig = getattr(mod, family.eager_name, None) if mod else None
+        if orig is None:
+            continue
+
+        def wrapper(module, query, key, value, attention_mask, *args, __orig=orig, **kwargs):
+            out, weights = __orig(module, query, key, value, attention_mask, *args, **kwargs)
+            rec = sink.setdefault(int(module.layer_idx), {})
+            rec["q_rope"] = _to_np(query)
+            rec["k_rope"] = _to_np(key)
+            rec["attn_heads"] = _to_np(out)
+            if weights is not None:
+                rec["attn_probs"] = _to_np(weights)
+            return out, weights
+
+        setattr(mod, family.eager_name, wrapper)
+        patched.append((mod, orig))
+    try:
+        yield
+    finally:
+        for mod, orig in patched:
+            setattr(mod, family.eager_name, orig)
+
+
+def capture(family, model, config, tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """Run ``tokens[seqs, T]`` through ``model`` and read every probe."""
+    import torch
+
+    layers = family.decoder_layers(model)
+    layer_cfgs = family.layer_configs(config)
+    got: dict[str, np.ndarray] = {}
+    handles = []
+
+    def hook_for(key: str, io: str):
+        if io == "in":
+            def pre(mod, args, kwargs):
+                t = _first_tensor(args, kwargs)
+                if t is not None:
+                    got[key] = _to_np(t)
+            return pre, True
+        def post(mod, args, kwargs, out):
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            if hasattr(t, "detach"):
+                got[key] = _to_np(t)
+        return post, False
+
+    for i, layer in enumerate(layers):
+        for probe, point in family.hf_points_for(config, i).items():
+            mod = _resolve(layer, point.path)
+            if mod is None:
+                continue
+            fn, is_pre = hook_for(f"L{i}.{probe}", point.io)
+            if is_pre:
+                handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True))
+            else:
+                handles.append(mod.register_forward_hook(fn, with_kwargs=True))
+    for name, (path, io) in family.hf_model_points.items():
+        mod = _resolve(model, path)
+        if mod is not None:
+            fn, is_pre = hook_for(name, io)
+            reg = mod.register_forward_pre_hook if is_pre else mod.register_forward_hook
+            handles.append(reg(fn, with_kwargs=True))
+
+    eager: dict[int, dict] = {}
+    try:
+        with torch.no_grad(), _wrapped_eager(family, model, eager):
+            out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    got["logits"] = _to_np(out.logits)
+    for i, rec in eager.items():
+        for probe, arr in rec.items():
+            got[f"L{i}.{probe}"] = arr
+
+    # canonical layouts
+    for key in list(got):
+        if not key.startswith("L"):
+            continue
+        layer_s, probe = key.split(".", 1)
+        lc = layer_cfgs[int(layer_s[1:])]
+        got[key] = family.hf_canonical(probe, got[key], lc)
+    return got

@@ -1,0 +1,107 @@
+"""Run directories: rows (parquet + CSV), run metadata (JSON), and readable views.
+
+Everything a person reads is made from the rows, so the machine-readable files
+are the record and the views can be regenerated."""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from .versions import ROOT, versions
+
+REPORTS = ROOT / "reports"
+FAILING = ("fail", "error")
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def run_dir(out: str | None, run_id: str) -> Path:
+    return Path(out) if out else REPORTS / run_id
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        for col in ("reason", "tol_reason", "overrides", "worst", "features", "layer_kind"):
+            if col in df:
+                df[col] = df[col].fillna("").astype(str)
+    return df
+
+
+def write_rows(d: Path, rows: list[dict]) -> pd.DataFrame:
+    d.mkdir(parents=True, exist_ok=True)
+    df = frame(rows)
+    df.to_parquet(d / "rows.parquet", index=False)
+    df.to_csv(d / "rows.csv", index=False)
+    return df
+
+
+def write_meta(d: Path, meta: dict) -> None:
+    meta = dict(meta)
+    meta.setdefault("versions", versions())
+    (d / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+
+
+def read_rows(d: Path) -> pd.DataFrame:
+    p = Path(d)
+    if (p / "rows.parquet").exists():
+        return pd.read_parquet(p / "rows.parquet")
+    if (p / "rows.csv").exists():
+        return pd.read_csv(p / "rows.csv", keep_default_na=False)
+    raise FileNotFoundError(f"{d} holds no rows.parquet or rows.csv")
+
+
+def counts(rows) -> dict:
+    df = rows if isinstance(rows, pd.DataFrame) else frame(rows)
+    return df["status"].value_counts().to_dict() if not df.empty else {}
+
+
+def exit_status(rows) -> int:
+    """0 when everything compared passed AND something was compared; 1 otherwise.
+    A run that compared nothing (zero rows, or only skipped / not-exposed) fails."""
+    c = counts(rows)
+    if any(c.get(s, 0) for s in FAILING):
+        return 1
+    if not c.get("pass", 0):
+        return 1
+    return 0
+
+
+def _fmt(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def case_table(rows) -> str:
+    """Per reference, layer and probe: status, NMSE, max_abs, the worst element."""
+    df = rows if isinstance(rows, pd.DataFrame) else frame(rows)
+    if df.empty:
+        return "(no rows)"
+    lines = []
+    for (case_id, cand, ref), g in df.groupby(["case_id", "candidate", "reference"], sort=False):
+        lines.append(f"== {case_id}: {cand} vs {ref}")
+        lines.append(f"  {'layer':>5} {'probe':<12} {'status':<15} {'nmse':>10} {'max_abs':>10}  worst / reason")
+        for r in g.itertuples():
+            layer = "-" if r.layer == -1 else str(r.layer)
+            tail = r.reason if r.status != "pass" else getattr(r, "worst", "")
+            lines.append(f"  {layer:>5} {r.probe:<12} {r.status:<15} {_fmt(getattr(r, 'nmse', None)):>10} "
+                         f"{_fmt(getattr(r, 'max_abs', None)):>10}  {tail}")
+    c = counts(df)
+    lines.append("totals: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
+    return "\n".join(lines)
+
+
+def remove_partial(d: Path) -> None:
+    shutil.rmtree(d, ignore_errors=True)

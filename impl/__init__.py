@@ -1,0 +1,19 @@
+"""The implementation under test: the attention half of a decoder layer and
+DeepSeek-style multi-head latent attention, written once over an array
+namespace (NumPy, or torch on cpu/cuda/mps). Knows nothing of the harness."""
+
+from .attention import LAYER_WEIGHTS, Layer, attend, attn_block
+from .backend import BACKENDS, DEVICES, DTYPES, Backend
+from .config import (
+    ConfigError,
+    LayerConfig,
+    NormSpec,
+    QkNormSpec,
+    RopeSpec,
+    TemperatureSpec,
+    WindowSpec,
+    alibi_slopes,
+)
+from .kv import KV_MODES, Batched, ContiguousKv, Decode, Paged, PagedSeq, PagePool
+from .rope import make_rope
+from .trace import LAYER_PROBES, MODEL_PROBES, Trace

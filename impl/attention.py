@@ -1,0 +1,296 @@
+"""The attention half of one decoder layer, written once.
+
+One body (``attn_block``) for every caller: prefill (many rows in one call) and
+decode (one row), every KV backing (a named variant, ``impl.kv``), NumPy and
+torch (one array namespace, ``impl.backend``), every dtype. The decorations
+follow the order of the spec's ``attn_block_tail`` / ``attn_branch_rows`` /
+``project_attn_rows`` (``spec/attn_block.rs.txt``):
+
+  input norm -> QKV projection -> interleaved Q gate split -> QKV bias (with
+  the projection) -> QKV clamp -> QK norm (pre-RoPE) -> RoPE (with its
+  attention factor) -> QK norm (post-RoPE) -> temperature -> push + attend
+  (window, softcap -- none on the sink arm --, ALiBi, sinks) -> interleaved
+  gate -> output gate -> sub-norm -> wo -> wo scale -> wo bias -> value scale
+  -> post-attention norm -> residual.
+
+A layer with no attention (``shape="absent"``) returns no branch; a layer whose
+attention is one linear map (``shape="linear"``, deci's) returns ``wo(normed)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import kv as kvmod
+from . import rope as ropemod
+from .backend import Backend
+from .config import ConfigError, LayerConfig, alibi_slopes
+from .norms import normalize
+
+# The weights a layer may carry, in HF nn.Linear layout ([out, in]). Presence
+# turns on the decorations the spec says "the tensor decides".
+LAYER_WEIGHTS = {
+    "attn_norm": "input norm weight [hidden]",
+    "attn_norm_b": "input norm bias [hidden] (LayerNorm families)",
+    "wq": "[n_heads * head_dim (x2 with an interleaved gate), hidden]",
+    "wk": "[n_kv_heads * head_dim, hidden]",
+    "wv": "[n_kv_heads * v_head_dim, hidden]",
+    "bq": "q bias",
+    "bk": "k bias",
+    "bv": "v bias",
+    "q_norm": "[head_dim] (per head) or [n_heads * head_dim] (whole row)",
+    "k_norm": "[head_dim] or [n_kv_heads * head_dim]",
+    "sinks": "[n_heads] learned sink logits (gpt-oss s_aux)",
+    "wg": "[n_heads * v_head_dim, hidden] separate output-gate projection",
+    "bg": "output-gate bias",
+    "sub_norm": "[n_heads * v_head_dim] RMS weight over the concatenated heads (bitnet)",
+    "wo": "[hidden, n_heads * v_head_dim]",
+    "bo": "[hidden] o_proj bias",
+    "post_norm": "[hidden] post-attention norm weight",
+    "post_norm_b": "[hidden] post-attention norm bias",
+}
+
+
+@dataclass
+class Layer:
+    """A layer's config and its weights, resident on one backend."""
+
+    cfg: LayerConfig
+    backend: Backend
+    w: dict = field(default_factory=dict)
+    slopes: object = None
+
+    @classmethod
+    def load(cls, cfg: LayerConfig, weights: dict, backend: Backend) -> "Layer":
+        unknown = set(weights) - set(LAYER_WEIGHTS)
+        if unknown:
+            raise ConfigError(f"unknown layer weights {sorted(unknown)}; valid: {', '.join(LAYER_WEIGHTS)}")
+        _check_shapes(cfg, weights)
+        w = {k: backend.asarray(v) for k, v in weights.items() if v is not None}
+        slopes = None
+        if cfg.alibi_max_bias is not None:
+            slopes = backend.asarray(np.asarray(alibi_slopes(cfg.n_heads, cfg.alibi_max_bias)), backend.acc_dtype)
+        return cls(cfg, backend, w, slopes)
+
+
+def _check_shapes(cfg: LayerConfig, w: dict) -> None:
+    if cfg.shape == "absent":
+        return
+    expect = {"wo": (cfg.hidden_size, cfg.n_heads * cfg.dv)} if cfg.shape == "gqa" else {}
+    if cfg.shape == "linear":
+        expect = {"wo": (cfg.hidden_size, cfg.hidden_size)}
+    if cfg.shape == "gqa":
+        qw = cfg.n_heads * cfg.head_dim * (2 if cfg.q_gate == "interleaved" else 1)
+        expect.update(
+            wq=(qw, cfg.hidden_size),
+            wk=(cfg.n_kv_heads * cfg.head_dim, cfg.hidden_size),
+            wv=(cfg.n_kv_heads * cfg.dv, cfg.hidden_size),
+        )
+        if cfg.q_gate == "separate":
+            expect["wg"] = (cfg.n_heads * cfg.dv, cfg.hidden_size)
+    for name, shape in expect.items():
+        if name not in w:
+            raise ConfigError(f"layer weights lack {name!r} {shape}")
+        got = tuple(np.shape(w[name]))
+        if got != shape:
+            raise ConfigError(f"weight {name} has shape {got}, expected {shape}")
+
+
+def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
+    """Run ``x[n, hidden]`` (the layer's input rows, one sequence) through the
+    attention half of the layer.
+
+    Returns ``(branch, resid_mid)``: the branch added to the residual (``None``
+    for an absent layer) and the residual after it (``None`` for a parallel
+    block, whose residual also takes the FFN's branch).
+    """
+    cfg, be = layer.cfg, layer.backend
+    xp, w = be.xp, layer.w
+    put = trace.put if trace is not None else _noop
+
+    put("layer_in", x)
+    if cfg.shape == "absent":
+        # deci.cpp: no attention branch; the residual passes straight through.
+        put("resid_mid", x)
+        return None, x
+    normed = normalize(xp, x, cfg.input_norm, w.get("attn_norm"), w.get("attn_norm_b"), be.acc_dtype)
+    put("attn_in", normed)
+    if cfg.shape == "linear":
+        # deci.cpp: `attn_norm` then `wo`, nothing else (spec AttnShape::Linear).
+        branch = _linear(xp, normed, w["wo"], w.get("bo"))
+        put("attn_out", branch)
+        return _residual(layer, x, branch, put)
+
+    n = x.shape[0]
+    h, hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
+    q = _linear(xp, normed, w["wq"], w.get("bq"))
+    k = _linear(xp, normed, w["wk"], w.get("bk"))
+    v = _linear(xp, normed, w["wv"], w.get("bv"))
+    gate = None
+    if cfg.q_gate == "interleaved":
+        # qwen3next / qwen35 (HF `torch.chunk(q_proj(x).view(..., head_dim * 2), 2, -1)`,
+        # llama.cpp qwen35.cpp): the gate rides in wq, interleaved PER HEAD; split it
+        # off before anything reads a Q width.
+        qg = xp.reshape(q, (n, h, 2 * d))
+        q, gate = qg[..., :d], xp.reshape(qg[..., d:], (n, h * d))
+        q = xp.reshape(q, (n, h * d))
+    if cfg.qkv_clamp is not None:
+        # olmo `clip_qkv`; llama.cpp build_qkv `f_clamp_kqv`: after the bias.
+        c = cfg.qkv_clamp
+        q, k, v = (xp.clip(t, -c, c) for t in (q, k, v))
+    q = xp.reshape(q, (n, h, d))
+    k = xp.reshape(k, (n, hkv, d))
+    v = xp.reshape(v, (n, hkv, dv))
+    put("q", q)
+    put("k", k)
+    put("v", v)
+
+    if cfg.qk_norm is not None and cfg.qk_norm.where == "pre_rope":
+        q, k = _qk_norm(layer, q, k)
+    p0 = kvmod.query_start(kv)
+    pos = np.arange(p0, p0 + n, dtype=np.int64)
+    if cfg.rope is not None:
+        cos, sin = ropemod.cos_sin(cfg.rope, pos)
+        cos, sin = be.asarray(cos), be.asarray(sin)
+        q = ropemod.rotate(xp, q, cos, sin, cfg.rope.layout, cfg.rope.rotary_dim)
+        k = ropemod.rotate(xp, k, cos, sin, cfg.rope.layout, cfg.rope.rotary_dim)
+    if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":
+        q, k = _qk_norm(layer, q, k)
+    if cfg.temperature is not None:
+        # HF Llama4TextAttention.forward: attn_scales = log1p(floor((pos + 1) /
+        # floor_scale)) * attn_scale + 1, per query position.
+        t = cfg.temperature
+        scales = np.log1p(np.floor((pos + 1) / t.floor_scale)) * t.attn_scale + 1.0
+        q = q * be.asarray(scales)[:, None, None]
+    put("q_rope", q)
+    put("k_rope", k)
+
+    k_all, v_all, k_pos = kvmod.push_and_read(kv, k, v)
+    heads, probs = attend(layer, q, k_all, v_all, pos, k_pos)
+    if trace is not None:
+        trace.put_probs(probs, pos, k_pos)
+    if cfg.window is not None:
+        kvmod.after_read(kv, int(cfg.window.lowest_visible(pos[-1] + 1)))
+    put("attn_heads", heads)
+
+    branch = xp.reshape(heads, (n, h * dv))
+    if gate is not None:
+        # qwen35.cpp / HF Qwen3NextAttention: attn * sigmoid(gate), before wo.
+        branch = branch * _sigmoid(xp, gate)
+    if cfg.q_gate == "separate":
+        # spec `output_gate`: a projection of the SAME normed input the QKV read.
+        branch = branch * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))
+    if cfg.sub_norm is not None:
+        # bitnet.cpp / HF BitNetAttention `attn_sub_norm`: RMS over the concatenated
+        # heads of one row, before wo.
+        branch = normalize(xp, branch, cfg.sub_norm, w.get("sub_norm"), None, be.acc_dtype)
+    put("attn_branch", branch)
+
+    out = _linear(xp, branch, w["wo"], None)
+    # spec project_attn_rows: the wo scale companion, THEN the bias (build_attn's
+    # order), then the value scale (mimo2.cpp), then the post-attention norm.
+    if cfg.o_scale is not None:
+        out = out * cfg.o_scale
+    if "bo" in w:
+        out = out + w["bo"]
+    if cfg.value_scale is not None:
+        out = out * cfg.value_scale
+    if cfg.post_norm is not None:
+        out = normalize(xp, out, cfg.post_norm, w.get("post_norm"), w.get("post_norm_b"), be.acc_dtype)
+    put("attn_out", out)
+    return _residual(layer, x, out, put)
+
+
+def attend(layer: Layer, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray):
+    """The one kernel: plain, windowed, softcapped, ALiBi'd and sink-bearing.
+
+    ``q[n, H, D]`` against the sequence's ``k[L, Hkv, D]``, ``v[L, Hkv, Dv]``;
+    query head ``h`` reads KV head ``h // (H / Hkv)`` (HF ``repeat_kv``; ggml's
+    broadcast in ``mul_mat``). Returns ``(heads[n, H, Dv], probs[H, n, L])``.
+    """
+    cfg, be = layer.cfg, layer.backend
+    xp = be.xp
+    acc = be.acc_dtype
+    head_map = be.index(np.arange(cfg.n_heads) // cfg.n_rep)
+    kh = xp.permute_dims(xp.take(k, head_map, axis=1), (1, 2, 0))  # [H, D, L]
+    vh = xp.permute_dims(xp.take(v, head_map, axis=1), (1, 0, 2))  # [H, L, Dv]
+    qh = xp.permute_dims(q, (1, 0, 2))  # [H, n, D]
+    scores = xp.astype(xp.matmul(qh, kh), acc) * cfg.softmax_scale
+
+    sinks = layer.w.get("sinks")
+    # "The sink arm carries no softcap, matching llama.cpp's" (spec push_and_attend_row).
+    if cfg.softcap is not None and sinks is None:
+        scores = cfg.softcap * xp.tanh(scores / cfg.softcap)
+    if layer.slopes is not None:
+        # ALiBi: slope_h * (k_pos - q_pos); a per-row constant shift of HF bloom's
+        # slope_h * k_pos, so the softmax is the same.
+        rel = be.asarray((k_pos[None, :] - q_pos[:, None]).astype(np.float64), acc)
+        scores = scores + layer.slopes[:, None, None] * rel[None, :, :]
+
+    # Causal, and inside the layer's window as a function of the query position
+    # (spec `layer_window_for_query`); the same rule decides what may be evicted.
+    visible = k_pos[None, :] <= q_pos[:, None]
+    if cfg.window is not None:
+        visible &= k_pos[None, :] >= cfg.window.lowest_visible(q_pos)[:, None]
+    neg_inf = xp.asarray(-np.inf, dtype=acc, **_dev(be))
+    scores = xp.where(be.mask(visible)[None, :, :], scores, neg_inf)
+
+    m = xp.max(scores, axis=-1, keepdims=True)
+    if sinks is not None:
+        # gpt-oss: the sink joins the softmax denominator and contributes no value
+        # (HF eager_attention_forward's extra column, dropped after the softmax).
+        s = xp.reshape(xp.astype(sinks, acc), (cfg.n_heads, 1, 1))
+        m = xp.maximum(m, s)
+        e = xp.exp(scores - m)
+        probs = e / (xp.sum(e, axis=-1, keepdims=True) + xp.exp(s - m))
+    else:
+        e = xp.exp(scores - m)
+        probs = e / xp.sum(e, axis=-1, keepdims=True)
+    out = xp.matmul(xp.astype(probs, v.dtype), vh)  # [H, n, Dv]
+    return xp.permute_dims(out, (1, 0, 2)), probs
+
+
+def _qk_norm(layer: Layer, q, k):
+    cfg, be, w = layer.cfg, layer.backend, layer.w
+    xp = be.xp
+    spec = cfg.qk_norm
+    if spec.over == "head":
+        return (
+            normalize(xp, q, spec.norm, w.get("q_norm"), None, be.acc_dtype),
+            normalize(xp, k, spec.norm, w.get("k_norm"), None, be.acc_dtype),
+        )
+    # Whole row (olmo2 HF `q_norm` over num_heads * head_dim).
+    n = q.shape[0]
+    qr = normalize(xp, xp.reshape(q, (n, -1)), spec.norm, w.get("q_norm"), None, be.acc_dtype)
+    kr = normalize(xp, xp.reshape(k, (n, -1)), spec.norm, w.get("k_norm"), None, be.acc_dtype)
+    return xp.reshape(qr, q.shape), xp.reshape(kr, k.shape)
+
+
+def _residual(layer: Layer, x, branch, put):
+    cfg = layer.cfg
+    if cfg.residual == "parallel":
+        # cohere2: attention and FFN read the same normed input and are summed into
+        # the residual together; there is no residual between them to report.
+        return branch, None
+    resid = x + branch * cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else x + branch
+    put("resid_mid", resid)
+    return branch, resid
+
+
+def _linear(xp, x, w, b):
+    y = xp.matmul(x, xp.matrix_transpose(w))
+    return y if b is None else y + b
+
+
+def _sigmoid(xp, x):
+    return 1.0 / (1.0 + xp.exp(-x))
+
+
+def _dev(be):
+    return {} if be.name == "numpy" else {"device": be.device}
+
+
+def _noop(*_a, **_k):
+    return None

@@ -1,0 +1,118 @@
+"""Rotary position embedding: the frequency table and the rotation.
+
+The frequency table mirrors HF ``transformers.modeling_rope_utils``
+(``_compute_default_rope_parameters``, ``_compute_linear_scaling_rope_parameters``,
+``_compute_llama3_parameters``, ``_compute_yarn_parameters``) but is computed in
+float64: the oracle must not inherit float32 rounding from its reference.
+
+The rotation has the two layouts the spec names: ``neox`` (rotate-half, HF
+``rotate_half``; llama.cpp ``LLAMA_ROPE_TYPE_NEOX``) and ``interleaved`` (GPT-J
+pairs ``(2i, 2i+1)``; llama.cpp ``LLAMA_ROPE_TYPE_NORM``; spec
+``apply_rope_interleaved``). Only the leading ``rotary_dim`` channels of a head
+rotate (partial rotary); the rest pass through untouched.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .config import ConfigError, RopeSpec
+
+ROPE_KINDS = ("default", "linear", "llama3", "yarn")
+
+
+def inverse_frequencies(kind: str, theta: float, rotary_dim: int, params: dict | None = None) -> tuple[np.ndarray, float]:
+    """``(inv_freq[rotary_dim // 2], attention_factor)`` for one RoPE scaling kind."""
+    params = dict(params or {})
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ConfigError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    exponents = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
+    base_inv = 1.0 / (float(theta) ** exponents)
+    if kind == "default":
+        return base_inv, 1.0
+    if kind == "linear":
+        return base_inv / float(params["factor"]), 1.0
+    if kind == "llama3":
+        # HF _compute_llama3_parameters: low wavelengths untouched, high ones divided
+        # by `factor`, a smooth ramp between.
+        factor = float(params["factor"])
+        low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        old = float(params["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / base_inv
+        scaled = np.where(wavelen > old / low, base_inv / factor, base_inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        return np.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        return _yarn(base_inv, float(theta), rotary_dim, params)
+    raise ConfigError(f"unknown RoPE scaling {kind!r}; valid: {', '.join(ROPE_KINDS)}")
+
+
+def _yarn(base_inv: np.ndarray, theta: float, dim: int, p: dict) -> tuple[np.ndarray, float]:
+    # HF _compute_yarn_parameters, step by step.
+    factor = p.get("factor")
+    if factor is None:
+        factor = p["max_position_embeddings"] / p["original_max_position_embeddings"]
+    factor = float(factor)
+    orig = float(p["original_max_position_embeddings"])
+
+    def get_mscale(scale, mscale=1.0):
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        if p.get("mscale") and p.get("mscale_all_dim"):
+            attention_factor = get_mscale(factor, p["mscale"]) / get_mscale(factor, p["mscale_all_dim"])
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast = p.get("beta_fast") or 32.0
+    beta_slow = p.get("beta_slow") or 1.0
+
+    def correction_dim(rot):
+        return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # HF linear_ramp_factor: prevent a singularity
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    inv = (base_inv / factor) * (1 - extrapolation) + base_inv * extrapolation
+    return inv, float(attention_factor)
+
+
+def make_rope(kind: str, theta: float, rotary_dim: int, layout: str = "neox", params: dict | None = None) -> RopeSpec:
+    inv, factor = inverse_frequencies(kind, theta, rotary_dim, params)
+    return RopeSpec(inv_freq=tuple(float(x) for x in inv), layout=layout, attention_factor=factor, kind=kind, theta=float(theta))
+
+
+def cos_sin(spec: RopeSpec, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[n, rotary_dim // 2]`` cos and sin in float64, with YaRN's factor folded in."""
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * np.asarray(spec.inv_freq, dtype=np.float64)[None, :]
+    return np.cos(ang) * spec.attention_factor, np.sin(ang) * spec.attention_factor
+
+
+def rotate(xp, x, cos, sin, layout: str, rotary_dim: int):
+    """Rotate the leading ``rotary_dim`` channels of ``x[n, heads, d]``.
+
+    ``cos``/``sin`` are ``[n, rotary_dim // 2]`` backend arrays. One function for
+    Q and K, every layer, both layouts: the layout is a parameter, not a copy.
+    """
+    half = rotary_dim // 2
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    if layout == "neox":
+        x1, x2 = x[..., :half], x[..., half:rotary_dim]
+        rot = xp.concat([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    else:
+        xe, xo = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+        pairs = xp.stack([xe * c - xo * s, xo * c + xe * s], axis=-1)
+        rot = xp.reshape(pairs, (*x.shape[:-1], rotary_dim))
+    if rotary_dim == x.shape[-1]:
+        return rot
+    return xp.concat([rot, x[..., rotary_dim:]], axis=-1)

@@ -1,0 +1,99 @@
+"""Driving one layer over whole sequences: the engine's callers of the body.
+
+The spec's callers (``forward_token``, ``forward_multi_seq``,
+``forward_token_paged``) differ in WHERE rows live and in HOW MANY rows a call
+carries. Both are parameters here:
+
+- ``kv_mode``: ``decode`` (each sequence alone, contiguous), ``batched`` (the
+  sequences advance together, each with its own contiguous cache) or ``paged``
+  (the sequences advance together over one shared page pool, pages reserved
+  before each push).
+- ``schedule``: ``prefill`` (all rows in one call), ``decode`` (one row per
+  call) or ``mixed`` (the first half in one call, then one row per call), or a
+  comma list of chunk sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import kv as kvmod
+from .attention import Layer, attn_block
+from .config import ConfigError
+from .trace import Trace
+
+SCHEDULES = ("prefill", "decode", "mixed")
+
+
+def chunk_sizes(schedule: str, n_tokens: int) -> list[int]:
+    if schedule == "prefill":
+        return [n_tokens]
+    if schedule == "decode":
+        return [1] * n_tokens
+    if schedule == "mixed":
+        first = max(1, n_tokens // 2)
+        return [first] + [1] * (n_tokens - first)
+    try:
+        sizes = [int(s) for s in schedule.split(",")]
+    except ValueError:
+        raise ConfigError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)} or chunk sizes like 5,1,1") from None
+    if any(s < 1 for s in sizes) or sum(sizes) != n_tokens:
+        raise ConfigError(f"schedule {schedule!r} must be positive chunk sizes summing to {n_tokens} tokens")
+    return sizes
+
+
+def run_layer(layer: Layer, inputs: list[np.ndarray], kv_mode: str = "decode", schedule: str = "prefill",
+              page_size: int = 4, trace: bool = True, seed: int = 0):
+    """Run ``inputs`` (one ``[tokens, hidden]`` array per sequence) through one layer.
+
+    Returns ``(outputs, traces, caches)``: the branch per sequence (``None`` for
+    an absent layer), a ``Trace`` per sequence (or ``None``), and the KV steps
+    (so a caller can measure what the cache holds).
+    """
+    if kv_mode not in kvmod.KV_MODES:
+        raise ConfigError(f"unknown kv mode {kv_mode!r}; valid: {', '.join(kvmod.KV_MODES)}")
+    be = layer.backend
+    cfg = layer.cfg
+    n_seq = len(inputs)
+    lengths = [x.shape[0] for x in inputs]
+    plans = [chunk_sizes(schedule, t) for t in lengths]
+    traces = [Trace(be) if trace else None for _ in range(n_seq)]
+    steps = _make_steps(layer, kv_mode, lengths, page_size, seed)
+    outs: list[list] = [[] for _ in range(n_seq)]
+
+    def one(s: int, start: int, size: int):
+        x = be.asarray(inputs[s][start : start + size])
+        if isinstance(steps[s], kvmod.Paged) and cfg.shape == "gqa":
+            steps[s].pool.reserve(steps[s].seq, size)  # before the push, as the spec requires
+        branch, _ = attn_block(layer, x, steps[s], traces[s])
+        outs[s].append(None if branch is None else be.to_numpy(branch))
+
+    if kv_mode == "decode":
+        for s in range(n_seq):  # each sequence alone, start to end
+            start = 0
+            for size in plans[s]:
+                one(s, start, size)
+                start += size
+    else:  # the sequences advance together, step by step
+        starts = [0] * n_seq
+        for step in range(max(len(p) for p in plans)):
+            for s in range(n_seq):
+                if step < len(plans[s]):
+                    one(s, starts[s], plans[s][step])
+                    starts[s] += plans[s][step]
+    outputs = [None if o[0] is None else np.concatenate(o, axis=0) for o in outs]
+    return outputs, traces, steps
+
+
+def _make_steps(layer: Layer, kv_mode: str, lengths: list[int], page_size: int, seed: int):
+    cfg, be = layer.cfg, layer.backend
+    if kv_mode == "paged":
+        if page_size < 1:
+            raise ConfigError(f"page size must be >= 1, got {page_size}")
+        n_pages = sum(-(-t // page_size) for t in lengths) + 1
+        k_shape = (max(cfg.n_kv_heads, 1), max(cfg.head_dim, 1))
+        v_shape = (max(cfg.n_kv_heads, 1), max(cfg.dv, 1))
+        pool = kvmod.PagePool(be, n_pages, page_size, k_shape, v_shape, seed=seed)
+        return [kvmod.Paged(kvmod.PagedSeq([]), pool) for _ in lengths]
+    variant = kvmod.KV_MODES[kv_mode]
+    return [variant(kvmod.ContiguousKv(be)) for _ in lengths]

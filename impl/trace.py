@@ -1,0 +1,56 @@
+"""Probe recording: what the body computed at each canonical point.
+
+The body calls ``trace.put(name, array)`` at the canonical points of the probe
+vocabulary (DESIGN.md) when a trace is passed, and does nothing when it is not.
+A trace holds one sequence of one layer; calls append rows, so prefill, decode
+and any schedule between assemble to the same ``[tokens, ...]`` arrays.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+# Dataflow order inside a layer (DESIGN.md "Probe vocabulary").
+LAYER_PROBES = (
+    "layer_in",
+    "attn_in",
+    "q",
+    "k",
+    "v",
+    "q_rope",
+    "k_rope",
+    "attn_probs",
+    "attn_heads",
+    "attn_branch",
+    "attn_out",
+    "resid_mid",
+    "layer_out",
+)
+MODEL_PROBES = ("embeddings", "final_norm", "logits")
+
+
+class Trace:
+    def __init__(self, backend):
+        self.backend = backend
+        self.rows: dict[str, list[np.ndarray]] = defaultdict(list)
+        self.probs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def put(self, name: str, array) -> None:
+        self.rows[name].append(self.backend.to_numpy(array))
+
+    def put_probs(self, probs, q_pos, k_pos) -> None:
+        """``probs[heads, n_query, n_keys]`` with the positions of both axes."""
+        self.probs.append((self.backend.to_numpy(probs), np.asarray(q_pos), np.asarray(k_pos)))
+
+    def assemble(self) -> dict[str, np.ndarray]:
+        out = {name: np.concatenate(chunks, axis=0) for name, chunks in self.rows.items()}
+        if self.probs:
+            n_tok = max(int(q.max()) for _, q, _ in self.probs) + 1
+            n_heads = self.probs[0][0].shape[0]
+            full = np.zeros((n_heads, n_tok, n_tok))
+            for p, q, k in self.probs:
+                full[:, q[:, None], k[None, :]] = p
+            out["attn_probs"] = full
+        return out
