@@ -39,6 +39,20 @@ class Point:
 
 
 @dataclass(frozen=True)
+class LcPoint:
+    """Where a probe is read in llama.cpp's graph: a callback name (``cb(cur,
+    name, il)``), which occurrence of it (``pick``: ``last``, ``first``,
+    ``pre_rope`` -- the last one before the ROPE node --, ``rope`` -- the ROPE
+    node itself --, or ``op:NAME``), and its layout: ``rows`` ([tokens,
+    channels]), ``heads`` ([tokens, heads, dim]) or ``probs`` ([streams, heads,
+    tokens, kv cells])."""
+
+    name: str
+    pick: str = "last"
+    layout: str = "rows"
+
+
+@dataclass(frozen=True)
 class NotInImpl:
     """A layer impl does not implement (a linear-attention / delta-net layer): the
     report lists it by name, and the references are still compared with each other."""
@@ -66,6 +80,28 @@ class Family:
     # Sequences of tokens the HF reference runs as one batch (no padding).
     # llama.cpp side (issue 3): set by families that export GGUF.
     gguf_arch: str | None = None
+
+    # llama.cpp's probe points, per layer; a probe not named here is "not exposed".
+    lc_points: dict[str, LcPoint] = {
+        "attn_in": LcPoint("attn_norm"),
+        "q": LcPoint("Qcur", "pre_rope", "heads"),
+        "k": LcPoint("Kcur", "pre_rope", "heads"),
+        "v": LcPoint("Vcur", "last", "heads"),
+        "q_rope": LcPoint("Qcur", "rope", "heads"),
+        "k_rope": LcPoint("Kcur", "rope", "heads"),
+        "attn_probs": LcPoint("kq_soft_max", "last", "probs"),
+        "attn_heads": LcPoint("kqv_out"),
+        "attn_branch": LcPoint("kqv_out"),
+        "attn_out": LcPoint("attn_out"),
+        "resid_mid": LcPoint("ffn_inp"),
+        "layer_out": LcPoint("l_out"),
+    }
+    # model-level: the first layer's input, the final norm, the logits
+    lc_model_points: dict[str, LcPoint] = {
+        "embeddings": LcPoint("embd"),
+        "final_norm": LcPoint("result_norm"),
+        "logits": LcPoint("result_output"),
+    }
 
     # ------------------------------------------------------------------ config
     def config_class(self):
@@ -207,6 +243,89 @@ class Family:
         if probe in ("q_rope", "k_rope"):  # eager: [S, heads, T, D]
             return arr.transpose(0, 2, 1, 3)
         return arr
+
+
+    def lc_points_for(self, config, i: int) -> dict[str, LcPoint]:
+        return self.lc_points
+
+    def lc_layer_input(self, config, i: int) -> tuple[str, LcPoint]:
+        """Where layer ``i``'s input lives in llama.cpp: the embeddings for layer 0,
+        the previous layer's ``l_out`` after that."""
+        if i == 0:
+            return "embeddings", self.lc_model_points["embeddings"]
+        return f"L{i - 1}.layer_out", LcPoint("l_out")
+
+    def lc_canonical(self, probe: str, arr: np.ndarray, lc, config) -> np.ndarray:
+        """llama.cpp's array ([seqs, tokens, ...] after token placement) in the
+        canonical layout: reshape head-major rows, undo converter permutations."""
+        return self.hf_canonical_heads(probe, arr, lc)
+
+    def hf_canonical_heads(self, probe: str, arr: np.ndarray, lc) -> np.ndarray:
+        if not isinstance(lc, LayerConfig) or lc.shape != "gqa":
+            return arr
+        if probe == "attn_heads" and arr.ndim == 3:
+            return arr.reshape(arr.shape[0], arr.shape[1], lc.n_heads, lc.dv)
+        return arr
+
+    # ------------------------------------------------------------------ GGUF
+    def gguf_params(self, w, config) -> None:
+        """The metadata llama.cpp reads for the arch: conversion/base.py
+        ``TextModel.set_gguf_parameters`` plus the arch's own additions."""
+        import gguf
+
+        w.add_block_count(config.num_hidden_layers)
+        w.add_context_length(config.max_position_embeddings)
+        w.add_embedding_length(config.hidden_size)
+        w.add_feed_forward_length(config.intermediate_size)
+        w.add_head_count(config.num_attention_heads)
+        w.add_head_count_kv(config.num_key_value_heads)
+        rp = dict(config.rope_parameters or {})
+        rp = rp.get("full_attention", rp)
+        if rp.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rp["factor"])
+        elif rp.get("rope_type") == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rp["factor"])
+            w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+            for key, fn in (("attention_factor", w.add_rope_scaling_yarn_attn_factor),
+                            ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+                            ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
+                if rp.get(key) is not None:
+                    fn(rp[key])
+        if rp.get("rope_theta") is not None:
+            w.add_rope_freq_base(rp["rope_theta"])
+        eps = getattr(config, "rms_norm_eps", None)
+        if eps is not None:
+            w.add_layer_norm_rms_eps(eps)
+        hd = getattr(config, "head_dim", None)
+        if hd is not None:
+            w.add_key_length(hd)
+            w.add_value_length(hd)
+        # conversion/llama.py LlamaModel.set_gguf_parameters
+        w.add_vocab_size(config.vocab_size)
+        w.add_rope_dimension_count(hd or config.hidden_size // config.num_attention_heads)
+
+    def gguf_transform(self, name: str, data: np.ndarray, config) -> np.ndarray:
+        """A tensor transform the converter applies (default: none)."""
+        return data
+
+    def gguf_tensors(self, model, config):
+        """``(gguf_name, array)`` for every HF tensor, transformed and renamed with
+        gguf's own tensor map (``get_tensor_name_map``), as ``modify_tensors`` does."""
+        import gguf
+
+        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
+        tmap = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+        for name, p in model.state_dict().items():
+            data = p.detach().to(dtype=__import__("torch").float32).cpu().numpy()
+            data = self.gguf_transform(name, data, config)
+            if data is None:
+                continue
+            new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
+            if new is None:
+                raise ValueError(f"{self.name}: no GGUF name for HF tensor {name!r}")
+            yield new, data
 
 
 def _one_line(e: Exception) -> str:

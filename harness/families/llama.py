@@ -1,9 +1,31 @@
 """llama: the plain decoder (HF ``LlamaForCausalLM``; llama.cpp ``src/models/llama.cpp``).
 
 GQA, neox RoPE, RMS input norm, no biases by default (``attention_bias`` turns
-all four on, HF ``LlamaAttention.__init__``)."""
+all four on, HF ``LlamaAttention.__init__``).
+
+llama.cpp runs llama with ``LLAMA_ROPE_TYPE_NORM`` (interleaved pairs), so the
+converter permutes the rows of ``q_proj`` / ``k_proj`` (and their biases) per
+head (``conversion/llama.py``, ``LlamaModel.permute``, applied in
+``modify_tensors`` when ``undo_permute``): HF channel ``j * D/2 + i`` becomes
+llama.cpp channel ``2i + j``. The interleaved rotation of the permuted
+channels is the neox rotation of the original ones. The capture undoes the
+permutation on Q and K so they compare channel for channel.
+"""
+
+import numpy as np
 
 from .base import LlamaLike
+
+
+def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """conversion/llama.py LlamaModel.permute: rows (h, j, i) -> (h, i, j)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_heads(a: np.ndarray) -> np.ndarray:
+    """The inverse on activations ``[..., heads, D]``: channel 2i+j -> j*D/2+i."""
+    d = a.shape[-1]
+    return a.reshape(*a.shape[:-1], d // 2, 2).swapaxes(-1, -2).reshape(a.shape)
 
 
 class Llama(LlamaLike):
@@ -17,6 +39,20 @@ class Llama(LlamaLike):
         tie_word_embeddings=False,
     )
     gguf_arch = "llama"
+    permute_qk = True  # what the converter does; tests break it to show the capture notices
+
+    def gguf_transform(self, name, data, config):
+        if self.permute_qk:
+            if name.endswith(("q_proj.weight", "q_proj.bias")):
+                return permute_rows(data, config.num_attention_heads)
+            if name.endswith(("k_proj.weight", "k_proj.bias")):
+                return permute_rows(data, config.num_key_value_heads)
+        return data
+
+    def lc_canonical(self, probe, arr, lc, config):
+        if probe in ("q", "k", "q_rope", "k_rope"):
+            return unpermute_heads(arr)
+        return super().lc_canonical(probe, arr, lc, config)
 
 
 FAMILY = Llama()

@@ -1,0 +1,103 @@
+"""Writing a GGUF of the family's HF weights, the way llama.cpp's converter would.
+
+The family decides the metadata (``Family.gguf_params``, mirroring the
+converter's ``set_gguf_parameters``) and the tensors with their transforms
+(``Family.gguf_tensors``, mirroring ``modify_tensors``); this module writes
+them with the ``gguf`` package, adds a tiny vocabulary llama.cpp accepts, and
+caches the file by content.
+
+Weight types: F32 by default; F16, BF16 and Q8_0 on request. As in the
+converter (``conversion/base.py``, ``prepare_tensors``), only 2-D weight
+matrices take the requested type; norms, biases, sinks and other 1-D tensors
+stay F32; a row length Q8_0 cannot block falls back to F16.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .. import cache
+
+WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0")
+EXPORT_SCHEMA = 1
+
+
+def tiny_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece-style ("llama") vocabulary of ``n`` tokens: unk, bos, eos,
+    the 256 byte tokens when there is room, then plain pieces. Token types are
+    gguf.TokenType values (NORMAL 1, UNKNOWN 2, CONTROL 3, BYTE 6)."""
+    toks, scores, types = ["<unk>", "<s>", "</s>"], [0.0, 0.0, 0.0], [2, 3, 3]
+    if n >= 3 + 256 + 1:
+        for b in range(256):
+            toks.append(f"<0x{b:02X}>")
+            scores.append(0.0)
+            types.append(6)
+    i = 0
+    while len(toks) < n:
+        toks.append(f"\u2581t{i}")
+        scores.append(-float(i))
+        types.append(1)
+        i += 1
+    return toks[:n], scores[:n], types[:n]
+
+
+def _quantize(data: np.ndarray, weight_type: str):
+    import gguf
+
+    if weight_type == "f32" or data.ndim < 2:
+        return data.astype(np.float32), None
+    if weight_type == "f16":
+        return data.astype(np.float16), None
+    qt = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[weight_type]
+    try:
+        return gguf.quants.quantize(data.astype(np.float32), qt), qt
+    except gguf.quants.QuantError:
+        return data.astype(np.float16), None  # the converter's fallback for rows Q8_0 cannot block
+
+
+def export(family, model, config, weight_type: str = "f32", seed: int = 0) -> Path:
+    """Write (or reuse) the GGUF for ``model`` and return its path."""
+    import gguf
+
+    from ..versions import versions
+
+    fam_file = Path(__import__(type(family).__module__, fromlist=["x"]).__file__)
+    src = cache.source_hash(fam_file, Path(__file__), Path(__file__).parent.parent / "families" / "base.py")
+    k = cache.key("gguf", EXPORT_SCHEMA, family.name, config.to_json_string(use_diff=False), seed, weight_type,
+                  versions().get("gguf"), src)
+    out = cache.cache_dir() / "gguf" / f"{family.name}-{k}.gguf"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+
+    w = gguf.GGUFWriter(str(tmp), family.gguf_arch)
+    family.gguf_params(w, config)
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+             "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[weight_type]
+    w.add_file_type(ftype)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    toks, scores, types = tiny_vocab(int(config.vocab_size))
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    for name, data in family.gguf_tensors(model, config):
+        arr, qt = _quantize(np.asarray(data), weight_type)
+        if qt is None:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, arr, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(out)
+    return out

@@ -1,0 +1,228 @@
+"""llama.cpp (through llama-cpp-python) as a reference.
+
+The GGUF is written from the same HF weights (``gguf_export``) or taken from
+the user (``--gguf``); the capture runs in a subprocess
+(``llamacpp_worker``) so a crash inside llama.cpp is an error row, not the end
+of the run. The decode calls follow the case: one call per chunk of the
+schedule, and for several sequences every call carries a chunk of EACH
+sequence (a multi-sequence batch) -- llama.cpp's counterpart of impl's Batched
+and Paged backings, as token-by-token decode is of Decode.
+
+Captured tensors are placed back by (sequence, position) and put into the
+canonical layout by the family (``Family.lc_canonical``: head-major rows
+reshaped, the converter's Q/K permutation undone, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .. import cache
+from ..versions import ROOT, versions
+
+CAPTURE_SCHEMA = 1
+TIMEOUT_S = 300
+
+
+class LlamaCppUnavailable(RuntimeError):
+    pass
+
+
+def available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+        import gguf  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require() -> None:
+    if not available():
+        raise LlamaCppUnavailable(
+            "llama-cpp-python (and gguf) are not installed: pip install -e '.[llamacpp]' "
+            "(builds llama.cpp from source, ~5 minutes on 2 cores)")
+
+
+def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[int, int, int]]]:
+    """The decode calls: ``[[(token, pos, seq), ...], ...]``, sequences in
+    ascending order inside every call (llama.cpp splits a ubatch into one
+    stream per sequence in that order)."""
+    from impl.runner import chunk_sizes
+
+    n_seq, n_tok = tokens.shape
+    sizes = chunk_sizes(schedule, n_tok)
+    calls = []
+    if kv == "decode":
+        for s in range(n_seq):
+            start = 0
+            for size in sizes:
+                calls.append([(int(tokens[s, p]), p, s) for p in range(start, start + size)])
+                start += size
+        return calls
+    start = 0
+    for size in sizes:
+        calls.append([(int(tokens[s, p]), p, s) for s in range(n_seq) for p in range(start, start + size)])
+        start += size
+    return calls
+
+
+def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S):
+    """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message."""
+    n_tok = max(p for call in calls for (_, p, _) in call) + 1
+    n_batch = max(len(c) for c in calls)
+    req = {
+        "gguf": str(gguf_path), "calls": calls, "n_seq": n_seq,
+        # one stream per sequence, each holding every position (swa_full)
+        "n_ctx": n_seq * max(256, -(-n_tok // 256) * 256), "n_batch": max(n_batch, 1),
+        "names": sorted(names), "threads": int(os.environ.get("CONFORMANCE_LLAMACPP_THREADS", "2")),
+    }
+    with tempfile.TemporaryDirectory(prefix="conformance-lc-") as d:
+        rp, op = Path(d) / "req.json", Path(d) / "out.npz"
+        rp.write_text(json.dumps(req))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        try:
+            proc = subprocess.run([sys.executable, "-m", "harness.refs.llamacpp_worker", str(rp), str(op)],
+                                  capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"llama.cpp capture timed out after {timeout}s") from None
+        if proc.returncode != 0:
+            tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-6:] if line.strip())
+            how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+            raise RuntimeError(f"llama.cpp worker {how}: {tail or '(no message)'}")
+        with np.load(op, allow_pickle=False) as z:
+            index = json.loads(bytes(z["__index__"]).decode())
+            arrays = {k: z[k] for k in z.files if k != "__index__"}
+    return arrays, index
+
+
+def _pick(occ: list[dict], how: str) -> dict | None:
+    """Choose one occurrence of a name in one graph (see ``LcPoint.pick``)."""
+    if not occ:
+        return None
+    if how == "last":
+        return occ[-1]
+    if how == "first":
+        return occ[0]
+    if how == "rope":
+        ropes = [o for o in occ if o["op"] == "ROPE"]
+        return ropes[-1] if ropes else None
+    if how == "pre_rope":
+        first_rope = next((i for i, o in enumerate(occ) if o["op"] == "ROPE"), len(occ))
+        before = occ[:first_rope]
+        return before[-1] if before else None
+    if how.startswith("op:"):
+        ops = [o for o in occ if o["op"] == how[3:]]
+        return ops[-1] if ops else None
+    raise ValueError(f"unknown occurrence pick {how!r}")
+
+
+def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, name: str, point) -> np.ndarray | None:
+    """One probe over the whole run: ``[seqs, tokens, ...]`` (rows / heads) or
+    ``[seqs, heads, tokens, tokens]`` (probs), placed by (sequence, position)."""
+    by_call: dict[int, list[dict]] = {}
+    for rec in index:
+        if rec["name"] == name:
+            by_call.setdefault(rec["call"], []).append(rec)
+    out = None
+    for ci, call in enumerate(calls):
+        rec = _pick(sorted(by_call.get(ci, []), key=lambda r: r["occ"]), point.pick)
+        if rec is None:
+            return None
+        if "error" in rec:
+            raise RuntimeError(f"{name}: {rec['error']}")
+        a = arrays[rec["key"]]  # [ne3, ne2, ne1, ne0]
+        if point.layout == "probs":
+            n_stream, n_head, n_q, n_kv = a.shape
+            if n_kv < n_tok:
+                raise RuntimeError(f"{name}: {n_kv} KV cells hold fewer than {n_tok} positions")
+            if out is None:
+                out = np.zeros((n_seq, n_head, n_tok, n_tok))
+            per_stream = len(call) // n_stream
+            for j, (_, pos, seq) in enumerate(call):
+                stream, row = (j // per_stream, j % per_stream) if n_stream > 1 else (0, j)
+                if n_stream > 1 and stream != seq:
+                    raise RuntimeError(f"{name}: token of sequence {seq} landed in stream {stream}")
+                p = a[stream, :, row, :]
+                # a fresh cache fills a sequence's cells in position order; mass past the
+                # positions would mean the mapping is wrong, so it is checked, not assumed
+                if np.abs(p[:, n_tok:]).max(initial=0.0) > 1e-6 or np.abs(p[:, pos + 1:]).max(initial=0.0) > 1e-6:
+                    raise RuntimeError(f"{name}: probability mass outside the causal cells; KV cell mapping failed")
+                out[seq, :, pos, :] = p[:, :n_tok]
+            continue
+        flat = a.reshape(-1, *a.shape[-2:]) if point.layout == "rows" else a.reshape(-1, *a.shape[-3:])
+        if flat.shape[0] != 1:
+            raise RuntimeError(f"{name}: unexpected leading dims {a.shape}")
+        flat = flat[0]
+        if flat.shape[0] != len(call):
+            raise RuntimeError(f"{name}: {flat.shape[0]} rows for a call of {len(call)} tokens")
+        if out is None:
+            out = np.zeros((n_seq, n_tok, *flat.shape[1:]))
+        for j, (_, pos, seq) in enumerate(call):
+            out[seq, pos] = flat[j]
+    return out
+
+
+def capture_for_case(run):
+    """The llama.cpp capture for a ``harness.case.CaseRun``."""
+    from ..case import RefCapture
+    from ..families.base import NotInImpl
+
+    require()
+    from . import gguf_export
+
+    case, fam, config = run.case, run.family, run.config
+    if run.source is not None:
+        gguf_path = Path(run.source.path)
+        file_stamp = [gguf_path.stat().st_size, int(gguf_path.stat().st_mtime)]
+    else:
+        if not fam.gguf_arch:
+            raise RuntimeError(f"family {fam.name} has no GGUF export (llama.cpp arch unknown)")
+        gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed)
+        file_stamp = gguf_path.name
+    calls = plan_calls(run.tokens, case.kv, case.schedule)
+    n_seq, n_tok = run.tokens.shape
+    layer_cfgs = run.layer_cfgs
+
+    points = {i: fam.lc_points_for(config, i) for i in range(len(layer_cfgs))}
+    names = {p.name for pts in points.values() for p in pts.values()}
+    names |= {p.name for p in fam.lc_model_points.values()}
+    names |= {fam.lc_layer_input(config, i)[1].name for i in range(len(layer_cfgs))}
+
+    fam_file = Path(__import__(type(fam).__module__, fromlist=["x"]).__file__)
+    src = cache.source_hash(fam_file, Path(__file__), Path(__file__).with_name("llamacpp_worker.py"),
+                            Path(__file__).parent.parent / "families" / "base.py")
+    k = cache.key("llamacpp", CAPTURE_SCHEMA, fam.name, str(file_stamp), calls, versions().get("llama_cpp_python"),
+                  src)
+    hit = cache.load("llamacpp", k)
+    if hit is not None:
+        return RefCapture("llamacpp", "float32", hit[0], meta=hit[1], cached=True)
+
+    arrays, index = run_worker(gguf_path, calls, n_seq, names)
+    probes: dict[str, np.ndarray] = {}
+    for mname, pt in fam.lc_model_points.items():
+        a = assemble(arrays, index, calls, n_seq, n_tok, pt.name, pt)
+        if a is not None:
+            probes[mname] = a
+    for i, lc in enumerate(layer_cfgs):
+        for probe, pt in points[i].items():
+            a = assemble(arrays, index, calls, n_seq, n_tok, f"{pt.name}-{i}", pt)
+            if a is None:
+                continue
+            probes[f"L{i}.{probe}"] = a if isinstance(lc, NotInImpl) else fam.lc_canonical(probe, a, lc, config)
+        src_key, pt = fam.lc_layer_input(config, i)
+        name = pt.name if src_key == "embeddings" else f"{pt.name}-{i - 1}"
+        a = assemble(arrays, index, calls, n_seq, n_tok, name, pt)
+        if a is not None:
+            probes[f"L{i}.layer_in"] = a
+    meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls)}
+    cache.store("llamacpp", k, probes, meta)
+    return RefCapture("llamacpp", "float32", probes, meta=meta)
