@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 import impl
-from impl import Backend, Layer
+from impl import Backend
 from impl.config import ConfigError
 from impl.kv import KV_MODES
-from impl.runner import SCHEDULES, chunk_sizes, run_layer
+from impl.runner import SCHEDULES, chunk_sizes, load_layer, run_layer
 from impl.trace import LAYER_PROBES
 
 from . import cache, families
@@ -38,7 +38,7 @@ from .versions import versions
 REFERENCES = ("hf", "llamacpp")
 REF_CHOICES = REFERENCES + ("all",)
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
-STATUSES = ("pass", "fail", "error", "not-exposed", "not-implemented", "skipped")
+STATUSES = ("pass", "fail", "error", "finding", "not-exposed", "not-implemented", "skipped")
 CAPTURE_SCHEMA = 1  # bump when the meaning of a stored capture changes
 
 
@@ -59,6 +59,7 @@ class Case:
     hf_model: str | None = None
     gguf: str | None = None
     page_size: int = 4
+    variant: str | None = None  # a family's named variant (MLA: naive / absorbed)
 
     @property
     def refs(self) -> list[str]:
@@ -77,6 +78,8 @@ class Case:
                  f"s{self.seed}", f"t{self.tokens}"]
         if self.seqs is not None:
             parts.append(f"n{self.seqs}")
+        if self.variant:
+            parts.append(f"variant={self.variant}")
         if self.gguf_type != "f32":
             parts.append(f"gguf-{self.gguf_type}")
         for k, v in self.overrides:
@@ -102,7 +105,10 @@ class Case:
     def validate(self) -> None:
         """Every name checked against what is valid, before any work (exit 2)."""
         if self.gguf is None:
-            families.get(self.family)
+            fam = families.get(self.family)
+            if self.variant is not None and self.variant not in fam.variants:
+                valid = fam.variants or ("(none: this family has no variants)",)
+                raise UsageError(f"unknown variant {self.variant!r} for family {self.family}; {suggest(self.variant, valid)}")
         if self.ref not in REF_CHOICES:
             raise UsageError(f"unknown reference {self.ref!r}; {suggest(self.ref, REF_CHOICES)}")
         if self.kv not in KV_MODES:
@@ -159,6 +165,7 @@ class CaseRun:
             self.family = self.source.family
         else:
             self.family = families.get(case.family)
+        self.variant = case.variant or (self.family.variants[0] if self.family.variants else None)
 
     # ------------------------------------------------------------ model & weights
     @cached_property
@@ -174,7 +181,7 @@ class CaseRun:
     @cached_property
     def layer_cfgs(self):
         try:
-            return self.family.layer_configs(self.config)
+            return self.family.layer_configs(self.config, self.variant)
         except ConfigError as e:
             raise UsageError(f"family {self.family.name}: {e}") from None
 
@@ -272,7 +279,7 @@ class CaseRun:
         if hit is not None:
             return RefCapture("hf", self._hf_effective(dtype), hit[0], meta=hit[1], cached=True)
         model = self.model_in(dtype)
-        probes = hf.capture(self.family, model, self.config, self.tokens)
+        probes = hf.capture(self.family, model, self.config, self.layer_cfgs, self.tokens)
         cache.store("hf", k, probes, {"family": self.family.name})
         return RefCapture("hf", self._hf_effective(dtype), probes)
 
@@ -288,10 +295,14 @@ class CaseRun:
             if key not in rc.probes:
                 continue
             inputs = [rc.probes[key][s] for s in range(rc.probes[key].shape[0])]
-            layer = Layer.load(lc, weights[i], backend)
-            _, traces, _ = run_layer(layer, inputs, self.case.kv, self.case.schedule,
-                                     page_size=self.case.page_size, seed=self.case.seed)
-            per_seq = [t.assemble() for t in traces]
+            try:
+                layer = load_layer(lc, weights[i], backend)
+                _, traces, _ = run_layer(layer, inputs, self.case.kv, self.case.schedule,
+                                         page_size=self.case.page_size, seed=self.case.seed)
+                per_seq = [t.assemble() for t in traces]
+            except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
+                out[f"L{i}.__error__"] = f"impl raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                continue
             for probe in per_seq[0]:
                 out[f"L{i}.{probe}"] = np.stack([p[probe] for p in per_seq])
         return out
@@ -338,6 +349,9 @@ class CaseRun:
                 rows.append(self._row("impl", rc.name, i, "layer_in", "not-exposed",
                                       f"{rc.name} does not expose this layer's input; the layer cannot be teacher-forced"))
                 continue
+            if f"L{i}.__error__" in cand:
+                rows.append(self._row("impl", rc.name, i, "*", "error", cand[f"L{i}.__error__"]))
+                continue
             for probe in LAYER_PROBES:
                 key = f"L{i}.{probe}"
                 if key not in cand or probe == "layer_in":
@@ -346,8 +360,8 @@ class CaseRun:
                     rows.append(self._row("impl", rc.name, i, probe, "not-exposed",
                                           f"{rc.name} does not expose {probe} for {self.family.name}"))
                     continue
-                rows.append(self._judge("impl", rc.name, i, probe, cand[key], rc.probes[key], cdt,
-                                        None if oracle is None else oracle.get(key)))
+                orc = None if oracle is None or f"L{i}.__error__" in oracle else oracle.get(key)
+                rows.append(self._judge("impl", rc.name, i, probe, cand[key], rc.probes[key], cdt, orc))
         return rows
 
     def _compare_refs(self, cand: RefCapture, ref: RefCapture) -> list[dict]:
@@ -380,6 +394,11 @@ class CaseRun:
             extra = {"nmse_cand_oracle": cm["nmse"], "nmse_ref_oracle": rm["nmse"]}
         else:
             status, reason = judge(m, tol)
+        if status == "fail":
+            lc = self.layer_cfgs[layer] if layer is not None else None
+            known = self.policy.finding(self.family.name, cand_name, ref_name, probe, _layer_kind(lc), self.features)
+            if known:
+                status, reason = "finding", f"{reason} -- known disagreement: {known}"
         row = self._row(cand_name, ref_name, layer, probe, status, reason, cmp_dtype=cdt, **m, **extra,
                         tol_nmse=tol.get("nmse"), tol_atol=tol.get("atol"), tol_reason=why)
         return row
@@ -392,7 +411,8 @@ class CaseRun:
             device=c.device, dtype=c.dtype, kv=c.kv, schedule=c.schedule, seed=c.seed, tokens=c.tokens,
             seqs=c.n_seqs, gguf_type=c.gguf_type, overrides=";".join(f"{k}={v}" for k, v in c.overrides),
             candidate=cand, reference=ref, layer=-1 if layer is None else layer, probe=probe,
-            layer_kind=kw.pop("layer_kind", None) or _layer_kind(lc), status=status, reason=reason,
+            variant=self.variant or "", layer_kind=kw.pop("layer_kind", None) or _layer_kind(lc),
+            status=status, reason=reason,
         )
         row.update(kw)
         return row

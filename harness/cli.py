@@ -59,6 +59,7 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf-type", default="f32", help="GGUF weight type for llama.cpp: f32, f16, bf16, q8_0")
     p.add_argument("--hf-model", metavar="PATH", help="a local HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--gguf", metavar="PATH", help="a GGUF file: compare impl against llama.cpp on it")
+    p.add_argument("--variant", help="a family's named variant (MLA families: absorbed, naive)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
 
 
@@ -74,7 +75,8 @@ def case_from_args(a):
         family = family_of(a.hf_model)
     return Case(family=family or "", ref=a.ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
-                gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size)
+                gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
+                variant=a.variant)
 
 
 def cmd_run(a) -> int:

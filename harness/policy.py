@@ -13,6 +13,7 @@ DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "toleranc
 PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "q8_0")
 _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "reason"} | _TOL_KEYS
+_FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "when", "reason"}
 
 
 def comparison_dtype(a: str, b: str) -> str:
@@ -30,6 +31,25 @@ class Policy:
     dtypes: dict
     overrides: list = field(default_factory=list)
     regression_factor: float = 4.0
+    findings: list = field(default_factory=list)
+
+    def finding(self, family: str, candidate: str, reference: str, probe: str, layer_kind: str,
+                features: list[str]) -> str | None:
+        """The written reason when a failing comparison is a KNOWN disagreement of
+        the references (a finding, reported as such), else None."""
+        for f in self.findings:
+            if f.get("family", family) != family:
+                continue
+            if f.get("candidate", candidate) != candidate or f.get("reference", reference) != reference:
+                continue
+            if "probes" in f and probe not in f["probes"]:
+                continue
+            if f.get("layer_kind", layer_kind) != layer_kind:
+                continue
+            if any(tag not in features for tag in f.get("when", [])):
+                continue
+            return f["reason"]
+        return None
 
     def tolerance(self, dtype: str, probe: str, family: str = "", reference: str = "") -> tuple[dict, str]:
         """``(tolerance, reason_if_overridden)`` for one comparison."""
@@ -57,7 +77,7 @@ def load_policy(path: str | Path | None = None) -> Policy:
         raise UsageError(f"tolerance policy {p} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"tolerance policy {p} is not valid TOML: {e}") from None
-    known = {"dtype", "override", "regression"}
+    known = {"dtype", "override", "regression", "finding"}
     for key in data:
         if key not in known:
             raise UsageError(f"tolerance policy {p}: unknown table {key!r}; {suggest(key, sorted(known))}")
@@ -78,5 +98,13 @@ def load_policy(path: str | Path | None = None) -> Policy:
                              f"valid: {', '.join(sorted(_OVERRIDE_KEYS))}")
         if not str(o.get("reason", "")).strip():
             raise UsageError(f"tolerance policy {p}: every override needs a written reason ({o})")
+    findings = data.get("finding", [])
+    for f in findings:
+        bad = set(f) - _FINDING_KEYS
+        if bad:
+            raise UsageError(f"tolerance policy {p}: a finding has unknown keys {sorted(bad)}; "
+                             f"valid: {', '.join(sorted(_FINDING_KEYS))}")
+        if not str(f.get("reason", "")).strip() or "family" not in f:
+            raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason ({f})")
     reg = data.get("regression", {})
-    return Policy(str(p), dtypes, overrides, float(reg.get("factor", 4.0)))
+    return Policy(str(p), dtypes, overrides, float(reg.get("factor", 4.0)), findings)

@@ -74,6 +74,17 @@ class Layer:
             slopes = backend.asarray(np.asarray(alibi_slopes(cfg.n_heads, cfg.alibi_max_bias)), backend.acc_dtype)
         return cls(cfg, backend, w, slopes)
 
+    # the layer protocol the runner drives (impl.runner): a body and its cache rows
+    def block(self, x, kv, trace=None):
+        return attn_block(self, x, kv, trace)
+
+    def has_kv(self) -> bool:
+        return self.cfg.shape == "gqa"
+
+    def kv_row_shapes(self) -> tuple[tuple, tuple | None]:
+        """One position's K and V as the cache holds them."""
+        return (self.cfg.n_kv_heads, self.cfg.head_dim), (self.cfg.n_kv_heads, self.cfg.dv)
+
 
 def _check_shapes(cfg: LayerConfig, w: dict) -> None:
     if cfg.shape == "absent":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import kv as kvmod
-from .attention import Layer, attn_block
+from .attention import Layer
 from .config import ConfigError
 from .trace import Trace
 
@@ -42,7 +42,14 @@ def chunk_sizes(schedule: str, n_tokens: int) -> list[int]:
     return sizes
 
 
-def run_layer(layer: Layer, inputs: list[np.ndarray], kv_mode: str = "decode", schedule: str = "prefill",
+def load_layer(cfg, weights: dict, backend):
+    """The resident layer for a config: the attention body for a ``LayerConfig``,
+    the MLA body for an ``MlaConfig`` (each config type names its loader)."""
+    loader = getattr(cfg, "loader", None)
+    return loader().load(cfg, weights, backend) if loader else Layer.load(cfg, weights, backend)
+
+
+def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", schedule: str = "prefill",
               page_size: int = 4, trace: bool = True, seed: int = 0):
     """Run ``inputs`` (one ``[tokens, hidden]`` array per sequence) through one layer.
 
@@ -53,7 +60,6 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], kv_mode: str = "decode", s
     if kv_mode not in kvmod.KV_MODES:
         raise ConfigError(f"unknown kv mode {kv_mode!r}; valid: {', '.join(kvmod.KV_MODES)}")
     be = layer.backend
-    cfg = layer.cfg
     n_seq = len(inputs)
     lengths = [x.shape[0] for x in inputs]
     plans = [chunk_sizes(schedule, t) for t in lengths]
@@ -63,9 +69,9 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], kv_mode: str = "decode", s
 
     def one(s: int, start: int, size: int):
         x = be.asarray(inputs[s][start : start + size])
-        if isinstance(steps[s], kvmod.Paged) and cfg.shape == "gqa":
+        if isinstance(steps[s], kvmod.Paged) and layer.has_kv():
             steps[s].pool.reserve(steps[s].seq, size)  # before the push, as the spec requires
-        branch, _ = attn_block(layer, x, steps[s], traces[s])
+        branch, _ = layer.block(x, steps[s], traces[s])
         outs[s].append(None if branch is None else be.to_numpy(branch))
 
     if kv_mode == "decode":
@@ -85,14 +91,13 @@ def run_layer(layer: Layer, inputs: list[np.ndarray], kv_mode: str = "decode", s
     return outputs, traces, steps
 
 
-def _make_steps(layer: Layer, kv_mode: str, lengths: list[int], page_size: int, seed: int):
-    cfg, be = layer.cfg, layer.backend
+def _make_steps(layer, kv_mode: str, lengths: list[int], page_size: int, seed: int):
+    be = layer.backend
     if kv_mode == "paged":
         if page_size < 1:
             raise ConfigError(f"page size must be >= 1, got {page_size}")
         n_pages = sum(-(-t // page_size) for t in lengths) + 1
-        k_shape = (max(cfg.n_kv_heads, 1), max(cfg.head_dim, 1))
-        v_shape = (max(cfg.n_kv_heads, 1), max(cfg.dv, 1))
+        k_shape, v_shape = layer.kv_row_shapes() if layer.has_kv() else ((1,), None)
         pool = kvmod.PagePool(be, n_pages, page_size, k_shape, v_shape, seed=seed)
         return [kvmod.Paged(kvmod.PagedSeq([]), pool) for _ in lengths]
     variant = kvmod.KV_MODES[kv_mode]

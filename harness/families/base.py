@@ -77,9 +77,11 @@ class Family:
     # module's own modeling file (wrapped during capture to read q_rope, k_rope,
     # attn_probs, attn_heads).
     eager_name = "eager_attention_forward"
-    # Sequences of tokens the HF reference runs as one batch (no padding).
-    # llama.cpp side (issue 3): set by families that export GGUF.
+    # The llama.cpp architecture the GGUF export writes (None: no llama.cpp reference).
     gguf_arch: str | None = None
+    # Named variants of the family's impl mapping and GGUF export (MLA: the naive
+    # and absorbed forms); the first is the default.
+    variants: tuple[str, ...] = ()
 
     # llama.cpp's probe points, per layer; a probe not named here is "not exposed".
     lc_points: dict[str, LcPoint] = {
@@ -169,7 +171,7 @@ class Family:
 
     def validate_config(self, config) -> None:
         try:
-            self.layer_configs(config)
+            self.layer_configs(config, self.variants[0] if self.variants else None)
         except ConfigError as e:
             raise UsageError(f"family {self.name}: {e}") from None
 
@@ -215,7 +217,7 @@ class Family:
         return list(obj)
 
     # ------------------------------------------------------------------ impl
-    def layer_configs(self, config) -> list[LayerConfig | NotInImpl]:
+    def layer_configs(self, config, variant: str | None = None) -> list[LayerConfig | NotInImpl]:
         return [self.layer_config(config, i) for i in range(config.num_hidden_layers)]
 
     def layer_config(self, config, i: int) -> LayerConfig | NotInImpl:
@@ -268,7 +270,7 @@ class Family:
         return arr
 
     # ------------------------------------------------------------------ GGUF
-    def gguf_params(self, w, config) -> None:
+    def gguf_params(self, w, config, variant: str | None = None) -> None:
         """The metadata llama.cpp reads for the arch: conversion/base.py
         ``TextModel.set_gguf_parameters`` plus the arch's own additions."""
         import gguf
@@ -310,7 +312,7 @@ class Family:
         """A tensor transform the converter applies (default: none)."""
         return data
 
-    def gguf_tensors(self, model, config):
+    def gguf_tensors(self, model, config, variant: str | None = None):
         """``(gguf_name, array)`` for every HF tensor, transformed and renamed with
         gguf's own tensor map (``get_tensor_name_map``), as ``modify_tensors`` does."""
         import gguf

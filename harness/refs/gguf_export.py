@@ -57,7 +57,7 @@ def _quantize(data: np.ndarray, weight_type: str):
         return data.astype(np.float16), None  # the converter's fallback for rows Q8_0 cannot block
 
 
-def export(family, model, config, weight_type: str = "f32", seed: int = 0) -> Path:
+def export(family, model, config, weight_type: str = "f32", seed: int = 0, variant: str | None = None) -> Path:
     """Write (or reuse) the GGUF for ``model`` and return its path."""
     import gguf
 
@@ -66,15 +66,15 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0) -> Pa
     fam_file = Path(__import__(type(family).__module__, fromlist=["x"]).__file__)
     src = cache.source_hash(fam_file, Path(__file__), Path(__file__).parent.parent / "families" / "base.py")
     k = cache.key("gguf", EXPORT_SCHEMA, family.name, config.to_json_string(use_diff=False), seed, weight_type,
-                  versions().get("gguf"), src)
-    out = cache.cache_dir() / "gguf" / f"{family.name}-{k}.gguf"
+                  variant, versions().get("gguf"), src)
+    out = cache.cache_dir() / "gguf" / f"{family.name}{'-' + variant if variant else ''}-{k}.gguf"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
 
     w = gguf.GGUFWriter(str(tmp), family.gguf_arch)
-    family.gguf_params(w, config)
+    family.gguf_params(w, config, variant)
     ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[weight_type]
     w.add_file_type(ftype)
@@ -89,7 +89,7 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0) -> Pa
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(False)
-    for name, data in family.gguf_tensors(model, config):
+    for name, data in family.gguf_tensors(model, config, variant):
         arr, qt = _quantize(np.asarray(data), weight_type)
         if qt is None:
             w.add_tensor(name, arr)

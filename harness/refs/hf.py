@@ -77,12 +77,11 @@ def _wrapped_eager(family, model, sink: dict):
             setattr(mod, family.eager_name, orig)
 
 
-def capture(family, model, config, tokens: np.ndarray) -> dict[str, np.ndarray]:
+def capture(family, model, config, layer_cfgs, tokens: np.ndarray) -> dict[str, np.ndarray]:
     """Run ``tokens[seqs, T]`` through ``model`` and read every probe."""
     import torch
 
     layers = family.decoder_layers(model)
-    layer_cfgs = family.layer_configs(config)
     got: dict[str, np.ndarray] = {}
     handles = []
 

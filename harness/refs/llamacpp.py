@@ -186,7 +186,7 @@ def capture_for_case(run):
     else:
         if not fam.gguf_arch:
             raise RuntimeError(f"family {fam.name} has no GGUF export (llama.cpp arch unknown)")
-        gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed)
+        gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed, run.variant)
         file_stamp = gguf_path.name
     calls = plan_calls(run.tokens, case.kv, case.schedule)
     n_seq, n_tok = run.tokens.shape
@@ -200,7 +200,7 @@ def capture_for_case(run):
     fam_file = Path(__import__(type(fam).__module__, fromlist=["x"]).__file__)
     src = cache.source_hash(fam_file, Path(__file__), Path(__file__).with_name("llamacpp_worker.py"),
                             Path(__file__).parent.parent / "families" / "base.py")
-    k = cache.key("llamacpp", CAPTURE_SCHEMA, fam.name, str(file_stamp), calls, versions().get("llama_cpp_python"),
+    k = cache.key("llamacpp", CAPTURE_SCHEMA, fam.name, str(file_stamp), run.variant, calls, versions().get("llama_cpp_python"),
                   src)
     hit = cache.load("llamacpp", k)
     if hit is not None:
