@@ -111,10 +111,15 @@ class Family:
 
         return type(AutoConfig.for_model(self.hf_model_type))
 
+    # Config attributes the modeling code reads with getattr() although the config
+    # class does not declare them (e.g. HF Qwen2Attention: getattr(config, "head_dim", ...)).
+    extra_settable: tuple[str, ...] = ()
+
     def settable_keys(self) -> list[str]:
         cls = self.config_class()
         names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else list(vars(cls()))
-        return sorted(n for n in names if n not in _GENERIC_FIELDS and not n.startswith("_"))
+        names += list(self.extra_settable)
+        return sorted({n for n in names if n not in _GENERIC_FIELDS and not n.startswith("_")})
 
     def config_kwargs(self, overrides: dict) -> dict:
         kw = json.loads(json.dumps(self.tiny))  # deep copy
@@ -383,6 +388,7 @@ class LlamaLike(Family):
         "layer_out": Point("", "out"),
     }
     qk_norm: QkNormSpec | None = None
+    extra_settable = ("head_dim",)  # HF *Attention.__init__: getattr(config, "head_dim", hidden // heads)
 
     def head_dim(self, config) -> int:
         return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

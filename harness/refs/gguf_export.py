@@ -66,7 +66,9 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0, varia
     fam_file = Path(__import__(type(family).__module__, fromlist=["x"]).__file__)
     src = cache.source_hash(fam_file, Path(__file__), Path(__file__).parent.parent / "families" / "base.py")
     k = cache.key("gguf", EXPORT_SCHEMA, family.name, config.to_json_string(use_diff=False), seed, weight_type,
-                  variant, versions().get("gguf"), src)
+                  variant, versions().get("gguf"), src,
+                  # instance state that shapes the file (a test switching off a transform)
+                  sorted((k, repr(v)) for k, v in vars(family).items()))
     out = cache.cache_dir() / "gguf" / f"{family.name}{'-' + variant if variant else ''}-{k}.gguf"
     if out.exists():
         return out

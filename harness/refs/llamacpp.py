@@ -29,6 +29,7 @@ from ..versions import ROOT, versions
 
 CAPTURE_SCHEMA = 1
 TIMEOUT_S = 300
+WORKER_MODULE = "harness.refs.llamacpp_worker"  # a test points this at a worker that crashes
 
 
 class LlamaCppUnavailable(RuntimeError):
@@ -90,7 +91,7 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         try:
-            proc = subprocess.run([sys.executable, "-m", "harness.refs.llamacpp_worker", str(rp), str(op)],
+            proc = subprocess.run([sys.executable, "-m", WORKER_MODULE, str(rp), str(op)],
                                   capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"llama.cpp capture timed out after {timeout}s") from None

@@ -1,0 +1,82 @@
+"""The command line: exit statuses, one-line errors, no partial reports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args, tmp_path=None):
+    env = dict(os.environ)
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=300)
+
+
+BAD = [
+    (["run", "--family", "lama"], "unknown family 'lama'; did you mean 'llama'?"),
+    (["run", "--family", "llama", "--backend", "jax"], "unknown backend 'jax'; valid: numpy, torch"),
+    (["run", "--family", "llama", "--dtype", "float8"], "unknown dtype 'float8'"),
+    (["run", "--family", "llama", "--kv", "pagd"], "unknown kv mode 'pagd'"),
+    (["run", "--family", "llama", "--ref", "vllm"], "unknown reference 'vllm'"),
+    (["run", "--family", "llama", "--set", "hidden_size"], "malformed --set 'hidden_size': expected KEY=VALUE"),
+    (["run", "--family", "llama", "--set", "hiden_size=64"], "unknown config key 'hiden_size'"),
+    (["run", "--family", "llama", "--set", "num_attention_heads=6"], "num_attention_heads=6 does not divide hidden_size=64"),
+    (["run", "--family", "llama", "--set", "num_key_value_heads=3"], "num_key_value_heads=3 does not divide"),
+    (["run", "--family", "llama", "--set", "num_hidden_layers=0"], "num_hidden_layers must be a positive integer"),
+    (["run", "--family", "llama", "--tokens", "0"], "--tokens must be a positive integer"),
+    (["run", "--family", "llama", "--tokens", "x"], "invalid int value"),
+    (["run", "--family", "llama", "--schedule", "3,1"], "must be positive chunk sizes summing to 16"),
+    (["run", "--family", "llama", "--backend", "numpy", "--dtype", "bfloat16"], "backend numpy has no bfloat16"),
+    (["run", "--family", "llama", "--kv", "decode", "--seqs", "2"], "kv mode decode holds one sequence"),
+    (["run", "--family", "llama", "--hf-model", "/nonexistent"], "is not a directory"),
+    (["run", "--family", "llama", "--policy", "/nonexistent.toml"], "does not exist"),
+    (["run"], "--family is required"),
+    (["frobnicate"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_exit_2_no_report(args, message, tmp_path, capsys):
+    from harness.cli import main
+
+    out = tmp_path / "run"
+    rc = main([*args, *(["--out", str(out)] if args and args[0] == "run" else [])])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert message in lines[0]
+    assert not out.exists()
+
+
+def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
+    out = tmp_path / "run"
+    p = cli("run", "--family", "llama", "--set", "num_key_value_heads=3", "--out", str(out))
+    assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_run_passes_and_writes_a_report(tmp_path):
+    out = tmp_path / "run"
+    p = cli("run", "--family", "qwen3", "--kv", "paged", "--set", "num_key_value_heads=1", "--out", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "attn_probs" in p.stdout and "totals: pass" in p.stdout
+    for f in ("rows.parquet", "rows.csv", "meta.json"):
+        assert (out / f).exists()
+    import json
+
+    meta = json.loads((out / "meta.json").read_text())
+    assert {"python", "numpy", "torch", "transformers", "llama_cpp_python", "gguf", "git_commit"} <= set(meta["versions"])
+
+
+def test_list():
+    p = cli("list")
+    assert p.returncode == 0
+    for word in ("llama", "qwen2", "qwen3", "attn_probs", "paged", "torch"):
+        assert word in p.stdout

@@ -1,0 +1,60 @@
+"""Every decoration impl implements, broken on purpose, must fail its comparison
+-- at the probe where the break first acts, with everything before it passing."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run
+from harness.mutants import StaleMutant, applied, registry
+from impl.trace import LAYER_PROBES
+
+MUTANTS = registry()
+
+
+def _case(m):
+    kw = dict(m.case)
+    kw.setdefault("ref", "hf")
+    return kw
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_mutant_is_caught_at_its_probe(policy, name):
+    m = MUTANTS[name]
+    clean = run(policy, **_case(m))
+    assert all(r["status"] in ("pass", "not-exposed") for r in clean if r["candidate"] == "impl"), \
+        "the case must pass without the mutant, or the test proves nothing"
+    with applied(m):
+        rows = run(policy, **_case(m))
+    impl = [r for r in rows if r["candidate"] == "impl" and r["reference"] == "hf"]
+    failing = [r for r in impl if r["status"] in ("fail", "error")]
+    assert failing, f"mutant {name} survived"
+    order = {p: i for i, p in enumerate(LAYER_PROBES)}
+    first = min(failing, key=lambda r: (r["layer"], order.get(r["probe"], 99)))
+    assert first["probe"] == m.first_probe, (first["layer"], first["probe"], first["reason"])
+    if m.layer is not None:
+        assert first["layer"] == m.layer
+
+
+def test_every_implemented_decoration_has_a_mutant():
+    """Decorations the foundation families exercise must each be broken by some mutant."""
+    covered = {m.decoration for m in MUTANTS.values()}
+    for tag in ("gqa", "qkv_bias", "qk_norm_head", "rope_neox", "attn_scale", "sliding_window", "kv_paged"):
+        assert tag in covered, tag
+
+
+def test_a_stale_mutant_is_an_error_not_a_survivor():
+    from harness.mutants import Mutant
+
+    m = Mutant("stale", "gqa", "impl.attention", "this snippet is not in the file", "x", {"family": "llama"}, "q")
+    with pytest.raises(StaleMutant):
+        with applied(m):
+            pass
+
+
+def test_mutant_is_undone_on_exit(policy):
+    m = MUTANTS["scale-squared"]
+    with applied(m):
+        pass
+    rows = run(policy, family="llama", ref="hf", seed=3)
+    assert all(r["status"] == "pass" for r in rows)
