@@ -1,0 +1,38 @@
+"""Every registered family, three-way (impl, HF, llama.cpp), in every KV mode.
+
+Families are discovered from the registry, so a new family is tested the day
+it is added. Per-family specifics (decorations broken on purpose, findings,
+extra configs) live in the families' own test modules and in the mutants."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run
+from harness.families import registry
+
+FAMILIES = sorted(registry())
+
+
+@pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_three_way(policy, need_llamacpp, family, kv):
+    fam = registry()[family]
+    rows = run(policy, family=family, ref="all" if fam.gguf_arch else "hf", kv=kv)
+    bad = [(r["candidate"], r["reference"], r["layer"], r["probe"], r["reason"]) for r in rows
+           if r["status"] in ("fail", "error")]
+    assert not bad, bad
+    passed = {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"}
+    assert ("impl", "hf") in passed
+    if fam.gguf_arch:
+        assert ("impl", "llamacpp") in passed and ("llamacpp", "hf") in passed
+    # every attention layer was compared on its attention probes
+    attn_layers = {r["layer"] for r in rows if r["candidate"] == "impl" and r["probe"] == "attn_probs"
+                   and r["status"] == "pass" and r["reference"] == "hf"}
+    assert attn_layers, "no attention layer was compared"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_on_torch(policy, family):
+    rows = run(policy, family=family, ref="hf", backend="torch", kv="paged")
+    assert not [r for r in rows if r["status"] in ("fail", "error")]
