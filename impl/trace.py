@@ -16,11 +16,16 @@ import numpy as np
 LAYER_PROBES = (
     "layer_in",
     "attn_in",
+    "q_latent",  # MLA, low-rank Q: the normed q_a output (impl.mla)
     "q",
+    "kv_latent",  # MLA: the normed compressed KV latent (kv_a_layernorm output)
     "k",
     "v",
+    "q_pe",  # MLA: the decoupled rope slice of Q after RoPE, [T, H, rope]
+    "k_pe",  # MLA: the shared rope slice of K after RoPE, [T, rope]
     "q_rope",
     "k_rope",
+    "q_absorbed",  # MLA absorbed form: [q_nope . k_b | q_pe], [T, H, kv_lora_rank + rope]
     "attn_probs",
     "attn_heads",
     "attn_branch",

@@ -1,0 +1,52 @@
+"""deepseek_v3 specifics: HF's de-interleaved rope slice brought to the canonical
+(interleaved) order, the naive form in every KV mode, rope_interleave=False as
+an HF-only finding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import run
+from harness.families import get
+from harness.families._mla import reinterleave
+
+FAMILY = "deepseek_v3"
+
+
+def _bad(rows):
+    return [(r["candidate"], r["reference"], r["layer"], r["probe"], r["reason"]) for r in rows
+            if r["status"] in ("fail", "error")]
+
+
+def test_reinterleave_undoes_hf_apply_rotary_pos_emb_interleave():
+    """HF returns cat(x[0::2], x[1::2]) of the rotated pairs; the canonical order is
+    the pairs in place (ggml NORM)."""
+    rng = np.random.default_rng(0)
+    canon = rng.standard_normal((2, 5, 4, 20))
+    nope = 12
+    hf = np.concatenate([canon[..., :nope], canon[..., nope::2], canon[..., nope + 1::2]], axis=-1)
+    np.testing.assert_array_equal(reinterleave(hf, nope), canon)
+    fam = get(FAMILY)
+    lc = fam.layer_configs(fam.make_config({}))[0]
+    eager = hf.transpose(0, 2, 1, 3)  # [S, H, T, D] as the eager function sees it
+    np.testing.assert_array_equal(fam.hf_canonical("q_rope", eager, lc), canon)
+
+
+@pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
+def test_naive_form_meets_both_references(policy, need_llamacpp, kv):
+    rows = run(policy, family=FAMILY, ref="all", kv=kv, variant="naive")
+    assert not _bad(rows)
+    assert {(r["layer"], r["probe"]) for r in rows if r["candidate"] == "impl" and r["reference"] == "llamacpp"
+            and r["status"] == "pass"} >= {(0, "q_rope"), (0, "k_rope"), (0, "k_pe"), (2, "attn_probs")}
+
+
+def test_rope_interleave_false_is_a_finding(policy, need_llamacpp):
+    """HF-only: rotate-half on the raw slice. impl (layout neox) follows HF; llama.cpp
+    always rotates adjacent pairs."""
+    rows = run(policy, family=FAMILY, ref="all", overrides=(("rope_interleave", False),))
+    assert not _bad(rows)
+    hf = [r for r in rows if r["candidate"] == "impl" and r["reference"] == "hf"]
+    assert all(r["status"] in ("pass", "not-exposed") for r in hf) and any(r["probe"] == "q_pe" for r in hf)
+    found = {(r["candidate"], r["reference"], r["layer"], r["probe"]) for r in rows if r["status"] == "finding"}
+    assert ("impl", "llamacpp", 0, "q_pe") in found and ("impl", "llamacpp", 0, "attn_probs") in found
