@@ -1,0 +1,96 @@
+"""granite: attention multiplier as the softmax scale, residual and embedding
+multipliers (HF ``GraniteForCausalLM``, transformers/models/granite/modeling_granite.py;
+llama.cpp ``src/models/granite.cpp``).
+
+The attention half (``GraniteDecoderLayer.forward``): llama's shape (RMS input
+norm, neox RoPE, optional q/k/v/o biases via ``attention_bias``), except
+- the softmax scale IS ``attention_multiplier`` (``GraniteAttention.__init__``:
+  ``self.scaling = config.attention_multiplier``; it replaces ``head_dim**-0.5``,
+  and HF's default of 1.0 is not ``1/sqrt(d)``);
+- the residual adds the branch times ``residual_multiplier``
+  (``hidden_states = residual + hidden_states * self.residual_multiplier``);
+- the embedding is multiplied by ``embedding_multiplier`` in
+  ``GraniteModel.forward``, outside ``embed_tokens``; the logits are divided by
+  ``logits_scaling``.
+
+Probe map: ``attn_out`` is the ``self_attn`` output, BEFORE the residual
+multiplier (llama.cpp ``attn_out``, granite.cpp ``build_layer_ffn`` scales it
+unnamed before ``ffn_inp``); ``resid_mid`` includes it. The model-level
+``embeddings`` probe is the SCALED embedding, the first layer's input: that is
+what llama.cpp's ``embd`` holds (``build_inp_embd`` applies
+``f_embedding_scale`` before ``cb(cur, "embd")``), and HF's ``embed_tokens``
+output is unscaled; so the embedding multiplier is compared there.
+
+llama.cpp runs granite with LLAMA_ROPE_TYPE_NORM, so the converter
+(conversion/granite.py ``GraniteModel(LlamaModel)``) permutes the Q/K rows and
+biases per head like llama's; the capture undoes it. Metadata: LlamaModel's
+(TextModel + vocab_size + rope.dimension_count, after popping head_dim), then
+``attention.scale`` / ``embedding_scale`` / ``residual_scale`` / ``logit_scale``,
+each only when truthy. Both references agree on the default tiny config
+(multipliers 0.15 / 12 / 0.22 / 8, biases on).
+"""
+
+from __future__ import annotations
+
+from impl import LayerConfig
+
+from .base import LlamaLike, text_model_gguf_params
+from .llama import permute_rows, unpermute_heads
+
+
+class Granite(LlamaLike):
+    name = "granite"
+    hf_model_type = "granite"
+    description = "attention multiplier as scale, residual and embedding multipliers, QKV+o bias"
+    tiny = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        attention_multiplier=0.15,  # the scale itself, deliberately != 16 ** -0.5
+        embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0,
+        attention_bias=True,  # q/k/v/o biases (exercises the converter's bias permutation)
+        tie_word_embeddings=False,
+    )
+    gguf_arch = "granite"
+    extra_settable = ()  # GraniteConfig has no head_dim; the converter pops it anyway
+    # GraniteModel.forward: inputs_embeds = embed_tokens(ids) * embedding_multiplier,
+    # fed to the first decoder layer
+    hf_model_points = {**LlamaLike.hf_model_points, "embeddings": ("model.layers.0", "in")}
+
+    def layer_config(self, config, i: int) -> LayerConfig:
+        return super().layer_config(config, i).replace(
+            scale=float(config.attention_multiplier),  # GraniteAttention.scaling
+            residual_multiplier=float(config.residual_multiplier),  # GraniteDecoderLayer.forward
+        )
+
+    # ------------------------------------------------------------------ GGUF
+    def gguf_params(self, w, config, variant=None):
+        # conversion/granite.py GraniteModel.set_gguf_parameters: head_dim popped,
+        # LlamaModel's (TextModel's + vocab_size + rope.dimension_count), then the
+        # four multipliers, each `if x := hparams.get(...)` (only when truthy)
+        text_model_gguf_params(w, config)
+        w.add_vocab_size(config.vocab_size)
+        w.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+        for value, add in ((config.attention_multiplier, w.add_attention_scale),
+                           (config.embedding_multiplier, w.add_embedding_scale),
+                           (config.residual_multiplier, w.add_residual_scale),
+                           (config.logits_scaling, w.add_logit_scale)):
+            if value:
+                add(value)
+
+    def gguf_transform(self, name, data, config):
+        # conversion/llama.py LlamaModel.modify_tensors (undo_permute): q rows by
+        # n_head, k rows by n_kv_head, weights and biases alike
+        if name.endswith(("q_proj.weight", "q_proj.bias")):
+            return permute_rows(data, config.num_attention_heads)
+        if name.endswith(("k_proj.weight", "k_proj.bias")):
+            return permute_rows(data, config.num_key_value_heads)
+        return data
+
+    def lc_canonical(self, probe, arr, lc, config):
+        if probe in ("q", "k", "q_rope", "k_rope"):
+            return unpermute_heads(arr)
+        return super().lc_canonical(probe, arr, lc, config)
+
+
+FAMILY = Granite()
