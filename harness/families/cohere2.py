@@ -1,0 +1,137 @@
+"""cohere2: a parallel attention/FFN block, a bias-free LayerNorm, interleaved
+RoPE on the sliding layers only -- the full layers are NoPE -- and a logit
+scale (HF ``Cohere2ForCausalLM``; llama.cpp ``src/models/cohere2.cpp``).
+
+HF (``modeling_cohere2.py``):
+- ``Cohere2DecoderLayer.forward``: ``h = input_layernorm(x)``; ``x + self_attn(h)
+  + mlp(h)`` -- attention and FFN read the same normed input and are summed into
+  the residual in one expression (so there is no residual-between tensor).
+- ``Cohere2LayerNorm``: mean-centred, weight, NO bias, in float32.
+- ``Cohere2Attention.forward``: ``if self.sliding_window is not None:
+  apply_rotary_pos_emb`` -- RoPE on sliding layers only; the layout is
+  interleaved pairs (``rotate_half`` on ``x[..., ::2]`` / ``x[..., 1::2]``,
+  ``repeat_interleave`` of the frequencies).
+- ``Cohere2Config.__post_init__``: ``head_dim = hidden // heads`` (forced);
+  ``layer_types`` from the BC ``sliding_window_pattern`` (sliding iff
+  ``(i + 1) % pattern``).
+- ``Cohere2ForCausalLM.forward``: ``logits * logit_scale``.
+
+llama.cpp (``cohere2.cpp``): ``LLM_NORM`` with no bias, ``LLAMA_ROPE_TYPE_NORM``
+(interleaved, so no permutation), RoPE ``if (is_swa)``, the FFN on the same
+``attn_norm`` output, ``l_out = ffn_out + inpL + attn_out``, ``output``
+always ``token_embd`` (``TENSOR_DUPLICATED``), ``ggml_scale(logit_scale)``.
+
+GGUF: the converter (``conversion/command_r.py`` ``Cohere2Model``) writes
+``logit_scale``, ``sliding_window``, ``rope.dimension_count`` from
+``rotary_pct`` (absent from HF 5's config: 1.0 here) and drops all-zero
+biases; it does NOT write ``attention.sliding_window_pattern``, so llama.cpp
+falls back to its default of 4 (``load_swa_pattern(ml, 4)``). We write the
+pattern as the bool array ``load_swa_pattern`` reads (the Cohere2-MoE
+converter in the same file writes it the same way), so any HF ``layer_types``
+reach llama.cpp.
+
+Default config: 4 layers, pattern 2 (sliding, full, sliding, full), window 4.
+"""
+
+from __future__ import annotations
+
+from impl import LayerConfig, NormSpec
+
+from .base import LcPoint, LlamaLike, Point, rope_from_config
+
+
+class Cohere2(LlamaLike):
+    name = "cohere2"
+    hf_model_type = "cohere2"
+    description = "parallel block, bias-free LayerNorm, interleaved RoPE on sliding layers (full layers NoPE)"
+    tiny = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        layer_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        sliding_window=4, sliding_window_pattern=2, logit_scale=0.25,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    gguf_arch = "cohere2"
+    write_swa_pattern = True  # beyond the converter (module docstring); a test switches it off
+    extra_settable = ("sliding_window_pattern",)  # Cohere2Config.__post_init__ BC kwarg
+
+    hf_points = {
+        "layer_in": Point("", "in"),
+        "attn_in": Point("self_attn", "in"),
+        "q": Point("self_attn.q_proj", "out"),
+        "k": Point("self_attn.k_proj", "out"),
+        "v": Point("self_attn.v_proj", "out"),
+        "attn_branch": Point("self_attn.o_proj", "in"),
+        "attn_out": Point("self_attn", "out"),
+        # no resid_mid: residual + attn + mlp is one expression (parallel block)
+        "layer_out": Point("", "out"),
+    }
+    lc_points = {
+        "attn_in": LcPoint("attn_norm"),
+        "q": LcPoint("Qcur", "pre_rope", "heads"),
+        "k": LcPoint("Kcur", "pre_rope", "heads"),
+        "v": LcPoint("Vcur", "last", "heads"),
+        "q_rope": LcPoint("Qcur", "rope", "heads"),
+        "k_rope": LcPoint("Kcur", "rope", "heads"),
+        "attn_probs": LcPoint("kq_soft_max", "last", "probs"),
+        "attn_heads": LcPoint("kqv_out"),
+        "attn_branch": LcPoint("kqv_out"),
+        # attn_out: build_attn's wo product carries no name in cohere2.cpp -> not exposed
+        "layer_out": LcPoint("l_out"),
+    }
+
+    def is_sliding(self, config, i: int) -> bool:
+        return config.layer_types[i] == "sliding_attention"
+
+    def layer_config(self, config, i: int):
+        hd = config.head_dim
+        sliding = self.is_sliding(config, i)
+        return LayerConfig(
+            hidden_size=config.hidden_size,
+            n_heads=config.num_attention_heads,
+            n_kv_heads=config.num_key_value_heads,
+            head_dim=hd,
+            input_norm=NormSpec("layer", config.layer_norm_eps),  # Cohere2LayerNorm: weight, no bias
+            # Cohere2Attention.forward: RoPE only where sliding_window is set; interleaved pairs
+            rope=rope_from_config(config, layout="interleaved", head_dim=hd) if sliding else None,
+            window=self.window(config, i),
+            residual="parallel",  # Cohere2DecoderLayer: residual + attn(h) + mlp(h)
+        )
+
+    def lc_points_for(self, config, i: int):
+        if self.is_sliding(config, i):
+            return self.lc_points
+        # cohere2.cpp: no ggml_rope_ext on a full layer; Qcur/Kcur enter attention as reshaped
+        return {**self.lc_points, "q_rope": LcPoint("Qcur", "last", "heads"),
+                "k_rope": LcPoint("Kcur", "last", "heads")}
+
+    def gguf_params(self, w, config, variant=None):
+        import gguf
+
+        super().gguf_params(w, config, variant)
+        # conversion/base.py TextModel.set_gguf_parameters: layer_norm_eps
+        w.add_layer_norm_eps(config.layer_norm_eps)
+        # conversion/command_r.py Cohere2Model.set_gguf_parameters
+        w.add_logit_scale(config.logit_scale)
+        w.add_sliding_window(config.sliding_window)
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        # not written by the converter (see the module docstring): the per-layer
+        # is_swa array cohere2.cpp's load_swa_pattern reads with get_arr
+        if self.write_swa_pattern:
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
+
+    def gguf_transform(self, name, data, config):
+        # cohere2.cpp: output is always token_embd (TENSOR_DUPLICATED); a tied HF
+        # checkpoint carries no lm_head tensor for the converter to see.
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            return None
+        if name.endswith(".bias"):
+            # command_r.py Cohere2Model.modify_tensors: all-zero biases are dropped,
+            # any other bias is refused
+            if (data != 0).any():
+                raise ValueError(f"cohere2: bias tensor {name!r} is not zero; the converter refuses it")
+            return None
+        return data
+
+
+FAMILY = Cohere2()

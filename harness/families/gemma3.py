@@ -1,0 +1,153 @@
+"""gemma3 (text): local/global layers with their own RoPE theta and window,
+per-head ``(1 + w)`` RMS QK norm before RoPE, ``(1 + w)`` input and post
+norms, and a softmax scale from ``query_pre_attn_scalar`` (HF
+``Gemma3ForCausalLM``, model type ``gemma3_text``; llama.cpp
+``src/models/gemma3.cpp``).
+
+HF (``modeling_gemma3.py``):
+- ``Gemma3RMSNorm``: ``x * rsqrt(mean(x^2) + eps) * (1 + w)`` all in float32
+  (impl ``rms1p``); used for ``input_layernorm``, ``q_norm`` / ``k_norm``
+  (``dim=head_dim``, applied per head on (B, H, S, D) BEFORE RoPE) and
+  ``post_attention_layernorm`` (on the o_proj output, before the residual).
+- ``Gemma3Attention.__init__``: ``scaling = query_pre_attn_scalar ** -0.5``;
+  the attention call never passes ``softcap`` (``attn_logit_softcapping`` is
+  inert).
+- ``Gemma3TextModel.forward``: cos/sin per layer type
+  (``rope_parameters["sliding_attention"|"full_attention"]["rope_theta"]``,
+  i.e. ``rope_local_base_freq`` / ``rope_theta``); sliding layers get the
+  sliding-window causal mask (``kv_idx > q_idx - sliding_window``).
+- ``Gemma3TextScaledWordEmbedding``: embeddings times ``sqrt(hidden)``.
+
+llama.cpp (``gemma3.cpp``): the converter (``conversion/gemma.py``
+``Gemma3Model.modify_tensors``) stores every ``*norm.weight`` as ``w + 1``, so
+the graph's plain ``rms_norm * w`` is HF's ``(1 + w)``; NEOX RoPE (no
+permutation); ``freq_base_l = get_rope_freq_base(cparams, il)`` -- the SWA
+layers read ``rope.freq_base_swa``, written by ``conversion/base.py``
+``TextModel.set_gguf_parameters`` from ``rope_parameters["sliding_attention"]``.
+The attention scale is NOT read from the file: ``f_attention_scale =
+1/sqrt(head_dim)`` (``1/sqrt(n_embd/n_head)`` for the 62-layer 27B), so
+llama.cpp agrees with HF only when ``query_pre_attn_scalar == head_dim``.
+
+GGUF window pattern: the converter writes ``sliding_window`` but NOT
+``attention.sliding_window_pattern``, so llama.cpp falls back to
+``load_swa_pattern(ml, 6)`` (``il % 6 < 5``) whatever HF's ``layer_types``
+say. We write the per-layer bool array that ``load_swa_pattern`` reads with
+``get_arr`` (``src/llama-model.cpp``), which is what llama.cpp needs to run the
+HF layer pattern; the default tiny config's pattern (2) differs from 6, so a
+missing key would show.
+
+Configs:
+- default (below): 4 layers (sliding, full, sliding, full), window 4, local
+  theta 10000 / global theta 1e6, head_dim 16 explicit (HF's default is 256),
+  ``query_pre_attn_scalar = head_dim`` so both references agree.
+- HF-only ``--set query_pre_attn_scalar=256`` (HF's default): impl follows
+  HF's scale; llama.cpp keeps ``1/sqrt(head_dim)`` -- a ``[[finding]]``
+  (fixtures/tolerance.toml) with the measured difference.
+"""
+
+from __future__ import annotations
+
+from impl import LayerConfig, NormSpec, QkNormSpec
+
+from .base import LcPoint, LlamaLike, Point, rope_from_config, tensor
+
+
+class Gemma3(LlamaLike):
+    name = "gemma3"
+    hf_model_type = "gemma3_text"
+    description = "local/global theta and window, (1+w) QK norm, post norm, query_pre_attn_scalar"
+    tiny = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        rms_norm_eps=1e-6, sliding_window=4, sliding_window_pattern=2,
+        rope_theta=1000000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=16,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2,
+    )
+    gguf_arch = "gemma3"
+    # what the export writes beyond the converter / what it relies on (tests switch
+    # them off to show llama.cpp then disagrees)
+    write_swa_pattern = True
+    write_freq_base_swa = True
+    # Gemma3TextConfig BC kwargs: the int layer pattern and the local theta
+    # (popped into rope_parameters["sliding_attention"]) -- both read at construction.
+    extra_settable = ("sliding_window_pattern", "rope_local_base_freq", "rope_theta")
+
+    hf_points = {
+        "layer_in": Point("", "in"),
+        "attn_in": Point("self_attn", "in"),
+        "q": Point("self_attn.q_proj", "out"),
+        "k": Point("self_attn.k_proj", "out"),
+        "v": Point("self_attn.v_proj", "out"),
+        "attn_branch": Point("self_attn.o_proj", "in"),
+        "attn_out": Point("post_attention_layernorm", "out"),  # what is added to the residual
+        "resid_mid": Point("pre_feedforward_layernorm", "in"),
+        "layer_out": Point("", "out"),
+    }
+    lc_points = {
+        **LlamaLike.lc_points,
+        "attn_out": LcPoint("attn_post_norm"),
+        "resid_mid": LcPoint("sa_out"),
+    }
+    # gemma3.cpp: inpL = ggml_scale(inp_embd, sqrt(n_embd)), cb "inp_scaled"
+    lc_model_points = {**LlamaLike.lc_model_points, "embeddings": LcPoint("inp_scaled")}
+
+    def layer_config(self, config, i: int):
+        hd = config.head_dim
+        eps = config.rms_norm_eps
+        layer_type = config.layer_types[i]
+        return LayerConfig(
+            hidden_size=config.hidden_size,
+            n_heads=config.num_attention_heads,
+            n_kv_heads=config.num_key_value_heads,
+            head_dim=hd,
+            input_norm=NormSpec("rms1p", eps),
+            # Gemma3Attention: q_norm / k_norm = Gemma3RMSNorm(head_dim), before RoPE
+            qk_norm=QkNormSpec(NormSpec("rms1p", eps), over="head", where="pre_rope"),
+            # Gemma3TextModel.forward: position_embeddings[layer_type]
+            rope=rope_from_config(config, layer_type=layer_type, head_dim=hd),
+            scale=float(config.query_pre_attn_scalar) ** -0.5,
+            window=self.window(config, i),
+            # attn_logit_softcapping: never passed to the attention function in HF gemma3
+            softcap=None,
+            post_norm=NormSpec("rms1p", eps),
+        )
+
+    def layer_weights(self, model, config, i):
+        w = super().layer_weights(model, config, i)
+        w["post_norm"] = tensor(self.decoder_layers(model)[i], "post_attention_layernorm.weight")
+        return w
+
+    def feature_switches(self, config, features):
+        sw = super().feature_switches(config, features)
+        if "per_layer_theta" in features:  # the local layers take the global theta
+            sw["per_layer_theta"] = {"rope_local_base_freq": config.rope_parameters["full_attention"]["rope_theta"]}
+        if "attn_scale" in features:  # Gemma3Attention.scaling = query_pre_attn_scalar ** -0.5
+            sw["attn_scale"] = {"query_pre_attn_scalar": config.head_dim}
+        return sw
+
+    def gguf_params(self, w, config, variant=None):
+        super().gguf_params(w, config, variant)  # freq_base = full_attention theta, key/value length
+        rp = config.rope_parameters
+        # conversion/base.py TextModel.set_gguf_parameters: rope.freq_base_swa
+        if self.write_freq_base_swa:
+            w.add_rope_freq_base_swa(rp["sliding_attention"]["rope_theta"])
+        # conversion/gemma.py Gemma3Model.set_gguf_parameters
+        if config.final_logit_softcapping:
+            w.add_final_logit_softcapping(config.final_logit_softcapping)
+        w.add_sliding_window(config.sliding_window)
+        # not written by the converter (see the module docstring): the per-layer
+        # is_swa array gemma3.cpp's load_swa_pattern(ml, 6) reads with get_arr
+        if self.write_swa_pattern:
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
+
+    def gguf_transform(self, name, data, config):
+        # conversion/gemma.py Gemma3Model.modify_tensors / norm_shift: "*norm.weight" + 1
+        if name.endswith("norm.weight"):
+            return data + 1.0
+        # a tied checkpoint holds no lm_head; gemma3.cpp falls back to token_embd
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            return None
+        return data
+
+
+FAMILY = Gemma3()
