@@ -1,0 +1,171 @@
+"""A local HF checkpoint (``--hf-model PATH``) as the source of weights.
+
+For users with real models: a directory holding ``config.json`` and
+``*.safetensors`` (one file or shards with their index), loaded by the
+family's HF class and then run through the same comparison as a tiny model --
+HF captured with hooks, the same weights exported to GGUF for llama.cpp,
+impl's weights taken with the family's ``layer_weights``.
+
+Safety: local files only (``HF_HUB_OFFLINE=1``, ``local_files_only=True``),
+``use_safetensors=True`` and ``trust_remote_code=False`` -- no download, no
+pickle, no code from the checkpoint. A directory with only pickle weights
+(``.bin`` / ``.pt`` / ...) is refused, not converted.
+
+``--set`` with ``--hf-model``: allowed for fields that change no parameter
+shape (``rope_parameters.rope_theta``, ``sliding_window``, ``rms_norm_eps``,
+...), so a real model's decorations can be made active at a few tokens (a
+4096-token window set to 4); refused for any field that changes a parameter's
+name or shape (heads, sizes, biases, layer count), which the checkpoint's
+weights could not fill. The check builds the model skeleton on the meta
+device with and without the overrides and compares the state dicts. The
+overrides are applied to the loaded config's dict and the config is rebuilt,
+as editing config.json would do (a field HF derives at construction, e.g.
+``layer_types``, is re-derived only if config.json does not store it).
+Loading also refuses a checkpoint whose tensors leave any parameter of the HF
+model missing or mis-shaped (HF would fill it with random values).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import UsageError, suggest
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def _offline() -> None:
+    # before transformers / huggingface_hub read them; local_files_only is passed as well
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def check_dir(path) -> Path:
+    """The checkpoint directory, or a one-line UsageError saying what is wrong."""
+    p = Path(path)
+    if not p.is_dir():
+        raise UsageError(f"--hf-model {str(path)!r} is not a directory (expected config.json + *.safetensors)")
+    if not (p / "config.json").is_file():
+        raise UsageError(f"--hf-model {path}: no config.json in the directory")
+    if not any(p.glob("*.safetensors")):
+        pickles = sorted(f.name for f in p.iterdir() if f.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise UsageError(f"--hf-model {path}: only pickle weights ({', '.join(pickles[:3])}); this harness loads "
+                             f"*.safetensors only (no pickle) -- save the model with safe_serialization first")
+        raise UsageError(f"--hf-model {path}: no *.safetensors weights in the directory")
+    return p
+
+
+def _config_json(p: Path) -> dict:
+    try:
+        d = json.loads((p / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--hf-model {p}: config.json is not readable JSON ({' '.join(str(e).split())})") from None
+    if not isinstance(d, dict):
+        raise UsageError(f"--hf-model {p}: config.json is not a JSON object")
+    return d
+
+
+def family_of(path) -> str:
+    """The family whose ``hf_model_type`` is config.json's ``model_type``."""
+    from .. import families
+
+    p = check_dir(path)
+    mt = _config_json(p).get("model_type")
+    reg = families.registry()
+    cands = [f for f in reg.values() if f.hf_model_type == mt]
+    if not cands:
+        valid = sorted({f.hf_model_type for f in reg.values() if f.hf_model_type})
+        raise UsageError(f"--hf-model {path}: model_type {mt!r} belongs to no family; {suggest(str(mt), valid)}")
+    named = [f for f in cands if f.name == mt]
+    if named:
+        return named[0].name
+    if len(cands) == 1:
+        return cands[0].name
+    raise UsageError(f"--hf-model {path}: model_type {mt!r} is read by families "
+                     f"{', '.join(f.name for f in cands)}; choose one with --family")
+
+
+def _param_shapes(config) -> dict[str, tuple]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(config)
+    return {k: tuple(v.shape) for k, v in m.state_dict().items()}
+
+
+def _apply_overrides(family, config, overrides: dict, path):
+    valid = family.settable_keys()
+    d = config.to_dict()
+    for key, value in overrides.items():
+        top, _, sub = key.partition(".")
+        if top not in valid:
+            raise UsageError(f"unknown config key {key!r} for family {family.name}; {suggest(top, valid)}")
+        if sub:
+            base = d.get(top)
+            if base is not None and not isinstance(base, dict):
+                raise UsageError(f"config key {top!r} is not a table; set it as {top}=VALUE")
+            base = dict(base or {})
+            base[sub] = value
+            d[top] = base
+        else:
+            d[key] = value
+    try:
+        new = type(config).from_dict(d)
+    except (ValueError, TypeError, KeyError) as e:
+        raise UsageError(f"family {family.name}: the HF config refused these settings: {' '.join(str(e).split())}") from None
+    before, after = _param_shapes(config), _param_shapes(new)
+    if before != after:
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        raise UsageError(f"--set {', '.join(overrides)} changes the parameters of the --hf-model checkpoint "
+                         f"({', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}); with --hf-model only "
+                         f"fields that change no weight shape may be set")
+    return new
+
+
+def load_config(path, family, overrides: dict | None = None):
+    """The checkpoint's HF config (with ``overrides`` that change no weight shape),
+    validated through the family's layer configs."""
+    p = check_dir(path)
+    mt = _config_json(p).get("model_type")
+    if mt != family.hf_model_type:
+        raise UsageError(f"--hf-model {path} holds model_type {mt!r}; family {family.name} reads "
+                         f"{family.hf_model_type!r}")
+    _offline()
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise UsageError(f"--hf-model {path}: config.json refused by HF: {' '.join(str(e).split())[:300]}") from None
+    if overrides:
+        config = _apply_overrides(family, config, dict(overrides), path)
+    family.validate(config.to_dict())
+    family.validate_config(config)  # the family's layer_configs: impossible shapes are a UsageError
+    return config
+
+
+def load_model(path, family, config):
+    """The checkpoint as a float32 eager HF model (hooks wrap the eager attention)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    p = check_dir(path)
+    _offline()
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(p), config=config, dtype=torch.float32, attn_implementation="eager", use_safetensors=True,
+            local_files_only=True, trust_remote_code=False, output_loading_info=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise UsageError(f"--hf-model {path}: HF could not load the weights: {' '.join(str(e).split())[:300]}") from None
+    # a parameter the checkpoint does not hold would be filled with random values
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or [])
+    if missing or mismatched:
+        what = (f"missing {', '.join(missing[:3])}" if missing else "") + \
+               (f"{'; ' if missing else ''}mis-shaped {', '.join(mismatched[:3])}" if mismatched else "")
+        raise UsageError(f"--hf-model {path}: the checkpoint does not fill family {family.name}'s HF model ({what})")
+    return model.eval()
