@@ -1,0 +1,148 @@
+"""``conformance diff BASE NEW``: what changed between two runs, per feature.
+
+New failures, fixed cases, and the cases whose worst error grew by more than
+the policy's ``[regression] factor``; each case is counted under every
+feature it has, and the features whose every case regressed are named as the
+likely cause. Markdown on stdout; exit status 1 on any regression (a new
+failure, grown error, or a case of BASE that NEW no longer runs).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import UsageError
+
+# Below this fraction of its tolerance an error is rounding noise: growth is
+# measured from here, so 1e-30 -> 1e-28 in float64 is not a "100x regression".
+NOISE = 1e-4
+
+
+def register(sub) -> None:
+    p = sub.add_parser("diff", help="compare two run directories: new failures, fixes, per-feature error growth")
+    p.add_argument("base", metavar="BASE", help="the baseline run directory (e.g. fixtures/baselines/default)")
+    p.add_argument("new", metavar="NEW", help="the run directory to judge")
+    p.add_argument("--policy", metavar="TOML", help="tolerance policy with [regression] factor (default fixtures/tolerance.toml)")
+    p.add_argument("--factor", type=float, help="override the policy's growth factor")
+    p.add_argument("--md", metavar="FILE", help="also write the markdown to FILE")
+    p.set_defaults(fn=cmd_diff)
+
+
+def _rows(d: str) -> pd.DataFrame:
+    from ..report import read_rows
+
+    if not Path(d).is_dir():
+        raise UsageError(f"{d!r} is not a run directory")
+    try:
+        return read_rows(Path(d))
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+
+
+def _worst(df: pd.DataFrame) -> dict:
+    """``{(case_id, reference): (err, floor, where)}``: impl's worst judged error."""
+    from ..views import _err
+
+    impl = df[df["candidate"] == "impl"].assign(_e=lambda x: pd.to_numeric(_err(x), errors="coerce"))
+    impl = impl[impl["_e"].notna()]
+    out = {}
+    for (cid, ref), g in impl.groupby(["case_id", "reference"], sort=False):
+        r = g.loc[g["_e"].idxmax()]
+        tol = pd.to_numeric(g.get("tol_nmse"), errors="coerce").min() if "tol_nmse" in g else math.nan
+        floor = NOISE * tol if tol == tol and tol > 0 else 0.0
+        where = f"L{r['layer']} {r['probe']}" if r["layer"] >= 0 else r["probe"]
+        out[(cid, ref)] = (float(r["_e"]), floor, where)
+    return out
+
+
+def compare(base: pd.DataFrame, new: pd.DataFrame, factor: float) -> dict:
+    from ..views import FAILING, cases
+
+    bc, nc = cases(base).set_index("case_id"), cases(new).set_index("case_id")
+    feats = {**bc["features"].to_dict(), **nc["features"].to_dict()}
+    failing = lambda c, cid: cid in c.index and c.at[cid, "status"] in FAILING  # noqa: E731
+    new_fail = [cid for cid in nc.index if failing(nc, cid) and not failing(bc, cid)]
+    fixed = [cid for cid in bc.index if failing(bc, cid) and cid in nc.index and not failing(nc, cid)]
+    missing = [cid for cid in bc.index if cid not in nc.index]
+    added = [cid for cid in nc.index if cid not in bc.index]
+    bw, nw = _worst(base), _worst(new)
+    grew = []
+    for key, (e, floor, where) in nw.items():
+        if key in bw and key[0] not in new_fail:
+            b = bw[key][0]
+            g = e / max(b, floor) if max(b, floor) > 0 else (math.inf if e > 0 else 1.0)
+            if g > factor and not (math.isinf(e) and math.isinf(b)):
+                grew.append({"case_id": key[0], "reference": key[1], "base": b, "new": e, "growth": g, "where": where})
+    regressed = set(new_fail) | {g["case_id"] for g in grew} | set(missing)
+    from ..views import feature_order
+
+    per = {}
+    for f in feature_order({t for ts in feats.values() for t in ts}):
+        have = [cid for cid, ts in feats.items() if f in ts and (cid in nc.index or cid in missing)]
+        per[f] = dict(cases=len(have), new_failures=sum(c in new_fail for c in have),
+                      grew=len({g["case_id"] for g in grew if f in feats[g["case_id"]]}),
+                      missing=sum(c in missing for c in have), fixed=sum(c in fixed for c in have),
+                      regressed=sum(c in regressed for c in have))
+    hit = {f: p for f, p in per.items() if p["regressed"]}
+    # The cause is most likely a feature ALL of whose cases regressed; among several,
+    # the one with the fewest cases is the most specific.
+    implicated = sorted((f for f, p in hit.items() if p["regressed"] == p["cases"]), key=lambda f: per[f]["cases"])
+    if not implicated and hit:
+        best = max(p["regressed"] / p["cases"] for p in hit.values())
+        implicated = [f for f, p in hit.items() if p["regressed"] / p["cases"] == best]
+    return dict(new_failures=new_fail, fixed=fixed, missing=missing, added=added, grew=grew, per_feature=per,
+                implicated=implicated, regressed=sorted(regressed), new_cases=nc, base_cases=bc, factor=factor)
+
+
+def markdown(res: dict, base: str, new: str) -> str:
+    from ..views import _g, _md
+
+    reg = bool(res["regressed"])
+    nc = res["new_cases"]
+    lines = [f"# Conformance diff: {'REGRESSION' if reg else 'no regression'}", "",
+             f"base `{_md(base)}` → new `{_md(new)}` · growth factor {res['factor']:g}", "",
+             f"- new failures: {len(res['new_failures'])}", f"- error grew > {res['factor']:g}x: {len(res['grew'])}",
+             f"- fixed: {len(res['fixed'])}", f"- in base but not run in new: {len(res['missing'])}",
+             f"- new cases (not in base): {len(res['added'])}"]
+    if res["implicated"]:
+        per = res["per_feature"]
+        lines += ["", "## Implicated feature" + ("s" if len(res["implicated"]) > 1 else ""), ""]
+        lines += [f"- `{f}`: {per[f]['regressed']} of its {per[f]['cases']} cases regressed" for f in res["implicated"]]
+    rows = [(f, p) for f, p in res["per_feature"].items() if p["regressed"] or p["fixed"]]
+    if rows:
+        lines += ["", "## Per feature", "", "| feature | cases | new failures | grew | missing | fixed |",
+                  "|---|---|---|---|---|---|"]
+        rows.sort(key=lambda fp: (-fp[1]["regressed"] / fp[1]["cases"], fp[1]["cases"]))
+        for f, p in rows:
+            lines.append(f"| {f} | {p['cases']} | {p['new_failures']} | {p['grew']} | {p['missing']} | {p['fixed']} |")
+    if res["new_failures"]:
+        lines += ["", "## New failures", "", "| case | first failure |", "|---|---|"]
+        lines += [f"| `{_md(c)}` | {_md(nc.at[c, 'first_fail'])} |" for c in res["new_failures"][:100]]
+    if res["grew"]:
+        lines += ["", f"## Error grew by more than {res['factor']:g}x", "",
+                  "| case | vs | worst error base → new | growth | where (new) |", "|---|---|---|---|---|"]
+        for g in sorted(res["grew"], key=lambda g: -g["growth"])[:100]:
+            lines.append(f"| `{_md(g['case_id'])}` | {_md(g['reference'])} | {_g(g['base'])} → {_g(g['new'])} | "
+                         f"{_g(g['growth'])}x | {_md(g['where'])} |")
+    for title, key in (("Fixed", "fixed"), ("In base but not run in new", "missing")):
+        if res[key]:
+            lines += ["", f"## {title}", ""] + [f"- `{_md(c)}`" for c in res[key][:100]]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_diff(a) -> int:
+    from ..policy import load_policy
+
+    factor = a.factor if a.factor is not None else load_policy(a.policy).regression_factor
+    if not factor > 1:
+        raise UsageError(f"the growth factor must be > 1, got {factor}")
+    res = compare(_rows(a.base), _rows(a.new), factor)
+    md = markdown(res, a.base, a.new)
+    sys.stdout.write(md)
+    if a.md:
+        Path(a.md).write_text(md)
+    return 1 if res["regressed"] else 0

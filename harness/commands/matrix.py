@@ -1,0 +1,148 @@
+"""``conformance matrix [SPEC]``: run every case of a matrix spec into one run
+directory (default ``reports/<run-id>/``), in parallel workers, with a progress
+bar, resumable, optionally as one deterministic shard of several."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+from ..versions import ROOT
+
+DEFAULT_SPEC = ROOT / "fixtures" / "matrix" / "default.toml"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("matrix", help="run a matrix spec (default fixtures/matrix/default.toml) into reports/<run-id>/")
+    p.add_argument("spec", nargs="?", metavar="SPEC", help="matrix spec TOML (default fixtures/matrix/default.toml)")
+    add_run_args(p)
+    p.add_argument("--shard", metavar="I/N", help="run only the I-th of N deterministic slices (join with `conformance merge`)")
+    p.add_argument("--resume", metavar="DIR", help="complete an interrupted run in DIR (its spec and cases are in DIR)")
+    p.add_argument("--list", action="store_true", help="print the cases the spec expands to, and exit")
+    p.set_defaults(fn=cmd_matrix)
+
+
+def add_run_args(p) -> None:
+    p.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                   help="worker processes (default: the CPU count; 1 runs in this process)")
+    p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
+    p.add_argument("--no-plots", action="store_true", help="skip the per-case PNG plots")
+
+
+def cmd_matrix(a) -> int:
+    from .. import matrix
+
+    if a.jobs < 1:
+        raise UsageError(f"-j/--jobs must be at least 1, got {a.jobs}")
+    if a.resume:
+        if a.spec or a.shard or a.out or a.policy:
+            raise UsageError("--resume DIR takes the spec, shard and policy recorded in DIR; give none of SPEC, --shard, --out, --policy")
+        d = Path(a.resume)
+        matrix.read_run(d)
+    else:
+        spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
+        sh = matrix.parse_shard(a.shard)
+        if a.list:
+            try:
+                for c in matrix.shard(spec.cases, *sh) if sh else spec.cases:
+                    print(c.case_id())
+            except BrokenPipeError:  # `--list | head`: the reader has had enough
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        d = matrix.start(spec, a.out, sh, a.policy, a.jobs, sys.argv[1:])
+    return run_dir(d, a.jobs, not a.no_plots)[0]
+
+
+def run_dir(d: Path, jobs: int, plots: bool):
+    """Complete the run in ``d`` with a progress display; ``(exit status, rows)``."""
+    from .. import matrix, report
+
+    run = matrix.read_run(d)
+    total = len(run["cases"])
+    held = matrix.Journal(d).records()
+    ui = Progress(total, held)
+    # A CI cancel sends SIGTERM: stop like Ctrl-C, so the workers are told to stop
+    # and the journal keeps what finished (it is flushed case by case anyway).
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with ui:
+            df, _ = matrix.complete(d, jobs, ui.start, ui.done, plots)
+    except KeyboardInterrupt:
+        print(f"conformance: interrupted; finished cases are kept: conformance matrix --resume {d}", file=sys.stderr)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    c = report.counts(df)
+    print(f"{ui.counts_line()} · rows: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
+    print(f"report: {d} (summary.md, report.html, junit.xml, rows.parquet)")
+    return report.exit_status(df), df
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class Progress:
+    """A rich progress bar on a terminal (the cases in flight, a running
+    pass / fail count); one line per finished case otherwise, for CI logs."""
+
+    def __init__(self, total: int, held: dict):
+        from ..views import case_status
+
+        self.total, self.n = total, len(held)
+        self.tally: dict[str, int] = {}
+        for rec in held.values():  # a resumed run counts what it already holds
+            st = case_status(r["status"] for r in rec["rows"])
+            self.tally[st] = self.tally.get(st, 0) + 1
+        self.inflight: dict[str, float] = {}
+        self.tty = sys.stderr.isatty()
+        self.bar = None
+
+    def __enter__(self):
+        if self.tty:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.description}"), console=Console(stderr=True), transient=False)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("", total=self.total, completed=self.n)
+        elif self.n:
+            print(f"resuming: {self.n} of {self.total} cases already done", file=sys.stderr)
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.__exit__(*exc)
+
+    def counts_line(self) -> str:
+        return f"cases {self.n}/{self.total}: " + ", ".join(f"{k} {v}" for k, v in sorted(self.tally.items()))
+
+    def _refresh(self):
+        if self.bar:
+            flight = ", ".join(self.inflight) or "-"
+            self.bar.update(self.task, completed=self.n,
+                            description=f"pass {self.tally.get('pass', 0)} fail "
+                                        f"{self.tally.get('fail', 0) + self.tally.get('error', 0)} · {flight}")
+
+    def start(self, case):
+        self.inflight[case.case_id()] = time.perf_counter()
+        self._refresh()
+
+    def done(self, case, rec):
+        from ..views import case_status
+
+        cid = case.case_id()
+        t = time.perf_counter() - self.inflight.pop(cid, time.perf_counter())
+        st = case_status(r["status"] for r in rec["rows"])
+        self.tally[st] = self.tally.get(st, 0) + 1
+        self.n += 1
+        if self.bar:
+            self._refresh()
+        else:
+            print(f"[{self.n}/{self.total}] {st:<8} {cid} ({t:.1f}s)", file=sys.stderr, flush=True)

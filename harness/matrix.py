@@ -1,0 +1,561 @@
+"""The conformance matrix: a TOML spec expanded into cases, run in worker
+processes, journaled case by case, sliced into deterministic shards.
+
+A spec (``fixtures/matrix/*.toml``)::
+
+    name = "default"
+    description = "what this matrix is for"
+    references = ["all"]        # axes at the top level: defaults for every group
+
+    [[group]]                   # one cross product; the matrix is the union of its groups
+    name = "core"
+    families = "*"              # every registered family
+    variants = "default"        # each family's default variant ("*": all of them; the default)
+    dtypes = ["float64", "float32"]
+    kv_modes = ["decode", "batched", "paged"]
+
+    [[exclude]]                 # cases matching every axis given here are dropped
+    backends = ["torch"]
+    kv_modes = ["batched"]
+    reason = "required: why these cases are not run"
+
+Without ``[[group]]`` the top level is the one group. Every case is validated
+(names, config keys, layer shapes) before anything runs, so a typo costs one
+line and exit status 2, never a half-written run directory.
+
+A run directory holds ``run.json`` (the spec text and this run's case list,
+written first), ``journal.jsonl`` (one record per finished case: its rows and
+timings) and, once every case is in, the rows and the views. The journal is the
+record: ``--resume`` skips what it holds, and ``merge`` builds its rows from
+the shards' journals, so rows come out of one code path whichever way a run
+was made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import shutil
+import time
+import tomllib
+import traceback
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import families
+from .case import Case
+from .errors import UsageError, suggest
+
+# spec key -> (Case field, default values). The order is the product's order,
+# the dtype varying fastest, so neighbouring cases share their references.
+AXES = {
+    "families": ("family", "*"),
+    "variants": ("variant", "*"),
+    "overrides": ("overrides", [{}]),
+    "seeds": ("seed", [0]),
+    "tokens": ("tokens", [16]),
+    "seqs": ("seqs", [None]),
+    "kv_modes": ("kv", ["decode"]),
+    "schedules": ("schedule", ["mixed"]),
+    "page_sizes": ("page_size", [4]),
+    "references": ("ref", ["hf"]),
+    "gguf_types": ("gguf_type", ["f32"]),
+    "backends": ("backend", ["numpy"]),
+    "devices": ("device", ["cpu"]),
+    "dtypes": ("dtype", ["float32"]),
+}
+_INT_AXES = {"seeds", "tokens", "seqs", "page_sizes"}
+TOP_KEYS = {"name", "description", "group", "exclude"} | set(AXES)
+GROUP_KEYS = {"name"} | set(AXES)
+EXCLUDE_KEYS = {"reason"} | set(AXES)
+JOURNAL = "journal.jsonl"
+RUN_FILE = "run.json"
+
+
+@dataclass
+class Spec:
+    path: str
+    name: str
+    text: str
+    cases: list[Case]
+    excluded: list[dict] = field(default_factory=list)  # {"reason", "count"}
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- spec
+def load_spec(path: str | Path) -> Spec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (FileNotFoundError, IsADirectoryError):
+        raise UsageError(f"matrix spec {str(p)!r} is not a file") from None
+    return parse_spec(text, str(p))
+
+
+def parse_spec(text: str, label: str) -> Spec:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"matrix spec {label} is not valid TOML: {e}") from None
+    _check_keys(data, TOP_KEYS, f"matrix spec {label}")
+    groups = data.get("group", [{}])
+    if not isinstance(groups, list) or not groups:
+        raise UsageError(f"matrix spec {label}: 'group' must be an array of tables ([[group]])")
+    excludes = data.get("exclude", [])
+    for n, ex in enumerate(excludes, 1):
+        where = f"matrix spec {label}, [[exclude]] #{n}"
+        _check_keys(ex, EXCLUDE_KEYS, where)
+        if not str(ex.get("reason", "")).strip():
+            raise UsageError(f"{where}: every exclusion needs a written reason (reason = \"...\")")
+    defaults = {k: data[k] for k in AXES if k in data}
+    cases: dict[str, Case] = {}
+    hits = [0] * len(excludes)
+    for n, g in enumerate(groups, 1):
+        where = f"matrix spec {label}, [[group]] {g.get('name', '#' + str(n))!r}"
+        _check_keys(g, GROUP_KEYS, where)
+        for case in _expand({**defaults, **{k: v for k, v in g.items() if k in AXES}}, where):
+            hit = next((i for i, ex in enumerate(excludes) if _matches(case, ex)), None)
+            if hit is not None:
+                hits[hit] += 1
+            else:
+                cases.setdefault(case.case_id(), case)  # groups may overlap: a case runs once
+    excluded = [{"reason": ex["reason"], "count": c} for ex, c in zip(excludes, hits)]
+    return Spec(label, str(data.get("name", Path(label).stem)), text, list(cases.values()), excluded)
+
+
+def _check_keys(table: dict, valid: set, where: str) -> None:
+    if not isinstance(table, dict):
+        raise UsageError(f"{where}: expected a table, got {table!r}")
+    for key in table:
+        if key not in valid:
+            raise UsageError(f"{where}: unknown key {key!r}; {suggest(key, sorted(valid))}")
+
+
+def _values(axis: str, raw, where: str) -> list:
+    vals = raw if isinstance(raw, list) else [raw]
+    if not vals:
+        raise UsageError(f"{where}: axis {axis!r} is empty; give at least one value")
+    for v in vals:
+        if axis == "seqs" and v is None:  # the default: 1 for decode, 2 otherwise (TOML has no null)
+            continue
+        if axis in _INT_AXES and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise UsageError(f"{where}: {axis} takes non-negative integers, got {v!r}")
+        if axis == "overrides" and not isinstance(v, dict):
+            raise UsageError(f"{where}: overrides takes tables of config fields, e.g. [{{}}, {{num_key_value_heads = 1}}]; got {v!r}")
+        if axis not in _INT_AXES and axis != "overrides" and not isinstance(v, str):
+            raise UsageError(f"{where}: {axis} takes names (strings), got {v!r}")
+    return vals
+
+
+def _flat_overrides(table: dict) -> tuple:
+    """``{rope_parameters = {factor = 2.0}}`` -> ``(("rope_parameters.factor", 2.0),)``: the
+    dotted form a family merges into the field, like ``--set rope_parameters.factor=2``."""
+    out = []
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out += [(f"{k}.{sub}", sv) for sub, sv in v.items()]
+        else:
+            out.append((k, v))
+    return tuple(out)
+
+
+def _expand(axes: dict, where: str) -> list[Case]:
+    vals = {a: _values(a, axes.get(a, default), where) for a, (_, default) in AXES.items()}
+    fams = list(families.registry()) if vals["families"] == ["*"] else vals["families"]
+    for f in fams:
+        if f not in families.registry():
+            raise UsageError(f"{where}: unknown family {f!r}; {suggest(f, families.registry())}")
+    rest = [a for a in AXES if a not in ("families", "variants")]
+    out = []
+    for fam in fams:
+        own = list(families.get(fam).variants) or [None]
+        # "*": each of the family's variants; "default": its first (what a case without one runs)
+        variants = own if vals["variants"] == ["*"] else own[:1] if vals["variants"] == ["default"] else vals["variants"]
+        for variant, *combo in itertools.product(variants, *(vals[a] for a in rest)):
+            kw = {AXES[a][0]: v for a, v in zip(rest, combo)}
+            kw["overrides"] = _flat_overrides(kw["overrides"])
+            case = Case(family=fam, variant=variant, **kw)
+            try:
+                case.validate()
+            except UsageError as e:
+                raise UsageError(f"{where}: {e}") from None
+            out.append(case)
+    _check_configs(out, where)
+    return out
+
+
+def _check_configs(cases: list[Case], where: str) -> None:
+    """Config keys and layer shapes, once per distinct model (before anything runs)."""
+    from .case import CaseRun
+
+    seen = set()
+    for c in cases:
+        k = (c.family, c.variant, repr(c.overrides))
+        if k in seen:
+            continue
+        seen.add(k)
+        try:
+            _ = CaseRun(c, None).layer_cfgs
+        except UsageError as e:
+            raise UsageError(f"{where}: {e}") from None
+
+
+def _matches(case: Case, ex: dict) -> bool:
+    for axis, raw in ex.items():
+        if axis == "reason":
+            continue
+        vals = raw if isinstance(raw, list) else [raw]
+        got = getattr(case, AXES[axis][0])
+        if axis == "overrides":
+            vals = [_flat_overrides(v) for v in vals if isinstance(v, dict)]
+        if got not in vals:
+            return False
+    return True
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard takes I/N (e.g. 2/4), got {text!r}") from None
+    if not 1 <= i <= n:
+        raise UsageError(f"--shard {text}: need 1 <= I <= N")
+    return i, n
+
+
+def shard(cases: list, i: int, n: int) -> list:
+    """Every n-th case from the (i-1)-th: deterministic, and each shard gets a
+    share of every group and family, so shards take about the same time."""
+    return cases[i - 1::n]
+
+
+def unshard(parts: dict[int, list], n: int) -> list:
+    """The inverse of ``shard``: the full list from ``{i: shard(cases, i, n)}``."""
+    full = [None] * sum(len(p) for p in parts.values())
+    for i, p in parts.items():
+        full[i - 1::n] = p
+    return full
+
+
+# ---------------------------------------------------------------- journal
+class Journal:
+    """One JSON line per finished case, appended and flushed by the parent only
+    (one writer, no locks); a line cut short by a kill is ignored on reading."""
+
+    def __init__(self, d: Path):
+        self.path = Path(d) / JOURNAL
+
+    def records(self) -> dict[str, dict]:
+        out = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                out[rec["case_id"]] = rec
+        return out
+
+    def repair(self) -> None:
+        """Cut a line a kill left half-written, so the next record starts on its own line."""
+        if self.path.exists():
+            data = self.path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                self.path.write_bytes(data[:data.rfind(b"\n") + 1])
+
+    def append(self, rec: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec, default=_plain) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _plain(x):
+    return x.item() if hasattr(x, "item") else str(x)
+
+
+# ---------------------------------------------------------------- one case, in a worker
+_POLICIES: dict = {}
+
+
+def work(case_dict: dict, policy_path: str | None, plot_dir: str | None) -> dict:
+    """Run one case (in a worker process, or in-process for -j1) and draw its plot."""
+    from .case import run_case
+    from .policy import load_policy
+
+    case = Case.from_dict(case_dict)
+    if policy_path not in _POLICIES:
+        _POLICIES[policy_path] = load_policy(policy_path)
+    t = time.perf_counter()
+    try:
+        rows, info = run_case(case, _POLICIES[policy_path])
+    except Exception as e:  # a crash outside impl's per-layer guard is this case's error row; the run goes on
+        rows = [crash_row(case, f"{type(e).__name__}: {' '.join(str(e).split())[:400]}")]
+        info = {"features": [], "timings": {}, "traceback": traceback.format_exc(limit=6)}
+    info = {"features": info.get("features", []), "timings": info.get("timings", {}),
+            **({"traceback": info["traceback"]} if "traceback" in info else {})}
+    info["timings"]["case_s"] = time.perf_counter() - t
+    if plot_dir:
+        from . import views
+
+        try:
+            views.plot_case(rows, Path(plot_dir) / views.plot_name(case.case_id()))
+        except Exception as e:  # a plot is a view; its failure must not lose the case's rows
+            info["plot_error"] = f"{type(e).__name__}: {e}"
+    return {"case_id": case.case_id(), "rows": rows, "info": info}
+
+
+def crash_row(case: Case, reason: str) -> dict:
+    return dict(case_id=case.case_id(), family=case.family, features="", backend=case.backend, device=case.device,
+                dtype=case.dtype, kv=case.kv, schedule=case.schedule, seed=case.seed, tokens=case.tokens,
+                seqs=case.n_seqs, gguf_type=case.gguf_type,
+                overrides=";".join(f"{k}={v}" for k, v in case.overrides), candidate="impl", reference=case.ref,
+                layer=-1, probe="*", variant=case.variant or "", layer_kind="model", status="error", reason=reason)
+
+
+def _init_worker(threads: int) -> None:
+    # Before torch is imported in this process: one pool of `threads` per worker,
+    # so -j workers share the cores instead of each spinning all of them.
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("CONFORMANCE_LLAMACPP_THREADS", str(threads))
+    os.environ["MPLBACKEND"] = "Agg"
+    import torch
+
+    torch.set_num_threads(threads)
+    import harness.case  # noqa: F401  (the fixed cost, paid once per worker)
+
+
+def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str | None, on_start, on_done) -> None:
+    """Run ``cases``; ``on_start(case)`` as one is handed out, ``on_done(case,
+    record)`` as it finishes (completion order). ``jobs`` <= 1 runs in this
+    process (where a test's mutant applies); otherwise in reused 'spawn'
+    workers (fork after torch has started threads can deadlock)."""
+    if jobs <= 1:
+        for c in cases:
+            on_start(c)
+            on_done(c, work(c.to_dict(), policy_path, plot_dir))
+        return
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+
+    def pool():
+        return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_worker, initargs=(threads,))
+
+    pending, tries, inflight = deque(cases), {}, {}
+    ex = pool()
+    try:
+        while pending or inflight:
+            # Never more than `jobs` handed out, so "in flight" is exactly what runs.
+            while pending and len(inflight) < jobs:
+                c = pending.popleft()
+                inflight[ex.submit(work, c.to_dict(), policy_path, plot_dir)] = c
+                on_start(c)
+            done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+            broken = False
+            for fut in done:
+                c = inflight.pop(fut)
+                try:
+                    on_done(c, fut.result())
+                except BrokenProcessPool:
+                    broken = True
+                    inflight[fut] = c
+            if broken:
+                # A worker died (segfault, OOM): every case in flight is retried once in a
+                # fresh pool; one that kills a worker twice is an error row.
+                for fut, c in list(inflight.items()):
+                    tries[c.case_id()] = tries.get(c.case_id(), 0) + 1
+                    if tries[c.case_id()] >= 2:
+                        on_done(c, {"case_id": c.case_id(), "rows": [crash_row(c, "the worker process died running this case (twice)")],
+                                    "info": {"features": [], "timings": {}}})
+                    else:
+                        pending.appendleft(c)
+                inflight.clear()
+                ex.shutdown(wait=False, cancel_futures=True)
+                ex = pool()
+    finally:
+        ex.shutdown(wait=not inflight, cancel_futures=True)
+
+
+def run_order(cases: list[Case]) -> list[Case]:
+    """Execution order: first one case per shared llama.cpp / HF capture, then the
+    rest. Cold, the workers then compute distinct captures side by side instead
+    of the same one twice; the rows are written in spec order regardless."""
+    first, rest, seen = [], [], set()
+    for c in cases:
+        k = (c.family, c.variant, repr(c.overrides), c.seed, c.tokens, c.n_seqs, c.kv == "decode", c.schedule, c.gguf_type)
+        (rest if k in seen else first).append(c)
+        seen.add(k)
+    return first + rest
+
+
+# ---------------------------------------------------------------- a run directory
+def nonempty(spec: Spec) -> list[Case]:
+    """The spec's cases; none is bad input -- a run that compares nothing proves nothing."""
+    if not spec.cases:
+        total = sum(e["count"] for e in spec.excluded)
+        raise UsageError(f"matrix spec {spec.path} expands to zero cases ({total} excluded); nothing to compare")
+    return spec.cases
+
+
+def start(spec: Spec, out: str | None, shard_arg: tuple[int, int] | None, policy_path: str | None,
+          jobs: int, argv: list[str]) -> Path:
+    """Check everything, then create the run directory with its ``run.json``."""
+    from . import report
+
+    cases = nonempty(spec)
+    if shard_arg:
+        cases = shard(cases, *shard_arg)
+        if not cases:
+            raise UsageError(f"--shard {shard_arg[0]}/{shard_arg[1]} is empty: the spec has {len(spec.cases)} cases; "
+                             f"use at most {len(spec.cases)} shards")
+    if policy_path:
+        from .policy import load_policy
+
+        load_policy(policy_path)  # a bad policy is bad input: refused before the directory exists
+    run_id = report.new_run_id()
+    d = report.run_dir(out, run_id)
+    if d.exists() and any(d.iterdir()):
+        raise UsageError(f"run directory {d} is not empty; use --resume {d} to complete it, or another --out")
+    d.mkdir(parents=True, exist_ok=True)
+    run = {"run_id": run_id, "argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "spec": {"path": spec.path, "name": spec.name, "sha": spec.sha, "text": spec.text,
+                    "cases_total": len(spec.cases), "excluded": spec.excluded},
+           "shard": f"{shard_arg[0]}/{shard_arg[1]}" if shard_arg else None,
+           "policy": policy_path, "jobs": jobs, "cases": [c.to_dict() for c in cases]}
+    (d / RUN_FILE).write_text(json.dumps(run, indent=1, default=str))
+    return d
+
+
+def read_run(d: str | Path) -> dict:
+    p = Path(d) / RUN_FILE
+    if not p.is_file():
+        raise UsageError(f"{d} is not a matrix run directory (no {RUN_FILE})")
+    return json.loads(p.read_text())
+
+
+def cases_of(run: dict) -> list[Case]:
+    return [Case.from_dict(c) for c in run["cases"]]
+
+
+def complete(d: Path, jobs: int, on_start=lambda c: None, on_done=lambda c, rec: None,
+             plots: bool = True) -> tuple:
+    """Run whatever the journal of ``d`` does not hold yet, then finalize ``d``."""
+    run = read_run(d)
+    cases = cases_of(run)
+    journal = Journal(d)
+    journal.repair()
+    held = journal.records()
+    todo = [c for c in cases if c.case_id() not in held]
+    plot_dir = d / "plots" if plots else None
+    if plot_dir:
+        plot_dir.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+
+    def done(c, rec):
+        journal.append(rec)
+        on_done(c, rec)
+
+    execute(run_order(todo), jobs, run.get("policy"), str(plot_dir) if plot_dir else None, on_start, done)
+    wall = time.perf_counter() - t0
+    prior = run.get("wall_s", 0.0)
+    run["wall_s"] = prior + wall  # summed over the invocations that made the run
+    (d / RUN_FILE).write_text(json.dumps(run, indent=1, default=str))
+    meta = {"run_id": run["run_id"], "command": "matrix", "argv": run["argv"], "spec": _spec_meta(run),
+            "shard": run["shard"], "jobs": jobs, "policy": run.get("policy"),
+            "cases_already_done": len(held), "wall_s": prior + wall, "started": run["started"]}
+    return finalize(d, cases, journal.records(), meta)
+
+
+def _spec_meta(run: dict) -> dict:
+    return {k: v for k, v in run["spec"].items() if k != "text"}
+
+
+def finalize(d: Path, cases: list[Case], records: dict, meta: dict):
+    """Rows in case order from the journal records, meta.json and the views."""
+    from . import report, views
+
+    missing = [c.case_id() for c in cases if c.case_id() not in records]
+    if missing:
+        raise UsageError(f"{d}: {len(missing)} cases have no journal record (first: {missing[0]}); "
+                         f"complete it with `conformance matrix --resume {d}`")
+    rows = [r for c in cases for r in records[c.case_id()]["rows"]]
+    df = report.write_rows(d, rows)
+    info = {c.case_id(): records[c.case_id()]["info"] for c in cases}
+    meta = dict(meta, cases=[c.case_id() for c in cases], case_info=info,
+                counts=report.counts(df), case_counts=views.case_counts(df),
+                finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                cache_dir=str(_cache_dir()))
+    report.write_meta(d, meta)
+    views.write_all(d, df, json.loads((d / "meta.json").read_text()))
+    return df, meta
+
+
+def _cache_dir():
+    from .cache import cache_dir
+
+    return cache_dir()
+
+
+def merge(dirs: list[str], out: str | None, argv: list[str]):
+    """Join the shards of one spec into one run directory (rows from their journals)."""
+    from . import report
+
+    runs = []
+    for d in dirs:
+        run = read_run(d)
+        if not run.get("shard"):
+            raise UsageError(f"{d} is not a shard (it was run without --shard)")
+        runs.append((Path(d), run))
+    shas = {r["spec"]["sha"] for _, r in runs}
+    if len(shas) > 1:
+        raise UsageError(f"the shards come from different specs ({', '.join(sorted(shas))}); merge shards of one spec")
+    ns = {int(r["shard"].split("/")[1]) for _, r in runs}
+    if len(ns) > 1:
+        raise UsageError(f"the shards were cut differently (N = {', '.join(map(str, sorted(ns)))}); merge shards of one --shard I/N")
+    n = ns.pop()
+    by_i: dict[int, tuple] = {}
+    for d, r in runs:
+        i = int(r["shard"].split("/")[0])
+        if i in by_i:
+            raise UsageError(f"shard {i}/{n} given twice ({by_i[i][0]} and {d})")
+        by_i[i] = (d, r)
+    absent = [f"{i}/{n}" for i in range(1, n + 1) if i not in by_i]
+    if absent:
+        raise UsageError(f"shard(s) {', '.join(absent)} missing; merge needs all {n}")
+    records, parts = {}, {}
+    for i, (d, r) in by_i.items():
+        held = Journal(d).records()
+        cs = cases_of(r)
+        lacking = [c for c in cs if c.case_id() not in held]
+        if lacking:
+            raise UsageError(f"shard {i}/{n} in {d} is incomplete ({len(cs) - len(lacking)} of {len(cs)} cases); "
+                             f"complete it with `conformance matrix --resume {d}`")
+        parts[i] = cs
+        records.update(held)
+    cases = unshard(parts, n)
+    run_id = report.new_run_id()
+    od = report.run_dir(out, run_id)
+    if od.exists() and any(od.iterdir()):
+        raise UsageError(f"output directory {od} is not empty; choose another --out")
+    od.mkdir(parents=True, exist_ok=True)
+    for i, (d, _) in sorted(by_i.items()):
+        if (d / "plots").is_dir():
+            shutil.copytree(d / "plots", od / "plots", dirs_exist_ok=True)
+    first = by_i[1][1]
+    meta = {"run_id": run_id, "command": "merge", "argv": argv, "spec": _spec_meta(first), "shard": None,
+            "shards": [{"dir": str(d), "run_id": r["run_id"], "shard": r["shard"], "wall_s": r.get("wall_s")}
+                       for _, (d, r) in sorted(by_i.items())],
+            "policy": first.get("policy"), "wall_s": sum(r.get("wall_s", 0.0) for _, r in by_i.values()),
+            "started": min(r["started"] for _, r in by_i.values())}
+    return od, *finalize(od, cases, records, meta)

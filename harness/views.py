@@ -1,0 +1,518 @@
+"""The readable views of one run directory, all made from its rows.
+
+- ``summary.md``: features x families (status, worst NMSE), failures first --
+  ready for a CI job summary;
+- ``report.html``: a heatmap of features x families coloured by the worst error
+  relative to its tolerance, with a drill-down to each case's per-layer,
+  per-probe table; one self-contained file, every shown string escaped;
+- ``junit.xml``: one test case per matrix case;
+- ``plots/<case>.png``: error against layer and probe (drawn per case, by the
+  worker that ran it).
+
+The views depend only on the rows and the stable part of meta.json (spec,
+versions), so a merged set of shards renders exactly as the unsharded run.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+
+from .features import SPEC_DECORATIONS
+
+FAILING = ("fail", "error")
+# A case's status is the first of these its rows have: one failing row fails the
+# case; otherwise a case that compared anything passed (its findings listed apart).
+CASE_ORDER = ("error", "fail", "pass", "finding", "not-implemented", "not-exposed", "skipped")
+GLYPH = {"error": "❌ error", "fail": "❌ FAIL", "pass": "✅ pass", "finding": "⚠️ finding",
+         "not-implemented": "➖ not implemented", "not-exposed": "➖ not exposed", "skipped": "➖ skipped"}
+
+
+def case_status(statuses) -> str:
+    s = set(statuses)
+    return next((x for x in CASE_ORDER if x in s), "skipped")
+
+
+def _err(df: pd.DataFrame) -> pd.Series:
+    """The error a row was judged by: NMSE to the float64 oracle at low precision, else NMSE."""
+    if "nmse_cand_oracle" in df:
+        return df["nmse_cand_oracle"].where(df["nmse_cand_oracle"].notna(), df.get("nmse"))
+    return df["nmse"] if "nmse" in df else pd.Series(math.nan, index=df.index)
+
+
+def cases(df: pd.DataFrame) -> pd.DataFrame:
+    """One line per case, in row order: status, findings, impl's worst NMSE and
+    error/tolerance (over the rows judged pass or fail: a finding is reported as
+    one, not as impl's error), the first failing row."""
+    cols = ["case_id", "family", "features", "status", "findings", "worst_nmse", "worst_ratio", "first_fail"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    by = df.groupby("case_id", sort=False)
+    rank = df["status"].map({s: i for i, s in enumerate(CASE_ORDER)}).fillna(len(CASE_ORDER))
+    out = pd.DataFrame({"family": by["family"].first(),
+                        "features": by["features"].first().map(lambda s: [f for f in str(s).split(";") if f]),
+                        "status": rank.groupby(df["case_id"], sort=False).min().map(
+                            lambda i: CASE_ORDER[int(i)] if i < len(CASE_ORDER) else "skipped"),
+                        "findings": (df["status"] == "finding").groupby(df["case_id"], sort=False).sum().astype(int)})
+    judged = df[(df["candidate"] == "impl") & df["status"].isin(("pass", "fail"))]
+    for col, src in (("worst_nmse", "nmse"), ("worst_ratio", "err_ratio")):
+        vals = pd.to_numeric(judged[src], errors="coerce") if src in judged else pd.Series(dtype=float)
+        out[col] = vals.groupby(judged["case_id"]).max().reindex(out.index) if len(vals) else math.nan
+    bad = df[df["status"].isin(FAILING)].drop_duplicates("case_id")  # the first failing row of each case
+    out["first_fail"] = pd.Series({r["case_id"]: _where(r) for _, r in bad.iterrows()}, dtype=object) \
+        .reindex(out.index).fillna("")
+    return out.rename_axis("case_id").reset_index()[cols]
+
+
+def _where(r) -> str:
+    at = f"L{r['layer']} {r['probe']}" if r["layer"] >= 0 else (r["probe"] if r["probe"] not in ("", "*") else "case")
+    return f"{r['candidate']} vs {r['reference']}, {at}: {r['reason']}"
+
+
+def case_counts(df: pd.DataFrame) -> dict:
+    return cases(df)["status"].value_counts().to_dict() if not df.empty else {}
+
+
+def feature_order(tags) -> list[str]:
+    """The spec's decorations in the spec's order, then any other tag."""
+    tags = set(tags)
+    return [t for t in SPEC_DECORATIONS if t in tags] + sorted(tags - set(SPEC_DECORATIONS))
+
+
+def grid(cs: pd.DataFrame) -> tuple[list[str], list[str], dict]:
+    """``(features, families, {(feature, family): cell})``; features with a failing
+    case first (most failures first), then the spec's order."""
+    fams = sorted(cs["family"].unique()) if len(cs) else []
+    cells = {}
+    for c in cs.itertuples():
+        for f in c.features:
+            cell = cells.setdefault((f, c.family), {"cases": 0, "failing": 0, "findings": 0, "passing": 0,
+                                                    "worst_nmse": math.nan, "worst_ratio": math.nan})
+            cell["cases"] += 1
+            cell["failing"] += c.status in FAILING
+            cell["passing"] += c.status == "pass"
+            cell["findings"] += c.findings > 0
+            cell["worst_nmse"] = _nanmax(cell["worst_nmse"], c.worst_nmse)
+            cell["worst_ratio"] = _nanmax(cell["worst_ratio"], c.worst_ratio)
+    feats = feature_order({f for f, _ in cells})
+    fails = {f: sum(cells[(f, fam)]["failing"] for fam in fams if (f, fam) in cells) for f in feats}
+    feats.sort(key=lambda f: -fails[f])  # stable: the spec's order within equal counts
+    return feats, fams, cells
+
+
+def _nanmax(a: float, b: float) -> float:
+    if isinstance(b, float) and math.isnan(b):
+        return a
+    return b if math.isnan(a) else max(a, b)
+
+
+def cell_status(cell: dict | None) -> str:
+    if not cell:
+        return ""
+    if cell["failing"]:
+        return "fail"
+    if cell["passing"]:
+        return "finding" if cell["findings"] else "pass"
+    return "not compared"
+
+
+def _g(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2g}"
+
+
+def _md(s) -> str:
+    """A table cell: no line breaks, pipes escaped, no raw HTML for the renderer."""
+    return " ".join(str(s).split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def verdict(df: pd.DataFrame) -> str:
+    from .report import exit_status
+
+    return "PASS" if exit_status(df) == 0 else "FAIL"
+
+
+def unverified(cs: pd.DataFrame) -> list[str]:
+    seen = {f for fs, st in zip(cs["features"], cs["status"]) if st == "pass" for f in fs} if len(cs) else set()
+    return [t for t in SPEC_DECORATIONS if t not in seen]
+
+
+# ---------------------------------------------------------------- summary.md
+def summary_md(df: pd.DataFrame, meta: dict) -> str:
+    cs = cases(df)
+    spec = meta.get("spec", {})
+    cc = cs["status"].value_counts().to_dict() if len(cs) else {}
+    n_fail = sum(cc.get(s, 0) for s in FAILING)
+    lines = [f"# Conformance matrix `{_md(spec.get('name', '?'))}`: {verdict(df)}", ""]
+    lines.append(f"**{n_fail} of {len(cs)} cases failing** · cases: "
+                 + " · ".join(f"{s} {cc[s]}" for s in CASE_ORDER if cc.get(s)) + " · rows: "
+                 + " · ".join(f"{s} {n}" for s, n in sorted(df["status"].value_counts().items())) if len(df) else
+                 "**Nothing was compared** (zero rows): this run fails.")
+    if len(cs) and not cc.get("pass"):
+        lines += ["", "**No case compared anything** (all skipped / not exposed): this run fails."]
+    bad = cs[cs["status"].isin(FAILING)]
+    if len(bad):
+        lines += ["", "## Failing cases", "", "| case | status | first failure |", "|---|---|---|"]
+        for c in bad.head(50).itertuples():
+            lines.append(f"| `{_md(c.case_id)}` | {c.status} | {_md(c.first_fail)} |")
+        if len(bad) > 50:
+            lines.append(f"| ... {len(bad) - 50} more (rows.csv, report.html) | | |")
+    feats, fams, cells = grid(cs)
+    if feats:
+        lines += ["", "## Features × families", "",
+                  "Each cell: the cases of that family with that feature; worst NMSE of impl against the references.",
+                  "", "| feature | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
+        for f in feats:
+            row = []
+            for fam in fams:
+                cell = cells.get((f, fam))
+                st = cell_status(cell)
+                if not st:
+                    row.append("")
+                elif st == "fail":
+                    row.append(f"❌ {cell['failing']}/{cell['cases']} · {_g(cell['worst_nmse'])}")
+                else:
+                    row.append(f"{GLYPH.get(st, st)} · {_g(cell['worst_nmse'])}")
+            name = f"**{f}**" if any(cell_status(cells.get((f, fam))) == "fail" for fam in fams) else f
+            lines.append(f"| {name} | " + " | ".join(row) + " |")
+    if "status" in df and (df["status"] == "finding").any():
+        fd = df[df["status"] == "finding"]
+        lines += ["", "## Findings (known reference disagreements, not failures)", "",
+                  "| family | comparison | cases | reason |", "|---|---|---|---|"]
+        for (fam, cand, ref, why), g in fd.groupby(["family", "candidate", "reference",
+                                                     fd["reason"].str.split(" -- known disagreement: ").str[-1]]):
+            lines.append(f"| {_md(fam)} | {_md(cand)} vs {_md(ref)} | {g['case_id'].nunique()} | {_md(why)} |")
+    un = unverified(cs)
+    if un:
+        lines += ["", "## Unverified decorations", "",
+                  "Named in the spec, passed by no case of this run: " + ", ".join(f"`{t}`" for t in un) + "."]
+    other = df[~df["status"].isin(("pass", "fail", "error", "finding"))] if len(df) else df
+    if len(other):
+        lines += ["", "## Not compared", "", "| status | rows | reason |", "|---|---|---|"]
+        for (st, why), g in sorted(other.groupby(["status", "reason"]), key=lambda kv: -len(kv[1]))[:15]:
+            lines.append(f"| {st} | {len(g)} | {_md(why)} |")
+    excl = [e for e in spec.get("excluded", []) if e.get("count")]
+    if excl:
+        lines += ["", "## Excluded by the spec", "", "| cases | reason |", "|---|---|"]
+        lines += [f"| {e['count']} | {_md(e['reason'])} |" for e in excl]
+    v = meta.get("versions", {})
+    lines += ["", f"_spec `{_md(spec.get('path', '?'))}` · commit `{_md(v.get('git_commit'))}` · "
+              + " · ".join(f"{k} {_md(v.get(k))}" for k in ("python", "numpy", "torch", "transformers",
+                                                             "llama_cpp_python", "gguf")) + "_", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- report.html
+def _colour(cell: dict | None) -> str:
+    """Green (far inside the tolerance) through yellow (at it) to red (failing)."""
+    st = cell_status(cell)
+    if not st or st == "not compared":
+        return "#e8e8e8"
+    if st == "fail":
+        return "#d73027"
+    r = cell["worst_ratio"]
+    if r is None or math.isnan(r):
+        return "#c7e9c0"
+    t = min(max((math.log10(max(r, 1e-12)) + 6) / 6, 0.0), 1.0)  # 1e-6 .. 1 of the tolerance
+    lo, hi = (26, 152, 80), (254, 224, 139)
+    return "#%02x%02x%02x" % tuple(round(a + (b - a) * t) for a, b in zip(lo, hi))
+
+
+def _num(x):
+    if x is None:
+        return None
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else (x if math.isfinite(x) else ("inf" if x > 0 else "-inf"))
+
+
+def _script_json(obj) -> str:
+    # Inside <script>, "</script>" or "<!--" in a value would end or change the
+    # element; escaped as \u003c etc. the JSON means the same and cannot.
+    s = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+_CSS = """
+body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;font-size:12px}
+table.heat td{cursor:pointer;min-width:7em;text-align:center}
+table.heat td.sel{outline:3px solid #2166ac}
+#cases tr{cursor:pointer}
+#cases tr:hover{background:#f0f4ff}
+.fail,.error{color:#b2182b;font-weight:bold}.pass{color:#1a7f37}.finding{color:#9a6700}
+code{font-size:12px}
+"""
+
+_JS = """
+const D = JSON.parse(document.getElementById('data').textContent);
+const COLS = ['candidate','reference','layer','probe','status','nmse','max_abs','err/tol','worst','reason'];
+function el(tag, text, cls) { const e = document.createElement(tag); if (text !== undefined) e.textContent = text;
+  if (cls) e.className = cls; return e; }
+function fmt(x) { return (x === null) ? '-' : (typeof x === 'number' ? x.toPrecision(3) : String(x)); }
+function show(id) {
+  const box = document.getElementById('detail'); box.replaceChildren();
+  box.appendChild(el('h2', id));
+  const rows = D.rows[id] || [];
+  const t = el('table'); const h = el('tr'); COLS.forEach(c => h.appendChild(el('th', c))); t.appendChild(h);
+  rows.forEach(r => { const tr = el('tr');
+    r.forEach((v, i) => tr.appendChild(el('td', i === 2 ? (v < 0 ? '-' : String(v)) : fmt(v), i === 4 ? v : '')));
+    t.appendChild(tr); });
+  box.appendChild(t);
+  if (D.plots[id]) { const img = el('img'); img.src = D.plots[id]; img.alt = 'error against layer and probe';
+    img.style.maxWidth = '100%'; box.appendChild(img); }
+  box.scrollIntoView();
+}
+document.querySelectorAll('#cases tbody tr').forEach(tr => tr.addEventListener('click', () => show(tr.dataset.case)));
+document.querySelectorAll('table.heat td[data-feature]').forEach(td => td.addEventListener('click', () => {
+  document.querySelectorAll('table.heat td.sel').forEach(x => x.classList.remove('sel')); td.classList.add('sel');
+  const f = td.dataset.feature, fam = td.dataset.family;
+  document.getElementById('filter').textContent = ': ' + fam + ' with ' + f;
+  document.querySelectorAll('#cases tbody tr').forEach(tr => {
+    tr.hidden = !(tr.dataset.family === fam && tr.dataset.features.split(' ').includes(f)); });
+}));
+document.getElementById('all').addEventListener('click', () => {
+  document.getElementById('filter').textContent = '';
+  document.querySelectorAll('#cases tbody tr').forEach(tr => { tr.hidden = false; }); });
+"""
+
+
+def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
+    e = html.escape
+    cs = cases(df)
+    spec = meta.get("spec", {})
+    feats, fams, cells = grid(cs)
+    cc = cs["status"].value_counts().to_dict() if len(cs) else {}
+    out = ["<!doctype html><html><head><meta charset='utf-8'>",
+           f"<title>Conformance: {e(str(spec.get('name', '?')))}</title><style>{_CSS}</style></head><body>",
+           f"<h1>Conformance matrix {e(str(spec.get('name', '?')))}: {verdict(df)}</h1>",
+           "<p>" + e(" · ".join(f"{s} {cc[s]}" for s in CASE_ORDER if cc.get(s)) or "no cases") + " (cases)</p>",
+           "<h2>Features × families</h2>",
+           "<p>Colour: the worst error of impl relative to its tolerance (green far inside, yellow at 1e-0, "
+           "red failing, grey not compared). Click a cell to list its cases.</p>",
+           "<table class='heat'><tr><th>feature</th>" + "".join(f"<th>{e(f)}</th>" for f in fams) + "</tr>"]
+    for f in feats:
+        desc = SPEC_DECORATIONS.get(f, ("not a spec decoration", ""))[0]
+        tds = []
+        for fam in fams:
+            cell = cells.get((f, fam))
+            st = cell_status(cell)
+            if not cell:
+                tds.append("<td style='background:#f7f7f7'></td>")
+                continue
+            label = (f"{cell['failing']}/{cell['cases']} fail" if st == "fail" else st) + f" · {_g(cell['worst_nmse'])}"
+            title = f"{cell['cases']} cases; worst err/tol {_g(cell['worst_ratio'])}; findings in {cell['findings']}"
+            tds.append(f"<td style='background:{_colour(cell)}' data-feature='{e(f)}' data-family='{e(fam)}' "
+                       f"title='{e(title)}'>{e(label)}</td>")
+        out.append(f"<tr><th title='{e(desc)}'>{e(f)}</th>{''.join(tds)}</tr>")
+    out.append("</table>")
+    un = unverified(cs)
+    if un:
+        out.append("<p>Unverified decorations (no passing case): " + e(", ".join(un)) + "</p>")
+    out += ["<h2>Cases<span id='filter'></span> <button id='all'>show all</button></h2>",
+            "<p>Click a case for its per-layer, per-probe table.</p>",
+            "<table id='cases'><thead><tr><th>case</th><th>status</th><th>worst NMSE</th><th>worst err/tol</th>"
+            "<th>findings</th><th>first failure</th></tr></thead><tbody>"]
+    for c in cs.itertuples():
+        out.append(f"<tr data-case='{e(c.case_id)}' data-family='{e(c.family)}' data-features='{e(' '.join(c.features))}'>"
+                   f"<td><code>{e(c.case_id)}</code></td><td class='{e(c.status)}'>{e(c.status)}</td>"
+                   f"<td>{_g(c.worst_nmse)}</td><td>{_g(c.worst_ratio)}</td><td>{c.findings or ''}</td>"
+                   f"<td>{e(c.first_fail)}</td></tr>")
+    out.append("</tbody></table><div id='detail'></div>")
+    cols = ["candidate", "reference", "layer", "probe", "status", "nmse", "max_abs", "err_ratio", "worst", "reason"]
+    data = {"rows": {}, "plots": plots or {}}
+    if len(df):
+        sub = df.reindex(columns=cols)
+        for cid, g in sub.groupby(df["case_id"], sort=False):
+            data["rows"][cid] = [[_num(v) if k in ("nmse", "max_abs", "err_ratio") else
+                                  (int(v) if k == "layer" else ("" if pd.isna(v) else str(v)))
+                                  for k, v in zip(cols, r)] for r in g.itertuples(index=False)]
+    v = meta.get("versions", {})
+    out.append("<p><small>" + e(f"spec {spec.get('path', '?')} · commit {v.get('git_commit')} · "
+                                + " · ".join(f"{k} {v.get(k)}" for k in sorted(v) if k != "git_commit"))
+               + "</small></p>")
+    out.append(f"<script type='application/json' id='data'>{_script_json(data)}</script>")
+    out.append(f"<script>{_JS}</script></body></html>")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- junit.xml
+_XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def _x(s) -> str:
+    return _XML_BAD.sub("?", str(s))
+
+
+def junit_xml(df: pd.DataFrame, meta: dict) -> str:
+    cs = cases(df)
+    info = meta.get("case_info", {})
+    spec = meta.get("spec", {}).get("name", "matrix")
+    root = ET.Element("testsuites", name=_x(f"conformance {spec}"))
+    by_case = dict(tuple(df.groupby("case_id", sort=False))) if len(df) else {}
+    for fam, group in (cs.groupby("family", sort=False) if len(cs) else []):
+        suite = ET.SubElement(root, "testsuite", name=_x(f"conformance.{fam}"), tests=str(len(group)),
+                              failures=str((group["status"] == "fail").sum()),
+                              errors=str((group["status"] == "error").sum()),
+                              skipped=str((~group["status"].isin(("pass", "fail", "error"))).sum()))
+        for c in group.itertuples():
+            t = info.get(c.case_id, {}).get("timings", {}).get("case_s", 0.0)
+            tc = ET.SubElement(suite, "testcase", classname=_x(f"conformance.{fam}"), name=_x(c.case_id),
+                               time=f"{t:.3f}")
+            rows = by_case[c.case_id]
+            if c.status in FAILING:
+                bad = rows[rows["status"].isin(FAILING)]
+                body = "\n".join(f"{r.candidate} vs {r.reference} L{r.layer} {r.probe}: {r.status}: {r.reason}"
+                                 for r in bad.itertuples())
+                ET.SubElement(tc, "failure" if c.status == "fail" else "error", message=_x(c.first_fail)).text = _x(body)
+            elif c.status != "pass":
+                ET.SubElement(tc, "skipped", message=_x(f"{c.status}: {rows['reason'].iloc[0]}"))
+            if c.findings:
+                fd = rows[rows["status"] == "finding"]
+                ET.SubElement(tc, "system-out").text = _x("\n".join(
+                    f"finding: {r.candidate} vs {r.reference} L{r.layer} {r.probe}: {r.reason}" for r in fd.itertuples()))
+    ET.indent(root)
+    return "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode") + "\n"
+
+
+# ---------------------------------------------------------------- plots
+def plot_name(case_id: str) -> str:
+    import hashlib
+
+    slug = re.sub(r"[^A-Za-z0-9._=-]+", "_", case_id)[:120]
+    return f"{slug}-{hashlib.sha1(case_id.encode()).hexdigest()[:8]}.png"
+
+
+_PLOTTED = ["case_id", "candidate", "reference", "layer", "probe", "status", "nmse", "tol_nmse"]
+
+
+def plot_case(rows, path: Path) -> None:
+    """NMSE against layer and probe, one line per comparison, failing points
+    marked, the tolerance dashed. Drawing costs more than a warm case, so a PNG
+    is kept in the cache under the hash of exactly what it shows (and of this
+    file) and copied from there when the same rows come again."""
+    import shutil
+
+    from . import cache
+
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    if df.empty or "nmse" not in df:
+        return
+    shown = df.reindex(columns=_PLOTTED).to_json(orient="values", double_precision=15)
+    k = cache.key("plot", cache.source_hash(__file__), shown)
+    hit = cache.cache_dir() / "plots" / f"{k}.png"
+    if not hit.exists():
+        hit.parent.mkdir(parents=True, exist_ok=True)
+        tmp = hit.with_suffix(f".{os.getpid()}.tmp.png")
+        _draw(df, tmp)
+        os.replace(tmp, hit)  # atomic: workers never copy half a file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(hit, path)
+
+
+def _draw(df: pd.DataFrame, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    from impl.trace import LAYER_PROBES
+
+    df = df[df["nmse"].notna()]
+    # x: dataflow order -- embeddings, each layer's probes, then the model's outputs
+    order = {p: i for i, p in enumerate(LAYER_PROBES)}
+    key = lambda l, p: (0, 0, 0) if p == "embeddings" else ((1, l, order.get(p, 99)) if l >= 0 else (2, 0, 0))  # noqa: E731
+    labels = sorted({(key(l, p), f"L{l} {p}" if l >= 0 else p) for l, p in zip(df["layer"], df["probe"])})
+    xs = {lab: i for i, (_, lab) in enumerate(labels)}
+    fig = Figure(figsize=(max(6.0, 0.16 * len(xs)), 3.4), dpi=90)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    # exact agreement (NMSE 0) is drawn on a floor below the smallest error, not at 1e-300
+    pos = df["nmse"][df["nmse"] > 0]
+    floor = float(pos.min()) / 10 if len(pos) else 1e-20
+    df = df.assign(_x=[xs[f"L{l} {p}" if l >= 0 else p] for l, p in zip(df["layer"], df["probe"])],
+                   _y=df["nmse"].clip(lower=floor).replace(math.inf, 1e3)).sort_values("_x", kind="stable")
+    for (cand, ref), g in df.groupby(["candidate", "reference"], sort=False):
+        line, = ax.plot(g["_x"], g["_y"], marker=".", lw=1, label=f"{cand} vs {ref}")
+        bad = g[g["status"].isin(FAILING)]
+        ax.plot(bad["_x"], bad["_y"], "x", color="#d73027", ms=7)
+        if "tol_nmse" in g and cand == "impl":
+            ax.step(g["_x"], g["tol_nmse"], where="mid", ls="--", lw=0.8, color=line.get_color(), alpha=0.6)
+    ax.set_yscale("log")
+    ax.set_ylabel("NMSE (dashed: tolerance)")
+    ax.set_xticks(range(len(xs)), list(xs), rotation=90, fontsize=6)
+    ax.set_title(str(df["case_id"].iloc[0]) if "case_id" in df and len(df) else "", fontsize=7)
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.0e}"))  # plain text: mathtext parsing is slow
+    ax.legend(fontsize=6, loc="upper left")
+    # fixed margins: tight_layout measures every label and doubled the cost of a plot
+    fig.subplots_adjust(left=0.1, right=0.99, top=0.92, bottom=0.3)
+    fig.savefig(path)
+
+
+# ---------------------------------------------------------------- feature map
+MAP_ORDER = ("error", "fail", "finding", "pass", "not-implemented", "not-exposed", "skipped")
+MAP_COLS = (("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf"))
+
+
+def feature_map(df: pd.DataFrame) -> str:
+    """Every spec decoration x the families that exercise it x the references:
+    the status of the comparisons (a finding shows as one here) and the worst
+    NMSE on attn_out; a decoration no case exercises is listed as unverified,
+    and so is one whose cases never passed against a reference."""
+    cs = cases(df)
+    rank = {s: i for i, s in enumerate(MAP_ORDER)}
+    cells: dict = {}
+    if len(df):
+        d = df.assign(_r=df["status"].map(rank).fillna(len(MAP_ORDER)),
+                      _ao=pd.to_numeric(df["nmse"], errors="coerce").where(df["probe"] == "attn_out"))
+        pair = d.groupby(["case_id", "candidate", "reference"], sort=False).agg(r=("_r", "min"), ao=("_ao", "max"))
+        tags = cs[["case_id", "family", "features"]].explode("features").dropna(subset=["features"])
+        m = tags.merge(pair.reset_index(), on="case_id")
+        for (tag, fam, cand, ref), g in m.groupby(["features", "family", "candidate", "reference"]):
+            cells[(tag, fam, cand, ref)] = (MAP_ORDER[int(g["r"].min())] if g["r"].min() < len(MAP_ORDER) else "?",
+                                            g["ao"].max())
+    fams_of: dict = {}
+    for tag, fam, *_ in cells:
+        fams_of.setdefault(tag, set()).add(fam)
+    head = ["impl vs hf", "impl vs llamacpp", "llamacpp vs hf"]
+    lines = ["status of the comparisons of the cases with the feature; NMSE: the worst on attn_out", "",
+             f"{'feature':<20} {'family':<14} " + " ".join(f"{h:<24}" for h in head)]
+    verified, unver = [], []
+    for tag in list(SPEC_DECORATIONS) + sorted(set(fams_of) - set(SPEC_DECORATIONS)):
+        if tag not in fams_of:
+            unver.append(tag)
+            lines.append(f"{tag:<20} {'-':<14} unverified: no case in this run exercises it")
+            continue
+        ok = False
+        for n, fam in enumerate(sorted(fams_of[tag])):
+            row = []
+            for cand, ref in MAP_COLS:
+                st, ao = cells.get((tag, fam, cand, ref), ("-", math.nan))
+                ok |= cand == "impl" and st == "pass"
+                row.append(st if st == "-" else f"{st} {_g(ao) if ao == ao else '(no attn_out)'}")
+            lines.append(f"{tag if n == 0 else '':<20} {fam:<14} " + " ".join(f"{c:<24}" for c in row))
+        (verified if ok else unver).append(tag)
+        if not ok:
+            lines.append(f"{'':<20} {'':<14} unverified: impl passed against no reference in these cases")
+    lines += ["", f"verified (impl passes against a reference): {len(verified)} of {len(verified) + len(unver)}; "
+              f"unverified: {', '.join(unver) or 'none'}"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- all of them
+def write_all(d: Path, df: pd.DataFrame, meta: dict) -> None:
+    d = Path(d)
+    plots = {cid: f"plots/{plot_name(cid)}" for cid in dict.fromkeys(df["case_id"])} if len(df) else {}
+    plots = {k: v for k, v in plots.items() if (d / v).exists()}
+    (d / "summary.md").write_text(summary_md(df, meta))
+    (d / "report.html").write_text(report_html(df, meta, plots))
+    (d / "junit.xml").write_text(junit_xml(df, meta))
