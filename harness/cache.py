@@ -38,6 +38,21 @@ def source_hash(*files) -> str:
     return h.hexdigest()[:16]
 
 
+def family_sources(family) -> list[Path]:
+    """The source files a family's behaviour comes from: the module of every
+    class in its MRO (a family module may build on a shared helper module, e.g.
+    ``families/_mla.py``), so editing any of them invalidates its captures."""
+    import sys
+
+    files = []
+    for cls in type(family).__mro__:
+        mod = sys.modules.get(cls.__module__)
+        f = getattr(mod, "__file__", None)
+        if f and cls.__module__.startswith("harness.") and Path(f) not in files:
+            files.append(Path(f))
+    return files
+
+
 def load(kind: str, k: str) -> tuple[dict, dict] | None:
     p = cache_dir() / kind / f"{k}.npz"
     if not p.exists():

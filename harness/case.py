@@ -136,6 +136,9 @@ class Case:
             raise UsageError(f"--gguf {self.gguf!r} is not a file")
         if self.gguf and self.ref not in ("llamacpp",):
             raise UsageError("--gguf compares impl against llama.cpp on the file; use --ref llamacpp")
+        if self.gguf and (self.hf_model or self.overrides or self.gguf_type != "f32"):
+            what = "--hf-model" if self.hf_model else "--set" if self.overrides else "--gguf-type"
+            raise UsageError(f"{what} does not apply to --gguf: the file's metadata and tensor types are its config")
 
 
 @dataclass
@@ -161,8 +164,14 @@ class CaseRun:
         if case.gguf:
             from .refs import gguf_import
 
-            self.source = gguf_import.load(case.gguf)
+            t = time.perf_counter()
+            self.source = gguf_import.load(case.gguf, case.family or None)
+            self.timings["gguf_import"] = time.perf_counter() - t
             self.family = self.source.family
+            # the file decides the family and the weight type the case is judged at
+            from dataclasses import replace
+
+            self.case = case = replace(case, family=self.family.name, gguf_type=self.source.weight_type)
         else:
             self.family = families.get(case.family)
         self.variant = case.variant or (self.family.variants[0] if self.family.variants else None)
@@ -188,6 +197,8 @@ class CaseRun:
     @cached_property
     def base_model(self):
         """The float32 model every reference and impl take their weights from."""
+        if self.source is not None:  # --gguf: the HF model gguf_import rebuilt from the file
+            return self.source.model
         t = time.perf_counter()
         if self.case.hf_model:
             from .refs.checkpoint import load_model
@@ -269,8 +280,8 @@ class CaseRun:
         from .refs import hf
 
         dtype = self._hf_dtype()
-        fam_file = Path(__import__(type(self.family).__module__, fromlist=["x"]).__file__)
-        src = cache.source_hash(fam_file, Path(hf.__file__), Path(__file__).parent / "families" / "base.py")
+        src = cache.source_hash(*cache.family_sources(self.family), Path(hf.__file__),
+                                Path(__file__).parent / "families" / "base.py")
         k = cache.key("hf", CAPTURE_SCHEMA, self.family.name, self.config.to_json_string(use_diff=False),
                       self.case.seed, self.tokens.tolist(), dtype, self.case.hf_model,
                       _checkpoint_stamp(self.case.hf_model), versions().get("torch"),
@@ -338,7 +349,12 @@ class CaseRun:
         low = backend.low_precision
         wdt = case.dtype if low and rc.name == "hf" else "float32"
         cand = self.run_impl(rc, backend, wdt)
-        oracle = self.run_impl(rc, Backend("numpy", "cpu", "float64"), wdt) if low else None
+        # The float64 oracle judges a low-precision candidate against a reference that
+        # ALSO computed in low precision (HF at bf16): both are measured against it.
+        # Against a float32 reference (llama.cpp) the reference is the better estimate
+        # of the truth, so the candidate is judged directly, at its dtype's tolerance.
+        oracle = self.run_impl(rc, Backend("numpy", "cpu", "float64"), wdt) if low and rc.dtype in (
+            "float16", "bfloat16") else None
         rows = []
         for i, lc in enumerate(self.layer_cfgs):
             if isinstance(lc, NotInImpl):
@@ -391,12 +407,15 @@ class CaseRun:
         if oracle is not None and cdt in ("float16", "bfloat16"):
             cm, rm = metrics(a, oracle, probe), metrics(b, oracle, probe)
             status, reason = judge_against_oracle(cm, rm, tol)
-            extra = {"nmse_cand_oracle": cm["nmse"], "nmse_ref_oracle": rm["nmse"]}
+            extra = {"nmse_cand_oracle": cm["nmse"], "nmse_ref_oracle": rm["nmse"],
+                     "err_ratio": _over(cm["nmse"], tol["ratio"] * max(rm["nmse"], tol["nmse_floor"]))}
         else:
             status, reason = judge(m, tol)
+            extra = {"err_ratio": max(_over(m["nmse"], tol["nmse"]), _over(m["max_abs"], tol["atol"]))}
         if status == "fail":
             lc = self.layer_cfgs[layer] if layer is not None else None
-            known = self.policy.finding(self.family.name, cand_name, ref_name, probe, _layer_kind(lc), self.features)
+            known = self.policy.finding(self.family.name, cand_name, ref_name, probe, _layer_kind(lc), self.features,
+                                        dict(self.case.overrides), layer=layer, nmse=m["nmse"])
             if known:
                 status, reason = "finding", f"{reason} -- known disagreement: {known}"
         row = self._row(cand_name, ref_name, layer, probe, status, reason, cmp_dtype=cdt, **m, **extra,
@@ -418,6 +437,12 @@ class CaseRun:
         return row
 
 
+def _over(err: float, limit: float) -> float:
+    """How far ``err`` is from the tolerance that judged it (> 1 fails): the
+    number the report's heatmap colours by, comparable across dtypes."""
+    return err / limit if limit > 0 else (0.0 if err == 0 else float("inf"))
+
+
 def _layer_kind(lc) -> str:
     if lc is None:
         return "model"
@@ -430,7 +455,7 @@ def _checkpoint_stamp(path: str | None):
     if not path:
         return None
     p = Path(path)
-    return sorted((f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in p.iterdir() if f.is_file())
+    return sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.iterdir() if f.is_file())
 
 
 def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dict]:
@@ -441,5 +466,5 @@ def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dic
     t = time.perf_counter()
     rows = run.rows()
     run.timings["total"] = time.perf_counter() - t
-    return rows, {"case": case.to_dict(), "case_id": case.case_id(), "features": run.features,
+    return rows, {"case": run.case.to_dict(), "case_id": run.case.case_id(), "features": run.features,
                   "timings": run.timings, "family": run.family.name}

@@ -44,7 +44,7 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     from impl.backend import BACKENDS, DEVICES, DTYPES
 
     p.add_argument("--family", help="model family (see `conformance list`)")
-    p.add_argument("--ref", default="hf", help="hf, llamacpp or all (default hf)")
+    p.add_argument("--ref", default=None, help="hf, llamacpp or all (default hf; llamacpp with --gguf)")
     p.add_argument("--backend", default="numpy", help=f"{', '.join(BACKENDS)} (default numpy)")
     p.add_argument("--device", default="cpu", help=f"{', '.join(DEVICES)} (default cpu)")
     p.add_argument("--dtype", default="float32", help=f"{', '.join(DTYPES)} (default float32)")
@@ -73,7 +73,8 @@ def case_from_args(a):
         from .refs.checkpoint import family_of
 
         family = family_of(a.hf_model)
-    return Case(family=family or "", ref=a.ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
+    ref = a.ref if a.ref is not None else ("llamacpp" if a.gguf else "hf")
+    return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
                 variant=a.variant)
@@ -150,7 +151,7 @@ def _extra_commands():
     import importlib
 
     mods = []
-    for name in ("matrix", "featmap", "diff", "bisect", "mutate"):
+    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache"):
         try:
             mods.append(importlib.import_module(f"harness.commands.{name}"))
         except ModuleNotFoundError as e:

@@ -20,6 +20,8 @@ AXES = {
     "v": ("seq", "tok", "head", "ch"),
     "q_rope": ("seq", "tok", "head", "ch"),
     "k_rope": ("seq", "tok", "head", "ch"),
+    "q_pe": ("seq", "tok", "head", "ch"),  # MLA (impl.mla); k_pe, q_latent, kv_latent are rows
+    "q_absorbed": ("seq", "tok", "head", "ch"),
     "attn_probs": ("seq", "head", "tok", "key"),
     "attn_heads": ("seq", "tok", "head", "ch"),
     "logits": ("seq", "tok", "vocab"),

@@ -49,6 +49,7 @@ SPEC_DECORATIONS = {
     "linear_layer": ("a layer whose attention is one linear map", "AttnShape::Linear"),
     "parallel_residual": ("attention and FFN on the same input", "(family residual layout)"),
     "layernorm": ("LayerNorm input norm", "(family input norm)"),
+    "rms1p": ("(1 + w) RMS norm convention (gemma) on the input, QK or post norm", "(family norm convention)"),
     "residual_multiplier": ("residual multiplier", "(family residual layout)"),
     "mla": ("multi-head latent attention", "mla.rs: mla_forward_token"),
     "mla_absorbed": ("MLA absorbed (split k_b/v_b) form", "mla.rs: MlaKvB::Split"),
@@ -124,6 +125,8 @@ def layer_features(lc, weights: dict | None = None) -> set[str]:
         f.add("parallel_residual")
     if lc.input_norm.kind == "layer":
         f.add("layernorm")
+    if "rms1p" in {n.kind for n in (lc.input_norm, lc.qk_norm.norm if lc.qk_norm else None, lc.post_norm) if n}:
+        f.add("rms1p")
     if lc.residual_multiplier != 1.0:
         f.add("residual_multiplier")
     return f
@@ -139,4 +142,9 @@ def model_features(layer_cfgs: list, weights: list[dict]) -> set[str]:
     thetas = {lc.rope.inv_freq for lc in gqa if lc.rope is not None}
     if len(thetas) > 1:
         f.add("per_layer_theta")
+    if gqa and not thetas:
+        # "nope_layers" is skipping RoPE on the layers a RoPE model names (llama4,
+        # smollm3, cohere2); a model with no RoPE anywhere (ALiBi: bloom, mpt) has
+        # no such layers to get wrong
+        f.discard("nope_layers")
     return f

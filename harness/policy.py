@@ -13,7 +13,26 @@ DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "toleranc
 PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "q8_0")
 _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "reason"} | _TOL_KEYS
-_FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "when", "reason"}
+_FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "when", "settings", "downstream_of",
+                 "max_nmse", "reason"}
+
+
+def dataflow_position(layer: int | None, probe: str) -> tuple:
+    """Where a probe sits in the model's dataflow: model-level ``embeddings``
+    first, then layer by layer in probe order, then ``final_norm`` / ``logits``."""
+    from impl.trace import LAYER_PROBES
+
+    if layer is None or layer < 0:
+        return (-1, 0) if probe == "embeddings" else (float("inf"), 0)
+    return (layer, LAYER_PROBES.index(probe) if probe in LAYER_PROBES else len(LAYER_PROBES))
+
+
+def _parse_point(text: str) -> tuple:
+    """``"L3.layer_out"`` or a model-level probe name -> its dataflow position."""
+    layer, _, probe = text.partition(".")
+    if probe and layer.startswith("L") and layer[1:].isdigit():
+        return dataflow_position(int(layer[1:]), probe)
+    return dataflow_position(None, text)
 
 
 def comparison_dtype(a: str, b: str) -> str:
@@ -34,7 +53,8 @@ class Policy:
     findings: list = field(default_factory=list)
 
     def finding(self, family: str, candidate: str, reference: str, probe: str, layer_kind: str,
-                features: list[str]) -> str | None:
+                features: list[str], overrides: dict | None = None, layer: int | None = None,
+                nmse: float | None = None) -> str | None:
         """The written reason when a failing comparison is a KNOWN disagreement of
         the references (a finding, reported as such), else None."""
         for f in self.findings:
@@ -47,6 +67,18 @@ class Policy:
             if f.get("layer_kind", layer_kind) != layer_kind:
                 continue
             if any(tag not in features for tag in f.get("when", [])):
+                continue
+            # settings: HF config overrides the case must carry (an HF-only setting
+            # no feature tag tells apart, e.g. smollm3's no_rope_layer_interval)
+            if any(k not in (overrides or {}) or (overrides or {})[k] != v for k, v in f.get("settings", {}).items()):
+                continue
+            # downstream_of: "L0.layer_out" -- the disagreement starts there and is carried
+            # by every later probe of a free-running reference (e.g. an FFN difference)
+            if "downstream_of" in f and dataflow_position(layer, probe) < _parse_point(f["downstream_of"]):
+                continue
+            # max_nmse: the known disagreement has a size (a rounding-level MLP difference
+            # carried downstream); a larger one at the same probes is not excused by it
+            if "max_nmse" in f and (nmse is None or not nmse <= f["max_nmse"]):
                 continue
             return f["reason"]
         return None

@@ -162,11 +162,12 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
         q, k = _qk_norm(layer, q, k)
     p0 = kvmod.query_start(kv)
     pos = np.arange(p0, p0 + n, dtype=np.int64)
-    if cfg.rope is not None:
-        cos, sin = ropemod.cos_sin(cfg.rope, pos)
+    rope = cfg.rope  # None: a NoPE layer (smollm3's every 4th, cohere2's full layers)
+    if rope is not None:
+        cos, sin = ropemod.cos_sin(rope, pos)
         cos, sin = be.asarray(cos), be.asarray(sin)
-        q = ropemod.rotate(xp, q, cos, sin, cfg.rope.layout, cfg.rope.rotary_dim)
-        k = ropemod.rotate(xp, k, cos, sin, cfg.rope.layout, cfg.rope.rotary_dim)
+        q = ropemod.rotate(xp, q, cos, sin, rope.layout, rope.rotary_dim)
+        k = ropemod.rotate(xp, k, cos, sin, rope.layout, rope.rotary_dim)
     if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":
         q, k = _qk_norm(layer, q, k)
     if cfg.temperature is not None:

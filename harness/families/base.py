@@ -236,6 +236,22 @@ class Family:
         """The probe points of layer ``i`` (families with mixed layer kinds override)."""
         return self.hf_points
 
+    def hf_taps(self, model, config, sink: dict):
+        """A context manager held around the HF forward that records probes neither
+        a module hook nor the eager-function wrapper can read -- for models whose
+        attention math is inline (bloom, mpt: no ``eager_attention_forward``).
+        It writes ``sink[layer_idx][probe] = float64 array``, as the eager wrapper
+        does (``hf_canonical`` then applies). Default: nothing."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def hf_derived(self, probes: dict, config, layer_cfgs) -> dict:
+        """Probes HF exposes only as views of other captured (canonical) tensors,
+        ``{"L{i}.{probe}": array}`` (default: none; MLA families slice the rope
+        part out of the query and key the eager attention reads)."""
+        return {}
+
     def hf_canonical(self, probe: str, arr: np.ndarray, lc: LayerConfig) -> np.ndarray:
         """HF's tensor for ``probe`` ([seqs, ...]) in the canonical layout."""
         if not isinstance(lc, LayerConfig) or lc.shape != "gqa":
@@ -334,6 +350,80 @@ class Family:
                 raise ValueError(f"{self.name}: no GGUF name for HF tensor {name!r}")
             yield new, data
 
+    # ------------------------------------------------------------------ GGUF import (--gguf)
+    # The export's reverse, hook for hook (harness/refs/gguf_import.py drives it):
+    #   gguf_params    -> config_from_gguf      (metadata -> HF config kwargs)
+    #   gguf_transform -> gguf_untransform      (one tensor back to HF layout)
+    #   gguf_tensors   -> gguf_import_tensors   (the GGUF tensors -> the HF state dict)
+    _GGUF_REVERSE = (("gguf_params", "config_from_gguf"), ("gguf_transform", "gguf_untransform"),
+                     ("gguf_tensors", "gguf_import_tensors"))
+
+    def gguf_import_unsupported(self) -> str | None:
+        """Why ``--gguf`` cannot read this family's files (None: it can). A reverse
+        hook must be defined at least as deep in the class tree as the export hook
+        it inverts: a family that overrides ``gguf_params`` but not
+        ``config_from_gguf`` would otherwise read its files with a reverse that
+        does not match its export."""
+        if not self.gguf_arch:
+            return "the family has no GGUF export (no llama.cpp arch)"
+        mro = type(self).__mro__
+
+        def depth(name):
+            return next(i for i, c in enumerate(mro) if name in vars(c))
+
+        for fwd, rev in self._GGUF_REVERSE:
+            if depth(rev) > depth(fwd):
+                return (f"its export overrides {fwd} and no reverse {rev} is written yet "
+                        f"(harness/families/base.py: GGUF import)")
+        return None
+
+    def config_from_gguf(self, meta, shapes: dict[str, tuple]) -> dict:
+        """HF config kwargs from a GGUF's metadata, the reverse of ``gguf_params``.
+        ``meta.get("attention.head_count")`` reads ``{arch}.attention.head_count``
+        (and records the read: an arch key no reverse reads is refused);
+        ``shapes``: GGUF tensor name -> shape in HF order. A family extends this
+        (calling super) for the keys its ``gguf_params`` adds."""
+        from ..refs.gguf_import import text_config_from_gguf
+
+        return text_config_from_gguf(self, meta, shapes)
+
+    def gguf_untransform(self, name: str, data: np.ndarray, config) -> np.ndarray:
+        """The inverse of ``gguf_transform`` for HF tensor ``name`` (default: none)."""
+        return data
+
+    def gguf_import_tensors(self, tensors: dict, model, config) -> dict[str, np.ndarray]:
+        """The HF state dict of ``model`` from the GGUF's tensors (gguf name -> a
+        callable giving float32 numpy): gguf's tensor-name map run backwards,
+        then ``gguf_untransform``. Every HF tensor must be found, every GGUF
+        tensor used."""
+        from ..refs.gguf_import import import_by_name_map
+
+        return import_by_name_map(self, tensors, model, config)
+
+
+    # ------------------------------------------------------------------ bisection
+    def feature_switches(self, config, features: set[str]) -> dict[str, dict]:
+        """Config overrides that switch one feature OFF in the reference -- and so
+        in impl, which derives its layers from the same config. Used by feature
+        bisection; a family extends this (calling super) for what only it knows.
+        Only settings HF itself honours belong here."""
+        sw: dict[str, dict] = {}
+        keys = set(self.settable_keys())
+        types = list(getattr(config, "layer_types", None) or [])
+        if "sliding_window" in features and types and "layer_types" in keys:
+            o = {"layer_types": ["full_attention" if t == "sliding_attention" else t for t in types]}
+            if "use_sliding_window" in keys:
+                o["use_sliding_window"] = False
+            sw["sliding_window"] = o
+        if "qkv_bias" in features and "attention_bias" in keys:
+            sw["qkv_bias"] = {"attention_bias": False}
+        rp = dict(config.rope_parameters or {}) if "rope_parameters" in keys else {}
+        if "rope_scaling" in features and rp.get("rope_type", "default") != "default" and "rope_theta" in rp:
+            sw["rope_scaling"] = {"rope_parameters": {"rope_type": "default", "rope_theta": rp["rope_theta"]}}
+        if "softcap" in features and "attn_logit_softcapping" in keys:
+            sw["softcap"] = {"attn_logit_softcapping": None}
+        return sw
+
 
 def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())
@@ -364,6 +454,63 @@ def rope_from_config(config, layer_type: str | None = None, layout: str = "neox"
     if kind == "yarn":
         params.setdefault("max_position_embeddings", config.max_position_embeddings)
     return make_rope(kind, theta, rot, layout, params)
+
+
+def text_model_gguf_params(w, config) -> None:
+    """conversion/base.py ``TextModel.set_gguf_parameters``, key for key (the
+    generic metadata most converters start from with ``super()``); a family adds
+    its own keys after calling it. Reads the HF config object, as the converter
+    reads config.json (``find_hparam``: the first of several names present)."""
+    import gguf
+
+    def find(*names):
+        for n in names:
+            v = getattr(config, n, None)
+            if v is not None:
+                return v
+        return None
+
+    w.add_block_count(config.num_hidden_layers)
+    for value, add in ((find("max_position_embeddings", "n_ctx", "n_positions"), w.add_context_length),
+                       (find("hidden_size", "n_embd", "dim"), w.add_embedding_length),
+                       (find("intermediate_size", "n_inner", "hidden_dim"), w.add_feed_forward_length),
+                       (find("num_attention_heads", "n_head", "n_heads"), w.add_head_count),
+                       (find("num_key_value_heads", "n_kv_heads"), w.add_head_count_kv)):
+        if value is not None:
+            add(value)
+    rp_all = dict(getattr(config, "rope_parameters", None) or {})
+    rp = rp_all.get("full_attention", rp_all)
+    if rp.get("factor") is not None and rp.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rp["factor"])
+    elif rp.get("factor") is not None and rp.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rp["factor"])
+        w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+        # written when present, whether or not the arch reads them; HF's `truncate`
+        # has no GGUF key at all
+        for key, add in (("extrapolation_factor", w.add_rope_scaling_yarn_ext_factor),
+                         ("attention_factor", w.add_rope_scaling_yarn_attn_factor),
+                         ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+                         ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
+            if rp.get(key) is not None:
+                add(rp[key])
+    if rp.get("rope_theta") is not None:
+        w.add_rope_freq_base(rp["rope_theta"])
+    swa_theta = (rp_all.get("sliding_attention") or {}).get("rope_theta")
+    if swa_theta is not None:
+        w.add_rope_freq_base_swa(swa_theta)
+    if (eps := find("rms_norm_eps", "norm_eps")) is not None:
+        w.add_layer_norm_rms_eps(eps)
+    if (eps := find("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")) is not None:
+        w.add_layer_norm_eps(eps)
+    if (n := find("num_local_experts", "num_experts", "n_routed_experts")) is not None:
+        w.add_expert_count(n)
+    if (n := find("num_experts_per_tok", "num_experts_per_token", "top_k_experts")) is not None:
+        w.add_expert_used_count(n)
+    if (hd := getattr(config, "head_dim", None)) is not None:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
 
 
 class LlamaLike(Family):

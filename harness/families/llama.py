@@ -22,6 +22,12 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of ``permute_rows``: rows (h, i, j) -> (h, j, i), for reading a
+    converted GGUF back (``--gguf``)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def unpermute_heads(a: np.ndarray) -> np.ndarray:
     """The inverse on activations ``[..., heads, D]``: channel 2i+j -> j*D/2+i."""
     d = a.shape[-1]
@@ -47,6 +53,16 @@ class Llama(LlamaLike):
                 return permute_rows(data, config.num_attention_heads)
             if name.endswith(("k_proj.weight", "k_proj.bias")):
                 return permute_rows(data, config.num_key_value_heads)
+        return data
+
+    def gguf_untransform(self, name, data, config):
+        # the inverse of gguf_transform: a GGUF from llama.cpp's converter carries
+        # LlamaModel.permute'd Q/K rows (conversion/llama.py modify_tensors, undo_permute)
+        if self.permute_qk:
+            if name.endswith(("q_proj.weight", "q_proj.bias")):
+                return unpermute_rows(data, config.num_attention_heads)
+            if name.endswith(("k_proj.weight", "k_proj.bias")):
+                return unpermute_rows(data, config.num_key_value_heads)
         return data
 
     def lc_canonical(self, probe, arr, lc, config):

@@ -9,7 +9,9 @@ caches the file by content.
 Weight types: F32 by default; F16, BF16 and Q8_0 on request. As in the
 converter (``conversion/base.py``, ``prepare_tensors``), only 2-D weight
 matrices take the requested type; norms, biases, sinks and other 1-D tensors
-stay F32; a row length Q8_0 cannot block falls back to F16.
+stay F32, and so do the matrices the converter always writes as F32 (router
+gates, SSM conv kernels, ...: ``converter_keeps_f32``); a row length Q8_0
+cannot block falls back to F16.
 """
 
 from __future__ import annotations
@@ -43,6 +45,30 @@ def tiny_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     return toks[:n], scores[:n], types[:n]
 
 
+# conversion/base.py prepare_tensors: matrices the converter writes as F32 whatever
+# the requested type ("Some tensor types are always in float32"), by their GGUF name
+_ALWAYS_F32 = ("FFN_GATE_INP", "FFN_GATE_INP_SHEXP", "POS_EMBD", "TOKEN_TYPES", "SSM_CONV1D", "SHORTCONV_CONV",
+               "TIME_MIX_FIRST", "TIME_MIX_W1", "TIME_MIX_W2", "TIME_MIX_DECAY_W1", "TIME_MIX_DECAY_W2",
+               "TIME_MIX_LERP_FUSED", "POSNET_NORM1", "POSNET_NORM2", "V_ENC_EMBD_POS", "A_ENC_EMBD_POS",
+               "ALTUP_CORRECT_COEF", "ALTUP_PREDICT_COEF", "SSM_CONV1D_Q", "SSM_CONV1D_K", "SSM_CONV1D_V",
+               "INDEXER_PROJ")
+
+
+def converter_keeps_f32(name: str) -> bool:
+    """Whether the converter writes GGUF tensor ``name`` as F32 regardless of the
+    requested type: ``*_norm.weight``, a name that does not end in ``.weight``, and
+    the ``_ALWAYS_F32`` kinds (ggml's SSM_CONV, for one, reads only F32 kernels)."""
+    import re
+
+    import gguf
+
+    if name.endswith("_norm.weight") or not name.endswith(".weight"):
+        return True
+    base = re.sub(r"^(blk|posnet)\.\d+\.", r"\1.{bid}.", name.removesuffix(".weight"))
+    kinds = (getattr(gguf.MODEL_TENSOR, k, None) for k in _ALWAYS_F32)
+    return base in {gguf.TENSOR_NAMES.get(k) for k in kinds if k is not None}
+
+
 def _quantize(data: np.ndarray, weight_type: str):
     import gguf
 
@@ -57,16 +83,18 @@ def _quantize(data: np.ndarray, weight_type: str):
         return data.astype(np.float16), None  # the converter's fallback for rows Q8_0 cannot block
 
 
-def export(family, model, config, weight_type: str = "f32", seed: int = 0, variant: str | None = None) -> Path:
-    """Write (or reuse) the GGUF for ``model`` and return its path."""
+def export(family, model, config, weight_type: str = "f32", seed: int = 0, variant: str | None = None,
+           source=None) -> Path:
+    """Write (or reuse) the GGUF for ``model`` and return its path. ``source``
+    names where weights that are not the family's seeded ones came from (an
+    ``--hf-model`` checkpoint's path and file stamp): part of the cache key."""
     import gguf
 
     from ..versions import versions
 
-    fam_file = Path(__import__(type(family).__module__, fromlist=["x"]).__file__)
-    src = cache.source_hash(fam_file, Path(__file__), Path(__file__).parent.parent / "families" / "base.py")
+    src = cache.source_hash(*cache.family_sources(family), Path(__file__), Path(__file__).parent.parent / "families" / "base.py")
     k = cache.key("gguf", EXPORT_SCHEMA, family.name, config.to_json_string(use_diff=False), seed, weight_type,
-                  variant, versions().get("gguf"), src,
+                  variant, versions().get("gguf"), src, source,
                   # instance state that shapes the file (a test switching off a transform)
                   sorted((k, repr(v)) for k, v in vars(family).items()))
     out = cache.cache_dir() / "gguf" / f"{family.name}{'-' + variant if variant else ''}-{k}.gguf"
@@ -92,7 +120,7 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0, varia
     w.add_unk_token_id(0)
     w.add_add_bos_token(False)
     for name, data in family.gguf_tensors(model, config, variant):
-        arr, qt = _quantize(np.asarray(data), weight_type)
+        arr, qt = _quantize(np.asarray(data), "f32" if converter_keeps_f32(name) else weight_type)
         if qt is None:
             w.add_tensor(name, arr)
         else:

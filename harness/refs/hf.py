@@ -9,7 +9,8 @@ with ``attn_implementation="eager"`` and its attention module looks the
 function up in its modeling module's globals at call time
 (``ALL_ATTENTION_FUNCTIONS.get_interface(..., eager_attention_forward)``), so
 the wrapper sees exactly the tensors HF computes with, sinks and softcap and
-masks included.
+masks included. A model whose attention math is inline (bloom, mpt: no eager
+function) records those probes through its family's ``hf_taps`` instead.
 
 A capture is a dict ``"L{layer}.{probe}" -> float64 array [seqs, ...]`` plus
 model-level ``embeddings``, ``final_norm`` and ``logits``.
@@ -117,7 +118,7 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray) -> dict[str, 
 
     eager: dict[int, dict] = {}
     try:
-        with torch.no_grad(), _wrapped_eager(family, model, eager):
+        with torch.no_grad(), _wrapped_eager(family, model, eager), family.hf_taps(model, config, eager):
             out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), use_cache=False)
     finally:
         for h in handles:
@@ -134,4 +135,7 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray) -> dict[str, 
         layer_s, probe = key.split(".", 1)
         lc = layer_cfgs[int(layer_s[1:])]
         got[key] = family.hf_canonical(probe, got[key], lc)
+    # probes that are views of tensors HF computes with but exposes only inside
+    # another (MLA: the rope slices of the query and key the attention function reads)
+    got.update(family.hf_derived(got, config, layer_cfgs))
     return got

@@ -160,6 +160,12 @@ def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, nam
                 out[seq, :, pos, :] = p[:, :n_tok]
             continue
         flat = a.reshape(-1, *a.shape[-2:]) if point.layout == "rows" else a.reshape(-1, *a.shape[-3:])
+        if point.layout == "rows" and flat.shape[0] > 1 and flat.shape[0] * flat.shape[1] == len(call):
+            # [seqs, tokens per seq, C]: a graph that keeps a multi-sequence ubatch's
+            # sequences apart (the recurrent layers: qwen3next.cpp's `linear_attn_out`
+            # is [n_embd, n_seq_tokens, n_seqs]); the equal split holds them in the
+            # call's order (sequences ascending), so the rows flatten to the call's rows
+            flat = flat.reshape(1, -1, flat.shape[-1])
         if flat.shape[0] != 1:
             raise RuntimeError(f"{name}: unexpected leading dims {a.shape}")
         flat = flat[0]
@@ -183,11 +189,19 @@ def capture_for_case(run):
     case, fam, config = run.case, run.family, run.config
     if run.source is not None:
         gguf_path = Path(run.source.path)
-        file_stamp = [gguf_path.stat().st_size, int(gguf_path.stat().st_mtime)]
+        st = gguf_path.stat()
+        # the user's file: its path, size and mtime (ns), and the config read back from it
+        file_stamp = [str(gguf_path.resolve()), st.st_size, st.st_mtime_ns,
+                      cache.key(config.to_json_string(use_diff=False))]
     else:
         if not fam.gguf_arch:
             raise RuntimeError(f"family {fam.name} has no GGUF export (llama.cpp arch unknown)")
-        gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed, run.variant)
+        from ..case import _checkpoint_stamp
+
+        # --hf-model: the checkpoint's files shape the GGUF as much as its config does
+        src_stamp = [case.hf_model, _checkpoint_stamp(case.hf_model)] if case.hf_model else None
+        gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed, run.variant,
+                                       source=src_stamp)
         file_stamp = gguf_path.name
     calls = plan_calls(run.tokens, case.kv, case.schedule)
     n_seq, n_tok = run.tokens.shape
@@ -198,8 +212,7 @@ def capture_for_case(run):
     names |= {p.name for p in fam.lc_model_points.values()}
     names |= {fam.lc_layer_input(config, i)[1].name for i in range(len(layer_cfgs))}
 
-    fam_file = Path(__import__(type(fam).__module__, fromlist=["x"]).__file__)
-    src = cache.source_hash(fam_file, Path(__file__), Path(__file__).with_name("llamacpp_worker.py"),
+    src = cache.source_hash(*cache.family_sources(fam), Path(__file__), Path(__file__).with_name("llamacpp_worker.py"),
                             Path(__file__).parent.parent / "families" / "base.py")
     k = cache.key("llamacpp", CAPTURE_SCHEMA, fam.name, str(file_stamp), run.variant, calls, versions().get("llama_cpp_python"),
                   src)
@@ -218,7 +231,14 @@ def capture_for_case(run):
             a = assemble(arrays, index, calls, n_seq, n_tok, f"{pt.name}-{i}", pt)
             if a is None:
                 continue
-            probes[f"L{i}.{probe}"] = a if isinstance(lc, NotInImpl) else fam.lc_canonical(probe, a, lc, config)
+            if not isinstance(lc, NotInImpl):
+                # None: the tensor under that name is not this probe in this layer's
+                # form (MLA: `Kcur` is the per-head key in the naive graph, the latent
+                # row in the absorbed one), so the probe stays absent (not exposed)
+                a = fam.lc_canonical(probe, a, lc, config)
+                if a is None:
+                    continue
+            probes[f"L{i}.{probe}"] = a
         src_key, pt = fam.lc_layer_input(config, i)
         name = pt.name if src_key == "embeddings" else f"{pt.name}-{i - 1}"
         a = assemble(arrays, index, calls, n_seq, n_tok, name, pt)

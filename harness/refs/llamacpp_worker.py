@@ -58,7 +58,9 @@ def main(req_path: str, out_path: str) -> int:
     def on_eval(t, ask, user):
         name = ggml.name(t)
         base = name.rsplit("-", 1)[0] if name.rsplit("-", 1)[-1].isdigit() else name
-        if base not in wanted:
+        # a base name ("Qcur") keeps every layer's tensor; a full name ("inp_norm-0")
+        # keeps that one tensor (bloom's embedding norm is cb'd with il=0)
+        if base not in wanted and name not in wanted:
             return not ask  # ask: not needed; data: keep going
         if ask:
             return True
