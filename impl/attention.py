@@ -28,6 +28,10 @@ from . import rope as ropemod
 from .backend import Backend
 from .config import ConfigError, LayerConfig, alibi_slopes
 from .norms import normalize
+from .ops import device_kw as _dev
+from .ops import linear as _linear
+from .ops import noop as _noop
+from .ops import sigmoid as _sigmoid
 
 # The weights a layer may carry, in HF nn.Linear layout ([out, in]). Presence
 # turns on the decorations the spec says "the tensor decides".
@@ -180,7 +184,9 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     put("k_rope", k)
 
     k_all, v_all, k_pos = kvmod.push_and_read(kv, k, v)
-    heads, probs = attend(layer, q, k_all, v_all, pos, k_pos)
+    heads, probs = attend(be, q, k_all, v_all, pos, k_pos, scale=cfg.softmax_scale,
+                          head_map=np.arange(cfg.n_heads) // cfg.n_rep, window=cfg.window,
+                          softcap=cfg.softcap, sinks=w.get("sinks"), slopes=layer.slopes)
     if trace is not None:
         trace.put_probs(probs, pos, k_pos)
     if cfg.window is not None:
@@ -215,37 +221,39 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     return _residual(layer, x, out, put)
 
 
-def attend(layer: Layer, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray):
-    """The one kernel: plain, windowed, softcapped, ALiBi'd and sink-bearing.
+def attend(be: Backend, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray, *, scale: float, head_map,
+           window=None, softcap: float | None = None, sinks=None, slopes=None):
+    """The one kernel: plain, windowed, softcapped, ALiBi'd and sink-bearing --
+    and MLA's (``impl.mla``: per-head K/V in the naive form, one latent KV head in
+    the absorbed form), so every body attends through the same arithmetic.
 
     ``q[n, H, D]`` against the sequence's ``k[L, Hkv, D]``, ``v[L, Hkv, Dv]``;
-    query head ``h`` reads KV head ``h // (H / Hkv)`` (HF ``repeat_kv``; ggml's
-    broadcast in ``mul_mat``). Returns ``(heads[n, H, Dv], probs[H, n, L])``.
+    query head ``h`` reads KV head ``head_map[h]`` (GQA: ``h // (H / Hkv)``, HF
+    ``repeat_kv``, ggml's broadcast in ``mul_mat``). Returns
+    ``(heads[n, H, Dv], probs[H, n, L])``.
     """
-    cfg, be = layer.cfg, layer.backend
     xp = be.xp
     acc = be.acc_dtype
-    head_map = be.index(np.arange(cfg.n_heads) // cfg.n_rep)
+    head_map = be.index(head_map)
     kh = xp.permute_dims(xp.take(k, head_map, axis=1), (1, 2, 0))  # [H, D, L]
     vh = xp.permute_dims(xp.take(v, head_map, axis=1), (1, 0, 2))  # [H, L, Dv]
     qh = xp.permute_dims(q, (1, 0, 2))  # [H, n, D]
-    scores = xp.astype(xp.matmul(qh, kh), acc) * cfg.softmax_scale
+    scores = xp.astype(xp.matmul(qh, kh), acc) * scale
 
-    sinks = layer.w.get("sinks")
     # "The sink arm carries no softcap, matching llama.cpp's" (spec push_and_attend_row).
-    if cfg.softcap is not None and sinks is None:
-        scores = cfg.softcap * xp.tanh(scores / cfg.softcap)
-    if layer.slopes is not None:
+    if softcap is not None and sinks is None:
+        scores = softcap * xp.tanh(scores / softcap)
+    if slopes is not None:
         # ALiBi: slope_h * (k_pos - q_pos); a per-row constant shift of HF bloom's
         # slope_h * k_pos, so the softmax is the same.
         rel = be.asarray((k_pos[None, :] - q_pos[:, None]).astype(np.float64), acc)
-        scores = scores + layer.slopes[:, None, None] * rel[None, :, :]
+        scores = scores + slopes[:, None, None] * rel[None, :, :]
 
     # Causal, and inside the layer's window as a function of the query position
     # (spec `layer_window_for_query`); the same rule decides what may be evicted.
     visible = k_pos[None, :] <= q_pos[:, None]
-    if cfg.window is not None:
-        visible &= k_pos[None, :] >= cfg.window.lowest_visible(q_pos)[:, None]
+    if window is not None:
+        visible &= k_pos[None, :] >= window.lowest_visible(q_pos)[:, None]
     neg_inf = xp.asarray(-np.inf, dtype=acc, **_dev(be))
     scores = xp.where(be.mask(visible)[None, :, :], scores, neg_inf)
 
@@ -253,7 +261,7 @@ def attend(layer: Layer, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray):
     if sinks is not None:
         # gpt-oss: the sink joins the softmax denominator and contributes no value
         # (HF eager_attention_forward's extra column, dropped after the softmax).
-        s = xp.reshape(xp.astype(sinks, acc), (cfg.n_heads, 1, 1))
+        s = xp.reshape(xp.astype(sinks, acc), (q.shape[1], 1, 1))
         m = xp.maximum(m, s)
         e = xp.exp(scores - m)
         probs = e / (xp.sum(e, axis=-1, keepdims=True) + xp.exp(s - m))
@@ -291,18 +299,3 @@ def _residual(layer: Layer, x, branch, put):
     return branch, resid
 
 
-def _linear(xp, x, w, b):
-    y = xp.matmul(x, xp.matrix_transpose(w))
-    return y if b is None else y + b
-
-
-def _sigmoid(xp, x):
-    return 1.0 / (1.0 + xp.exp(-x))
-
-
-def _dev(be):
-    return {} if be.name == "numpy" else {"device": be.device}
-
-
-def _noop(*_a, **_k):
-    return None

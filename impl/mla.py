@@ -22,8 +22,9 @@ NumPy and torch, every dtype. In dataflow order:
     llama-graph.cpp ``build_attn``'s offset-0 view); the weighted latent goes
     through ``v_b`` per head.
 
-  -> ONE attention kernel for both forms (``_attend``: scores, causal mask,
-  one softmax; the absorbed form is its MQA case) with the softmax scale
+  -> ONE attention kernel for both forms -- the GQA body's own
+  (``impl.attention.attend``: scores, causal mask, one softmax; the absorbed
+  form is its MQA case) with the softmax scale
   ``kq_scale`` = ``mscale^2 / sqrt(qk_nope + qk_rope)`` -- the UNabsorbed head
   width in both forms -> optional sigmoid output gate (``g_proj`` of the
   normed input) -> ``o_proj`` -> residual.
@@ -57,7 +58,11 @@ from . import kv as kvmod
 from . import rope as ropemod
 from .backend import Backend
 from .config import ConfigError, NormSpec, RopeSpec
+from .attention import attend
 from .norms import normalize
+from .ops import linear as _linear
+from .ops import noop as _noop
+from .ops import sigmoid as _sigmoid
 
 MlaForm = Literal["naive", "absorbed"]
 MLA_FORMS = ("naive", "absorbed")
@@ -340,7 +345,7 @@ def _mla_kv_b(layer: MlaLayer, q_nope, q_pe, c, k_pe, kv, pos: np.ndarray, put):
         put("k_rope", k)
         q = xp.concat([q_nope, q_pe], axis=-1)
         k_all, v_all, k_pos = kvmod.push_and_read(kv, k, v)
-        heads, probs = _attend(be, q, k_all, v_all, cfg.kq_scale, pos, k_pos)
+        heads, probs = attend(be, q, k_all, v_all, pos, k_pos, scale=cfg.kq_scale, head_map=np.arange(h))
         return heads, probs, k_pos
     # spec absorbed_attention / deepseek2.cpp's is_mla arm: absorb q_nope through
     # k_b[h] ([kv_lora_rank, nope], the absorb direction), attend as MQA over the
@@ -353,40 +358,7 @@ def _mla_kv_b(layer: MlaLayer, q_nope, q_pe, c, k_pe, kv, pos: np.ndarray, put):
     l_all, _, k_pos = kvmod.push_and_read(kv, latent, None)
     keys = l_all[:, None, :]  # one KV head
     values = l_all[:, None, :r]  # V = the first kv_lora_rank channels of the row
-    lat, probs = _attend(be, q, keys, values, cfg.kq_scale, pos, k_pos)  # [n, H, kv_lora_rank]
+    # MQA over the latent: every query head reads the one latent KV head
+    lat, probs = attend(be, q, keys, values, pos, k_pos, scale=cfg.kq_scale, head_map=np.zeros(h, dtype=np.int64))
     heads = xp.permute_dims(xp.matmul(xp.permute_dims(lat, (1, 0, 2)), xp.matrix_transpose(w["wv_b"])), (1, 0, 2))
     return heads, probs, k_pos
-
-
-def _attend(be: Backend, q, k, v, scale: float, q_pos: np.ndarray, k_pos: np.ndarray):
-    """The one MLA kernel: ``q[n, H, D]`` against ``k[L, Hk, D]``, ``v[L, Hk, Dv]``
-    where ``Hk`` is ``H`` (naive: per-head K/V) or 1 (absorbed: MQA over the
-    latent, broadcast to every query head). Causal; one softmax in the
-    accumulation dtype. Returns ``(out[n, H, Dv], probs[H, n, L])``."""
-    xp = be.xp
-    acc = be.acc_dtype
-    qh = xp.permute_dims(q, (1, 0, 2))  # [H, n, D]
-    kh = xp.permute_dims(k, (1, 2, 0))  # [Hk, D, L]
-    vh = xp.permute_dims(v, (1, 0, 2))  # [Hk, L, Dv]
-    scores = xp.astype(xp.matmul(qh, kh), acc) * scale
-    visible = k_pos[None, :] <= q_pos[:, None]
-    neg_inf = xp.asarray(-np.inf, dtype=acc, **({} if be.name == "numpy" else {"device": be.device}))
-    scores = xp.where(be.mask(visible)[None, :, :], scores, neg_inf)
-    m = xp.max(scores, axis=-1, keepdims=True)
-    e = xp.exp(scores - m)
-    probs = e / xp.sum(e, axis=-1, keepdims=True)
-    out = xp.matmul(xp.astype(probs, v.dtype), vh)  # [H, n, Dv]
-    return xp.permute_dims(out, (1, 0, 2)), probs
-
-
-def _linear(xp, x, w, b):
-    y = xp.matmul(x, xp.matrix_transpose(w))
-    return y if b is None else y + b
-
-
-def _sigmoid(xp, x):
-    return 1.0 / (1.0 + xp.exp(-x))
-
-
-def _noop(*_a, **_k):
-    return None

@@ -19,21 +19,21 @@ MUTANTS = [
            "probs = e / xp.sum(e, axis=-1, keepdims=True)",
            GPT_OSS, "attn_probs", doc="the sink no longer joins the softmax denominator"),
     Mutant("sink-scaled-like-a-key", "sinks", "impl.attention",
-           "s = xp.reshape(xp.astype(sinks, acc), (cfg.n_heads, 1, 1))",
-           "s = xp.reshape(xp.astype(sinks, acc), (cfg.n_heads, 1, 1)) * cfg.softmax_scale",
+           "s = xp.reshape(xp.astype(sinks, acc), (q.shape[1], 1, 1))",
+           "s = xp.reshape(xp.astype(sinks, acc), (q.shape[1], 1, 1)) * scale",
            GPT_OSS, "attn_probs",
            doc="the sink logit is multiplied by the softmax scale, as if it were a q.k score (HF adds it unscaled)"),
     # --- softcap (gemma2) ---
     Mutant("softcap-dropped", "softcap", "impl.attention",
-           "if cfg.softcap is not None and sinks is None:", "if cfg.softcap is not None and sinks is not None:",
+           "if softcap is not None and sinks is None:", "if softcap is not None and sinks is not None:",
            GEMMA2, "attn_probs", doc="the logit softcap is never applied"),
     Mutant("softcap-before-scale", "softcap", "impl.attention",
-           "scores = cfg.softcap * xp.tanh(scores / cfg.softcap)",
-           "scores = cfg.softcap * xp.tanh(scores / cfg.softmax_scale / cfg.softcap) * cfg.softmax_scale",
+           "scores = softcap * xp.tanh(scores / softcap)",
+           "scores = softcap * xp.tanh(scores / scale / softcap) * scale",
            GEMMA2, "attn_probs", doc="tanh caps the raw q.k and the scale comes after (HF: scale, then cap)"),
     Mutant("softcap-after-mask", "softcap", "impl.attention",
            "neg_inf = xp.asarray(-np.inf, dtype=acc, **_dev(be))",
-           "neg_inf = xp.asarray(-cfg.softcap if cfg.softcap is not None and sinks is None else -np.inf, "
+           "neg_inf = xp.asarray(-softcap if softcap is not None and sinks is None else -np.inf, "
            "dtype=acc, **_dev(be))",
            GEMMA2, "attn_probs",
            doc="the softcap applied after the mask: a masked logit becomes cap * tanh(-inf) = -cap, not -inf, "

@@ -1,0 +1,22 @@
+"""Small array helpers the attention bodies share (one place, not one per body)."""
+
+from __future__ import annotations
+
+
+def linear(xp, x, w, b=None):
+    """``x @ w.T (+ b)`` with ``w`` in nn.Linear layout ``[out, in]``."""
+    y = xp.matmul(x, xp.matrix_transpose(w))
+    return y if b is None else y + b
+
+
+def sigmoid(xp, x):
+    return 1.0 / (1.0 + xp.exp(-x))
+
+
+def device_kw(be) -> dict:
+    """``device=`` for array constructors: NumPy has no devices."""
+    return {} if be.name == "numpy" else {"device": be.device}
+
+
+def noop(*_a, **_k):
+    return None
