@@ -77,3 +77,20 @@ def test_a_crash_inside_llamacpp_is_an_error_row(policy, monkeypatch, kind):
     assert "signal" in errors[0]["reason"] and "GGML_ASSERT" in errors[0]["reason"]
     # the run went on: impl vs HF was still compared
     assert any(r["reference"] == "hf" and r["status"] == "pass" for r in rows)
+
+
+LLAMA3 = (("rope_parameters", {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),)
+
+
+def test_llama3_rope_scaling_reaches_llamacpp_as_rope_freqs(policy, monkeypatch):
+    rows = run(policy, family="llama", ref="all", overrides=LLAMA3)
+    assert all(r["status"] in ("pass", "not-exposed") for r in rows)
+    assert "rope_scaling" in rows[0]["features"]
+    # without the converter's rope_freqs tensor llama.cpp rotates unscaled: caught at q_rope
+    from harness.families import llama
+
+    monkeypatch.setattr(llama, "llama3_rope_factors", lambda config: None)
+    rows = run(policy, family="llama", ref="llamacpp", overrides=LLAMA3, seed=5)
+    st = {(r["layer"], r["probe"]): r["status"] for r in rows}
+    assert st[(0, "q")] == "pass" and st[(0, "q_rope")] == "fail"
