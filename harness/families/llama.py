@@ -10,12 +10,34 @@ head (``conversion/llama.py``, ``LlamaModel.permute``, applied in
 llama.cpp channel ``2i + j``. The interleaved rotation of the permuted
 channels is the neox rotation of the original ones. The capture undoes the
 permutation on Q and K so they compare channel for channel.
+
+Variants (``--variant``; the first is the default):
+- ``plain``: the checkpoint as HF holds it.
+- ``wo_scale``: the ``wo`` SCALE companion (spec ``project_attn_rows``:
+  ``build_lora_mm(wo, cur, wo_s)``, THEN ``wo_b``). llama.cpp creates an optional
+  ``blk.N.attn_output.scale`` of shape {1} for every arch (src/llama-model.cpp,
+  the generic pass after ``load_arch_tensors``: the NVFP4 "scale2" companion)
+  and llama.cpp's llama graph passes it to ``build_attn``
+  (src/models/llama.cpp), which multiplies it onto ``wo``'s product and then
+  adds ``wo_b`` (src/llama-graph.cpp). A checkpoint stored with a per-tensor
+  weight scale represents ``W = W' * s``: the GGUF stores ``attn_output.weight =
+  W / s`` and ``attn_output.scale = [s]``, impl gets ``wo = W / s`` and
+  ``LayerConfig.o_scale = s``, HF keeps ``W`` -- the same function three ways, so
+  the variant checks that impl and llama.cpp apply the companion, and (with
+  ``--set attention_bias=true``) that they apply it BEFORE the bias: the bias
+  scaled by ``s`` would differ by ``b * (s - 1)``. ``s = WO_SCALE = 0.37``: not a
+  power of two, so the float32 round trip ``(W / s) * s`` is not exact (as in a
+  real scaled file) and the comparison shows that rounding stays inside the
+  float32 tolerance (measured: attn_out nmse ~1e-13 on every side). The
+  subclasses of ``Llama`` (olmo, smollm3) do not inherit the variants.
 """
 
 import math
+import re
 
 import numpy as np
 
+from ..errors import UsageError
 from .base import LlamaLike
 
 
@@ -111,4 +133,64 @@ class Llama(LlamaLike):
         return super().lc_canonical(probe, arr, lc, config)
 
 
-FAMILY = Llama()
+# The wo_scale variant's per-tensor scale (see the module docstring).
+WO_SCALE = 0.37
+_WO = re.compile(r"blk\.\d+\.attn_output\.weight")
+_WO_S = re.compile(r"blk\.\d+\.attn_output\.scale")
+
+
+class LlamaFamily(Llama):
+    """The llama family with its named variants (``Llama`` itself, which olmo and
+    smollm3 extend, has none)."""
+
+    variants = ("plain", "wo_scale")
+    # the wo_scale export writes the companion (a test switches it off to show
+    # llama.cpp then computes with W / s alone)
+    write_wo_scale = True
+
+    def layer_configs(self, config, variant=None):
+        lcs = super().layer_configs(config, variant)
+        if variant == "wo_scale":
+            # spec project_attn_rows: `build_lora_mm(wo, cur, wo_s)`, then `wo_b`
+            lcs = [lc.replace(o_scale=WO_SCALE) for lc in lcs]
+        return lcs
+
+    def variant_weights(self, weights, config, i, variant):
+        if variant == "wo_scale":
+            weights = {**weights, "wo": weights["wo"] / WO_SCALE}  # W = (W / s) * s
+        return weights
+
+    def gguf_tensors(self, model, config, variant=None):
+        for name, data in super().gguf_tensors(model, config, variant):
+            if variant == "wo_scale" and _WO.fullmatch(name):
+                # a per-tensor-scaled checkpoint: W / s and its {1} companion s, the
+                # tensor llama-model.cpp's generic pass loads as layer.wo_s
+                yield name, data / np.float32(WO_SCALE)
+                if self.write_wo_scale:
+                    yield name.removesuffix(".weight") + ".scale", np.array([WO_SCALE], dtype=np.float32)
+            else:
+                yield name, data
+
+    def gguf_import_tensors(self, tensors, model, config):
+        # --gguf: a file with blk.N.attn_output.scale computes (W' x) * s (llama.cpp
+        # build_attn: build_lora_mm(wo, cur, wo_s), then wo_b); HF has no slot for the
+        # scale, so it is folded into the weight it scales, W = W' * s -- the same
+        # function, which impl then computes from W
+        tensors = dict(tensors)
+        for sname in [n for n in tensors if _WO_S.fullmatch(n)]:
+            wname = sname.removesuffix(".scale") + ".weight"
+            get_s, get_w = tensors.pop(sname), tensors.get(wname)
+            if get_w is None:
+                raise UsageError(f"--gguf: {sname} scales no {wname}")
+
+            def folded(get_w=get_w, get_s=get_s, sname=sname):
+                s = np.asarray(get_s(), dtype=np.float32).reshape(-1)
+                if s.size != 1:
+                    raise UsageError(f"--gguf: {sname} has {s.size} elements; a per-tensor scale has one")
+                return get_w() * s[0]
+
+            tensors[wname] = folded
+        return super().gguf_import_tensors(tensors, model, config)
+
+
+FAMILY = LlamaFamily()

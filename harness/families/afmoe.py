@@ -1,0 +1,223 @@
+"""afmoe (Arcee's Trinity): the OUTPUT GATE from a separate projection of the
+normed input, on top of per-head QK norms, sliding layers that rotate and full
+layers that do not, a post-attention norm, muP input scaling and a sigmoid-
+routed MoE with shared experts (HF ``AfmoeForCausalLM``; llama.cpp
+``src/models/afmoe.cpp``; converter ``conversion/afmoe.py``).
+
+HF (``modeling_afmoe.py``):
+- ``AfmoeAttention.forward``: ``gate_states = gate_proj(hidden_states)`` -- the
+  SAME normed input q/k/v_proj read -- and, after the attention,
+  ``output = output * torch.sigmoid(gate_states)`` BEFORE ``o_proj`` (impl
+  ``LayerConfig.q_gate = "separate"``, weight ``wg``; spec ``attn_branch_rows``:
+  ``layer.attn.output_gate``).
+- ``q_norm`` / ``k_norm``: ``AfmoeRMSNorm(head_dim)`` per head, before RoPE.
+- RoPE only ``if self.is_local_attention`` (``layer_types[i] ==
+  "sliding_attention"``); full layers are NoPE. ``AfmoeConfig.__post_init__``:
+  ``layer_types[i] = "sliding_attention" if (i + 1) % global_attn_every_n_layers
+  else "full_attention"``; sliding layers get ``sliding_window``.
+- ``AfmoeDecoderLayer``: ``post_attention_layernorm`` on the attention output
+  before the residual (impl ``post_norm``); ``pre_mlp_layernorm`` /
+  ``post_mlp_layernorm`` around the FFN; layers ``>= num_dense_layers`` are MoE.
+- ``AfmoeModel.forward``: ``if config.mup_enabled: hidden_states *=
+  hidden_size ** 0.5`` after the embedding.
+
+llama.cpp (``afmoe.cpp``): ``gate = build_lora_mm(wqkv_gate, attn_inp)`` on the
+``attn_norm`` output (cb ``attn_gate_proj``), Q/K RMS norms (``Qcur_normed``),
+``use_rope = (il + 1) % n_no_rope_layer_step != 0`` with
+``n_no_rope_layer_step`` left at its default 4 (``llama-hparams.h``; no GGUF
+key), ``build_attn`` WITHOUT ``wo`` (its output renamed ``attn_out`` -- the
+heads), ``attn_gate_sig`` / ``attn_gated`` (the branch entering ``wo``),
+``build_lora_mm(wo, cur, wo_s)`` (``attn_o_proj``), ``attn_post_norm``. The
+sliding pattern is ``load_swa_pattern(ml, 4)`` (``il % 4 < 3``; the converter
+writes no pattern key). The input is ALWAYS scaled by ``sqrt(n_embd)``
+(``inp_embd_scaled``: no hyper-parameter reaches the graph), RoPE is NEOX
+(``llama_model_rope_type``), and the converter does NOT permute Q/K: its
+``AfmoeModel.modify_tensors`` calls ``ModelBase.modify_tensors`` directly,
+skipping ``LlamaModel``'s permutation.
+
+Configs:
+- default (below): 4 layers, ``global_attn_every_n_layers = 4`` (layers 0-2
+  sliding with RoPE and window 4, layer 3 full and NoPE -- the pattern both
+  references share), ``mup_enabled = true`` (what llama.cpp always does; the
+  released checkpoints set it), layer 0 dense and 1-3 MoE (4 experts, 2 used,
+  1 shared, sigmoid routing with an expert bias, ``route_norm`` and
+  ``route_scale`` written as the converter writes them).
+- HF-only ``--set global_attn_every_n_layers=2``: HF makes layer 1 full and
+  NoPE; llama.cpp keeps its fixed step of 4 (layer 1 sliding and rotated) -- a
+  ``[[finding]]`` with the measured numbers.
+- HF-only ``--set mup_enabled=false`` (HF's config default): HF feeds the raw
+  embeddings to layer 0, llama.cpp scales them anyway -- a ``[[finding]]``
+  between the references (impl, teacher-forced, agrees with each).
+- ``attention_bias = true`` is not run against llama.cpp: afmoe.cpp creates no
+  ``attn_output.bias``, so the converted file is refused by the loader.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from impl import LayerConfig, NormSpec, QkNormSpec
+
+from .base import LcPoint, LlamaLike, Point, rope_from_config, tensor, text_model_gguf_params
+
+
+class Afmoe(LlamaLike):
+    name = "afmoe"
+    hf_model_type = "afmoe"
+    description = "output gate from a separate projection, QK norm, RoPE on sliding layers only, post norm, muP, MoE"
+    tiny = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
+        num_dense_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=256, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        num_experts=4, num_experts_per_tok=2, num_shared_experts=1, route_scale=1.5,
+        # not an AfmoeConfig field: the released config.json files carry it and the
+        # converter writes it (expert_weights_norm); HF's router always normalises
+        route_norm=True,
+        global_attn_every_n_layers=4, sliding_window=4, mup_enabled=True,
+        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    gguf_arch = "afmoe"
+    extra_settable = ("route_norm",)
+
+    hf_points = {
+        **LlamaLike.hf_points,
+        # AfmoeDecoderLayer.forward: post_attention_layernorm(self_attn(...)) is added
+        # to the residual; pre_mlp_layernorm reads the residual after it
+        "attn_out": Point("post_attention_layernorm", "out"),
+        "resid_mid": Point("pre_mlp_layernorm", "in"),
+    }
+    lc_points = {
+        **LlamaLike.lc_points,
+        # build_qkv's last Qcur/Kcur is the [D, H, T] reshape; the ROPE output is
+        # renamed Qcur_rope / Kcur_rope, and there is no ROPE node on a NoPE layer
+        "q": LcPoint("Qcur", "last", "heads"),
+        "k": LcPoint("Kcur", "last", "heads"),
+        "q_rope": LcPoint("Qcur_rope", "last", "heads"),
+        "k_rope": LcPoint("Kcur_rope", "last", "heads"),
+        # build_attn is called without wo, and afmoe.cpp renames its result
+        # (kqv_out) to "attn_out": the heads, before the gate
+        "attn_heads": LcPoint("attn_out"),
+        "attn_branch": LcPoint("attn_gated"),
+        "attn_out": LcPoint("attn_post_norm"),
+    }
+
+    # ------------------------------------------------------------------ model
+    def build_model(self, config, seed: int, dtype: str = "float32"):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        # experts_implementation="eager": AfmoeExperts.forward's own loop; the default
+        # grouped_mm kernel refuses float64
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                                 experts_implementation="eager", dtype=torch.float32)
+        self.init_weights(model, seed)
+        return model.to(dtype=getattr(torch, dtype)).eval()
+
+    # ------------------------------------------------------------------ impl
+    def layer_config(self, config, i: int):
+        hd = self.head_dim(config)
+        eps = config.rms_norm_eps
+        local = config.layer_types[i] == "sliding_attention"
+        return LayerConfig(
+            hidden_size=config.hidden_size,
+            n_heads=config.num_attention_heads,
+            n_kv_heads=config.num_key_value_heads,
+            head_dim=hd,
+            input_norm=NormSpec("rms", eps),
+            # AfmoeAttention: q_norm / k_norm = AfmoeRMSNorm(head_dim), before RoPE
+            qk_norm=QkNormSpec(NormSpec("rms", eps), over="head", where="pre_rope"),
+            # AfmoeAttention.forward: apply_rotary_pos_emb only `if self.is_local_attention`
+            rope=rope_from_config(config, head_dim=hd) if local else None,
+            window=self.window(config, i),
+            # AfmoeAttention.forward: output * sigmoid(gate_proj(hidden_states)) before o_proj
+            q_gate="separate",
+            # AfmoeDecoderLayer.forward: post_attention_layernorm on the attention output
+            post_norm=NormSpec("rms", eps),
+        )
+
+    def layer_weights(self, model, config, i):
+        w = super().layer_weights(model, config, i)
+        layer = self.decoder_layers(model)[i]
+        w["wg"] = tensor(layer, "self_attn.gate_proj.weight")
+        w["post_norm"] = tensor(layer, "post_attention_layernorm.weight")
+        return w
+
+    # ------------------------------------------------------------------ llama.cpp
+    def lc_points_for(self, config, i: int):
+        # afmoe.cpp: use_rope = (il + 1) % n_no_rope_layer_step != 0, step 4 (the
+        # hparams default). Where llama.cpp does not rotate, what enters the attention
+        # is the normed Qcur / Kcur.
+        if (i + 1) % 4 != 0:
+            return self.lc_points
+        return {**self.lc_points, "q_rope": LcPoint("Qcur_normed", "last", "heads"),
+                "k_rope": LcPoint("Kcur_normed", "last", "heads")}
+
+    def lc_layer_input(self, config, i: int):
+        # afmoe.cpp: inpL = ggml_scale(inp_embd, sqrtf(n_embd)), cb "inp_embd_scaled";
+        # the model-level "embeddings" probe stays the unscaled `embd` (HF's
+        # embed_tokens output, before AfmoeModel.forward's muP scaling)
+        if i == 0:
+            return "embeddings", LcPoint("inp_embd_scaled")
+        return super().lc_layer_input(config, i)
+
+    # ------------------------------------------------------------------ GGUF
+    def gguf_params(self, w, config, variant=None):
+        # conversion/afmoe.py AfmoeModel(LlamaModel).set_gguf_parameters:
+        # TextModel.set_gguf_parameters, then LlamaModel's vocab size and rope
+        # dimension count, then afmoe's MoE and window keys
+        text_model_gguf_params(w, config)
+        w.add_vocab_size(config.vocab_size)
+        w.add_rope_dimension_count(self.head_dim(config))
+        if (n := getattr(config, "num_shared_experts", None)) is not None:
+            w.add_expert_shared_count(n)
+        if (n := getattr(config, "moe_intermediate_size", None)) is not None:
+            w.add_expert_feed_forward_length(n)
+        if (n := getattr(config, "num_dense_layers", None)) is not None:
+            w.add_leading_dense_block_count(n)
+        if (v := getattr(config, "route_norm", None)) is not None:
+            w.add_expert_weights_norm(v)
+        if (v := getattr(config, "route_scale", None)) is not None:
+            w.add_expert_weights_scale(v)
+        if (v := getattr(config, "sliding_window", None)) is not None:
+            w.add_sliding_window(v)
+
+    def gguf_tensors(self, model, config, variant=None):
+        import gguf
+        import torch
+
+        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
+        tmap = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+        for name, p in model.state_dict().items():
+            data = p.detach().to(dtype=torch.float32).cpu().numpy()
+            for new, out in self._convert(name, data):
+                g = tmap.get_name(new, try_suffixes=(".weight", ".bias"))
+                if g is None:
+                    raise ValueError(f"{self.name}: no GGUF name for HF tensor {new!r}")
+                yield g, out
+
+    @staticmethod
+    def _convert(name: str, data: np.ndarray):
+        if name.endswith(".expert_bias"):
+            # AfmoeModel.filter_tensors: ".expert_bias" -> ".expert_bias.bias" (-> exp_probs_b.bias)
+            yield name.replace(".expert_bias", ".expert_bias.bias"), data
+            return
+        if name.endswith("mlp.experts.gate_up_proj"):
+            # transformers 5 fuses the experts into [E, 2F, H] (gate rows first,
+            # AfmoeExperts.forward: .chunk(2, dim=-1)); AfmoeModel.modify_tensors stacks
+            # the checkpoint's per-expert gate/up/down (torch.stack(datas, dim=0)) into
+            # ffn_{gate,up}_exps [E, F, H]
+            f = data.shape[-2] // 2
+            base = name.removesuffix(".gate_up_proj")
+            yield base + ".gate_proj.weight", np.ascontiguousarray(data[:, :f, :])
+            yield base + ".up_proj.weight", np.ascontiguousarray(data[:, f:, :])
+            return
+        if name.endswith("mlp.experts.down_proj"):  # [E, H, F] -> ffn_down_exps
+            yield name + ".weight", data
+            return
+        # ModelBase.modify_tensors: the plain rename, no Q/K permutation (NEOX RoPE)
+        yield name, data
+
+
+FAMILY = Afmoe()
