@@ -3,10 +3,17 @@
 - ``first_divergence``: the FIRST failing comparison in dataflow order (layer,
   then probe in the order of the probe vocabulary), with its worst element and
   metrics, and the last comparison before it that still agreed.
-- ``feature_bisect``: switch the case's features off -- in the reference config,
-  so impl (which derives its layer configs from that config) loses them too --
-  one at a time and in halves, and name the smallest set whose removal makes
-  the case pass. A feature the family cannot switch off is listed as such.
+- ``feature_bisect``: switch the case's features off one at a time and in
+  halves, and name the smallest set whose removal makes the case pass. A switch
+  takes the feature away from the reference and impl alike: a config field HF
+  honours (impl derives its layer configs from the same config,
+  ``Family.feature_switches``), a case field (the KV backing, a family variant:
+  ``Family.case_switches``), a weight neutralised in the seeded model both
+  references and impl read (``Family.model_switches``: biases zeroed, sinks at
+  -1e4), or -- against HF only -- an HF module replaced by the identity (or an
+  equivalent) with impl's layer config told the same (a norm, the output gate).
+  A feature the family cannot switch off is listed as such; every switch,
+  alone on a family's clean case, passes (tests/test_feature_bisect.py).
 - ``git_bisect``: ``git bisect run`` over the project's history with the case as
   the test, in a temporary worktree (the user's working tree is never touched),
   exit 125 for a commit that cannot run the case.
@@ -19,6 +26,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from impl.trace import LAYER_PROBES
@@ -82,58 +90,198 @@ def _records(rows):
 
 
 # ----------------------------------------------------------------- features
-def feature_bisect(case, policy, log=print) -> dict:
-    """The smallest set of switchable features whose removal makes ``case`` pass."""
-    from dataclasses import replace
+# How a feature is switched off, strongest claim first: a config field HF honours
+# (impl derives its layers from the same config), a case field (the KV backing,
+# a family variant), a weight neutralised in the seeded model every side reads,
+# an HF module replaced by the identity with impl told the same (HF only).
+KINDS = ("config", "case", "weights", "module")
+# switches that make RoPE the identity are applied after the others that set the
+# same config field (rope_parameters), so that in a combination they hold
+_LAST = ("rope_neox", "rope_interleaved", "mla_rope")
 
+
+@dataclass
+class Switch:
+    tag: str
+    kind: str
+    what: str
+    overrides: dict = field(default_factory=dict)  # config
+    fields: dict = field(default_factory=dict)  # case
+    removes: list = field(default_factory=list)  # the derived features the switch takes away
+
+
+def switches_for(case, run, features=None) -> tuple[dict[str, Switch], dict[str, str]]:
+    """Every way ``case``'s features can be switched off: ``({tag: Switch}, {tag: why unusable})``.
+    One switch per feature, the strongest kind that exists."""
+    from .case import CaseRun
+    from .errors import UsageError
+
+    fam, feats = run.family, set(run.features if features is None else features)
+    found: dict[str, Switch] = {}
+    for tag, o in fam.feature_switches(run.config, feats).items():
+        found[tag] = Switch(tag, "config", "config " + ", ".join(f"{k}={_short(v)}" for k, v in o.items()), overrides=o)
+    for tag, f in fam.case_switches(case, feats).items():
+        found.setdefault(tag, Switch(tag, "case", "case " + ", ".join(f"{k}={v}" for k, v in f.items()), fields=f))
+    default = fam.variants[0] if fam.variants else None
+    if case.variant and case.variant != default:
+        # the family's default form of the same weights takes away what only this variant brings
+        base_feats = set(CaseRun(replace(case, variant=default), run.policy).features)
+        for tag in sorted(feats - base_feats):
+            found.setdefault(tag, Switch(tag, "case", f"case variant={default}", fields={"variant": default}))
+    unusable: dict[str, str] = {}
+    for tag, ms in fam.model_switches(run.config).items():
+        if tag not in feats or tag in found:
+            continue
+        if ms.hf_only and case.refs != ["hf"]:
+            unusable[tag] = f"{ms.what}: HF only, and the case also compares against llama.cpp"
+            continue
+        found[tag] = Switch(tag, "module" if ms.hf_only else "weights", ms.what)
+    usable = {}
+    for tag, sw in found.items():
+        try:  # the switched case must build: config accepted, shapes valid, something switched
+            r = CaseRun(_switched(case, [sw]), run.policy)
+            _ = r.layer_cfgs, r.base_model
+            if sw.kind in ("weights", "module") and not r.switched.get(tag):
+                unusable[tag] = f"{sw.what}: nothing in this model to switch"
+                continue
+            sw.removes = sorted(feats - set(r.features))
+            usable[tag] = sw
+        except UsageError as e:
+            unusable[tag] = str(e)
+        except Exception as e:  # the HF config class refused the value
+            unusable[tag] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return usable, unusable
+
+
+def _switched(case, sws: list[Switch]):
+    overrides = dict(case.overrides)
+    fields_: dict = {}
+    off = list(case.switch_off)
+    for sw in sorted(sws, key=lambda s: (s.tag in _LAST, s.tag)):
+        for k, v in sw.overrides.items():
+            # the switch's value replaces the field whole, dotted sub-keys of it included
+            for key in [key for key in overrides if key.startswith(k + ".")]:
+                del overrides[key]
+            overrides[k] = v
+        fields_.update(sw.fields)
+        if sw.kind in ("weights", "module") and sw.tag not in off:
+            off.append(sw.tag)
+    return replace(case, overrides=tuple(sorted(overrides.items(), key=lambda kv: kv[0])),
+                   switch_off=tuple(sorted(off)), **fields_)
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _rank(sw: Switch) -> tuple:
+    """Which of several switches that each fix the case names the cause best: one
+    that removes exactly its own feature, then a neutralisation that removes
+    nothing, then one that removes its own feature and others, then one that
+    removes only others; fewer others first; config before case before weights
+    before module."""
+    others = [t for t in sw.removes if t != sw.tag]
+    own = sw.tag in sw.removes
+    purity = (0 if own else 1) if not others else (2 if own else 3)
+    return (purity, len(others), KINDS.index(sw.kind), sw.tag)
+
+
+def feature_bisect(case, policy, log=print, features=None) -> dict:
+    """The smallest set of switchable features whose removal makes ``case`` pass.
+
+    Each feature alone first: every one whose removal alone makes the case pass is
+    named (the best first, the rest as alternatives). Only if none does, all of
+    them together, then halves and single features dropped from that set while
+    it keeps passing (switches that take other features with them dropped first).
+
+    ``features``: the case's features where the caller knows them better than
+    the run does (a mutant in the code that builds impl's configs, e.g. the RoPE
+    frequency table, hides the feature it breaks from the derived tags)."""
     from . import families
     from .case import CaseRun
 
     fam = families.get(case.family)
     run = CaseRun(case, policy)
-    switches = fam.feature_switches(run.config, set(run.features))
-    unswitchable = sorted(set(run.features) & set(_decorations()) - set(switches) - {"kv_" + case.kv})
+    feats = set(run.features if features is None else features)
+    usable, unusable = switches_for(case, run, feats)
+    skip = {"kv_" + case.kv} - {"kv_paged"}  # the case's own contiguous backing is not a feature to switch
+    unswitchable = sorted(feats & set(_decorations()) - set(usable) - skip)
     runs = {"n": 0}
 
-    def passes(off: frozenset) -> bool:
-        overrides = dict(case.overrides)
-        for tag in sorted(off):
-            overrides.update(switches[tag])
-        c = replace(case, overrides=tuple(sorted(overrides.items(), key=lambda kv: kv[0])))
+    def passes(sws) -> bool:
+        c = _switched(case, list(sws))
         runs["n"] += 1
         rows = CaseRun(c, policy).rows()
         ok = not any(r["status"] in FAILING for r in rows if r["candidate"] == "impl")
-        log(f"  features off {sorted(off) or '[]'}: {'pass' if ok else 'fail'}")
+        log(f"  features off {sorted(s.tag for s in sws) or '[]'}: {'pass' if ok else 'fail'}")
         return ok
 
-    feats = sorted(switches)
-    result = {"switchable": feats, "unswitchable": unswitchable, "smallest": None, "runs": 0}
-    if passes(frozenset()):
+    result = {"family": fam.name, "switchable": sorted(usable), "unswitchable": unswitchable,
+              "unusable": unusable, "smallest": None, "alternatives": [], "runs": 0,
+              "switches": {t: {"kind": s.kind, "what": s.what, "removes": s.removes} for t, s in usable.items()}}
+    if passes([]):
         result["runs"] = runs["n"]
         result["note"] = "the case passes with every feature on"
         return result
-    if not feats or not passes(frozenset(feats)):
+    singles = [usable[t] for t in sorted(usable) if passes([usable[t]])]
+    if singles:
+        singles.sort(key=_rank)
+        result["smallest"] = [singles[0].tag]
+        result["alternatives"] = [[s.tag] for s in singles[1:]]
         result["runs"] = runs["n"]
-        result["note"] = ("switching off every switchable feature does not make the case pass; "
-                          f"the cause is elsewhere (unswitchable features: {', '.join(unswitchable) or 'none'})")
         return result
-    # shrink: drop halves, then single features, keeping "switched off => passes"
-    off = list(feats)
+    if len(usable) < 2 or not passes(list(usable.values())):
+        result["runs"] = runs["n"]
+        result["note"] = ("switching off no feature alone, nor every switchable feature together, makes the case "
+                          f"pass; the cause is elsewhere (features that cannot be switched off: "
+                          f"{', '.join(unswitchable) or 'none'})")
+        return result
+    # shrink: drop halves, then single features, keeping "switched off => passes";
+    # the switches that take most with them are tried for dropping first
+    off = sorted(usable.values(), key=_rank, reverse=True)
     chunk = max(1, len(off) // 2)
     while chunk >= 1:
         i = 0
         while i < len(off) and len(off) > 1:
             trial = off[:i] + off[i + chunk:]
-            if trial and passes(frozenset(trial)):
+            if trial and passes(trial):
                 off = trial
             else:
                 i += chunk
         if chunk == 1:
             break
         chunk = max(1, chunk // 2)
-    result["smallest"] = off
+    result["smallest"] = sorted(s.tag for s in off)
     result["runs"] = runs["n"]
     return result
+
+
+def describe_features(res: dict) -> str:
+    """The feature bisection's answer, for a terminal."""
+    lines = []
+    sws = res.get("switches", {})
+
+    def how(tag):
+        s = sws.get(tag, {})
+        extra = [r for r in s.get("removes", []) if r != tag]
+        also = f"; also removes {', '.join(extra)}" if extra else ""
+        return f"{tag} [{s.get('kind', '?')}: {s.get('what', '')}{also}]"
+
+    if res["smallest"]:
+        lines.append(f"smallest set of features whose removal makes the case pass: "
+                     f"{', '.join(res['smallest'])} ({res['runs']} runs)")
+        for t in res["smallest"]:
+            lines.append(f"  {how(t)}")
+        for alt in res.get("alternatives", []):
+            lines.append(f"  removing {', '.join(alt)} alone also makes it pass: {'; '.join(how(t) for t in alt)}")
+    else:
+        lines.append(res.get("note", "no feature set found"))
+    if res["unswitchable"]:
+        lines.append(f"features this family cannot switch off: {', '.join(res['unswitchable'])}")
+    for tag, why in sorted(res.get("unusable", {}).items()):
+        lines.append(f"  {tag}: not switchable here ({why})")
+    return "\n".join(lines)
 
 
 def _decorations():

@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def cmd_bisect(a) -> int:
-    from ..bisect import describe, feature_bisect, first_divergence, git_bisect
+    from ..bisect import describe, describe_features, feature_bisect, first_divergence, git_bisect
     from ..case import CaseRun
     from ..cli import case_from_args
     from ..errors import UsageError
@@ -49,14 +49,16 @@ def cmd_bisect(a) -> int:
             print("between the references: " + describe(r2r))
     if a.features and d is not None:
         print("feature bisection:")
-        res = feature_bisect(case, policy)
-        if res["smallest"]:
-            print(f"smallest set of features whose removal makes the case pass: {', '.join(res['smallest'])} "
-                  f"({res['runs']} runs)")
-        else:
-            print(res.get("note", "no feature set found"))
-        if res["unswitchable"]:
-            print(f"features this family cannot switch off: {', '.join(res['unswitchable'])}")
+        fcase = case
+        if case.ref == "all" and d["reference"] in ("hf", "llamacpp"):
+            # bisect against the reference the first divergence is against (HF-only
+            # module switches can then be used when that is HF)
+            from dataclasses import replace
+
+            fcase = replace(case, ref=d["reference"])
+            print(f"  (against {d['reference']}, where the first divergence is)")
+        res = feature_bisect(fcase, policy, log=lambda m: print(m, file=sys.stderr))
+        print(describe_features(res))
     return 0 if d is None else 1
 
 

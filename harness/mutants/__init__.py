@@ -9,7 +9,9 @@ mutant STALE (an error), never a silent no-op that "survives".
 Each mutant names the decoration it breaks (a feature tag), a case that
 exercises that decoration, and the probe where it first acts (dataflow order),
 so ``conformance mutate`` can report which probe killed it and ``conformance
-bisect`` can be checked against it. Mutants live in the modules of this
+bisect`` can be checked against it (tests/test_bisect.py); feature bisection
+must name its decoration unless ``bisect_note`` says why it cannot
+(tests/test_feature_bisect.py). Mutants live in the modules of this
 package, each exporting ``MUTANTS``; the registry discovers them.
 """
 
@@ -41,6 +43,13 @@ class Mutant:
     first_probe: str = ""  # the probe where it first acts, in dataflow order
     layer: int | None = None  # the first layer it acts on (None: the first attention layer)
     doc: str = ""
+    # True: it breaks the attention's core (mask, positions, default scale, residual,
+    # input norm), which every case exercises whatever its features; `conformance
+    # mutate` then runs it on every case, not only those with its decoration
+    core: bool = False
+    # why feature bisection cannot name the decoration (a core mutant; a decoration
+    # the HF reference cannot switch off); empty: it must name it
+    bisect_note: str = ""
 
 
 @contextmanager

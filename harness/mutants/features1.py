@@ -69,7 +69,9 @@ MUTANTS = [
     Mutant("attn-multiplier-squared", "attn_scale", "impl.config",
            "return self.head_dim**-0.5 if self.scale is None else self.scale",
            "return self.head_dim**-0.5 if self.scale is None else self.scale**2",
-           GRANITE, "attn_probs", doc="an explicit scale (granite's attention_multiplier) is applied twice"),
+           GRANITE, "attn_probs", doc="an explicit scale (granite's attention_multiplier) is applied twice",
+           bisect_note="granite's scale is always explicit (LayerConfig.scale = attention_multiplier): switching "
+                       "attn_scale off sets it to head_dim^-0.5, explicitly, which the mutant still squares"),
     # --- residual multiplier (granite) ---
     Mutant("residual-multiplier-dropped", "residual_multiplier", "impl.attention",
            "resid = x + branch * cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else x + branch",

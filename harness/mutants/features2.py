@@ -9,6 +9,8 @@ QWEN3_NEXT = {"family": "qwen3_next"}
 QWEN3_5 = {"family": "qwen3_5_text"}
 BITNET = {"family": "bitnet"}
 MIMO = {"family": "mimo_v2_flash"}
+GATE_NOTE = ("the gate is half of q_proj's output in HF (Qwen3NextAttention: torch.chunk of the q_proj view, then "
+             "* sigmoid(gate)); no config, weight or module switch removes it: listed as unswitchable")
 
 # impl.attention: from the interleaved gate's product to wo (the gate moves past wo)
 _GATE_TO_WO = '''        branch = branch * _sigmoid(xp, gate)
@@ -45,17 +47,20 @@ MUTANTS = [
            "q, gate = q[:, : h * d], q[:, h * d :]",
            QWEN3_NEXT, "q",
            doc="the double-width q_proj read as [all queries | all gates] instead of [q, gate] per head "
-               "(HF: q_proj(x).view(..., head_dim * 2).chunk(2))"),
+               "(HF: q_proj(x).view(..., head_dim * 2).chunk(2))",
+           bisect_note=GATE_NOTE),
     Mutant("q-gate-tanh-for-sigmoid", "q_gate_interleaved", "impl.attention",
            "branch = branch * _sigmoid(xp, gate)", "branch = branch * xp.tanh(gate)",
-           QWEN3_5, "attn_branch", doc="the gate squashed by tanh instead of the sigmoid"),
+           QWEN3_5, "attn_branch", doc="the gate squashed by tanh instead of the sigmoid",
+           bisect_note=GATE_NOTE),
     Mutant("q-gate-after-wo", "q_gate_interleaved", "impl.attention",
            _GATE_TO_WO,
            _GATE_TO_WO.replace("        branch = branch * _sigmoid(xp, gate)\n", "        pass\n")
            + "    out = out * _sigmoid(xp, gate)  # the gate applied to wo's output\n",
            QWEN3_NEXT, "attn_branch",
            doc="the sigmoid gate multiplies wo's output instead of the attention output entering wo "
-               "(hidden_size == n_heads * head_dim in the tiny config, so the shapes still fit)"),
+               "(hidden_size == n_heads * head_dim in the tiny config, so the shapes still fit)",
+           bisect_note=GATE_NOTE),
     # --- the sub-norm (bitnet) ---
     Mutant("sub-norm-per-head", "sub_norm", "impl.attention",
            'branch = normalize(xp, branch, cfg.sub_norm, w.get("sub_norm"), None, be.acc_dtype)',

@@ -9,6 +9,8 @@ chunk and temperature mutants run against HF with a tiny chunk / floor."""
 
 from . import Mutant
 
+ALIBI_NOTE = ("HF computes ALiBi in the model's forward (bloom: _get_alibi_slopes; mpt: build_mpt_alibi_tensor, "
+              "ignoring attn_config.alibi); no config, weight or module switch removes it: listed as unswitchable")
 LLAMA4_CHUNK = {"family": "llama4", "overrides": (("attention_chunk_size", 6),)}
 LLAMA4_TEMP = {"family": "llama4", "overrides": (("floor_scale", 2), ("attn_scale", 0.5))}
 
@@ -16,12 +18,14 @@ MUTANTS = [
     Mutant("alibi-slope-sign", "alibi", "impl.attention",
            "rel = be.asarray((k_pos[None, :] - q_pos[:, None]).astype(np.float64), acc)",
            "rel = be.asarray((q_pos[:, None] - k_pos[None, :]).astype(np.float64), acc)",
-           {"family": "bloom"}, "attn_probs", doc="ALiBi rewards distance instead of penalising it"),
+           {"family": "bloom"}, "attn_probs", doc="ALiBi rewards distance instead of penalising it",
+           bisect_note=ALIBI_NOTE),
     Mutant("alibi-slopes-pow2-rule", "alibi", "impl.config",
            "return [m0 ** (h + 1) if h < n_log2 else m1 ** (2 * (h - n_log2) + 1) for h in range(n_heads)]",
            "return [2.0 ** (-max_bias * (h + 1) / n_heads) for h in range(n_heads)]",
            {"family": "mpt"}, "attn_probs",
-           doc="the power-of-two slope rule 2^(-8(h+1)/n) applied to 6 heads (exact for 4 heads: bloom's default passes)"),
+           doc="the power-of-two slope rule 2^(-8(h+1)/n) applied to 6 heads (exact for 4 heads: bloom's default passes)",
+           bisect_note=ALIBI_NOTE),
     Mutant("chunk-start-off-by-one", "chunked_window", "impl.config",
            "return (q_pos // self.size) * self.size", "return (q_pos // self.size) * self.size - 1",
            LLAMA4_CHUNK, "attn_probs", doc="a chunk also reads the last key of the previous chunk"),

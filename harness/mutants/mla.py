@@ -13,12 +13,14 @@ GLM_YARN = {"family": "glm_moe_dsa", "overrides": (
     ("rope_parameters.original_max_position_embeddings", 128), ("rope_parameters.mscale_all_dim", 1.0))}
 
 MUTANTS = [
-    Mutant("mla-kq-scale-absorbed-width", "mla_absorbed", "impl.mla",
+    Mutant("mla-kq-scale-absorbed-width", "mla", "impl.mla",
            "return self.softmax_mscale**2 / math.sqrt(self.qk_head_dim)",
            "return self.softmax_mscale**2 / math.sqrt(self.latent_width)",
            DSV2, "attn_probs",
            doc="the absorbed form scales by its own dot-product width (kv_lora_rank + rope) instead of the "
-               "unabsorbed head width (nope + rope) llama.cpp's kq_scale and HF's scaling use"),
+               "unabsorbed head width (nope + rope) llama.cpp's kq_scale and HF's scaling use",
+           bisect_note="kq_scale is shared by both forms, so the mutant acts on the naive form too (tagged mla, "
+                       "not mla_absorbed): switching the form does not fix it; mla is listed as unswitchable"),
     Mutant("mla-kq-scale-without-mscale", "mla_yarn", "impl.mla",
            "return self.softmax_mscale**2 / math.sqrt(self.qk_head_dim)",
            "return 1.0 / math.sqrt(self.qk_head_dim)",
@@ -49,7 +51,9 @@ MUTANTS = [
     Mutant("mla-latent-norm-missing", "mla", "impl.mla",
            'c = normalize(xp, ckv[:, :r], cfg.kv_a_norm, w["kv_a_norm"], None, be.acc_dtype)',
            "c = ckv[:, :r]",
-           DSV2, "kv_latent", doc="kv_a_layernorm is skipped: the raw latent goes into the cache"),
+           DSV2, "kv_latent", doc="kv_a_layernorm is skipped: the raw latent goes into the cache",
+           bisect_note="the latent norm is in every MLA layer (tag mla, which no reference can switch off): "
+                       "listed as unswitchable"),
     Mutant("mla-q-latent-norm-weight-dropped", "mla_low_rank_q", "impl.mla",
            'cfg.q_a_norm, w["q_a_norm"], None,', "cfg.q_a_norm, None, None,",
            DSV2, "q_latent", doc="the low-rank Q's RMS norm forgets its weight"),

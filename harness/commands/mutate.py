@@ -1,0 +1,413 @@
+"""``conformance mutate [SPEC]``: the mutation self-test. Every mutant of the
+registry (``harness/mutants``) is applied to impl -- in the worker process that
+runs the case, never in a file -- and the spec's cases that exercise its
+decoration are run under it. A mutant is KILLED when some case it runs has a
+failing (or erroring) impl comparison; the mutation score is killed / total.
+
+How a run goes:
+
+1. every case of the spec (and each mutant's own declared case, unless
+   ``--no-mutant-cases``) runs once WITHOUT any mutant: the baseline. It warms
+   the reference captures (a mutant changes impl only, so every later run reads
+   them back) and tells which cases pass clean -- a case that already fails
+   cannot judge a mutant and is left out, and said so;
+2. each mutant runs on the clean cases whose derived features include its
+   decoration (a ``core`` mutant -- mask, positions, default scale, residual --
+   on every clean case), then on its own declared case. A mutant whose
+   decoration no case of the spec exercises runs on EVERY clean case of the
+   spec, and the report says the spec lacks that decoration;
+3. the report (``mutation.md``, ``mutation.json``, ``mutation_rows.parquet``:
+   one row per mutant x case) names, for each mutant, the first case that killed
+   it and the first divergence there (layer, probe, reference: ``first_divergence``,
+   the same answer ``conformance bisect`` gives), how many of the cases it ran
+   failed, and for a survivor the cases that should have caught it. A STALE
+   mutant (its snippet no longer in impl) is an error and counts as not killed.
+
+Exit status: 0 the score is at least ``--min-score`` (default 1.0: every mutant
+killed), 1 below it, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..case import Case
+from ..errors import UsageError, suggest
+
+SPEC_HELP = "matrix spec TOML (default fixtures/matrix/default.toml)"
+
+
+@dataclass(frozen=True)
+class MutantCase(Case):
+    """One case run under one mutant: a Case (so the matrix's worker pool runs it)
+    whose id and dict carry the mutant's name."""
+
+    mutant: str = ""
+
+    def case_id(self) -> str:
+        return f"{self.mutant}::{super().case_id()}"
+
+    def plain(self) -> Case:
+        d = self.to_dict()
+        d.pop("mutant")
+        return Case.from_dict(d)
+
+
+def register(sub) -> None:
+    import os
+
+    p = sub.add_parser("mutate", help="mutation self-test: run a matrix spec under every mutant; the score "
+                                      "is killed / total")
+    p.add_argument("spec", nargs="?", metavar="SPEC", help=SPEC_HELP)
+    p.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                   help="worker processes (default: the CPU count; 1 runs in this process)")
+    p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
+    p.add_argument("--mutants", metavar="NAME,...", help="only these mutants (see harness/mutants)")
+    p.add_argument("--decoration", metavar="TAG", help="only the mutants of this decoration (a feature tag)")
+    p.add_argument("--no-mutant-cases", dest="mutant_cases", action="store_false",
+                   help="do not also run each mutant's own declared case: score the spec's cases alone")
+    p.add_argument("--first-kill", action="store_true",
+                   help="stop running a mutant's cases once one has killed it (faster; the failure counts "
+                        "then cover only the cases run)")
+    p.add_argument("--min-score", type=float, default=1.0, metavar="F",
+                   help="exit 1 when the mutation score is below F (default 1.0)")
+    p.set_defaults(fn=cmd_mutate)
+
+
+# ---------------------------------------------------------------- one task, in a worker
+def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) -> dict:
+    """Run one case with one mutant applied (in a worker process, or in-process
+    for -j1); return the verdict, not the rows."""
+    from .. import matrix
+    from ..mutants import StaleMutant, applied, registry
+
+    d = dict(case_dict)
+    name = d.pop("mutant")
+    cid = f"{name}::{Case.from_dict(d).case_id()}"
+    t = time.perf_counter()
+    try:
+        # a mutant may well compute inf - inf: the NaN is judged (a fail), the warning is noise
+        with applied(registry()[name]), np.errstate(all="ignore"):
+            rec = matrix.work(d, policy_path, None)
+    except StaleMutant as e:
+        return {"case_id": cid, "mutant": name, "stale": str(e)}
+    out = verdict(rec["rows"])
+    out.update(case_id=cid, mutant=name, seconds=time.perf_counter() - t)
+    if "traceback" in rec.get("info", {}):
+        out["traceback"] = rec["info"]["traceback"]
+    return out
+
+
+def verdict(rows: list[dict]) -> dict:
+    """Killed or not, and where: the first divergence of impl in dataflow order."""
+    from ..bisect import FAILING, first_divergence
+
+    impl = [r for r in rows if r["candidate"] == "impl"]
+    failing = [r for r in impl if r["status"] in FAILING]
+    return {"killed": bool(failing), "failing_rows": len(failing), "first": first_divergence(impl)}
+
+
+# ---------------------------------------------------------------- the run
+def select_mutants(names: str | None, decoration: str | None) -> list:
+    from ..features import SPEC_DECORATIONS
+    from ..mutants import registry
+
+    reg = registry()
+    chosen = list(reg.values())
+    if names:
+        wanted = [n.strip() for n in names.split(",") if n.strip()]
+        for n in wanted:
+            if n not in reg:
+                raise UsageError(f"unknown mutant {n!r}; {suggest(n, sorted(reg))}")
+        chosen = [reg[n] for n in wanted]
+    if decoration:
+        tags = sorted(set(SPEC_DECORATIONS) | {m.decoration for m in reg.values()})
+        if decoration not in tags:
+            raise UsageError(f"unknown decoration {decoration!r}; {suggest(decoration, tags)}")
+        chosen = [m for m in chosen if m.decoration == decoration]
+        if not chosen:
+            raise UsageError(f"no mutant breaks decoration {decoration!r}"
+                             + (" among --mutants" if names else ""))
+    if not chosen:
+        raise UsageError("no mutants selected")
+    return chosen
+
+
+def own_case(m) -> Case:
+    kw = dict(m.case)
+    kw.setdefault("ref", "hf")
+    kw["overrides"] = tuple(tuple(x) for x in kw.get("overrides", ()))
+    return Case(**kw)
+
+
+def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant_cases: bool = True,
+                 first_kill: bool = False, log=lambda msg: None, phase=lambda msg: None) -> dict:
+    """Baseline, then every mutant on the cases that exercise it; the result as plain data.
+    ``log``: one line per finished run; ``phase``: one line per phase."""
+    from .. import matrix
+    from ..bisect import FAILING
+    from ..mutants import StaleMutant, applied
+
+    t0 = time.perf_counter()
+    spec_cases = matrix.nonempty(spec)
+    # stale mutants are found here, before anything runs (applying one only recompiles a function)
+    stale = {}
+    for m in mutants:
+        try:
+            with applied(m):
+                pass
+        except StaleMutant as e:
+            stale[m.name] = str(e)
+    live = [m for m in mutants if m.name not in stale]
+    own = {}
+    for m in live if mutant_cases else []:
+        c = own_case(m)
+        try:
+            c.validate()
+        except UsageError as e:
+            raise UsageError(f"mutant {m.name}: its declared case is invalid: {e}") from None
+        own[m.name] = c
+    spec_ids = [c.case_id() for c in spec_cases]
+    by_id = {c.case_id(): c for c in spec_cases}
+    for c in own.values():
+        by_id.setdefault(c.case_id(), c)
+
+    # 1. the baseline: every case, no mutant
+    base: dict[str, dict] = {}
+
+    def base_done(c, rec):
+        impl = [r for r in rec["rows"] if r["candidate"] == "impl"]
+        bad = [r for r in impl if r["status"] in FAILING]
+        base[c.case_id()] = {"features": rec["info"].get("features", []), "clean": not bad,
+                             "why": "" if not bad else f"{bad[0]['status']} at layer {bad[0]['layer']} "
+                                                       f"{bad[0]['probe']} vs {bad[0]['reference']}"}
+        log(f"baseline [{len(base)}/{len(by_id)}] {'pass' if not bad else 'FAIL'} {c.case_id()}")
+
+    tb = time.perf_counter()
+    matrix.execute(matrix.run_order(list(by_id.values())), jobs, policy_path, None, lambda c: None, base_done)
+    baseline_s = time.perf_counter() - tb
+    phase(f"baseline: {len(by_id)} cases without a mutant in {baseline_s:.0f} s "
+          f"({sum(1 for b in base.values() if not b['clean'])} fail)")
+
+    # 2. the tasks: each mutant x the clean cases that exercise it (then its own case)
+    plans: dict[str, dict] = {}
+    tasks: list[MutantCase] = []
+    clean_spec = [cid for cid in spec_ids if base[cid]["clean"]]
+    for m in live:
+        targeted = [cid for cid in clean_spec if m.core or m.decoration in base[cid]["features"]]
+        cids = targeted or list(clean_spec)
+        oc = own.get(m.name)
+        own_id = oc.case_id() if oc is not None else None
+        if own_id is not None and own_id not in cids:
+            if base[own_id]["clean"]:
+                cids = cids + [own_id]
+        plans[m.name] = {"targeted": bool(targeted), "cases": cids, "own_case": own_id,
+                         "own_case_clean": None if own_id is None else base[own_id]["clean"],
+                         "should_catch": targeted + ([own_id] if own_id and own_id not in targeted else [])}
+        tasks += [MutantCase(**by_id[cid].__dict__, mutant=m.name) for cid in cids]
+
+    results: dict[str, dict] = {}
+    killed_names: set = set()
+
+    def done(c, rec):
+        if "rows" in rec:  # the worker died twice on this task: the matrix's crash row
+            rec = {**verdict(rec["rows"]), "case_id": c.case_id(), "mutant": c.mutant, "crashed": True}
+        results[c.case_id()] = rec
+        if rec.get("killed"):
+            killed_names.add(c.mutant)
+        log(f"[{len(results)}/{len(tasks)}] {'killed  ' if rec.get('killed') else 'survived'} {c.case_id()}")
+
+    skip = (lambda c: c.mutant in killed_names) if first_kill else None
+    tm = time.perf_counter()
+    matrix.execute(tasks, jobs, policy_path, None, lambda c: None, done, task=work_mutant, skip=skip)
+    mutants_s = time.perf_counter() - tm
+    phase(f"mutants: {len(results)} runs of {len(live)} mutants in {mutants_s:.0f} s")
+
+    # 3. the verdicts
+    out = []
+    for m in mutants:
+        entry = {"name": m.name, "decoration": m.decoration, "module": m.module, "doc": m.doc,
+                 "declared_probe": m.first_probe, "declared_layer": m.layer, "core": m.core}
+        if m.name in stale:
+            out.append({**entry, "status": "stale", "error": stale[m.name], "cases_run": 0, "cases_failed": 0,
+                        "should_catch": []})
+            continue
+        plan = plans[m.name]
+        recs = [(cid, results.get(f"{m.name}::{cid}")) for cid in plan["cases"]]
+        ran = [(cid, r) for cid, r in recs if r is not None]
+        stale_now = next((r["stale"] for _, r in ran if "stale" in r), None)
+        kills = [(cid, r) for cid, r in ran if r.get("killed")]
+        entry.update(targeted=plan["targeted"], own_case=plan["own_case"], own_case_clean=plan["own_case_clean"],
+                     cases_run=len(ran), cases_failed=len(kills), should_catch=plan["should_catch"],
+                     seconds=sum(r.get("seconds", 0.0) for _, r in ran))
+        if stale_now:
+            out.append({**entry, "status": "stale", "error": stale_now})
+            continue
+        if not plan["cases"]:
+            out.append({**entry, "status": "survived",
+                        "error": "no case passes without the mutant, so none can judge it"})
+            continue
+        if kills:
+            cid, r = kills[0]
+            first = r["first"] or {}
+            spec_kills = [k for k, _ in kills if k in by_id and k in spec_ids]
+            entry.update(status="killed", killed_by=cid, killed_by_spec=bool(spec_kills),
+                         first_spec_kill=spec_kills[0] if spec_kills else None,
+                         reference=first.get("reference"), layer=first.get("layer"), probe=first.get("probe"),
+                         row_status=first.get("status"), worst=first.get("worst", ""), nmse=first.get("nmse"),
+                         max_abs=first.get("max_abs"), last_agreeing=first.get("last_agreeing"),
+                         killed_cases=[k for k, _ in kills])
+            # on the mutant's own case, the first divergence is where the mutant says it acts
+            entry["probe_as_declared"] = None if cid != plan["own_case"] else (
+                first.get("probe") == m.first_probe and (m.layer is None or first.get("layer") == m.layer))
+        else:
+            entry.update(status="survived")
+        out.append(entry)
+
+    total = len(out)
+    killed = sum(1 for e in out if e["status"] == "killed")
+    by_spec = sum(1 for e in out if e.get("killed_by_spec"))
+    exercised = sorted({f for cid in spec_ids for f in base[cid]["features"]})
+    from ..mutants import registry
+
+    covered = {m.decoration for m in registry().values()}
+    from ..features import SPEC_DECORATIONS
+
+    no_mutant = [t for t in exercised if t in SPEC_DECORATIONS and t not in covered
+                 and t not in ("kv_decode", "kv_batched")]
+    return {
+        "spec": {"path": spec.path, "name": spec.name, "sha": spec.sha, "cases": len(spec_cases)},
+        "mutant_cases": mutant_cases, "first_kill": first_kill, "jobs": jobs,
+        "score": killed / total if total else 0.0, "killed": killed, "total": total,
+        "killed_by_spec_cases": by_spec, "stale": sorted(stale),
+        "baseline": {"cases": len(by_id), "failing": {cid: b["why"] for cid, b in base.items() if not b["clean"]},
+                     "seconds": baseline_s},
+        "tasks": len(tasks), "tasks_run": len(results), "seconds": time.perf_counter() - t0,
+        "mutants_seconds": mutants_s,
+        "decorations_without_mutant": no_mutant,
+        "mutants": out,
+        "rows": [{"mutant": r["mutant"], "case_id": cid.split("::", 1)[1], "killed": bool(r.get("killed")),
+                  "failing_rows": r.get("failing_rows", 0), "stale": "stale" in r,
+                  "reference": (r.get("first") or {}).get("reference"), "layer": (r.get("first") or {}).get("layer"),
+                  "probe": (r.get("first") or {}).get("probe"), "nmse": (r.get("first") or {}).get("nmse"),
+                  "seconds": r.get("seconds")}
+                 for cid, r in results.items()],
+    }
+
+
+# ---------------------------------------------------------------- the report
+def _short(case_id: str | None) -> str:
+    return "-" if not case_id else case_id
+
+
+def render(res: dict) -> str:
+    """mutation.md: the score, the table, the survivors and what should have caught them."""
+    lines = [f"# Mutation self-test: {res['spec']['name']} ({res['spec']['path']})", ""]
+    lines.append(f"**Mutation score: {res['killed']}/{res['total']} = {100 * res['score']:.1f}%**"
+                 + (f" ({res['killed_by_spec_cases']} killed by the spec's own cases)" if res["mutant_cases"] else
+                    " (the spec's cases alone)"))
+    lines.append("")
+    lines.append(f"{res['spec']['cases']} spec cases"
+                 + (", plus each mutant's own declared case" if res["mutant_cases"] else "")
+                 + f"; {res['tasks_run']} mutant x case runs"
+                 + (" (each mutant stopped at its first kill)" if res["first_kill"] else "")
+                 + f"; {res['seconds']:.0f} s (baseline {res['baseline']['seconds']:.0f} s).")
+    if res["baseline"]["failing"]:
+        lines += ["", f"{len(res['baseline']['failing'])} case(s) fail WITHOUT any mutant and judge none:"]
+        lines += [f"- `{cid}`: {why}" for cid, why in sorted(res["baseline"]["failing"].items())]
+    if res["decorations_without_mutant"]:
+        lines += ["", "Decorations the spec exercises that no mutant breaks: "
+                  + ", ".join(res["decorations_without_mutant"])]
+    lines += ["", "| mutant | decoration | status | killed first by | reference | layer | probe | failed / run |",
+              "|---|---|---|---|---|---|---|---|"]
+    for e in res["mutants"]:
+        where = ("" if e.get("targeted", True) else " (no spec case exercises it: ran every case)")
+        if e["status"] == "killed" and not e.get("killed_by_spec"):
+            where += " by its own case only"
+        probe = e.get("probe") or "-"
+        if e.get("probe_as_declared") is False:
+            probe += f" (declared {e['declared_probe']})"
+        lines.append(f"| {e['name']} | {e['decoration']}{' (core)' if e.get('core') else ''} | {e['status']}{where} "
+                     f"| `{_short(e.get('killed_by'))}` | {e.get('reference') or '-'} "
+                     f"| {'-' if e.get('layer') is None else e['layer']} | {probe} "
+                     f"| {e.get('cases_failed', 0)} / {e.get('cases_run', 0)} |")
+    bad = [e for e in res["mutants"] if e["status"] != "killed"]
+    if bad:
+        lines += ["", "## Not killed", ""]
+        for e in bad:
+            lines.append(f"- **{e['name']}** ({e['decoration']}, {e['status']}): {e.get('doc', '')}")
+            if e.get("error"):
+                lines.append(f"  - {e['error']}")
+            if e.get("should_catch"):
+                lines.append("  - cases that should have caught it: "
+                             + ", ".join(f"`{c}`" for c in e["should_catch"]))
+            elif e["status"] == "survived":
+                lines.append(f"  - no case of the spec exercises {e['decoration']}")
+    return "\n".join(lines) + "\n"
+
+
+def table(res: dict) -> str:
+    """The terminal summary."""
+    w = max(len(e["name"]) for e in res["mutants"])
+    out = []
+    for e in res["mutants"]:
+        if e["status"] == "killed":
+            at = f"layer {e['layer']} {e['probe']} vs {e['reference']}"
+            how = f"{e['cases_failed']}/{e['cases_run']} cases; first: {e['killed_by']} ({at})"
+        elif e["status"] == "stale":
+            how = e.get("error", "")
+        else:
+            how = (f"{e.get('cases_run', 0)} cases ran; should have caught it: "
+                   + (", ".join(e.get("should_catch") or []) or f"none (no case exercises {e['decoration']})"))
+        out.append(f"{e['name']:<{w}}  {e['decoration']:<20} {e['status']:<8} {how}")
+    out.append(f"mutation score {res['killed']}/{res['total']} = {100 * res['score']:.1f}%"
+               + (f" ({res['killed_by_spec_cases']} killed by spec cases)" if res["mutant_cases"] else ""))
+    return "\n".join(out)
+
+
+def write(d: Path, res: dict) -> None:
+    import pandas as pd
+
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "mutation.json").write_text(json.dumps(res, indent=1, default=str))
+    (d / "mutation.md").write_text(render(res))
+    pd.DataFrame(res["rows"]).to_parquet(d / "mutation_rows.parquet", index=False)
+
+
+def cmd_mutate(a) -> int:
+    from .. import matrix, report
+    from .matrix import DEFAULT_SPEC
+
+    if a.jobs < 1:
+        raise UsageError(f"-j/--jobs must be at least 1, got {a.jobs}")
+    if not 0.0 <= a.min_score <= 1.0:
+        raise UsageError(f"--min-score takes a fraction between 0 and 1, got {a.min_score}")
+    spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
+    mutants = select_mutants(a.mutants, a.decoration)
+    if a.policy:
+        from ..policy import load_policy
+
+        load_policy(a.policy)
+    run_id = report.new_run_id()
+    d = report.run_dir(a.out, run_id)
+    if d.exists() and any(d.iterdir()):
+        raise UsageError(f"run directory {d} is not empty; choose another --out")
+    def say(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    quiet = not sys.stderr.isatty()  # CI logs get one line per phase, a terminal one per run
+    say(f"mutate: {len(mutants)} mutants on {spec.path} ({len(spec.cases)} cases), -j {a.jobs}")
+    res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
+                       log=(lambda m: None) if quiet else say, phase=say)
+    res.update(run_id=run_id, argv=sys.argv[1:], min_score=a.min_score)
+    write(d, res)
+    print(table(res))
+    print(f"report: {d} (mutation.md, mutation.json, mutation_rows.parquet)")
+    return 0 if res["score"] >= a.min_score and not res["stale"] else 1
