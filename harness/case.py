@@ -60,6 +60,8 @@ class Case:
     gguf: str | None = None
     page_size: int = 4
     variant: str | None = None  # a family's named variant (MLA: naive / absorbed)
+    # features switched off in the seeded model itself (Family.model_switches; feature bisection)
+    switch_off: tuple = ()
 
     @property
     def refs(self) -> list[str]:
@@ -84,6 +86,8 @@ class Case:
             parts.append(f"gguf-{self.gguf_type}")
         for k, v in self.overrides:
             parts.append(f"{k}={v}")
+        if self.switch_off:
+            parts.append("off=" + "+".join(self.switch_off))
         if self.hf_model:
             parts.append(f"hf-model={Path(self.hf_model).name}")
         if self.gguf:
@@ -99,6 +103,7 @@ class Case:
     def from_dict(cls, d: dict) -> "Case":
         d = dict(d)
         d["overrides"] = tuple(tuple(kv) for kv in d.get("overrides", ()))
+        d["switch_off"] = tuple(d.get("switch_off", ()))
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -136,6 +141,8 @@ class Case:
             raise UsageError(f"--gguf {self.gguf!r} is not a file")
         if self.gguf and self.ref not in ("llamacpp",):
             raise UsageError("--gguf compares impl against llama.cpp on the file; use --ref llamacpp")
+        if self.gguf and self.switch_off:
+            raise UsageError("switch_off does not apply to --gguf: the file's weights are compared as they are")
         if self.gguf and (self.hf_model or self.overrides or self.gguf_type != "f32"):
             what = "--hf-model" if self.hf_model else "--set" if self.overrides else "--gguf-type"
             raise UsageError(f"{what} does not apply to --gguf: the file's metadata and tensor types are its config")
@@ -160,6 +167,7 @@ class CaseRun:
         self.policy = policy
         self.progress = progress or (lambda msg: None)
         self.timings: dict[str, float] = {}
+        self.switched: dict[str, int] = {}  # switch_off tag -> tensors / modules it changed
         self.source = None  # set for --gguf / --hf-model
         if case.gguf:
             from .refs import gguf_import
@@ -188,11 +196,35 @@ class CaseRun:
         return self.family.make_config(dict(self.case.overrides))
 
     @cached_property
-    def layer_cfgs(self):
+    def raw_layer_cfgs(self):
+        """The family's layer configs before any ``switch_off`` module switch."""
         try:
             return self.family.layer_configs(self.config, self.variant)
         except ConfigError as e:
             raise UsageError(f"family {self.family.name}: {e}") from None
+
+    @cached_property
+    def switches(self) -> list:
+        """The ``ModelSwitch`` of every tag in ``case.switch_off``."""
+        if not self.case.switch_off:
+            return []
+        known = self.family.model_switches(self.config)
+        for tag in self.case.switch_off:
+            if tag not in known:
+                raise UsageError(f"family {self.family.name} has no model switch {tag!r}; {suggest(tag, known)}")
+        hf_only = [t for t in self.case.switch_off if known[t].hf_only]
+        if hf_only and self.case.refs != ["hf"]:
+            raise UsageError(f"switch_off {', '.join(hf_only)} replaces HF modules, which only the HF reference "
+                             "sees; use --ref hf")
+        return [known[t] for t in self.case.switch_off]
+
+    @cached_property
+    def layer_cfgs(self):
+        lcs = self.raw_layer_cfgs
+        for sw in self.switches:
+            if sw.layer is not None:
+                lcs = [sw.layer(lc) for lc in lcs]
+        return lcs
 
     @cached_property
     def base_model(self):
@@ -206,6 +238,10 @@ class CaseRun:
             m = load_model(self.case.hf_model, self.family, self.config)
         else:
             m = self.family.build_model(self.config, self.case.seed, "float32")
+        # what each switch changed (0: nothing there to switch, e.g. a config switch
+        # of the same case already removed it); feature bisection reads it
+        self.switched = {tag: sw.edit(m, self.config, self.raw_layer_cfgs)
+                         for tag, sw in zip(self.case.switch_off, self.switches)}
         self.timings["build_model"] = time.perf_counter() - t
         return m
 
@@ -230,13 +266,18 @@ class CaseRun:
         key = f"_weights_{dtype}"
         if key not in self.__dict__:
             if self.source is not None:
-                self.__dict__[key] = self.source.layer_weights
+                ws = self.source.layer_weights
             else:
                 model = self.model_in(dtype if dtype in ("float16", "bfloat16") else "float32")
-                self.__dict__[key] = [
+                ws = [
                     {} if isinstance(lc, NotInImpl) else self.family.layer_weights(model, self.config, i)
                     for i, lc in enumerate(self.layer_cfgs)
                 ]
+            # a named variant may store the same function in other weights (llama's
+            # wo_scale: wo / s, with s as the {1} companion)
+            self.__dict__[key] = [w if isinstance(lc, NotInImpl) else
+                                  self.family.variant_weights(w, self.config, i, self.variant)
+                                  for i, (lc, w) in enumerate(zip(self.layer_cfgs, ws))]
         return self.__dict__[key]
 
     @cached_property
@@ -285,7 +326,8 @@ class CaseRun:
         k = cache.key("hf", CAPTURE_SCHEMA, self.family.name, self.config.to_json_string(use_diff=False),
                       self.case.seed, self.tokens.tolist(), dtype, self.case.hf_model,
                       _checkpoint_stamp(self.case.hf_model), versions().get("torch"),
-                      versions().get("transformers"), src)
+                      versions().get("transformers"), src,
+                      *((["switch_off", list(self.case.switch_off)],) if self.case.switch_off else ()))
         hit = cache.load("hf", k)
         if hit is not None:
             return RefCapture("hf", self._hf_effective(dtype), hit[0], meta=hit[1], cached=True)

@@ -336,15 +336,22 @@ def _init_worker(threads: int) -> None:
     import harness.case  # noqa: F401  (the fixed cost, paid once per worker)
 
 
-def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str | None, on_start, on_done) -> None:
+def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str | None, on_start, on_done,
+            task=None, skip=None) -> None:
     """Run ``cases``; ``on_start(case)`` as one is handed out, ``on_done(case,
     record)`` as it finishes (completion order). ``jobs`` <= 1 runs in this
     process (where a test's mutant applies); otherwise in reused 'spawn'
-    workers (fork after torch has started threads can deadlock)."""
+    workers (fork after torch has started threads can deadlock). ``task``: the
+    picklable top-level function a worker runs, ``task(case_dict, policy_path,
+    plot_dir)`` (default ``work``); ``skip(case)``: checked as each case is
+    about to be handed out -- True drops it (``conformance mutate --first-kill``)."""
+    task = task or work
     if jobs <= 1:
         for c in cases:
+            if skip is not None and skip(c):
+                continue
             on_start(c)
-            on_done(c, work(c.to_dict(), policy_path, plot_dir))
+            on_done(c, task(c.to_dict(), policy_path, plot_dir))
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
 
@@ -359,7 +366,9 @@ def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str
             # Never more than `jobs` handed out, so "in flight" is exactly what runs.
             while pending and len(inflight) < jobs:
                 c = pending.popleft()
-                inflight[ex.submit(work, c.to_dict(), policy_path, plot_dir)] = c
+                if skip is not None and skip(c):
+                    continue
+                inflight[ex.submit(task, c.to_dict(), policy_path, plot_dir)] = c
                 on_start(c)
             done, _ = wait(inflight, return_when=FIRST_COMPLETED)
             broken = False

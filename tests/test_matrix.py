@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = """
 name = "tiny"
 families = ["llama", "qwen2"]
+variants = "default"  # llama's plain form only (its wo_scale variant has its own tests)
 kv_modes = ["decode", "paged"]
 
 [[group]]
@@ -61,7 +62,8 @@ BAD_SPECS = [
     ('backends = ["numpy"]\ndtypes = ["bfloat16"]', "backend numpy has no bfloat16"),
     ('families = ["llama"]\n[[exclude]]\nkv_modes = ["decode"]', "every exclusion needs a written reason"),
     ('[[exclude]]\nkv_mode = "decode"\nreason = "x"', "[[exclude]] #1: unknown key 'kv_mode'"),
-    ('families = ["llama"]\n[[exclude]]\nfamilies = ["llama"]\nreason = "all of it"', "expands to zero cases (1 excluded)"),
+    ('families = ["llama"]\nvariants = "default"\n[[exclude]]\nfamilies = ["llama"]\nreason = "all of it"',
+     "expands to zero cases (1 excluded)"),
     ('families = [', "is not valid TOML"),
 ]
 
@@ -75,7 +77,7 @@ def test_a_bad_spec_is_one_line_naming_the_key_exit_2_no_report(text, message, t
 
 
 def test_bad_command_line_is_one_line_exit_2(tmp_path, capsys):
-    s = spec(tmp_path, 'families = ["llama"]')
+    s = spec(tmp_path, 'families = ["llama"]\nvariants = "default"')
     one_line_exit_2(capsys, main(["matrix", s, "--shard", "3/2"]), "need 1 <= I <= N")
     one_line_exit_2(capsys, main(["matrix", s, "--shard", "2/5"]), "is empty: the spec has 1 cases")
     one_line_exit_2(capsys, main(["matrix", str(tmp_path / "nope.toml")]), "is not a file")
@@ -98,7 +100,7 @@ def test_default_and_smoke_specs_cover_every_registered_family_and_variant():
     assert {c.kv for c in d} == {"decode", "batched", "paged"}
     assert {(c.backend, c.dtype) for c in d} >= {("numpy", "float64"), ("numpy", "float32"), ("torch", "float32"),
                                                 ("torch", "bfloat16")}
-    assert {c.ref for c in d} == {"all", "hf"} and len({c.seed for c in d}) >= 2 and len({c.tokens for c in d}) >= 2
+    assert {"all", "hf", "llamacpp"} >= {c.ref for c in d} >= {"all", "hf"} and len({c.seed for c in d}) >= 2 and len({c.tokens for c in d}) >= 2
     assert any(c.overrides for c in d)
 
 
@@ -239,7 +241,7 @@ def test_error_growth_within_tolerance_is_a_regression(tmp_path, capsys):
 
 
 def test_pytest_plugin_runs_matrix_cases_as_items(tmp_path):
-    s = spec(tmp_path, 'families = ["llama", "qwen2"]\nkv_modes = ["decode", "paged"]')
+    s = spec(tmp_path, 'families = ["llama", "qwen2"]\nvariants = "default"\nkv_modes = ["decode", "paged"]')
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--conformance-matrix", s,
                         "-k", "qwen2 and paged"], capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ),
                        timeout=300)

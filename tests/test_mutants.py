@@ -45,6 +45,9 @@ def test_every_implemented_decoration_has_a_mutant():
     # features II (harness/mutants/features2.py)
     for tag in ("q_gate_interleaved", "sub_norm", "value_scale"):
         assert tag in covered, tag
+    # the output gate (afmoe) and the wo scale (llama wo_scale): harness/mutants/features4.py
+    for tag in ("output_gate", "o_scale"):
+        assert tag in covered, tag
 
 
 def test_a_stale_mutant_is_an_error_not_a_survivor():

@@ -50,7 +50,7 @@ from impl import NormSpec, make_rope
 from impl.mla import MlaConfig
 
 from ..errors import UsageError
-from .base import Family, LcPoint, Point, tensor
+from .base import Family, LcPoint, Point, rope_identity_overrides, tensor
 
 
 def _torch():
@@ -222,6 +222,22 @@ class MlaFamily(Family):
         if "mla_yarn" in features and rp.get("rope_type", "default") != "default":
             # YaRN off in HF, and so in impl: plain RoPE at the same theta
             sw["mla_yarn"] = {"rope_parameters": {"rope_type": "default", "rope_theta": rp["rope_theta"]}}
+        if "mla_rope" in features:
+            # the decoupled RoPE turned into the identity (linear scaling, factor 1e30; no
+            # mscale_all_dim, so yarn_apply_mscale leaves the softmax scale alone)
+            ident = rope_identity_overrides(config)
+            if ident is not None:
+                sw["mla_rope"] = ident
+        if "mla_low_rank_q" in features and "q_lora_rank" in self.settable_keys():
+            sw["mla_low_rank_q"] = {"q_lora_rank": None}  # DeepseekV2Attention: q_proj directly
+        return sw
+
+    def case_switches(self, case, features):
+        # the other FORM of the same weights: absorbed (split k_b / v_b) <-> naive (combined kv_b)
+        sw = super().case_switches(case, features)
+        for tag, other in (("mla_absorbed", "naive"), ("mla_naive", "absorbed")):
+            if tag in features and other in self.variants:
+                sw[tag] = {"variant": other}
         return sw
 
     # ------------------------------------------------------------------ HF probes

@@ -119,8 +119,10 @@ class Gemma3(LlamaLike):
 
     def feature_switches(self, config, features):
         sw = super().feature_switches(config, features)
-        if "per_layer_theta" in features:  # the local layers take the global theta
-            sw["per_layer_theta"] = {"rope_local_base_freq": config.rope_parameters["full_attention"]["rope_theta"]}
+        if "per_layer_theta" in features:
+            # one theta for every layer: the global layers take the local theta (10000, the
+            # default RoPE theta; Gemma3TextConfig pops rope_theta into full_attention)
+            sw["per_layer_theta"] = {"rope_theta": config.rope_parameters["sliding_attention"]["rope_theta"]}
         if "attn_scale" in features:  # Gemma3Attention.scaling = query_pre_attn_scalar ** -0.5
             sw["attn_scale"] = {"query_pre_attn_scalar": config.head_dim}
         return sw

@@ -63,6 +63,16 @@ class Granite(LlamaLike):
             residual_multiplier=float(config.residual_multiplier),  # GraniteDecoderLayer.forward
         )
 
+    def feature_switches(self, config, features):
+        # GraniteAttention.scaling = attention_multiplier; GraniteDecoderLayer.forward:
+        # residual + branch * residual_multiplier -- both read from the config
+        sw = super().feature_switches(config, features)
+        if "attn_scale" in features:
+            sw["attn_scale"] = {"attention_multiplier": (config.hidden_size // config.num_attention_heads) ** -0.5}
+        if "residual_multiplier" in features:
+            sw["residual_multiplier"] = {"residual_multiplier": 1.0}
+        return sw
+
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):
         # conversion/granite.py GraniteModel.set_gguf_parameters: head_dim popped,

@@ -118,6 +118,14 @@ class MiMoV2Flash(LlamaLike):
             w["sinks"] = sinks
         return w
 
+    def feature_switches(self, config, features):
+        sw = super().feature_switches(config, features)
+        if "value_scale" in features:  # MiMoV2FlashAttention: v_scale 1.0 when None
+            sw["value_scale"] = {"attention_value_scale": None}
+        if "v_head_dim" in features:  # v_proj / o_proj sized from v_head_dim
+            sw["v_head_dim"] = {"v_head_dim": config.head_dim}
+        return sw
+
     # ------------------------------------------------------------------ probes
     def hf_canonical(self, probe, arr, lc):
         arr = super().hf_canonical(probe, arr, lc)

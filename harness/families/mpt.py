@@ -75,6 +75,8 @@ class Mpt(Family):
                 attn_config={"clip_qkv": 1.5})
     gguf_arch = "mpt"
     layers_path = "transformer.blocks"
+    # MptBlock: norm_1 before the attention (feature bisection's LayerNorm switch)
+    switch_modules = {**Family.switch_modules, "input_norm": ("norm_1",)}
     hf_model_points = {"embeddings": ("transformer.wte", "out"), "final_norm": ("transformer.norm_f", "out")}
     hf_points = {
         "layer_in": Point("", "in"),

@@ -200,6 +200,8 @@ def capture_for_case(run):
 
         # --hf-model: the checkpoint's files shape the GGUF as much as its config does
         src_stamp = [case.hf_model, _checkpoint_stamp(case.hf_model)] if case.hf_model else None
+        if case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
+            src_stamp = [src_stamp, ["switch_off", list(case.switch_off)]]
         gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed, run.variant,
                                        source=src_stamp)
         file_stamp = gguf_path.name

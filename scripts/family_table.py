@@ -1,0 +1,52 @@
+"""Print the README's table of families and features from a matrix run.
+
+    .venv/bin/python scripts/family_table.py [RUN_DIR]   (default: fixtures/baselines/default)
+
+One row per family: its HF model type and llama.cpp arch, the decorations its
+cases exercise (feature tags derived from impl's configs), and per comparison
+pair the status over all its cases: pass, "finding" (a known, written-down
+disagreement of the references; see fixtures/tolerance.toml) or FAIL."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness import families  # noqa: E402
+from harness.report import read_rows  # noqa: E402
+
+PAIRS = (("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf"))
+
+
+def main(run_dir: str) -> int:
+    df = read_rows(Path(run_dir))
+    print("| family | HF model type | llama.cpp arch | decorations exercised | impl vs HF | impl vs llama.cpp "
+          "| HF vs llama.cpp |")
+    print("|---|---|---|---|---|---|---|")
+    for name, fam in families.registry().items():
+        rows = df[df["family"] == name]
+        feats = sorted({t for fs in rows["features"] for t in str(fs).split(";") if t and not t.startswith("kv_")})
+        cells = []
+        for cand, ref in PAIRS:
+            r = rows[(rows["candidate"] == cand) & (rows["reference"] == ref)]
+            if r.empty:
+                cells.append("-")
+                continue
+            st = set(r["status"])
+            if st & {"fail", "error"}:
+                cells.append("**FAIL**")
+            elif "finding" in st:
+                n = r[r["status"] == "finding"]["case_id"].nunique()
+                cells.append(f"pass; finding in {n} case{'s' * (n != 1)}")
+            else:
+                cells.append("pass")
+        print(f"| {name} | `{fam.hf_model_type}` | {fam.gguf_arch or '-'} | {', '.join(feats)} | " + " | ".join(cells)
+              + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "fixtures" / "baselines" / "default")))
