@@ -101,6 +101,13 @@ class Policy:
         return tol, reason
 
 
+def _known_keys(p, what: str, table: dict, valid: set) -> None:
+    bad = set(table) - valid
+    if bad:
+        raise UsageError(f"tolerance policy {p}: {what} has unknown keys {sorted(bad)}; "
+                         f"valid: {', '.join(sorted(valid))}")
+
+
 def load_policy(path: str | Path | None = None) -> Policy:
     p = Path(path) if path else DEFAULT_POLICY
     try:
@@ -118,24 +125,15 @@ def load_policy(path: str | Path | None = None) -> Policy:
         if "default" not in table:
             raise UsageError(f"tolerance policy {p}: [dtype.{dt}] needs a 'default' entry")
         for probe, tol in table.items():
-            bad = set(tol) - _TOL_KEYS
-            if bad:
-                raise UsageError(f"tolerance policy {p}: [dtype.{dt}].{probe} has unknown keys {sorted(bad)}; "
-                                 f"valid: {', '.join(sorted(_TOL_KEYS))}")
+            _known_keys(p, f"[dtype.{dt}].{probe}", tol, _TOL_KEYS)
     overrides = data.get("override", [])
     for o in overrides:
-        bad = set(o) - _OVERRIDE_KEYS
-        if bad:
-            raise UsageError(f"tolerance policy {p}: an override has unknown keys {sorted(bad)}; "
-                             f"valid: {', '.join(sorted(_OVERRIDE_KEYS))}")
+        _known_keys(p, "an override", o, _OVERRIDE_KEYS)
         if not str(o.get("reason", "")).strip():
             raise UsageError(f"tolerance policy {p}: every override needs a written reason ({o})")
     findings = data.get("finding", [])
     for f in findings:
-        bad = set(f) - _FINDING_KEYS
-        if bad:
-            raise UsageError(f"tolerance policy {p}: a finding has unknown keys {sorted(bad)}; "
-                             f"valid: {', '.join(sorted(_FINDING_KEYS))}")
+        _known_keys(p, "a finding", f, _FINDING_KEYS)
         if not str(f.get("reason", "")).strip() or "family" not in f:
             raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason ({f})")
     reg = data.get("regression", {})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run
+from conftest import bad_rows, run
 from harness.families import registry
 
 FAMILIES = sorted(registry())
@@ -19,8 +19,7 @@ FAMILIES = sorted(registry())
 def test_family_three_way(policy, need_llamacpp, family, kv):
     fam = registry()[family]
     rows = run(policy, family=family, ref="all" if fam.gguf_arch else "hf", kv=kv)
-    bad = [(r["candidate"], r["reference"], r["layer"], r["probe"], r["reason"]) for r in rows
-           if r["status"] in ("fail", "error")]
+    bad = bad_rows(rows)
     assert not bad, bad
     passed = {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"}
     assert ("impl", "hf") in passed

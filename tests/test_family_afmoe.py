@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run
+from conftest import all_statuses, assert_llamacpp_rotation_step_finding, run
 from harness.mutants import applied, registry
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
 
 
 def test_default_config_decorations_are_on_and_agree(policy):
     rows = run(policy, family="afmoe", ref="all")
     feats = set(rows[0]["features"].split(";"))
     assert {"output_gate", "qk_norm_head", "post_norm", "sliding_window", "nope_layers", "rope_neox", "gqa"} <= feats
-    st = _st(rows)
+    st = all_statuses(rows)
     for ref in ("hf", "llamacpp"):
         for layer in range(4):  # layers 0-2 sliding with RoPE, layer 3 full and NoPE
             for probe in ("q_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out"):
@@ -36,7 +32,7 @@ def test_a_broken_gate_fails_against_llamacpp_too(policy, name):
     """llama.cpp's `attn_gated` is the branch: a gate broken in impl fails there
     as it does against HF, and nothing before the branch does."""
     with applied(registry()[name]):
-        st = _st(run(policy, family="afmoe", ref="llamacpp"))
+        st = all_statuses(run(policy, family="afmoe", ref="llamacpp"))
     assert st[("impl", "llamacpp", 0, "attn_heads")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_branch")] == "fail"
 
@@ -44,21 +40,15 @@ def test_a_broken_gate_fails_against_llamacpp_too(policy, name):
 def test_hf_only_global_attention_every_2(policy):
     """global_attn_every_n_layers=2: HF's layer 1 is full and NoPE; llama.cpp's
     pattern is fixed at 4, so it rotates and windows layer 1."""
-    rows = run(policy, family="afmoe", ref="all", overrides=(("global_attn_every_n_layers", 2),))
-    st = _st(rows)
-    assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
-    assert all(s == "pass" for (c, ref, layer, _), s in st.items() if c == "impl" and layer in (0, 2, 3))
-    assert st[("impl", "llamacpp", 1, "k")] == "pass"
-    assert st[("impl", "llamacpp", 1, "q_rope")] == "finding"
-    assert st[("llamacpp", "hf", 1, "q_rope")] == "finding"
-    assert not [k for k, s in st.items() if s in ("fail", "error")]
+    assert_llamacpp_rotation_step_finding(run(policy, family="afmoe", ref="all",
+                                              overrides=(("global_attn_every_n_layers", 2),)))
 
 
 def test_hf_only_mup_disabled(policy):
     """mup_enabled=false: llama.cpp scales the embeddings anyway; impl, fed each
     reference's own layer input, agrees with both."""
     rows = run(policy, family="afmoe", ref="all", overrides=(("mup_enabled", False),))
-    st = _st(rows)
+    st = all_statuses(rows)
     assert all(s == "pass" for (c, _, _, _), s in st.items() if c == "impl")
     assert st[("llamacpp", "hf", -1, "embeddings")] == "pass"
     assert st[("llamacpp", "hf", 0, "layer_in")] == "finding"

@@ -9,11 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
+from conftest import all_statuses, case_run, run
 
 
 def test_hf_holds_the_converters_ternarization_of_the_draw():
@@ -49,10 +45,9 @@ def test_hf_holds_the_converters_ternarization_of_the_draw():
 def test_the_gguf_holds_hfs_weights_unchanged(policy):
     import gguf
 
-    from harness.case import Case, CaseRun
     from harness.refs import gguf_export
 
-    run_ = CaseRun(Case(family="bitnet", ref="llamacpp"), policy)
+    run_ = case_run(policy, "bitnet", ref="llamacpp")
     path = gguf_export.export(run_.family, run_.base_model, run_.config)
     tensors = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(path)).tensors}
     sd = run_.base_model.state_dict()
@@ -67,7 +62,7 @@ def test_the_gguf_holds_hfs_weights_unchanged(policy):
 @pytest.mark.usefixtures("need_llamacpp")
 def test_relu2_is_a_finding_from_the_first_ffn_on(policy):
     rows = run(policy, family="bitnet", ref="all", overrides=(("hidden_act", "relu2"),))
-    st = _st(rows)
+    st = all_statuses(rows)
     # impl, teacher-forced, agrees with both on every attention probe of every layer
     assert all(s == "pass" for (c, _, _, _), s in st.items() if c == "impl")
     # the references agree on layer 0's attention half...
@@ -95,5 +90,5 @@ def test_the_relu2_finding_needs_its_setting(policy, monkeypatch):
         return c
 
     monkeypatch.setattr(fam, "make_config", relu2_inside)
-    st = _st(run(policy, family="bitnet", ref="all", seed=1))
+    st = all_statuses(run(policy, family="bitnet", ref="all", seed=1))
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"

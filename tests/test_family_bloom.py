@@ -6,13 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import all_statuses, assert_llamacpp_fails_first_at_q, run
 
 SIX_HEADS = (("hidden_size", 96), ("n_head", 6))
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
 
 
 @pytest.mark.parametrize("n", list(range(1, 17)) + [20, 24, 40])
@@ -34,7 +30,7 @@ def test_alibi_slopes_equal_both_hf_rules(n):
 @pytest.mark.usefixtures("need_llamacpp")
 def test_six_heads_three_way(policy):
     rows = run(policy, family="bloom", ref="all", kv="batched", overrides=SIX_HEADS)
-    st = _st(rows)
+    st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert "alibi" in rows[0]["features"].split(";")
     for ref in ("hf", "llamacpp"):
@@ -58,7 +54,7 @@ def test_non_power_of_two_slope_rule_is_what_six_heads_need(policy):
         four = run(policy, family="bloom", ref="hf")
         six = run(policy, family="bloom", ref="hf", overrides=SIX_HEADS)
     assert all(r["status"] == "pass" for r in four)
-    st = _st(six)
+    st = all_statuses(six)
     assert st[("impl", "hf", 0, "k_rope")] == "pass" and st[("impl", "hf", 0, "attn_probs")] == "fail"
 
 
@@ -69,10 +65,8 @@ def test_qkv_reorder_is_needed(policy, monkeypatch):
     from harness.families import get
 
     monkeypatch.setattr(get("bloom"), "reorder_qkv", False)
-    st = _st(run(policy, family="bloom", ref="all"))
-    assert st[("impl", "hf", 0, "q")] == "pass"
-    assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
-    assert st[("impl", "llamacpp", 0, "q")] == "fail"
+    st = all_statuses(run(policy, family="bloom", ref="all"))
+    assert_llamacpp_fails_first_at_q(st)
     assert st[("llamacpp", "hf", 0, "q")] == "fail"
 
 

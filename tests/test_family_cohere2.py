@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run
+from conftest import all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
 
 
 def test_parallel_block_and_nope_full_layers(policy):
     rows = run(policy, family="cohere2", ref="all")
     feats = set(rows[0]["features"].split(";"))
     assert {"parallel_residual", "layernorm", "rope_interleaved", "nope_layers", "sliding_window"} <= feats
-    st = _st(rows)
+    st = all_statuses(rows)
     # a parallel block has no residual between attention and FFN: nobody reports one
     assert not [k for k in st if k[3] == "resid_mid"]
     for layer in range(4):  # sliding (RoPE'd) and full (NoPE) layers alike
@@ -37,7 +33,7 @@ def test_swa_pattern_must_reach_llamacpp(policy, monkeypatch):
     from harness.families import get
 
     monkeypatch.setattr(get("cohere2"), "write_swa_pattern", False)
-    st = _st(run(policy, family="cohere2", ref="llamacpp"))
+    st = all_statuses(run(policy, family="cohere2", ref="llamacpp"))
     assert st[("impl", "llamacpp", 0, "attn_probs")] == "pass"
     assert st[("impl", "llamacpp", 1, "q")] == "pass"
     assert st[("impl", "llamacpp", 1, "q_rope")] == "fail"

@@ -7,16 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import bad_rows, run
 from harness.families import get
 from harness.families._mla import reinterleave
 
 FAMILY = "deepseek_v3"
-
-
-def _bad(rows):
-    return [(r["candidate"], r["reference"], r["layer"], r["probe"], r["reason"]) for r in rows
-            if r["status"] in ("fail", "error")]
 
 
 def test_reinterleave_undoes_hf_apply_rotary_pos_emb_interleave():
@@ -36,7 +31,7 @@ def test_reinterleave_undoes_hf_apply_rotary_pos_emb_interleave():
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_naive_form_meets_both_references(policy, need_llamacpp, kv):
     rows = run(policy, family=FAMILY, ref="all", kv=kv, variant="naive")
-    assert not _bad(rows)
+    assert not bad_rows(rows)
     assert {(r["layer"], r["probe"]) for r in rows if r["candidate"] == "impl" and r["reference"] == "llamacpp"
             and r["status"] == "pass"} >= {(0, "q_rope"), (0, "k_rope"), (0, "k_pe"), (2, "attn_probs")}
 
@@ -45,7 +40,7 @@ def test_rope_interleave_false_is_a_finding(policy, need_llamacpp):
     """HF-only: rotate-half on the raw slice. impl (layout neox) follows HF; llama.cpp
     always rotates adjacent pairs."""
     rows = run(policy, family=FAMILY, ref="all", overrides=(("rope_interleave", False),))
-    assert not _bad(rows)
+    assert not bad_rows(rows)
     hf = [r for r in rows if r["candidate"] == "impl" and r["reference"] == "hf"]
     assert all(r["status"] in ("pass", "not-exposed") for r in hf) and any(r["probe"] == "q_pe" for r in hf)
     found = {(r["candidate"], r["reference"], r["layer"], r["probe"]) for r in rows if r["status"] == "finding"}

@@ -6,23 +6,16 @@ the ref-vs-ref FFN finding pinned on its cause (ggml's fp16 GELU table)."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from conftest import run, statuses
+from conftest import case_run, llamacpp_statuses, run, statuses
 from harness.families import get
 from harness.families.gemma2 import O_BIAS, QPAS_24, SWAPPED_LAYERS, THETA_1E5
 from harness.mutants import registry
-from helpers.ggml_gelu import gelu_fp16_table, max_diff
-
-
-def _case_run(policy, **kw):
-    from harness.case import Case, CaseRun
-
-    return CaseRun(Case(family="gemma2", **kw), policy)
+from helpers.ggml_gelu import assert_fp16_gelu_explains_layer_out, gemma_ffn_half
 
 
 def test_tiny_config_exercises_its_decorations(policy):
-    r = _case_run(policy, ref="hf")
+    r = case_run(policy, "gemma2", ref="hf")
     assert {"softcap", "post_norm", "sliding_window"} <= set(r.features)
     lc0, lc1 = r.layer_cfgs
     assert lc0.window is not None and lc1.window is None
@@ -40,12 +33,12 @@ def test_tiny_config_exercises_its_decorations(policy):
 def test_every_decoration_has_a_mutant(policy):
     covered = {m.decoration for m in registry().values()}
     for overrides in ((), QPAS_24, O_BIAS):
-        feats = set(_case_run(policy, ref="hf", overrides=overrides).features) - {"kv_decode"}
+        feats = set(case_run(policy, "gemma2", ref="hf", overrides=overrides).features) - {"kv_decode"}
         assert feats <= covered, feats - covered
 
 
 def test_gguf_mirrors_the_converter(policy):
-    r = _case_run(policy, ref="hf")
+    r = case_run(policy, "gemma2", ref="hf")
     names = dict(get("gemma2").gguf_tensors(r.base_model, r.config))
     assert "output.weight" not in names  # Gemma2Model.filter_tensors drops lm_head
     w = r.base_model.model.layers[0].post_attention_layernorm.weight.detach().numpy()
@@ -55,13 +48,9 @@ def test_gguf_mirrors_the_converter(policy):
 def test_query_pre_attn_scalar_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need_llamacpp):
     rows = run(policy, family="gemma2", ref="all", kv="decode", overrides=QPAS_24)
     assert "attn_scale" in rows[0]["features"].split(";")
-    st = statuses(rows)
-    hf = {k: v for k, v in st.items() if k[0] == "hf"}
-    assert hf and all(v == "pass" for v in hf.values()), hf
-    lc = {(layer, probe): v for (ref, layer, probe), v in st.items() if ref == "llamacpp"}
+    lc = llamacpp_statuses(rows)
     # q_rope is unscaled on both sides and agrees; the softmax does not
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"
-    assert not [r for r in rows if r["status"] in ("fail", "error")]
 
 
 def test_o_bias_before_post_norm_against_hf(policy):
@@ -75,30 +64,16 @@ def test_ffn_finding_is_the_fp16_gelu_table(policy, need_llamacpp):
     """llama.cpp's layer_out differs from HF's by ~1e-3 (the [[finding]]); HF's own
     FFN half run with ggml's fp16 GELU table on llama.cpp's resid_mid reproduces
     llama.cpp's layer_out to float32 rounding, while the exact GELU does not."""
-    r = _case_run(policy, ref="all", kv="decode")
-    lc = r.capture("llamacpp").probes
+    r = case_run(policy, "gemma2", ref="all", kv="decode")
     layer = get("gemma2").decoder_layers(r.base_model)[0]
-
-    def ffn_half(act):
-        with torch.no_grad():
-            x = torch.as_tensor(lc["L0.resid_mid"], dtype=torch.float32)
-            h = layer.pre_feedforward_layernorm(x)
-            h = layer.mlp.down_proj(act(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
-            return (x + layer.post_feedforward_layernorm(h)).numpy()
-
-    exact = max_diff(ffn_half(layer.mlp.act_fn), lc["L0.layer_out"])
-    table = max_diff(ffn_half(gelu_fp16_table), lc["L0.layer_out"])
-    assert exact > 1e-4 and table < 1e-5, (exact, table)
+    assert_fp16_gelu_explains_layer_out(r.capture("llamacpp").probes, gemma_ffn_half(layer), layer.mlp.act_fn)
 
 
 def test_rope_theta_is_a_finding_against_llamacpp(policy, need_llamacpp):
     """The converter writes no rope.freq_base: llama.cpp rotates with 10000."""
     rows = run(policy, family="gemma2", ref="all", kv="paged", overrides=THETA_1E5)
-    st = statuses(rows)
-    assert all(v == "pass" for k, v in st.items() if k[0] == "hf")
-    lc = {(layer, probe): v for (ref, layer, probe), v in st.items() if ref == "llamacpp"}
+    lc = llamacpp_statuses(rows)
     assert lc[(0, "q")] == "pass" and lc[(0, "q_rope")] == lc[(1, "attn_probs")] == "finding"
-    assert not [r for r in rows if r["status"] in ("fail", "error")]
     # the L1 rows of llama.cpp vs HF are this finding's, not the (bounded) GELU one's
     l1 = [r for r in rows if r["candidate"] == "llamacpp" and r["layer"] == 1 and r["probe"] == "attn_probs"]
     assert l1 and "freq_base" in l1[0]["reason"]
@@ -107,8 +82,5 @@ def test_rope_theta_is_a_finding_against_llamacpp(policy, need_llamacpp):
 def test_swapped_layer_pattern_is_a_finding_against_llamacpp(policy, need_llamacpp):
     """The converter writes no layer pattern; llama.cpp slides the even layers."""
     rows = run(policy, family="gemma2", ref="all", kv="decode", overrides=SWAPPED_LAYERS)
-    st = statuses(rows)
-    assert all(v == "pass" for k, v in st.items() if k[0] == "hf")
-    lc = {(layer, probe): v for (ref, layer, probe), v in st.items() if ref == "llamacpp"}
+    lc = llamacpp_statuses(rows)
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"
-    assert not [r for r in rows if r["status"] in ("fail", "error")]

@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from conftest import case_run
 from harness.families import get
 from harness.mutants import registry
 
 
-def _case_run(policy, **kw):
-    from harness.case import Case, CaseRun
-
-    return CaseRun(Case(family="granite", **kw), policy)
-
-
 def test_tiny_config_exercises_its_decorations(policy):
-    r = _case_run(policy, ref="hf")
+    r = case_run(policy, "granite", ref="hf")
     assert {"attn_scale", "residual_multiplier", "o_bias", "qkv_bias"} <= set(r.features)
     lc = r.layer_cfgs[0]
     assert lc.softmax_scale == 0.15 and lc.residual_multiplier == 0.22
@@ -32,14 +27,14 @@ def test_tiny_config_exercises_its_decorations(policy):
 
 def test_every_decoration_has_a_mutant(policy):
     covered = {m.decoration for m in registry().values()}
-    feats = set(_case_run(policy, ref="hf").features) - {"kv_decode"}
+    feats = set(case_run(policy, "granite", ref="hf").features) - {"kv_decode"}
     assert feats <= covered, feats - covered
 
 
 def test_gguf_metadata_carries_the_multipliers(policy, tmp_path):
     import gguf
 
-    r = _case_run(policy, ref="hf")
+    r = case_run(policy, "granite", ref="hf")
     w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "granite")
     get("granite").gguf_params(w, r.config)
     kv = {k: v.value for d in w.kv_data for k, v in d.items()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import all_statuses, case_run, run
 from harness.families import get
 from harness.families.llama import WO_SCALE
 from harness.mutants import applied, registry
@@ -16,10 +16,6 @@ from harness.mutants import applied, registry
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 BIAS = (("attention_bias", True),)
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
 
 
 def test_plain_is_the_default_variant(policy):
@@ -40,7 +36,7 @@ def test_wo_scale_three_way(policy, kv, overrides):
     assert "o_scale" in feats and ("o_bias" in feats) == bool(overrides)
     assert {r["variant"] for r in rows} == {"wo_scale"}
     assert all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"][:3]
-    st = _st(rows)
+    st = all_statuses(rows)
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 1, "attn_out")] == "pass"
 
@@ -48,11 +44,10 @@ def test_wo_scale_three_way(policy, kv, overrides):
 def test_the_file_holds_w_over_s_and_its_companion():
     import gguf
 
-    from harness.case import Case, CaseRun
     from harness.policy import load_policy
     from harness.refs import gguf_export
 
-    cr = CaseRun(Case(family="llama", variant="wo_scale"), load_policy())
+    cr = case_run(load_policy(), "llama", variant="wo_scale")
     path = gguf_export.export(cr.family, cr.base_model, cr.config, "f32", 0, "wo_scale")
     t = {x.name: x for x in gguf.GGUFReader(str(path)).tensors}
     s = np.asarray(t["blk.0.attn_output.scale"].data)
@@ -68,7 +63,7 @@ def test_without_the_companion_llamacpp_computes_with_w_over_s(policy, monkeypat
     """The scale must reach llama.cpp: a file with W / s and no attn_output.scale
     differs from the first probe after wo, and only there."""
     monkeypatch.setattr(get("llama"), "write_wo_scale", False)
-    st = _st(run(policy, family="llama", variant="wo_scale", ref="all"))
+    st = all_statuses(run(policy, family="llama", variant="wo_scale", ref="all"))
     assert st[("impl", "llamacpp", 0, "attn_branch")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_out")] == "fail"
     assert st[("llamacpp", "hf", 0, "attn_out")] == "fail"
@@ -78,7 +73,7 @@ def test_without_the_companion_llamacpp_computes_with_w_over_s(policy, monkeypat
 @pytest.mark.parametrize("name,overrides", [("o-scale-dropped", ()), ("o-scale-after-bias", BIAS)])
 def test_a_broken_scale_fails_against_llamacpp_too(policy, name, overrides):
     with applied(registry()[name]):
-        st = _st(run(policy, family="llama", variant="wo_scale", ref="llamacpp", overrides=overrides))
+        st = all_statuses(run(policy, family="llama", variant="wo_scale", ref="llamacpp", overrides=overrides))
     assert st[("impl", "llamacpp", 0, "attn_branch")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_out")] == "fail"
 
@@ -86,11 +81,10 @@ def test_a_broken_scale_fails_against_llamacpp_too(policy, name, overrides):
 def test_gguf_import_folds_the_companion(policy, tmp_path):
     """--gguf on a file with attn_output.scale: HF gets W = W' * s, impl computes
     from it, and both agree with llama.cpp running the file."""
-    from harness.case import Case, CaseRun
     from harness.policy import load_policy
     from harness.refs import gguf_export, gguf_import
 
-    cr = CaseRun(Case(family="llama", variant="wo_scale", overrides=BIAS), load_policy())
+    cr = case_run(load_policy(), "llama", variant="wo_scale", overrides=BIAS)
     path = gguf_export.export(cr.family, cr.base_model, cr.config, "f32", 0, "wo_scale")
     src = gguf_import.load(str(path))
     w = cr.base_model.model.layers[1].self_attn.o_proj.weight.detach().numpy()

@@ -7,16 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import all_statuses, assert_llamacpp_rotation_step_finding, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 CHUNK = (("attention_chunk_size", 6),)
 TEMP = (("floor_scale", 2), ("attn_scale", 0.5))
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
 
 
 def _layers():
@@ -45,24 +41,23 @@ def test_default_config_three_way_on_every_probe(policy):
     assert not [r for r in rows if r["status"] not in ("pass",)], "the default config must agree everywhere"
     feats = set(rows[0]["features"].split(";"))
     assert {"chunked_window", "temperature", "qk_norm_post_rope", "nope_layers", "rope_interleaved"} <= feats
-    st = _st(rows)
+    st = all_statuses(rows)
     for ref in ("hf", "llamacpp"):
         for layer in range(4):
             for probe in ("q", "k", "q_rope", "k_rope", "attn_probs", "attn_out"):
                 assert st[("impl", ref, layer, probe)] == "pass", (ref, layer, probe)
 
 
+@pytest.mark.parametrize("overrides", [CHUNK, TEMP], ids=["chunk", "temperature"])
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_hf_only_chunk_against_hf(policy, kv):
-    rows = run(policy, family="llama4", ref="hf", kv=kv, overrides=CHUNK)
+def test_hf_only_setting_against_hf(policy, overrides, kv):
+    rows = run(policy, family="llama4", ref="hf", kv=kv, overrides=overrides)
     assert rows and all(r["status"] == "pass" for r in rows)
 
 
 def test_hf_only_chunk_is_active_and_llamacpp_ignores_it(policy):
-    from harness.case import Case, CaseRun
-
     rows = run(policy, family="llama4", ref="all", kv="paged", overrides=CHUNK)
-    st = _st(rows)
+    st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     # impl and HF agree; llama.cpp (chunk 8192) disagrees from the first chunked attn_probs
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
@@ -72,24 +67,16 @@ def test_hf_only_chunk_is_active_and_llamacpp_ignores_it(policy):
     assert st[("impl", "llamacpp", 3, "attn_probs")] == "pass"  # the NoPE layer is full attention
     assert st[("llamacpp", "hf", 0, "attn_probs")] == "finding"
     # the window really cuts: HF gives no weight across a chunk boundary, llama.cpp does
-    run_ = CaseRun(Case(family="llama4", kv="paged", overrides=CHUNK), policy)
+    run_ = case_run(policy, "llama4", kv="paged", overrides=CHUNK)
     hf = run_.capture("hf").probes["L0.attn_probs"]
     lc = run_.capture("llamacpp").probes["L0.attn_probs"]
     assert np.all(hf[:, :, 6:, :6] == 0) and np.all(hf[:, :, 12:, :12] == 0)
     assert lc[:, :, 6:, :6].sum() > 1.0
 
 
-@pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_hf_only_temperature_against_hf(policy, kv):
-    rows = run(policy, family="llama4", ref="hf", kv=kv, overrides=TEMP)
-    assert rows and all(r["status"] == "pass" for r in rows)
-
-
 def test_hf_only_temperature_is_active_and_llamacpp_ignores_it(policy):
-    from harness.case import Case, CaseRun
-
     rows = run(policy, family="llama4", ref="all", kv="decode", overrides=TEMP)
-    st = _st(rows)
+    st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, ref, layer, _), s in st.items() if c == "impl" and layer < 3)
     # llama.cpp's q (RESHAPE) is before the temperature, its q_rope (MUL) after it
@@ -97,7 +84,7 @@ def test_hf_only_temperature_is_active_and_llamacpp_ignores_it(policy):
     assert st[("impl", "llamacpp", 3, "q_rope")] == "finding"
     assert st[("impl", "hf", 3, "q_rope")] == "pass"
     # HF scales the NoPE layer's q by log1p(floor((pos + 1) / 2)) * 0.5 + 1
-    hf = CaseRun(Case(family="llama4", overrides=TEMP), policy).capture("hf").probes
+    hf = case_run(policy, "llama4", overrides=TEMP).capture("hf").probes
     pos = np.arange(16)
     want = np.log1p(np.floor((pos + 1) / 2)) * 0.5 + 1
     ratio = np.linalg.norm(hf["L3.q_rope"][0], axis=(1, 2)) / np.linalg.norm(hf["L3.q"][0], axis=(1, 2))
@@ -108,12 +95,7 @@ def test_hf_only_temperature_is_active_and_llamacpp_ignores_it(policy):
 def test_hf_only_nope_interval(policy):
     """no_rope_layer_interval=2: HF leaves layer 1 unrotated, llama.cpp (step 4) rotates it."""
     rows = run(policy, family="llama4", ref="all", overrides=(("no_rope_layer_interval", 2),))
-    st = _st(rows)
-    assert not [k for k, s in st.items() if s in ("fail", "error")]
-    assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
-    assert st[("impl", "llamacpp", 1, "q")] == "pass"
-    assert st[("impl", "llamacpp", 1, "q_rope")] == "finding"
-    assert all(s == "pass" for (c, ref, layer, _), s in st.items() if c == "impl" and layer in (0, 2, 3))
+    assert_llamacpp_rotation_step_finding(rows, before="q", ref_vs_ref=False)
 
 
 def test_findings_need_their_settings():

@@ -9,11 +9,7 @@ import functools
 import numpy as np
 import pytest
 
-from conftest import run
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
+from conftest import all_statuses, case_run, run
 
 
 def test_layer_shapes_follow_the_layer_type():
@@ -31,11 +27,10 @@ def test_layer_shapes_follow_the_layer_type():
 def test_hf_canonical_divides_exactly_the_value_scale(policy, monkeypatch):
     """HF's eager output and o_proj input carry the scale (HF scales V); the canonical
     probes are those divided by it, nothing else; q/k/v and attn_out are untouched."""
-    from harness.case import Case, CaseRun
     from harness.families.base import LlamaLike
     from harness.refs import hf
 
-    run_ = CaseRun(Case(family="mimo_v2_flash"), policy)
+    run_ = case_run(policy, "mimo_v2_flash")
     fam = run_.family
     args = (fam, run_.base_model, run_.config, run_.layer_cfgs, run_.tokens)
     canon = hf.capture(*args)
@@ -53,9 +48,7 @@ def test_hf_canonical_divides_exactly_the_value_scale(policy, monkeypatch):
 def test_sinks_and_window_act_on_the_sliding_layers(policy):
     """The sliding layers' probabilities sum to less than 1 (the sink takes the rest)
     and vanish outside the window; the full layers' sum to 1 over all past keys."""
-    from harness.case import Case, CaseRun
-
-    run_ = CaseRun(Case(family="mimo_v2_flash", ref="llamacpp"), policy)
+    run_ = case_run(policy, "mimo_v2_flash", ref="llamacpp")
     for ref in ("hf", "llamacpp"):
         probs = run_.capture(ref).probes
         for i, swa in enumerate([False, True, True, False]):
@@ -73,7 +66,7 @@ def test_sinks_and_window_act_on_the_sliding_layers(policy):
 @pytest.mark.usefixtures("need_llamacpp")
 def test_attention_bias_is_a_finding_against_llamacpp(policy):
     rows = run(policy, family="mimo_v2_flash", ref="all", overrides=(("attention_bias", True),))
-    st = _st(rows)
+    st = all_statuses(rows)
     assert "qkv_bias" in rows[0]["features"].split(";")
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
@@ -87,9 +80,7 @@ def test_attention_bias_is_a_finding_against_llamacpp(policy):
 def test_llamacpp_loads_the_q_bias_and_ignores_it(policy):
     """The cause of the finding, measured: llama.cpp's q is its own attn_in times wq,
     without the bias HF adds."""
-    from harness.case import Case, CaseRun
-
-    run_ = CaseRun(Case(family="mimo_v2_flash", ref="llamacpp", overrides=(("attention_bias", True),)), policy)
+    run_ = case_run(policy, "mimo_v2_flash", ref="llamacpp", overrides=(("attention_bias", True),))
     lc = run_.capture("llamacpp").probes
     w = run_.weights_for("float32")[0]
     assert np.abs(w["bq"]).max() > 0.05

@@ -6,22 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 BIAS4 = (("attn_config.alibi_bias_max", 4),)
 
 
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
-
-
 def test_six_heads_and_clamp_three_way(policy):
-    from harness.case import Case, CaseRun
-
     rows = run(policy, family="mpt", ref="all", kv="decode")
-    st = _st(rows)
+    st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     feats = set(rows[0]["features"].split(";"))
     assert {"alibi", "qkv_clamp", "layernorm"} <= feats
@@ -30,7 +24,7 @@ def test_six_heads_and_clamp_three_way(policy):
             for probe in ("q", "k", "v", "attn_probs", "attn_heads"):
                 assert st[("impl", ref, layer, probe)] == "pass", (ref, layer, probe)
     # the clamp is active: a good share of Q/K/V sits at +-clip_qkv in HF's own tensors
-    hf = CaseRun(Case(family="mpt"), policy).capture("hf").probes
+    hf = case_run(policy, "mpt").capture("hf").probes
     qkv = np.concatenate([hf[f"L0.{p}"].ravel() for p in ("q", "k", "v")])
     assert 0.05 < np.mean(np.isclose(np.abs(qkv), 1.5)) < 0.5
 
@@ -39,9 +33,7 @@ def test_probes_come_from_the_forward_itself(policy):
     """The tapped probs are the ones HF returns with output_attentions."""
     import torch
 
-    from harness.case import Case, CaseRun
-
-    r = CaseRun(Case(family="mpt", overrides=(("n_layers", 1),)), policy)
+    r = case_run(policy, "mpt", overrides=(("n_layers", 1),))
     hf = r.capture("hf").probes
     with torch.no_grad():
         out = r.base_model(torch.as_tensor(r.tokens), output_attentions=True)
@@ -52,7 +44,7 @@ def test_hf_only_alibi_bias_max(policy):
     """HF keeps max bias 8 whatever attn_config.alibi_bias_max says; the converter
     writes it and llama.cpp uses it: a finding, impl (= HF) still passes against HF."""
     rows = run(policy, family="mpt", ref="all", overrides=BIAS4)
-    st = _st(rows)
+    st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
     assert st[("impl", "llamacpp", 0, "k_rope")] == "pass"
@@ -67,7 +59,7 @@ def test_hf_only_alibi_bias_max(policy):
 def test_hf_only_alibi_off(policy):
     """attn_config.alibi=false: HF keeps ALiBi, the converter writes max_alibi_bias 0
     and llama.cpp attends with no position information."""
-    st = _st(run(policy, family="mpt", ref="all", kv="paged", overrides=(("attn_config.alibi", False),)))
+    st = all_statuses(run(policy, family="mpt", ref="all", kv="paged", overrides=(("attn_config.alibi", False),)))
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
     assert st[("impl", "llamacpp", 1, "attn_probs")] == "finding"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run
+from conftest import all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -13,7 +13,7 @@ def test_decorations_and_probes(policy):
     rows = run(policy, family="olmo2", ref="all", kv="paged")
     feats = set(rows[0]["features"].split(";"))
     assert {"qk_norm_row", "post_norm", "rope_neox", "gqa"} <= feats
-    st = {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
+    st = all_statuses(rows)
     for layer in (0, 1):
         # llama.cpp's olmo2 has no attn_norm: the attention reads the layer input itself
         assert st[("impl", "llamacpp", layer, "attn_in")] == "not-exposed"

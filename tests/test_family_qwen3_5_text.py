@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run
+from conftest import all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
 
 
 def test_export_without_the_v_head_reorder_is_caught_at_the_delta_net_output(policy, monkeypatch):
     from harness.families import get
 
     monkeypatch.setattr(get("qwen3_5_text"), "reorder_v_heads", False)
-    st = _st(run(policy, family="qwen3_5_text", ref="all"))
+    st = all_statuses(run(policy, family="qwen3_5_text", ref="all"))
     assert st[("llamacpp", "hf", 0, "attn_in")] == "pass"
     assert st[("llamacpp", "hf", 0, "attn_out")] == "fail"  # layer 0 is a delta-net layer
     # impl is teacher-forced from llama.cpp's own layer input, so its attention layers still agree

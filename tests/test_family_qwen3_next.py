@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run
+from conftest import all_statuses, run
 
 LINEAR_PROBES = ("layer_in", "attn_in", "attn_out", "resid_mid", "layer_out")
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
 
 
 @pytest.mark.usefixtures("need_llamacpp")
@@ -23,7 +19,7 @@ def test_linear_layers_are_named_not_implemented_and_compared_between_references
         ni = [r for r in rows if r["candidate"] == "impl" and r["reference"] == ref and r["status"] == "not-implemented"]
         assert sorted(r["layer"] for r in ni) == [0, 2]
         assert all(r["layer_kind"] == "linear_attention" and "linear_attention" in r["reason"] for r in ni)
-    st = _st(rows)
+    st = all_statuses(rows)
     for layer in (0, 2):
         for probe in LINEAR_PROBES:
             assert st[("llamacpp", "hf", layer, probe)] == "pass", (layer, probe)
@@ -38,7 +34,7 @@ def test_export_without_the_norm_offset_is_caught_at_attn_in(policy, monkeypatch
     from harness.families import get
 
     monkeypatch.setattr(get("qwen3_next"), "norm_plus_one", False)
-    st = _st(run(policy, family="qwen3_next", ref="all"))
+    st = all_statuses(run(policy, family="qwen3_next", ref="all"))
     assert st[("llamacpp", "hf", 0, "layer_in")] == "pass"
     assert st[("llamacpp", "hf", 0, "attn_in")] == "fail"  # the first (1 + w) norm
     assert st[("impl", "hf", 1, "attn_in")] == "pass"

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run
+from conftest import (all_statuses, assert_llamacpp_fails_first_at_q, assert_llamacpp_rotation_step_finding,
+                      run)
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
-
-
-def _st(rows):
-    return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
 
 
 def test_nope_layer_is_compared_on_both_sides(policy):
     rows = run(policy, family="smollm3", ref="all")
     assert "nope_layers" in rows[0]["features"].split(";")
-    st = _st(rows)
+    st = all_statuses(rows)
     # layer 3 is NoPE: llama.cpp has no ROPE node there, its q_rope is the reshaped Qcur
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 3, "q_rope")] == "pass"
@@ -28,23 +25,15 @@ def test_broken_qk_permutation_fails_at_q(policy, monkeypatch):
     from harness.families import get
 
     monkeypatch.setattr(get("smollm3"), "permute_qk", False)
-    st = _st(run(policy, family="smollm3", ref="all"))
-    assert st[("impl", "hf", 0, "q")] == "pass"
-    assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
-    assert st[("impl", "llamacpp", 0, "q")] == "fail"
+    st = all_statuses(run(policy, family="smollm3", ref="all"))
+    assert_llamacpp_fails_first_at_q(st)
     assert st[("impl", "llamacpp", 0, "v")] == "pass"
 
 
 def test_hf_only_nope_interval(policy):
     """no_rope_layer_interval=2: HF leaves layer 1 unrotated, llama.cpp (step 4) rotates it."""
-    rows = run(policy, family="smollm3", ref="all", overrides=(("no_rope_layer_interval", 2),))
-    st = _st(rows)
-    assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
-    assert all(s == "pass" for (c, ref, layer, _), s in st.items() if c == "impl" and layer in (0, 2, 3))
-    assert st[("impl", "llamacpp", 1, "k")] == "pass"
-    assert st[("impl", "llamacpp", 1, "q_rope")] == "finding"
-    assert st[("llamacpp", "hf", 1, "q_rope")] == "finding"
-    assert not [k for k, s in st.items() if s in ("fail", "error")]
+    assert_llamacpp_rotation_step_finding(run(policy, family="smollm3", ref="all",
+                                              overrides=(("no_rope_layer_interval", 2),)))
 
 
 def test_the_interval_finding_needs_its_setting(policy):
@@ -60,7 +49,7 @@ def test_the_interval_finding_needs_its_setting(policy):
 def test_hf_only_sliding_window(policy):
     rows = run(policy, family="smollm3", ref="all",
                overrides=(("use_sliding_window", True), ("sliding_window", 4)))
-    st = _st(rows)
+    st = all_statuses(rows)
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
     assert st[("impl", "llamacpp", 3, "attn_probs")] == "finding"
     assert not [k for k, s in st.items() if s in ("fail", "error")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run, statuses
+from conftest import all_statuses, assert_llamacpp_fails_first_at_q, bad_rows, run, statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -16,8 +16,7 @@ FOUNDATION = ["llama", "qwen2", "qwen3"]
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_three_way(policy, family, kv):
     rows = run(policy, family=family, ref="all", kv=kv, schedule="mixed")
-    bad = [(r["candidate"], r["reference"], r["layer"], r["probe"], r["reason"]) for r in rows
-           if r["status"] not in ("pass", "not-exposed")]
+    bad = bad_rows(rows, ok=("pass", "not-exposed"))
     assert not bad, bad
     pairs = {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"}
     assert pairs == {("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf")}
@@ -56,10 +55,8 @@ def test_broken_qk_permutation_fails_at_q(policy, monkeypatch):
     llama = get("llama")
     monkeypatch.setattr(llama, "permute_qk", False)
     rows = run(policy, family="llama", ref="all")
-    st = {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
-    assert st[("impl", "hf", 0, "q")] == "pass"  # HF is untouched
-    assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"  # everything before q agrees
-    assert st[("impl", "llamacpp", 0, "q")] == "fail"  # the first divergence is q
+    st = all_statuses(rows)
+    assert_llamacpp_fails_first_at_q(st)
     assert st[("impl", "llamacpp", 0, "v")] == "pass"
     assert st[("llamacpp", "hf", 0, "q")] == "fail"
 

@@ -26,16 +26,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import bad_rows, run
 
 ROOT = Path(__file__).resolve().parent.parent
 FOUNDATION = ["llama", "qwen2", "qwen3"]
 CKPT_SEED = 5  # not the case seed: the checkpoint's weights are not the family's seeded ones
-
-
-def _bad(rows):
-    return [(r["candidate"], r["reference"], r["layer"], r["probe"], r["reason"]) for r in rows
-            if r["status"] not in ("pass", "not-exposed")]
 
 
 def save_checkpoint(dest: Path, family: str, seed: int = CKPT_SEED, overrides: dict | None = None):
@@ -74,7 +69,7 @@ def test_hf_model_three_way(policy, checkpoints, family):
     d, model, config = checkpoints[family]
     assert family_of(d) == family  # from config.json's model_type
     rows = run(policy, family=family, hf_model=str(d), ref="all")
-    assert not _bad(rows)
+    assert not bad_rows(rows, ok=("pass", "not-exposed"))
     pairs = {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"}
     assert pairs == {("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf")}
     # the weights compared are the checkpoint's, not the family's seeded ones
@@ -101,7 +96,7 @@ def test_hf_model_rewritten_checkpoint_is_not_served_stale(policy, tmp_path):
     for seed in (11, 12):
         save_checkpoint(d, "llama", seed=seed)
         rows = run(policy, family="llama", hf_model=str(d), ref="llamacpp", kv="batched")
-        assert not _bad(rows) and any(r["status"] == "pass" for r in rows)
+        assert not bad_rows(rows, ok=("pass", "not-exposed")) and any(r["status"] == "pass" for r in rows)
 
 
 def test_hf_model_set_non_shape_field(policy, checkpoints):
@@ -114,7 +109,7 @@ def test_hf_model_set_non_shape_field(policy, checkpoints):
     assert cr.config.rope_parameters["rope_theta"] == 5000.0
     assert cr.layer_cfgs[0].rope.theta == 5000.0
     rows = run(policy, family="qwen2", hf_model=str(d), ref="hf", overrides=case.overrides)
-    assert not _bad(rows) and any(r["status"] == "pass" for r in rows)
+    assert not bad_rows(rows, ok=("pass", "not-exposed")) and any(r["status"] == "pass" for r in rows)
 
 
 def _bad_dirs(tmp: Path, checkpoints) -> list[tuple[list[str], str]]:
@@ -302,7 +297,7 @@ KV_CASES = [(f, kv) for f in ("llama", "qwen2") for kv in ("decode", "batched", 
 def test_converter_gguf_impl_vs_llamacpp(policy, converted, family, kv):
     path = converted[(family, "f32")][0]
     rows = run(policy, family="", gguf=str(path), ref="llamacpp", kv=kv)
-    assert not _bad(rows)
+    assert not bad_rows(rows, ok=("pass", "not-exposed"))
     assert {r["family"] for r in rows} == {family}
     passed = {(r["layer"], r["probe"]) for r in rows if r["status"] == "pass"}
     n_layers = converted[(family, "f32")][2].num_hidden_layers
@@ -330,7 +325,7 @@ def test_converter_gguf_q8_0(policy, converted):
     assert src.weight_type == "q8_0"
     _assert_recovered(src, model, config, exact=False)
     rows = run(policy, family="", gguf=str(path), ref="llamacpp", kv="paged")
-    assert not _bad(rows)
+    assert not bad_rows(rows, ok=("pass", "not-exposed"))
     assert {r["cmp_dtype"] for r in rows if r.get("cmp_dtype")} == {"q8_0"}
     assert {r["gguf_type"] for r in rows} == {"q8_0"}
 
@@ -349,7 +344,7 @@ def test_own_export_q8_0(policy):
     assert src.weight_type == "q8_0" and {"Q8_0", "F32"} <= set(src.tensor_types.values())
     _assert_recovered(src, model, config, exact=False)
     rows = run(policy, family="", gguf=str(path), ref="llamacpp", kv="batched")
-    assert not _bad(rows) and any(r["status"] == "pass" for r in rows)
+    assert not bad_rows(rows, ok=("pass", "not-exposed")) and any(r["status"] == "pass" for r in rows)
 
 
 ROUND_TRIPS = {
@@ -376,7 +371,7 @@ def test_own_export_round_trips(policy, setting):
     src = gguf_import.load(str(path))
     _assert_recovered(src, model, config, exact=True)
     rows = run(policy, family="", gguf=str(path), ref="llamacpp")
-    assert not _bad(rows) and any(r["status"] == "pass" for r in rows)
+    assert not bad_rows(rows, ok=("pass", "not-exposed")) and any(r["status"] == "pass" for r in rows)
 
 
 # ---------------------------------------------------------------- --gguf refusals

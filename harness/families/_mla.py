@@ -50,11 +50,8 @@ from impl import NormSpec, make_rope
 from impl.mla import MlaConfig
 
 from ..errors import UsageError
-from .base import Family, LcPoint, Point, rope_identity_overrides, tensor
-
-
-def _torch():
-    return __import__("torch")
+from .base import (Family, LcPoint, Point, gguf_moe_convert, gguf_size_params, gguf_yarn_params,
+                   rope_identity_overrides, tensor)
 
 
 def split_kv_b(kv_b: np.ndarray, n_heads: int, nope: int, v: int) -> tuple[np.ndarray, np.ndarray]:
@@ -111,19 +108,9 @@ class MlaFamily(Family):
         "layer_out": Point("", "out"),
     }
 
+    experts_implementation = "eager"
+
     # ------------------------------------------------------------------ config
-    def build_model(self, config, seed: int, dtype: str = "float32"):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        # experts_implementation="eager": the experts' own forward loop from the modeling
-        # file; the default grouped_mm kernel refuses float64 (HF at --dtype float64)
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                 experts_implementation="eager", dtype=torch.float32)
-        self.init_weights(model, seed)
-        return model.to(dtype=getattr(torch, dtype)).eval()
-
     def validate(self, kw: dict) -> None:
         super().validate(kw)
         nh, nkv = kw.get("num_attention_heads"), kw.get("num_key_value_heads")
@@ -292,12 +279,6 @@ class MlaFamily(Family):
         return arr
 
     # ------------------------------------------------------------------ GGUF
-    def _tmap(self, config):
-        import gguf
-
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        return gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-
     def check_lc_variant(self, variant: str | None) -> None:
         if variant == "naive" and self.lc_naive_unsupported:
             raise RuntimeError(f"llama.cpp cannot run the naive (combined kv_b) MLA form of {self.gguf_arch}: "
@@ -305,34 +286,15 @@ class MlaFamily(Family):
 
     def gguf_tensors(self, model, config, variant=None):
         self.check_lc_variant(variant)
-        tmap = self._tmap(config)
-        for name, p in model.state_dict().items():
-            data = p.detach().to(dtype=_torch().float32).cpu().numpy()
-            for new_name, out in self.convert_tensor(name, data, config, variant or self.variants[0]):
-                gname = tmap.get_name(new_name, try_suffixes=(".weight", ".bias"))
-                if gname is None:
-                    raise ValueError(f"{self.name}: no GGUF name for HF tensor {new_name!r}")
-                yield gname, out
+        yield from super().gguf_tensors(model, config, variant)
 
-    def convert_tensor(self, name: str, data: np.ndarray, config, variant: str):
-        """One HF tensor -> ``(hf_style_name, array)`` pairs the tensor map names:
-        ``DeepseekV2Model.modify_tensors`` on transformers 5's in-memory layout."""
-        if name.endswith("e_score_correction_bias"):
-            # conversion/base.py ModelBase.modify_tensors: `e_score_correction_bias` ->
-            # `e_score_correction.bias` (-> blk.N.exp_probs_b.bias)
-            yield name.replace("e_score_correction_bias", "e_score_correction.bias"), data
-            return
-        if name.endswith("mlp.experts.gate_up_proj"):
-            # transformers 5 fuses the experts into [E, 2F, H] (gate rows first); the
-            # converter reads the per-expert gate/up/down of a saved checkpoint and
-            # stacks them (torch.stack(datas, dim=0)) into ffn_{gate,up}_exps [E, F, H]
-            f = data.shape[-2] // 2
-            base = name.removesuffix(".gate_up_proj")
-            yield base + ".gate_proj.weight", np.ascontiguousarray(data[:, :f, :])
-            yield base + ".up_proj.weight", np.ascontiguousarray(data[:, f:, :])
-            return
-        if name.endswith("mlp.experts.down_proj"):  # [E, H, F] -> ffn_down_exps
-            yield name + ".weight", data
+    def gguf_convert(self, name: str, data: np.ndarray, config, variant: str | None = None):
+        """``DeepseekV2Model.modify_tensors`` on transformers 5's in-memory layout
+        (the MoE tensors: ``gguf_moe_convert``)."""
+        variant = variant or self.variants[0]
+        moe = gguf_moe_convert(name, data)
+        if moe is not None:
+            yield from moe
             return
         if name.endswith("kv_b_proj.weight"):
             if variant == "naive":
@@ -363,24 +325,10 @@ class MlaFamily(Family):
         after ``DeepseekV2Model.set_gguf_parameters`` has set
         ``hparams["num_key_value_heads"] = 1`` ("deepseek2 using MLA converts into
         MQA"); the naive variant's legacy file keeps the real head count."""
-        import gguf
-
-        w.add_block_count(config.num_hidden_layers)
-        w.add_context_length(config.max_position_embeddings)
-        w.add_embedding_length(config.hidden_size)
-        w.add_feed_forward_length(config.intermediate_size)
-        w.add_head_count(config.num_attention_heads)
+        gguf_size_params(w, config, head_count_kv=False)
         rp = dict(getattr(config, "rope_parameters", None) or {})
         if rp.get("rope_type") == "yarn" and rp.get("factor") is not None:
-            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-            w.add_rope_scaling_factor(rp["factor"])
-            w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
-            for key, add in (("extrapolation_factor", w.add_rope_scaling_yarn_ext_factor),
-                             ("attention_factor", w.add_rope_scaling_yarn_attn_factor),
-                             ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
-                             ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
-                if rp.get(key) is not None:
-                    add(rp[key])
+            gguf_yarn_params(w, rp)
         if rp.get("rope_theta") is not None:
             w.add_rope_freq_base(rp["rope_theta"])
         w.add_layer_norm_rms_eps(config.rms_norm_eps)

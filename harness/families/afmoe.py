@@ -54,11 +54,10 @@ Configs:
 
 from __future__ import annotations
 
-import numpy as np
+from impl import NormSpec, QkNormSpec
 
-from impl import LayerConfig, NormSpec, QkNormSpec
-
-from .base import LcPoint, LlamaLike, Point, rope_from_config, tensor, text_model_gguf_params
+from .base import (LcPoint, LlamaLike, gguf_moe_convert, lc_unrotated, post_norm_points,
+                   text_model_gguf_params)
 
 
 class Afmoe(LlamaLike):
@@ -79,14 +78,12 @@ class Afmoe(LlamaLike):
     )
     gguf_arch = "afmoe"
     extra_settable = ("route_norm",)
+    # AfmoeExperts.forward's own loop; the default grouped_mm kernel refuses float64
+    experts_implementation = "eager"
 
-    hf_points = {
-        **LlamaLike.hf_points,
-        # AfmoeDecoderLayer.forward: post_attention_layernorm(self_attn(...)) is added
-        # to the residual; pre_mlp_layernorm reads the residual after it
-        "attn_out": Point("post_attention_layernorm", "out"),
-        "resid_mid": Point("pre_mlp_layernorm", "in"),
-    }
+    # AfmoeDecoderLayer.forward: post_attention_layernorm(self_attn(...)) is added
+    # to the residual; pre_mlp_layernorm reads the residual after it
+    hf_points = post_norm_points("pre_mlp_layernorm")
     lc_points = {
         **LlamaLike.lc_points,
         # build_qkv's last Qcur/Kcur is the [D, H, T] reshape; the ROPE output is
@@ -102,47 +99,21 @@ class Afmoe(LlamaLike):
         "attn_out": LcPoint("attn_post_norm"),
     }
 
-    # ------------------------------------------------------------------ model
-    def build_model(self, config, seed: int, dtype: str = "float32"):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        # experts_implementation="eager": AfmoeExperts.forward's own loop; the default
-        # grouped_mm kernel refuses float64
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                 experts_implementation="eager", dtype=torch.float32)
-        self.init_weights(model, seed)
-        return model.to(dtype=getattr(torch, dtype)).eval()
-
     # ------------------------------------------------------------------ impl
-    def layer_config(self, config, i: int):
-        hd = self.head_dim(config)
-        eps = config.rms_norm_eps
-        local = config.layer_types[i] == "sliding_attention"
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
-            head_dim=hd,
-            input_norm=NormSpec("rms", eps),
-            # AfmoeAttention: q_norm / k_norm = AfmoeRMSNorm(head_dim), before RoPE
-            qk_norm=QkNormSpec(NormSpec("rms", eps), over="head", where="pre_rope"),
-            # AfmoeAttention.forward: apply_rotary_pos_emb only `if self.is_local_attention`
-            rope=rope_from_config(config, head_dim=hd) if local else None,
-            window=self.window(config, i),
-            # AfmoeAttention.forward: output * sigmoid(gate_proj(hidden_states)) before o_proj
-            q_gate="separate",
-            # AfmoeDecoderLayer.forward: post_attention_layernorm on the attention output
-            post_norm=NormSpec("rms", eps),
-        )
+    # AfmoeAttention: q_norm / k_norm = AfmoeRMSNorm(head_dim), before RoPE
+    qk_norm = QkNormSpec(NormSpec("rms"), over="head", where="pre_rope")
+    # AfmoeDecoderLayer.forward: post_attention_layernorm on the attention output
+    post_norm_kind = "rms"
+    weight_map = {**LlamaLike.weight_map, "self_attn.gate_proj.weight": "wg",
+                  "post_attention_layernorm.weight": "post_norm"}
 
-    def layer_weights(self, model, config, i):
-        w = super().layer_weights(model, config, i)
-        layer = self.decoder_layers(model)[i]
-        w["wg"] = tensor(layer, "self_attn.gate_proj.weight")
-        w["post_norm"] = tensor(layer, "post_attention_layernorm.weight")
-        return w
+    def uses_rope(self, config, i: int) -> bool:
+        # AfmoeAttention.forward: apply_rotary_pos_emb only `if self.is_local_attention`
+        return config.layer_types[i] == "sliding_attention"
+
+    def layer_config(self, config, i: int):
+        # AfmoeAttention.forward: output * sigmoid(gate_proj(hidden_states)) before o_proj
+        return super().layer_config(config, i).replace(q_gate="separate")
 
     # ------------------------------------------------------------------ llama.cpp
     def lc_points_for(self, config, i: int):
@@ -151,8 +122,7 @@ class Afmoe(LlamaLike):
         # is the normed Qcur / Kcur.
         if (i + 1) % 4 != 0:
             return self.lc_points
-        return {**self.lc_points, "q_rope": LcPoint("Qcur_normed", "last", "heads"),
-                "k_rope": LcPoint("Kcur_normed", "last", "heads")}
+        return lc_unrotated(self.lc_points, "Qcur_normed", "Kcur_normed")
 
     def lc_layer_input(self, config, i: int):
         # afmoe.cpp: inpL = ggml_scale(inp_embd, sqrtf(n_embd)), cb "inp_embd_scaled";
@@ -183,41 +153,16 @@ class Afmoe(LlamaLike):
         if (v := getattr(config, "sliding_window", None)) is not None:
             w.add_sliding_window(v)
 
-    def gguf_tensors(self, model, config, variant=None):
-        import gguf
-        import torch
-
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        tmap = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-        for name, p in model.state_dict().items():
-            data = p.detach().to(dtype=torch.float32).cpu().numpy()
-            for new, out in self._convert(name, data):
-                g = tmap.get_name(new, try_suffixes=(".weight", ".bias"))
-                if g is None:
-                    raise ValueError(f"{self.name}: no GGUF name for HF tensor {new!r}")
-                yield g, out
-
-    @staticmethod
-    def _convert(name: str, data: np.ndarray):
+    def gguf_convert(self, name, data, config, variant=None):
         if name.endswith(".expert_bias"):
             # AfmoeModel.filter_tensors: ".expert_bias" -> ".expert_bias.bias" (-> exp_probs_b.bias)
             yield name.replace(".expert_bias", ".expert_bias.bias"), data
             return
-        if name.endswith("mlp.experts.gate_up_proj"):
-            # transformers 5 fuses the experts into [E, 2F, H] (gate rows first,
-            # AfmoeExperts.forward: .chunk(2, dim=-1)); AfmoeModel.modify_tensors stacks
-            # the checkpoint's per-expert gate/up/down (torch.stack(datas, dim=0)) into
-            # ffn_{gate,up}_exps [E, F, H]
-            f = data.shape[-2] // 2
-            base = name.removesuffix(".gate_up_proj")
-            yield base + ".gate_proj.weight", np.ascontiguousarray(data[:, :f, :])
-            yield base + ".up_proj.weight", np.ascontiguousarray(data[:, f:, :])
-            return
-        if name.endswith("mlp.experts.down_proj"):  # [E, H, F] -> ffn_down_exps
-            yield name + ".weight", data
-            return
-        # ModelBase.modify_tensors: the plain rename, no Q/K permutation (NEOX RoPE)
-        yield name, data
+        # the fused experts (AfmoeExperts.forward: gate_up .chunk(2, dim=-1), gate rows
+        # first): AfmoeModel.modify_tensors stacks the checkpoint's per-expert
+        # gate/up/down (torch.stack(datas, dim=0)) into ffn_{gate,up,down}_exps
+        # ModelBase.modify_tensors otherwise: the plain rename, no Q/K permutation (NEOX RoPE)
+        yield from gguf_moe_convert(name, data) or [(name, data)]
 
 
 FAMILY = Afmoe()

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from impl import LayerConfig, NormSpec, QkNormSpec, WindowSpec, make_rope
-from impl.config import ConfigError
+from impl.config import ConfigError, divisors
 
 from ..errors import UsageError, suggest
 
@@ -82,6 +82,20 @@ class Family:
     # Named variants of the family's impl mapping and GGUF export (MLA: the naive
     # and absorbed forms); the first is the default.
     variants: tuple[str, ...] = ()
+    # HF's experts kernel, passed to from_config where set (None: HF's default).
+    # "eager": the experts' own forward loop from the modeling file; the default
+    # grouped_mm kernel refuses float64 (HF at --dtype float64).
+    experts_implementation: str | None = None
+    # The config keys ``validate`` checks (a family whose HF config names its sizes
+    # otherwise overrides): the roles hidden, heads, kv_heads, layers, head_dim; a
+    # role the config does not have is left out.
+    size_keys: dict[str, str] = {
+        "hidden": "hidden_size",
+        "heads": "num_attention_heads",
+        "kv_heads": "num_key_value_heads",
+        "layers": "num_hidden_layers",
+        "head_dim": "head_dim",
+    }
 
     # llama.cpp's probe points, per layer; a probe not named here is "not exposed".
     lc_points: dict[str, LcPoint] = {
@@ -121,58 +135,72 @@ class Family:
         names += list(self.extra_settable)
         return sorted({n for n in names if n not in _GENERIC_FIELDS and not n.startswith("_")})
 
-    def config_kwargs(self, overrides: dict) -> dict:
-        kw = json.loads(json.dumps(self.tiny))  # deep copy
+    def apply_overrides(self, d: dict, overrides: dict, table_default=None) -> dict:
+        """``overrides`` (``--set`` keys; ``top.sub`` sets one key of the table
+        ``top``) applied to the config dict ``d`` in place; a key the family does
+        not offer is refused. ``table_default(top)``: the table a ``top.sub`` key
+        starts from where ``d`` has none (default: an empty one)."""
         valid = self.settable_keys()
         for key, value in overrides.items():
             top, _, sub = key.partition(".")
             if top not in valid:
                 raise UsageError(f"unknown config key {key!r} for family {self.name}; {suggest(top, valid)}")
             if sub:
-                base = kw.get(top)
-                if base is None:
-                    base = dict(getattr(self.config_class()(), top, None) or {})
-                if not isinstance(base, dict):
+                base = d.get(top)
+                if base is None and table_default is not None:
+                    base = table_default(top)
+                if base is not None and not isinstance(base, dict):
                     raise UsageError(f"config key {top!r} is not a table; set it as {top}=VALUE")
-                base = dict(base)
+                base = dict(base or {})
                 base[sub] = value
-                kw[top] = base
+                d[top] = base
             else:
-                kw[key] = value
-        return kw
+                d[key] = value
+        return d
+
+    def config_kwargs(self, overrides: dict) -> dict:
+        kw = json.loads(json.dumps(self.tiny))  # deep copy
+        return self.apply_overrides(kw, overrides, lambda top: dict(getattr(self.config_class()(), top, None) or {}))
 
     def make_config(self, overrides: dict | None = None):
+        kw = self.config_kwargs(overrides or {})
+        return self.config_from_kwargs(kw, f"family {self.name}: the HF config refused these settings")
+
+    def config_from_kwargs(self, kw: dict, refused: str):
+        """The HF config from ``kw``, checked before (``validate``) and after
+        (``validate_config``); ``refused`` starts the error where HF refuses it."""
         from transformers import AutoConfig
 
-        kw = self.config_kwargs(overrides or {})
         self.validate(kw)
         try:
             config = AutoConfig.for_model(self.hf_model_type, **kw)
         except (ValueError, TypeError, KeyError) as e:
-            raise UsageError(f"family {self.name}: the HF config refused these settings: {_one_line(e)}") from None
+            raise UsageError(f"{refused}: {_one_line(e)}") from None
         self.validate_config(config)
         return config
 
     def validate(self, kw: dict) -> None:
         """Shape checks HF itself does not make (it would build a model that
-        silently truncates, or fail deep inside a forward)."""
-        h, nh = kw.get("hidden_size"), kw.get("num_attention_heads")
-        nkv = kw.get("num_key_value_heads", nh)
-        for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "head_dim"):
-            v = kw.get(name)
+        silently truncates, or fail deep inside a forward), on the config keys
+        ``size_keys`` names."""
+        keys = self.size_keys
+        for role in ("hidden", "heads", "kv_heads", "layers", "head_dim"):
+            name = keys.get(role)
+            v = kw.get(name) if name else None
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise UsageError(f"{name} must be a positive integer, got {v!r}")
-        if nh and nkv and nh % nkv:
-            divs = [d for d in range(1, nh + 1) if nh % d == 0]
-            raise UsageError(
-                f"num_key_value_heads={nkv} does not divide num_attention_heads={nh}; valid: {', '.join(map(str, divs))}"
-            )
-        if kw.get("head_dim") is None and h and nh and h % nh:
-            divs = [d for d in range(1, h + 1) if h % d == 0]
-            raise UsageError(
-                f"num_attention_heads={nh} does not divide hidden_size={h} (and no head_dim is set); "
-                f"valid head counts: {', '.join(map(str, divs))}, or set head_dim"
-            )
+        hk, nk = keys["hidden"], keys["heads"]
+        h, nh = kw.get(hk), kw.get(nk)
+        if "kv_heads" in keys:
+            nkv = kw.get(keys["kv_heads"], nh)
+            if nh and nkv and nh % nkv:
+                raise UsageError(f"{keys['kv_heads']}={nkv} does not divide {nk}={nh}; valid: {_divisors(nh)}")
+        if "head_dim" in keys:
+            if kw.get(keys["head_dim"]) is None and h and nh and h % nh:
+                raise UsageError(f"{nk}={nh} does not divide {hk}={h} (and no {keys['head_dim']} is set); "
+                                 f"valid head counts: {_divisors(h)}, or set {keys['head_dim']}")
+        elif h and nh and h % nh:
+            raise UsageError(f"{nk}={nh} does not divide {hk}={h}; valid head counts: {_divisors(h)}")
 
     def validate_config(self, config) -> None:
         try:
@@ -186,10 +214,10 @@ class Family:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+        kw = {} if self.experts_implementation is None else {"experts_implementation": self.experts_implementation}
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32, **kw)
         self.init_weights(model, seed)
-        model = model.to(dtype=getattr(torch, dtype)).eval()
-        return model
+        return model.to(dtype=getattr(torch, dtype)).eval()
 
     def init_weights(self, model, seed: int) -> None:
         """Seeded weights with O(1) activations: HF's own init (std 0.02) leaves the
@@ -292,6 +320,9 @@ class Family:
     def hf_canonical_heads(self, probe: str, arr: np.ndarray, lc) -> np.ndarray:
         if not isinstance(lc, LayerConfig) or lc.shape != "gqa":
             return arr
+        if probe in ("q", "k") and arr.ndim == 3:
+            # a projection read before its reshape (LcPoint layout "rows"): [seqs, tokens, heads * D]
+            return arr.reshape(*arr.shape[:2], lc.n_heads if probe == "q" else lc.n_kv_heads, lc.head_dim)
         if probe == "attn_heads" and arr.ndim == 3:
             return arr.reshape(arr.shape[0], arr.shape[1], lc.n_heads, lc.dv)
         return arr
@@ -302,26 +333,14 @@ class Family:
         ``TextModel.set_gguf_parameters`` plus the arch's own additions."""
         import gguf
 
-        w.add_block_count(config.num_hidden_layers)
-        w.add_context_length(config.max_position_embeddings)
-        w.add_embedding_length(config.hidden_size)
-        w.add_feed_forward_length(config.intermediate_size)
-        w.add_head_count(config.num_attention_heads)
-        w.add_head_count_kv(config.num_key_value_heads)
+        gguf_size_params(w, config)
         rp = dict(config.rope_parameters or {})
         rp = rp.get("full_attention", rp)
         if rp.get("rope_type") == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(rp["factor"])
         elif rp.get("rope_type") == "yarn":
-            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-            w.add_rope_scaling_factor(rp["factor"])
-            w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
-            for key, fn in (("attention_factor", w.add_rope_scaling_yarn_attn_factor),
-                            ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
-                            ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
-                if rp.get(key) is not None:
-                    fn(rp[key])
+            gguf_yarn_params(w, rp, ("attention_factor", "beta_fast", "beta_slow"))
         if rp.get("rope_theta") is not None:
             w.add_rope_freq_base(rp["rope_theta"])
         eps = getattr(config, "rms_norm_eps", None)
@@ -339,30 +358,44 @@ class Family:
         """A tensor transform the converter applies (default: none)."""
         return data
 
-    def gguf_tensors(self, model, config, variant: str | None = None):
-        """``(gguf_name, array)`` for every HF tensor, transformed and renamed with
-        gguf's own tensor map (``get_tensor_name_map``), as ``modify_tensors`` does."""
+    def gguf_convert(self, name: str, data: np.ndarray, config, variant: str | None = None):
+        """One HF tensor (float32) -> the ``(hf_style_name, array)`` pairs gguf's
+        tensor map names: the converter's ``modify_tensors`` / ``filter_tensors``
+        for it (default: ``gguf_transform``'s one tensor, or none where it drops
+        the tensor). A family whose converter renames, splits or stacks overrides."""
+        data = self.gguf_transform(name, data, config)
+        if data is not None:
+            yield name, data
+
+    def gguf_tensor_map(self, config):
+        """gguf's own tensor-name map of the family's arch (``get_tensor_name_map``)."""
         import gguf
 
         arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        tmap = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+        return gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+
+    def gguf_tensors(self, model, config, variant: str | None = None):
+        """``(gguf_name, array)`` for every HF tensor, converted (``gguf_convert``)
+        and renamed with gguf's own tensor map, as ``modify_tensors`` does."""
+        import torch
+
+        tmap = self.gguf_tensor_map(config)
         for name, p in model.state_dict().items():
-            data = p.detach().to(dtype=__import__("torch").float32).cpu().numpy()
-            data = self.gguf_transform(name, data, config)
-            if data is None:
-                continue
-            new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
-            if new is None:
-                raise ValueError(f"{self.name}: no GGUF name for HF tensor {name!r}")
-            yield new, data
+            data = p.detach().to(dtype=torch.float32).cpu().numpy()
+            for hf_name, out in self.gguf_convert(name, data, config, variant):
+                new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+                if new is None:
+                    raise ValueError(f"{self.name}: no GGUF name for HF tensor {hf_name!r}")
+                yield new, out
 
     # ------------------------------------------------------------------ GGUF import (--gguf)
     # The export's reverse, hook for hook (harness/refs/gguf_import.py drives it):
     #   gguf_params    -> config_from_gguf      (metadata -> HF config kwargs)
     #   gguf_transform -> gguf_untransform      (one tensor back to HF layout)
+    #   gguf_convert   -> gguf_import_tensors   (a renamed, split or stacked tensor back)
     #   gguf_tensors   -> gguf_import_tensors   (the GGUF tensors -> the HF state dict)
     _GGUF_REVERSE = (("gguf_params", "config_from_gguf"), ("gguf_transform", "gguf_untransform"),
-                     ("gguf_tensors", "gguf_import_tensors"))
+                     ("gguf_convert", "gguf_import_tensors"), ("gguf_tensors", "gguf_import_tensors"))
 
     def gguf_import_unsupported(self) -> str | None:
         """Why ``--gguf`` cannot read this family's files (None: it can). A reverse
@@ -678,6 +711,10 @@ def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())
 
 
+def _divisors(n: int) -> str:
+    return ", ".join(map(str, divisors(n)))
+
+
 def tensor(module, name: str) -> np.ndarray | None:
     """A parameter (or None) as float64 NumPy, by dotted path."""
     obj = module
@@ -703,6 +740,64 @@ def rope_from_config(config, layer_type: str | None = None, layout: str = "neox"
     if kind == "yarn":
         params.setdefault("max_position_embeddings", config.max_position_embeddings)
     return make_rope(kind, theta, rot, layout, params)
+
+
+def gguf_size_params(w, config, head_count_kv: bool = True) -> None:
+    """The sizes conversion/base.py ``TextModel.set_gguf_parameters`` writes first
+    (block count, context, embedding and feed-forward lengths, head counts), from
+    the HF config's llama-style names; ``head_count_kv=False``: the caller writes
+    its own (per-layer counts, MLA's MQA) or none."""
+    w.add_block_count(config.num_hidden_layers)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    if head_count_kv:
+        w.add_head_count_kv(config.num_key_value_heads)
+
+
+YARN_KEYS = ("extrapolation_factor", "attention_factor", "beta_fast", "beta_slow")
+
+
+def gguf_yarn_params(w, rp: dict, keys: tuple[str, ...] = YARN_KEYS) -> None:
+    """conversion/base.py ``TextModel.set_gguf_parameters``, the YaRN arm: scaling
+    type, factor, original context, then each of the optional ``keys`` of
+    ``rope_parameters`` that is present -- written whether or not the arch reads
+    it; HF's ``truncate`` has no GGUF key at all."""
+    import gguf
+
+    adders = {"extrapolation_factor": w.add_rope_scaling_yarn_ext_factor,
+              "attention_factor": w.add_rope_scaling_yarn_attn_factor,
+              "beta_fast": w.add_rope_scaling_yarn_beta_fast,
+              "beta_slow": w.add_rope_scaling_yarn_beta_slow}
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rp["factor"])
+    w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+    for key in keys:
+        if rp.get(key) is not None:
+            adders[key](rp[key])
+
+
+def gguf_moe_convert(name: str, data: np.ndarray):
+    """The converter's steps for transformers 5's MoE tensors, as ``(hf_style_name,
+    array)`` pairs (None: not such a tensor):
+    - conversion/base.py ``ModelBase.filter_tensors`` / ``modify_tensors``:
+      ``e_score_correction_bias`` -> ``e_score_correction.bias`` (-> blk.N.exp_probs_b.bias);
+    - ``mlp.experts.gate_up_proj``: transformers 5 fuses the experts into
+      [E, 2F, H] (gate rows first); the converter reads the per-expert
+      gate/up/down of a saved checkpoint and stacks them (``torch.stack(datas,
+      dim=0)``) into ffn_{gate,up}_exps [E, F, H];
+    - ``mlp.experts.down_proj`` [E, H, F] -> ffn_down_exps."""
+    if name.endswith("e_score_correction_bias"):
+        return [(name.replace("e_score_correction_bias", "e_score_correction.bias"), data)]
+    if name.endswith("mlp.experts.gate_up_proj"):
+        f = data.shape[-2] // 2
+        base = name.removesuffix(".gate_up_proj")
+        return [(base + ".gate_proj.weight", np.ascontiguousarray(data[..., :f, :])),
+                (base + ".up_proj.weight", np.ascontiguousarray(data[..., f:, :]))]
+    if name.endswith("mlp.experts.down_proj"):
+        return [(name + ".weight", data)]
+    return None
 
 
 def text_model_gguf_params(w, config) -> None:
@@ -733,17 +828,7 @@ def text_model_gguf_params(w, config) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rp["factor"])
     elif rp.get("factor") is not None and rp.get("rope_type") == "yarn":
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(rp["factor"])
-        w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
-        # written when present, whether or not the arch reads them; HF's `truncate`
-        # has no GGUF key at all
-        for key, add in (("extrapolation_factor", w.add_rope_scaling_yarn_ext_factor),
-                         ("attention_factor", w.add_rope_scaling_yarn_attn_factor),
-                         ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
-                         ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
-            if rp.get(key) is not None:
-                add(rp[key])
+        gguf_yarn_params(w, rp)
     if rp.get("rope_theta") is not None:
         w.add_rope_freq_base(rp["rope_theta"])
     swa_theta = (rp_all.get("sliding_attention") or {}).get("rope_theta")
@@ -783,11 +868,25 @@ class LlamaLike(Family):
         "resid_mid": Point("post_attention_layernorm", "in"),
         "layer_out": Point("", "out"),
     }
+    # The layer's decorations as the family's HF modules define them (``layer_config``
+    # reads them; a family states only what differs, citing its HF module):
+    # the input norm's kind (impl NormSpec: "rms" LlamaRMSNorm, "rms1p" gemma's
+    # (1 + w), "layer" LayerNorm), a norm on the branch before the residual (None:
+    # none), the QK norm (its eps is the layer's), the RoPE layout, and whether the
+    # RoPE parameters are keyed per layer type (``rope_parameters[layer_types[i]]``).
+    input_norm_kind = "rms"
+    post_norm_kind: str | None = None
     qk_norm: QkNormSpec | None = None
+    rope_layout = "neox"
+    rope_per_layer_type = False
     extra_settable = ("head_dim",)  # HF *Attention.__init__: getattr(config, "head_dim", hidden // heads)
 
     def head_dim(self, config) -> int:
         return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    def norm_eps(self, config) -> float:
+        """The eps of the layer's norms (input, QK, post)."""
+        return config.rms_norm_eps
 
     def window(self, config, i: int) -> WindowSpec | None:
         types = getattr(config, "layer_types", None)
@@ -795,19 +894,32 @@ class LlamaLike(Family):
             return WindowSpec("sliding", int(config.sliding_window))
         return None
 
+    def uses_rope(self, config, i: int) -> bool:
+        """Whether layer ``i`` rotates Q and K (False: a NoPE layer)."""
+        return True
+
+    def rope(self, config, i: int, head_dim: int):
+        if not self.uses_rope(config, i):
+            return None
+        layer_type = config.layer_types[i] if self.rope_per_layer_type else None
+        return rope_from_config(config, layer_type, layout=self.rope_layout, head_dim=head_dim)
+
     def layer_config(self, config, i: int) -> LayerConfig:
+        """Layer ``i`` from the hooks above; a family adds what else it has with
+        ``super().layer_config(config, i).replace(...)``."""
         hd = self.head_dim(config)
-        eps = config.rms_norm_eps
+        eps = self.norm_eps(config)
         return LayerConfig(
             hidden_size=config.hidden_size,
             n_heads=config.num_attention_heads,
             n_kv_heads=config.num_key_value_heads,
             head_dim=hd,
-            input_norm=NormSpec("rms", eps),
-            rope=rope_from_config(config, head_dim=hd),
+            input_norm=NormSpec(self.input_norm_kind, eps),
+            rope=self.rope(config, i, hd),
             window=self.window(config, i),
             qk_norm=None if self.qk_norm is None else dataclasses.replace(
                 self.qk_norm, norm=NormSpec(self.qk_norm.norm.kind, eps)),
+            post_norm=None if self.post_norm_kind is None else NormSpec(self.post_norm_kind, eps),
         )
 
     # HF name (relative to the decoder layer) -> impl weight name
@@ -833,6 +945,34 @@ class LlamaLike(Family):
             if t is not None:
                 out[ours] = t
         return out
+
+
+def post_norm_points(resid_mid: str) -> dict[str, Point]:
+    """``LlamaLike.hf_points`` of a decoder layer that norms the attention output
+    before the residual add: ``attn_out`` is ``post_attention_layernorm``'s output
+    (what the residual adds), ``resid_mid`` the input of ``resid_mid``, the module
+    that reads the residual after it (LlamaLike's points would read the un-normed
+    branch and a residual that does not exist)."""
+    return {**LlamaLike.hf_points, "attn_out": Point("post_attention_layernorm", "out"),
+            "resid_mid": Point(resid_mid, "in")}
+
+
+def lc_unrotated(points: dict[str, LcPoint], q: str = "Qcur", k: str = "Kcur") -> dict[str, LcPoint]:
+    """``points`` for a layer llama.cpp does not rotate: there is no ROPE node, so
+    ``q_rope`` / ``k_rope`` are the last ``q`` / ``k`` tensors, the ones that enter
+    the attention."""
+    return {**points, "q_rope": LcPoint(q, "last", "heads"), "k_rope": LcPoint(k, "last", "heads")}
+
+
+# llama.cpp's points of a layer with a fused QKV projection and no RoPE (bloom.cpp,
+# mpt.cpp: ALiBi): q / k / v are the views build_qkv takes of the fused wqkv, and the
+# same tensors enter kq; build_attn's wo product carries no name, so attn_out is not
+# exposed
+FUSED_QKV_NOPE_LC_POINTS = lc_unrotated({
+    **{k: v for k, v in Family.lc_points.items() if k != "attn_out"},
+    "q": LcPoint("Qcur", "last", "heads"),
+    "k": LcPoint("Kcur", "last", "heads"),
+})
 
 
 @dataclass

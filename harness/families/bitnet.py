@@ -38,11 +38,9 @@ has no ``output`` tensor; the logits use ``tok_embd``).
 
 from __future__ import annotations
 
-import numpy as np
-
 from impl import NormSpec
 
-from .base import LcPoint, LlamaLike
+from .base import LcPoint, LlamaLike, gguf_size_params
 
 # the HF modules the converter ternarizes (ATTN_Q/K/V/OUT, FFN_UP/DOWN/GATE)
 TERNARY = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -104,42 +102,26 @@ class BitNet(LlamaLike):
         field, so no key/value length), then BitnetModel's no-op linear scaling."""
         import gguf
 
-        w.add_block_count(config.num_hidden_layers)
-        w.add_context_length(config.max_position_embeddings)
-        w.add_embedding_length(config.hidden_size)
-        w.add_feed_forward_length(config.intermediate_size)
-        w.add_head_count(config.num_attention_heads)
-        w.add_head_count_kv(config.num_key_value_heads)
+        gguf_size_params(w, config)
         w.add_rope_freq_base(config.rope_parameters["rope_theta"])
         w.add_layer_norm_rms_eps(config.rms_norm_eps)
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(1.0)
 
-    def gguf_tensors(self, model, config, variant=None):
-        import torch
-
-        import gguf
-
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        tmap = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-        for name, p in model.state_dict().items():
-            if name == "lm_head.weight":
-                # tied to embed_tokens; the BITNET arch has no OUTPUT tensor (gguf-py
-                # constants.py) and bitnet.cpp multiplies by tok_embd
-                continue
-            # the converter's tensor map knows the sub-norms only under the 1bitLLM
-            # checkpoint names (tensor_mapping.py ATTN_SUB_NORM <- self_attn.inner_attn_ln,
-            # FFN_SUB_NORM <- mlp.ffn_layernorm); HF transformers names them
-            # attn_sub_norm / ffn_sub_norm
-            name = name.replace("self_attn.attn_sub_norm.", "self_attn.inner_attn_ln.")
-            name = name.replace("mlp.ffn_sub_norm.", "mlp.ffn_layernorm.")
-            data = p.detach().to(dtype=torch.float32).cpu().numpy()
-            # BitnetModel.modify_tensors ternarizes q/k/v/o/gate/up/down: done once, in
-            # init_weights, on the original draw (a second weight_quant is not the identity)
-            new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
-            if new is None:
-                raise ValueError(f"{self.name}: no GGUF name for HF tensor {name!r}")
-            yield new, np.asarray(data)
+    def gguf_convert(self, name, data, config, variant=None):
+        if name == "lm_head.weight":
+            # tied to embed_tokens; the BITNET arch has no OUTPUT tensor (gguf-py
+            # constants.py) and bitnet.cpp multiplies by tok_embd
+            return
+        # the converter's tensor map knows the sub-norms only under the 1bitLLM
+        # checkpoint names (tensor_mapping.py ATTN_SUB_NORM <- self_attn.inner_attn_ln,
+        # FFN_SUB_NORM <- mlp.ffn_layernorm); HF transformers names them
+        # attn_sub_norm / ffn_sub_norm
+        name = name.replace("self_attn.attn_sub_norm.", "self_attn.inner_attn_ln.")
+        name = name.replace("mlp.ffn_sub_norm.", "mlp.ffn_layernorm.")
+        # BitnetModel.modify_tensors ternarizes q/k/v/o/gate/up/down: done once, in
+        # init_weights, on the original draw (a second weight_quant is not the identity)
+        yield name, data
 
 
 FAMILY = BitNet()

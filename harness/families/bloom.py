@@ -51,8 +51,7 @@ import numpy as np
 from impl import LayerConfig, NormSpec
 from impl.config import ConfigError
 
-from ..errors import UsageError
-from .base import Family, LcPoint, Point, tensor
+from .base import FUSED_QKV_NOPE_LC_POINTS, Family, LcPoint, Point, tensor
 
 # HF _get_alibi_slopes: base 2 ** (-(2 ** -(log2(cp2) - 3))) = 2 ** (-8 / cp2), i.e. max bias 8
 ALIBI_MAX_BIAS = 8.0
@@ -66,6 +65,7 @@ class Bloom(Family):
     gguf_arch = "bloom"
     reorder_qkv = True  # what the converter does; a test switches it off to show the capture notices
     layers_path = "transformer.h"
+    size_keys = {"hidden": "hidden_size", "heads": "n_head", "layers": "n_layer"}
     hf_model_points = {"embeddings": ("transformer.word_embeddings_layernorm", "out"),
                        "final_norm": ("transformer.ln_f", "out")}
     _qkv = Point("self_attention.query_key_value", "out")
@@ -79,36 +79,13 @@ class Bloom(Family):
         "resid_mid": Point("post_attention_layernorm", "in"),
         "layer_out": Point("", "out"),
     }
-    lc_points = {
-        "attn_in": LcPoint("attn_norm"),
-        # views of the fused wqkv_b (build_qkv); no RoPE, so the same tensors enter kq
-        "q": LcPoint("Qcur", "last", "heads"),
-        "k": LcPoint("Kcur", "last", "heads"),
-        "v": LcPoint("Vcur", "last", "heads"),
-        "q_rope": LcPoint("Qcur", "last", "heads"),
-        "k_rope": LcPoint("Kcur", "last", "heads"),
-        "attn_probs": LcPoint("kq_soft_max", "last", "probs"),
-        "attn_heads": LcPoint("kqv_out"),
-        "attn_branch": LcPoint("kqv_out"),
-        "resid_mid": LcPoint("ffn_inp"),
-        "layer_out": LcPoint("l_out"),
-    }
+    lc_points = FUSED_QKV_NOPE_LC_POINTS  # views of the fused wqkv_b (build_qkv)
     # the embedding LayerNorm is cb'd with il = 0 (bloom.cpp: cb(inpL, "inp_norm", 0))
     lc_model_points = {
         "embeddings": LcPoint("inp_norm-0"),
         "final_norm": LcPoint("result_norm"),
         "logits": LcPoint("result_output"),
     }
-
-    def validate(self, kw: dict) -> None:
-        for key in ("hidden_size", "n_head", "n_layer"):
-            v = kw.get(key)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise UsageError(f"{key} must be a positive integer, got {v!r}")
-        h, nh = kw.get("hidden_size"), kw.get("n_head")
-        if h and nh and h % nh:
-            divs = [d for d in range(1, h + 1) if h % d == 0]
-            raise UsageError(f"n_head={nh} does not divide hidden_size={h}; valid head counts: {', '.join(map(str, divs))}")
 
     def layer_config(self, config, i: int) -> LayerConfig:
         if config.apply_residual_connection_post_layernorm:
@@ -190,29 +167,19 @@ class Bloom(Family):
         w.add_head_count_kv(n_head)
         w.add_layer_norm_eps(config.layer_norm_epsilon)
 
-    def gguf_tensors(self, model, config, variant=None):
-        import gguf
-        import torch
-
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        tmap = gguf.get_tensor_name_map(arch, config.n_layer)
+    def gguf_convert(self, name, data, config, variant=None):
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            return  # save_pretrained drops the tied copy; llama.cpp falls back to token_embd
         n_head, n_embed = config.n_head, config.hidden_size
-        for name, p in model.state_dict().items():
-            if name == "lm_head.weight" and config.tie_word_embeddings:
-                continue  # save_pretrained drops the tied copy; llama.cpp falls back to token_embd
-            data = p.detach().to(dtype=torch.float32).cpu().numpy()
-            name = re.sub(r"transformer\.", "", name)  # BloomModel.modify_tensors
-            if self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.weight", name):
-                # "Map bloom-style qkv_linear to gpt-style qkv_linear": (head, 3, d, h) -> [Q; K; V]
-                q = data.reshape(n_head, 3, n_embed // n_head, n_embed)
-                data = np.concatenate([q[:, j].reshape(-1, n_embed) for j in range(3)], axis=0)
-            elif self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.bias", name):
-                q = data.reshape(n_head, 3, n_embed // n_head)
-                data = np.concatenate([q[:, j].reshape(n_embed) for j in range(3)], axis=0)
-            new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
-            if new is None:
-                raise ValueError(f"{self.name}: no GGUF name for HF tensor {name!r}")
-            yield new, np.ascontiguousarray(data)
+        name = re.sub(r"transformer\.", "", name)  # BloomModel.modify_tensors
+        if self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.weight", name):
+            # "Map bloom-style qkv_linear to gpt-style qkv_linear": (head, 3, d, h) -> [Q; K; V]
+            q = data.reshape(n_head, 3, n_embed // n_head, n_embed)
+            data = np.concatenate([q[:, j].reshape(-1, n_embed) for j in range(3)], axis=0)
+        elif self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.bias", name):
+            q = data.reshape(n_head, 3, n_embed // n_head)
+            data = np.concatenate([q[:, j].reshape(n_embed) for j in range(3)], axis=0)
+        yield name, np.ascontiguousarray(data)
 
 
 FAMILY = Bloom()

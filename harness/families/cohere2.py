@@ -35,9 +35,7 @@ Default config: 4 layers, pattern 2 (sliding, full, sliding, full), window 4.
 
 from __future__ import annotations
 
-from impl import LayerConfig, NormSpec
-
-from .base import LcPoint, LlamaLike, Point, rope_from_config
+from .base import LlamaLike, lc_unrotated
 
 
 class Cohere2(LlamaLike):
@@ -55,55 +53,34 @@ class Cohere2(LlamaLike):
     write_swa_pattern = True  # beyond the converter (module docstring); a test switches it off
     extra_settable = ("sliding_window_pattern",)  # Cohere2Config.__post_init__ BC kwarg
 
-    hf_points = {
-        "layer_in": Point("", "in"),
-        "attn_in": Point("self_attn", "in"),
-        "q": Point("self_attn.q_proj", "out"),
-        "k": Point("self_attn.k_proj", "out"),
-        "v": Point("self_attn.v_proj", "out"),
-        "attn_branch": Point("self_attn.o_proj", "in"),
-        "attn_out": Point("self_attn", "out"),
-        # no resid_mid: residual + attn + mlp is one expression (parallel block)
-        "layer_out": Point("", "out"),
-    }
-    lc_points = {
-        "attn_in": LcPoint("attn_norm"),
-        "q": LcPoint("Qcur", "pre_rope", "heads"),
-        "k": LcPoint("Kcur", "pre_rope", "heads"),
-        "v": LcPoint("Vcur", "last", "heads"),
-        "q_rope": LcPoint("Qcur", "rope", "heads"),
-        "k_rope": LcPoint("Kcur", "rope", "heads"),
-        "attn_probs": LcPoint("kq_soft_max", "last", "probs"),
-        "attn_heads": LcPoint("kqv_out"),
-        "attn_branch": LcPoint("kqv_out"),
-        # attn_out: build_attn's wo product carries no name in cohere2.cpp -> not exposed
-        "layer_out": LcPoint("l_out"),
-    }
+    # no resid_mid: residual + attn + mlp is one expression (parallel block)
+    hf_points = {k: v for k, v in LlamaLike.hf_points.items() if k != "resid_mid"}
+    # attn_out: build_attn's wo product carries no name in cohere2.cpp -> not exposed; no
+    # resid_mid (parallel block)
+    lc_points = {k: v for k, v in LlamaLike.lc_points.items() if k not in ("attn_out", "resid_mid")}
+
+    input_norm_kind = "layer"  # Cohere2LayerNorm: weight, no bias
+    rope_layout = "interleaved"  # Cohere2Attention.forward: interleaved pairs
+
+    def norm_eps(self, config) -> float:
+        return config.layer_norm_eps
 
     def is_sliding(self, config, i: int) -> bool:
         return config.layer_types[i] == "sliding_attention"
 
+    def uses_rope(self, config, i: int) -> bool:
+        # Cohere2Attention.forward: RoPE only where sliding_window is set
+        return self.is_sliding(config, i)
+
     def layer_config(self, config, i: int):
-        hd = config.head_dim
-        sliding = self.is_sliding(config, i)
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
-            head_dim=hd,
-            input_norm=NormSpec("layer", config.layer_norm_eps),  # Cohere2LayerNorm: weight, no bias
-            # Cohere2Attention.forward: RoPE only where sliding_window is set; interleaved pairs
-            rope=rope_from_config(config, layout="interleaved", head_dim=hd) if sliding else None,
-            window=self.window(config, i),
-            residual="parallel",  # Cohere2DecoderLayer: residual + attn(h) + mlp(h)
-        )
+        # Cohere2DecoderLayer: residual + attn(h) + mlp(h)
+        return super().layer_config(config, i).replace(residual="parallel")
 
     def lc_points_for(self, config, i: int):
         if self.is_sliding(config, i):
             return self.lc_points
         # cohere2.cpp: no ggml_rope_ext on a full layer; Qcur/Kcur enter attention as reshaped
-        return {**self.lc_points, "q_rope": LcPoint("Qcur", "last", "heads"),
-                "k_rope": LcPoint("Kcur", "last", "heads")}
+        return lc_unrotated(self.lc_points)
 
     def gguf_params(self, w, config, variant=None):
         import gguf

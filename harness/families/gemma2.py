@@ -44,9 +44,9 @@ Configs:
 
 from __future__ import annotations
 
-from impl import LayerConfig, NormSpec
+from impl import LayerConfig
 
-from .base import LcPoint, LlamaLike, Point, rope_from_config
+from .base import LcPoint, LlamaLike, post_norm_points
 
 QPAS_24 = (("query_pre_attn_scalar", 24),)  # the HF-only scale config, as overrides
 O_BIAS = (("attention_bias", True),)  # the HF-only o_proj-bias config
@@ -67,11 +67,7 @@ class Gemma2(LlamaLike):
         tie_word_embeddings=True,  # llama.cpp gemma2 has no separate output tensor
     )
     gguf_arch = "gemma2"
-    hf_points = {
-        **LlamaLike.hf_points,
-        "attn_out": Point("post_attention_layernorm", "out"),
-        "resid_mid": Point("pre_feedforward_layernorm", "in"),
-    }
+    hf_points = post_norm_points("pre_feedforward_layernorm")
     weight_map = {**LlamaLike.weight_map, "post_attention_layernorm.weight": "post_norm"}
     lc_points = {
         **LlamaLike.lc_points,
@@ -80,20 +76,13 @@ class Gemma2(LlamaLike):
     }
     lc_model_points = {**LlamaLike.lc_model_points, "embeddings": LcPoint("inp_scaled")}
 
+    input_norm_kind = "rms1p"  # Gemma2RMSNorm: (1 + w)
+    post_norm_kind = "rms1p"  # post_attention_layernorm, before the residual
+
     def layer_config(self, config, i: int) -> LayerConfig:
-        hd = self.head_dim(config)
-        eps = config.rms_norm_eps
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
-            head_dim=hd,
-            input_norm=NormSpec("rms1p", eps),  # Gemma2RMSNorm: (1 + w)
-            rope=rope_from_config(config, head_dim=hd),
+        return super().layer_config(config, i).replace(
             scale=float(config.query_pre_attn_scalar) ** -0.5,  # Gemma2Attention.scaling
             softcap=config.attn_logit_softcapping,  # eager_attention_forward(softcap=...)
-            window=self.window(config, i),
-            post_norm=NormSpec("rms1p", eps),  # post_attention_layernorm, before the residual
         )
 
     # ------------------------------------------------------------------ GGUF

@@ -47,9 +47,9 @@ Configs:
 
 from __future__ import annotations
 
-from impl import LayerConfig, NormSpec, QkNormSpec
+from impl import NormSpec, QkNormSpec
 
-from .base import LcPoint, LlamaLike, Point, rope_from_config, tensor
+from .base import LcPoint, LlamaLike, post_norm_points
 
 
 class Gemma3(LlamaLike):
@@ -72,17 +72,7 @@ class Gemma3(LlamaLike):
     # (popped into rope_parameters["sliding_attention"]) -- both read at construction.
     extra_settable = ("sliding_window_pattern", "rope_local_base_freq", "rope_theta")
 
-    hf_points = {
-        "layer_in": Point("", "in"),
-        "attn_in": Point("self_attn", "in"),
-        "q": Point("self_attn.q_proj", "out"),
-        "k": Point("self_attn.k_proj", "out"),
-        "v": Point("self_attn.v_proj", "out"),
-        "attn_branch": Point("self_attn.o_proj", "in"),
-        "attn_out": Point("post_attention_layernorm", "out"),  # what is added to the residual
-        "resid_mid": Point("pre_feedforward_layernorm", "in"),
-        "layer_out": Point("", "out"),
-    }
+    hf_points = post_norm_points("pre_feedforward_layernorm")
     lc_points = {
         **LlamaLike.lc_points,
         "attn_out": LcPoint("attn_post_norm"),
@@ -91,31 +81,17 @@ class Gemma3(LlamaLike):
     # gemma3.cpp: inpL = ggml_scale(inp_embd, sqrt(n_embd)), cb "inp_scaled"
     lc_model_points = {**LlamaLike.lc_model_points, "embeddings": LcPoint("inp_scaled")}
 
-    def layer_config(self, config, i: int):
-        hd = config.head_dim
-        eps = config.rms_norm_eps
-        layer_type = config.layer_types[i]
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
-            head_dim=hd,
-            input_norm=NormSpec("rms1p", eps),
-            # Gemma3Attention: q_norm / k_norm = Gemma3RMSNorm(head_dim), before RoPE
-            qk_norm=QkNormSpec(NormSpec("rms1p", eps), over="head", where="pre_rope"),
-            # Gemma3TextModel.forward: position_embeddings[layer_type]
-            rope=rope_from_config(config, layer_type=layer_type, head_dim=hd),
-            scale=float(config.query_pre_attn_scalar) ** -0.5,
-            window=self.window(config, i),
-            # attn_logit_softcapping: never passed to the attention function in HF gemma3
-            softcap=None,
-            post_norm=NormSpec("rms1p", eps),
-        )
+    input_norm_kind = post_norm_kind = "rms1p"  # Gemma3RMSNorm
+    # Gemma3Attention: q_norm / k_norm = Gemma3RMSNorm(head_dim), before RoPE
+    qk_norm = QkNormSpec(NormSpec("rms1p"), over="head", where="pre_rope")
+    # Gemma3TextModel.forward: position_embeddings[layer_type]
+    rope_per_layer_type = True
+    weight_map = {**LlamaLike.weight_map, "post_attention_layernorm.weight": "post_norm"}
 
-    def layer_weights(self, model, config, i):
-        w = super().layer_weights(model, config, i)
-        w["post_norm"] = tensor(self.decoder_layers(model)[i], "post_attention_layernorm.weight")
-        return w
+    def layer_config(self, config, i: int):
+        # Gemma3Attention.scaling; attn_logit_softcapping: never passed to the attention
+        # function in HF gemma3 (no softcap)
+        return super().layer_config(config, i).replace(scale=float(config.query_pre_attn_scalar) ** -0.5)
 
     def feature_switches(self, config, features):
         sw = super().feature_switches(config, features)

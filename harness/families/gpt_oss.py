@@ -66,18 +66,9 @@ class GptOss(LlamaLike):
     gguf_arch = "gpt-oss"
     # GptOssAttention.sinks: nn.Parameter([num_attention_heads]); the tensor decides (spec)
     weight_map = {**LlamaLike.weight_map, "self_attn.sinks": "sinks"}
-
-    def build_model(self, config, seed: int, dtype: str = "float32"):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        # experts_implementation="eager": GptOssExperts.forward itself, the loop the
-        # modeling file spells out; the default grouped_mm kernel refuses float64
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                 experts_implementation="eager", dtype=torch.float32)
-        self.init_weights(model, seed)
-        return model.to(dtype=getattr(torch, dtype)).eval()
+    # GptOssExperts.forward itself, the loop the modeling file spells out; the default
+    # grouped_mm kernel refuses float64
+    experts_implementation = "eager"
 
     def init_value(self, name, p, r):
         # GptOssExperts computes x @ W: the fan-in of gate_up_proj [E, H, 2I] and
@@ -96,34 +87,24 @@ class GptOss(LlamaLike):
         w.add_sliding_window(config.sliding_window)
         w.add_expert_feed_forward_length(config.intermediate_size)
 
-    def gguf_tensors(self, model, config, variant=None):
-        import gguf
-        import torch
-
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        tmap = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-        for name, p in model.state_dict().items():
-            data = p.detach().to(dtype=torch.float32).cpu().numpy()
-            if "sinks" in name:  # GptOssModel.filter_tensors: `name += ".weight"`
-                name += ".weight"
-            outs = [(name, data)]
-            # GptOssModel.modify_tensors, the non-MXFP4 arm:
-            if name.endswith("down_proj_bias"):
-                outs = [(name.replace("down_proj_bias", "down_proj.bias"), data)]
-            elif name.endswith("down_proj"):  # [E, I, H] -> [E, H, I]
-                outs = [(name.replace("down_proj", "down_proj.weight"), data.transpose(0, 2, 1))]
-            elif name.endswith("gate_up_proj_bias"):  # gate / up interleaved on the last axis
-                outs = [(name.replace("gate_up_proj_bias", "gate_proj.bias"), data[..., ::2]),
-                        (name.replace("gate_up_proj_bias", "up_proj.bias"), data[..., 1::2])]
-            elif name.endswith("gate_up_proj"):  # [E, H, 2I] -> [E, 2I, H], then split rows
-                t = data.transpose(0, 2, 1)
-                outs = [(name.replace("gate_up_proj", "gate_proj.weight"), t[:, ::2, :]),
-                        (name.replace("gate_up_proj", "up_proj.weight"), t[:, 1::2, :])]
-            for n, d in outs:
-                new = tmap.get_name(n, try_suffixes=(".weight", ".bias"))
-                if new is None:
-                    raise ValueError(f"{self.name}: no GGUF name for HF tensor {n!r}")
-                yield new, np.ascontiguousarray(d)
+    def gguf_convert(self, name, data, config, variant=None):
+        if "sinks" in name:  # GptOssModel.filter_tensors: `name += ".weight"`
+            name += ".weight"
+        outs = [(name, data)]
+        # GptOssModel.modify_tensors, the non-MXFP4 arm:
+        if name.endswith("down_proj_bias"):
+            outs = [(name.replace("down_proj_bias", "down_proj.bias"), data)]
+        elif name.endswith("down_proj"):  # [E, I, H] -> [E, H, I]
+            outs = [(name.replace("down_proj", "down_proj.weight"), data.transpose(0, 2, 1))]
+        elif name.endswith("gate_up_proj_bias"):  # gate / up interleaved on the last axis
+            outs = [(name.replace("gate_up_proj_bias", "gate_proj.bias"), data[..., ::2]),
+                    (name.replace("gate_up_proj_bias", "up_proj.bias"), data[..., 1::2])]
+        elif name.endswith("gate_up_proj"):  # [E, H, 2I] -> [E, 2I, H], then split rows
+            t = data.transpose(0, 2, 1)
+            outs = [(name.replace("gate_up_proj", "gate_proj.weight"), t[:, ::2, :]),
+                    (name.replace("gate_up_proj", "up_proj.weight"), t[:, 1::2, :])]
+        for n, d in outs:
+            yield n, np.ascontiguousarray(d)
 
 
 FAMILY = GptOss()

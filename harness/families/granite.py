@@ -35,10 +35,10 @@ from __future__ import annotations
 from impl import LayerConfig
 
 from .base import LlamaLike, text_model_gguf_params
-from .llama import permute_rows, unpermute_heads
+from .llama import PermutedQK
 
 
-class Granite(LlamaLike):
+class Granite(PermutedQK):
     name = "granite"
     hf_model_type = "granite"
     description = "attention multiplier as scale, residual and embedding multipliers, QKV+o bias"
@@ -87,20 +87,6 @@ class Granite(LlamaLike):
                            (config.logits_scaling, w.add_logit_scale)):
             if value:
                 add(value)
-
-    def gguf_transform(self, name, data, config):
-        # conversion/llama.py LlamaModel.modify_tensors (undo_permute): q rows by
-        # n_head, k rows by n_kv_head, weights and biases alike
-        if name.endswith(("q_proj.weight", "q_proj.bias")):
-            return permute_rows(data, config.num_attention_heads)
-        if name.endswith(("k_proj.weight", "k_proj.bias")):
-            return permute_rows(data, config.num_key_value_heads)
-        return data
-
-    def lc_canonical(self, probe, arr, lc, config):
-        if probe in ("q", "k", "q_rope", "k_rope"):
-            return unpermute_heads(arr)
-        return super().lc_canonical(probe, arr, lc, config)
 
 
 FAMILY = Granite()

@@ -167,7 +167,7 @@ class KimiLinear(MlaFamily):
                                         if "sparse" in config.mlp_layer_types else config.num_hidden_layers)
         w.add_expert_weights_scale(config.routed_scaling_factor)
 
-    def convert_tensor(self, name, data, config, variant):
+    def gguf_convert(self, name, data, config, variant=None):
         """KimiLinearModel.modify_tensors, on transformers 5's in-memory names (HF's
         conversion_mapping "kimi_linear" renames and fuses the Moonshot checkpoint;
         these steps undo that first, as save_pretrained would)."""
@@ -191,7 +191,7 @@ class KimiLinear(MlaFamily):
             if name.endswith(".dt_bias"):
                 yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
                 return
-        yield from super().convert_tensor(name, data, config, variant)
+        yield from super().gguf_convert(name, data, config, variant)
 
 
 FAMILY = KimiLinear()

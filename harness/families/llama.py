@@ -85,20 +85,16 @@ def llama3_rope_factors(config) -> np.ndarray | None:
     return np.asarray(out, dtype=np.float32)
 
 
-class Llama(LlamaLike):
-    name = "llama"
-    hf_model_type = "llama"
-    description = "plain GQA decoder, neox RoPE"
-    tiny = dict(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=False,
-    )
-    gguf_arch = "llama"
+class PermutedQK(LlamaLike):
+    """A llama-shaped family whose converter is ``LlamaModel``'s (or a subclass's):
+    the GGUF holds ``permute_rows``'d Q/K rows and biases, and the capture undoes
+    the permutation on llama.cpp's Q and K (see the module docstring)."""
+
     permute_qk = True  # what the converter does; tests break it to show the capture notices
 
     def gguf_transform(self, name, data, config):
+        # conversion/llama.py LlamaModel.modify_tensors (undo_permute): q rows by
+        # n_head, k rows by n_kv_head, weights and biases alike
         if self.permute_qk:
             if name.endswith(("q_proj.weight", "q_proj.bias")):
                 return permute_rows(data, config.num_attention_heads)
@@ -116,6 +112,24 @@ class Llama(LlamaLike):
                 return unpermute_rows(data, config.num_key_value_heads)
         return data
 
+    def lc_canonical(self, probe, arr, lc, config):
+        if probe in ("q", "k", "q_rope", "k_rope"):
+            return unpermute_heads(arr)
+        return super().lc_canonical(probe, arr, lc, config)
+
+
+class Llama(PermutedQK):
+    name = "llama"
+    hf_model_type = "llama"
+    description = "plain GQA decoder, neox RoPE"
+    tiny = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+    )
+    gguf_arch = "llama"
+
     def gguf_tensors(self, model, config, variant=None):
         yield from super().gguf_tensors(model, config, variant)
         factors = llama3_rope_factors(config)
@@ -126,11 +140,6 @@ class Llama(LlamaLike):
         # the base refuses a GGUF tensor it cannot place, rope_freqs included: llama3
         # scaling keeps only these factors in the file, not the parameters HF needs
         return super().gguf_import_tensors(tensors, model, config)
-
-    def lc_canonical(self, probe, arr, lc, config):
-        if probe in ("q", "k", "q_rope", "k_rope"):
-            return unpermute_heads(arr)
-        return super().lc_canonical(probe, arr, lc, config)
 
 
 # The wo_scale variant's per-tensor scale (see the module docstring).

@@ -53,7 +53,7 @@ import numpy as np
 
 from impl import LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec
 
-from .base import LcPoint, LlamaLike, rope_from_config
+from .base import LcPoint, LlamaLike
 
 # llama.cpp's llama4 constants (src/models/llama4.cpp load_arch_hparams; llama-hparams.h
 # n_no_rope_layer_step default 4).
@@ -98,23 +98,23 @@ class Llama4(LlamaLike):
             return r / np.sqrt(p.shape[-2])
         return super().init_value(name, p, r)
 
-    def layer_config(self, config, i: int) -> LayerConfig:
-        # HF Llama4TextAttention.__init__ / forward
-        hd = config.head_dim
-        eps = config.rms_norm_eps
-        use_rope = bool(config.no_rope_layers[i])
-        window = None
+    # HF Llama4TextAttention.__init__ / forward (the input norm: Llama4TextRMSNorm).
+    # apply_rotary_emb: view_as_complex over adjacent pairs = the interleaved layout
+    rope_layout = "interleaved"
+
+    def uses_rope(self, config, i: int) -> bool:
+        return bool(config.no_rope_layers[i])  # the name is inverted: 1 means "uses RoPE"
+
+    def window(self, config, i: int):
         if config.layer_types[i] == "chunked_attention":
             # HF create_chunked_causal_mask (masking_utils.chunked_overlay)
-            window = WindowSpec("chunked", int(config.attention_chunk_size))
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
-            head_dim=hd,
-            input_norm=NormSpec("rms", eps),  # Llama4TextRMSNorm
-            # apply_rotary_emb: view_as_complex over adjacent pairs = the interleaved layout
-            rope=rope_from_config(config, layout="interleaved", head_dim=hd) if use_rope else None,
+            return WindowSpec("chunked", int(config.attention_chunk_size))
+        return None
+
+    def layer_config(self, config, i: int) -> LayerConfig:
+        eps = config.rms_norm_eps
+        use_rope = self.uses_rope(config, i)
+        return super().layer_config(config, i).replace(
             # Llama4TextL2Norm(rms_norm_eps), created only `if use_qk_norm and use_rope`,
             # applied after RoPE on q and k per head
             qk_norm=QkNormSpec(NormSpec("l2", eps), over="head", where="post_rope")
@@ -122,7 +122,6 @@ class Llama4(LlamaLike):
             # `if self.attn_temperature_tuning and not self.use_rope`
             temperature=TemperatureSpec(float(config.floor_scale), float(config.attn_scale))
             if config.attn_temperature_tuning and not use_rope else None,
-            window=window,
         )
 
     def feature_switches(self, config, features: set[str]) -> dict[str, dict]:
@@ -169,30 +168,20 @@ class Llama4(LlamaLike):
         if all(t == "full_attention" for t in config.layer_types):
             w.add_sliding_window(0)  # "all layers are full attention (for MobileLLM), disable swa"
 
-    def gguf_tensors(self, model, config, variant=None):
-        import gguf
-        import torch
-
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        tmap = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-        for name, p in model.state_dict().items():
-            data = p.detach().to(dtype=torch.float32).cpu().numpy()
-            if name.endswith("experts.gate_up_proj"):
-                # Llama4Model.modify_tensors: transpose(-1, -2), split in half along -2,
-                # gate first
-                t = np.swapaxes(data, -1, -2)
-                half = t.shape[-2] // 2
-                pieces = [(name.replace("gate_up_proj", "gate_proj.weight"), t[..., :half, :]),
-                          (name.replace("gate_up_proj", "up_proj.weight"), t[..., half:, :])]
-            elif name.endswith("experts.down_proj"):
-                pieces = [(name + ".weight", np.swapaxes(data, -1, -2))]  # down_proj: transpose(-1, -2)
-            else:
-                pieces = [(name, data)]
-            for n, d in pieces:
-                new = tmap.get_name(n, try_suffixes=(".weight", ".bias"))
-                if new is None:
-                    raise ValueError(f"{self.name}: no GGUF name for HF tensor {n!r}")
-                yield new, np.ascontiguousarray(d)
+    def gguf_convert(self, name, data, config, variant=None):
+        if name.endswith("experts.gate_up_proj"):
+            # Llama4Model.modify_tensors: transpose(-1, -2), split in half along -2,
+            # gate first
+            t = np.swapaxes(data, -1, -2)
+            half = t.shape[-2] // 2
+            pieces = [(name.replace("gate_up_proj", "gate_proj.weight"), t[..., :half, :]),
+                      (name.replace("gate_up_proj", "up_proj.weight"), t[..., half:, :])]
+        elif name.endswith("experts.down_proj"):
+            pieces = [(name + ".weight", np.swapaxes(data, -1, -2))]  # down_proj: transpose(-1, -2)
+        else:
+            pieces = [(name, data)]
+        for n, d in pieces:
+            yield n, np.ascontiguousarray(d)
 
 
 FAMILY = Llama4()

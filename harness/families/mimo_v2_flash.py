@@ -40,15 +40,9 @@ measured llama.cpp disagreement is a ``[[finding]]``.
 
 from __future__ import annotations
 
-import numpy as np
+from impl import LayerConfig, WindowSpec
 
-from impl import LayerConfig, NormSpec, WindowSpec
-
-from .base import LcPoint, LlamaLike, rope_from_config, tensor
-
-
-def _torch():
-    return __import__("torch")
+from .base import LcPoint, LlamaLike, gguf_moe_convert, gguf_size_params
 
 
 class MiMoV2Flash(LlamaLike):
@@ -71,18 +65,9 @@ class MiMoV2Flash(LlamaLike):
     gguf_arch = "mimo2"
     extra_settable = ()
     weight_map = {**LlamaLike.weight_map, "self_attn.sinks": "sinks"}
-
-    def build_model(self, config, seed: int, dtype: str = "float32"):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        # experts_implementation="eager": the experts' own forward loop from the modeling
-        # file; the default grouped_mm kernel refuses float64 (HF at --dtype float64)
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                 experts_implementation="eager", dtype=torch.float32)
-        self.init_weights(model, seed)
-        return model.to(dtype=getattr(torch, dtype)).eval()
+    experts_implementation = "eager"
+    # position_embeddings[layer_type]: theta and partial factor of the layer's type
+    rope_per_layer_type = True
 
     @staticmethod
     def is_swa(config, i: int) -> bool:
@@ -94,29 +79,16 @@ class MiMoV2Flash(LlamaLike):
         vs = config.attention_value_scale
         return None if vs is None or vs == 1.0 else float(vs)
 
+    def window(self, config, i: int):
+        return WindowSpec("sliding", int(config.sliding_window)) if self.is_swa(config, i) else None
+
     def layer_config(self, config, i: int) -> LayerConfig:
-        swa = self.is_swa(config, i)
-        hd = config.head_dim
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
+        return super().layer_config(config, i).replace(
             # MiMoV2FlashAttention.__init__: num_key_value_heads * 2 on sliding layers
-            n_kv_heads=config.num_key_value_heads * (2 if swa else 1),
-            head_dim=hd,
+            n_kv_heads=config.num_key_value_heads * (2 if self.is_swa(config, i) else 1),
             v_head_dim=config.v_head_dim,
-            input_norm=NormSpec("rms", config.rms_norm_eps),
-            # position_embeddings[layer_type]: theta and partial factor of the layer's type
-            rope=rope_from_config(config, config.layer_types[i], head_dim=hd),
-            window=WindowSpec("sliding", int(config.sliding_window)) if swa else None,
             value_scale=self.value_scale(config),
         )
-
-    def layer_weights(self, model, config, i):
-        w = super().layer_weights(model, config, i)
-        sinks = tensor(self.decoder_layers(model)[i], "self_attn.sinks")
-        if sinks is not None:
-            w["sinks"] = sinks
-        return w
 
     def feature_switches(self, config, features):
         sw = super().feature_switches(config, features)
@@ -149,12 +121,6 @@ class MiMoV2Flash(LlamaLike):
         pts["attn_out"] = LcPoint("attn_out_scaled" if self.value_scale(config) is not None else "attn_out")
         return pts
 
-    def lc_canonical(self, probe, arr, lc, config):
-        if probe in ("q", "k") and arr.ndim == 3:
-            heads = lc.n_heads if probe == "q" else lc.n_kv_heads
-            return arr.reshape(*arr.shape[:2], heads, lc.head_dim)
-        return super().lc_canonical(probe, arr, lc, config)
-
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):
         """conversion/base.py TextModel.set_gguf_parameters, then MimoV2Model's
@@ -165,11 +131,7 @@ class MiMoV2Flash(LlamaLike):
         value_length, the rms eps) are written once, with the value that wins."""
         rp = config.rope_parameters
         hybrid = [1 if self.is_swa(config, i) else 0 for i in range(config.num_hidden_layers)]
-        w.add_block_count(config.num_hidden_layers)
-        w.add_context_length(config.max_position_embeddings)
-        w.add_embedding_length(config.hidden_size)
-        w.add_feed_forward_length(config.intermediate_size)
-        w.add_head_count(config.num_attention_heads)
+        gguf_size_params(w, config, head_count_kv=False)
         # MimoV2Model: per-layer KV heads (swa_num_key_value_heads on sliding layers)
         w.add_head_count_kv([config.num_key_value_heads * (2 if s else 1) for s in hybrid])
         # base: rope_parameters["full_attention"] theta, ["sliding_attention"] theta as freq_base_swa;
@@ -193,42 +155,15 @@ class MiMoV2Flash(LlamaLike):
             # gguf_writer.add_attn_value_scale (the installed gguf lacks the helper)
             w.add_float32(f"{w.arch}.attention.value_scale", float(config.attention_value_scale))
 
-    def gguf_tensors(self, model, config, variant=None):
-        import gguf
-
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        tmap = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-        for name, p in model.state_dict().items():
-            data = p.detach().to(dtype=_torch().float32).cpu().numpy()
-            for new_name, out in self._convert(name, data):
-                gname = tmap.get_name(new_name, try_suffixes=(".weight", ".bias"))
-                if gname is None:
-                    raise ValueError(f"{self.name}: no GGUF name for HF tensor {new_name!r}")
-                yield gname, out
-
-    @staticmethod
-    def _convert(name, data):
+    def gguf_convert(self, name, data, config, variant=None):
         if name.endswith("self_attn.sinks"):
             # HF save_pretrained writes the hub name `attention_sink_bias`; the converter's
             # filter_tensors appends `.weight` -> blk.N.attn_sinks.weight
             yield name.replace("self_attn.sinks", "self_attn.attention_sink_bias.weight"), data
             return
-        if name.endswith("e_score_correction_bias"):
-            # ModelBase.filter_tensors: -> e_score_correction.bias -> blk.N.exp_probs_b.bias
-            yield name.replace("e_score_correction_bias", "e_score_correction.bias"), data
-            return
-        if name.endswith("mlp.experts.gate_up_proj"):
-            # the hub stores experts one by one (mlp.experts.{e}.{gate,up}_proj) and the
-            # converter stacks them: the same [E, F, H] halves of HF's fused tensor
-            f = data.shape[-2] // 2
-            base = name.removesuffix(".gate_up_proj")
-            yield base + ".gate_proj.weight", np.ascontiguousarray(data[..., :f, :])
-            yield base + ".up_proj.weight", np.ascontiguousarray(data[..., f:, :])
-            return
-        if name.endswith("mlp.experts.down_proj"):
-            yield name + ".weight", data
-            return
-        yield name, data
+        # the hub stores experts one by one (mlp.experts.{e}.{gate,up}_proj) and the
+        # converter stacks them: the same [E, F, H] halves of HF's fused tensor
+        yield from gguf_moe_convert(name, data) or [(name, data)]
 
 
 FAMILY = MiMoV2Flash()

@@ -43,8 +43,7 @@ import numpy as np
 
 from impl import LayerConfig, NormSpec
 
-from ..errors import UsageError
-from .base import Family, LcPoint, Point, tensor
+from .base import FUSED_QKV_NOPE_LC_POINTS, Family, Point, tensor
 
 # HF MptModel.forward: build_mpt_alibi_tensor(num_heads, max_seq_len) -- default alibi_bias_max
 HF_ALIBI_MAX_BIAS = 8.0
@@ -75,6 +74,7 @@ class Mpt(Family):
                 attn_config={"clip_qkv": 1.5})
     gguf_arch = "mpt"
     layers_path = "transformer.blocks"
+    size_keys = {"hidden": "d_model", "heads": "n_heads", "layers": "n_layers"}
     # MptBlock: norm_1 before the attention (feature bisection's LayerNorm switch)
     switch_modules = {**Family.switch_modules, "input_norm": ("norm_1",)}
     hf_model_points = {"embeddings": ("transformer.wte", "out"), "final_norm": ("transformer.norm_f", "out")}
@@ -86,30 +86,7 @@ class Mpt(Family):
         "resid_mid": Point("norm_2", "in"),
         "layer_out": Point("", "out"),
     }
-    lc_points = {
-        "attn_in": LcPoint("attn_norm"),
-        # views of the (clamped) fused wqkv (build_qkv); no RoPE, so the same tensors enter kq
-        "q": LcPoint("Qcur", "last", "heads"),
-        "k": LcPoint("Kcur", "last", "heads"),
-        "v": LcPoint("Vcur", "last", "heads"),
-        "q_rope": LcPoint("Qcur", "last", "heads"),
-        "k_rope": LcPoint("Kcur", "last", "heads"),
-        "attn_probs": LcPoint("kq_soft_max", "last", "probs"),
-        "attn_heads": LcPoint("kqv_out"),
-        "attn_branch": LcPoint("kqv_out"),
-        "resid_mid": LcPoint("ffn_inp"),
-        "layer_out": LcPoint("l_out"),
-    }
-
-    def validate(self, kw: dict) -> None:
-        for key in ("d_model", "n_heads", "n_layers"):
-            v = kw.get(key)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise UsageError(f"{key} must be a positive integer, got {v!r}")
-        h, nh = kw.get("d_model"), kw.get("n_heads")
-        if h and nh and h % nh:
-            divs = [d for d in range(1, h + 1) if h % d == 0]
-            raise UsageError(f"n_heads={nh} does not divide d_model={h}; valid head counts: {', '.join(map(str, divs))}")
+    lc_points = FUSED_QKV_NOPE_LC_POINTS  # views of the (clamped) fused wqkv (build_qkv)
 
     def layer_config(self, config, i: int) -> LayerConfig:
         a = config.attn_config

@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import contextlib
 
-from impl import LayerConfig, NormSpec
-
-from .base import LlamaLike, rope_from_config
+from .base import LlamaLike
 from .llama import Llama
 
 
@@ -62,17 +60,17 @@ class Olmo(Llama):
     # Qcur [RESHAPE], so "pre_rope" reads the reshape of the CLAMPED projection; olmo.cpp
     # gives build_attn's wo product no name, so attn_out is not exposed.
 
+    input_norm_kind = "layer"  # OlmoLayerNorm: no weight, no bias, eps 1e-5
+
+    def head_dim(self, config) -> int:
+        return config.hidden_size // config.num_attention_heads
+
+    def norm_eps(self, config) -> float:
+        return 1e-5
+
     def layer_config(self, config, i: int):
-        hd = config.hidden_size // config.num_attention_heads
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
-            head_dim=hd,
-            input_norm=NormSpec("layer", 1e-5),  # OlmoLayerNorm: no weight, no bias, eps 1e-5
-            qkv_clamp=None if config.clip_qkv is None else float(config.clip_qkv),
-            rope=rope_from_config(config, head_dim=hd),
-        )
+        return super().layer_config(config, i).replace(
+            qkv_clamp=None if config.clip_qkv is None else float(config.clip_qkv))
 
     def hf_taps(self, model, config, sink: dict):
         """Read q/k/v after OlmoAttention's in-place ``clamp_``: keep the projection

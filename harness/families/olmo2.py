@@ -26,11 +26,9 @@ Default config: 2 layers, 4 query / 2 KV heads, head_dim 16.
 
 from __future__ import annotations
 
-import numpy as np
-
 from impl import NormSpec, QkNormSpec
 
-from .base import LcPoint, LlamaLike, Point, rope_from_config
+from .base import LcPoint, LlamaLike, post_norm_points
 
 
 class Olmo2(LlamaLike):
@@ -49,61 +47,26 @@ class Olmo2(LlamaLike):
     # so a head_dim override could not be exported.
     extra_settable = ()
 
-    hf_points = {
-        "layer_in": Point("", "in"),
-        "attn_in": Point("self_attn", "in"),  # the raw layer input: no input norm
-        "q": Point("self_attn.q_proj", "out"),
-        "k": Point("self_attn.k_proj", "out"),
-        "v": Point("self_attn.v_proj", "out"),
-        "attn_branch": Point("self_attn.o_proj", "in"),
-        "attn_out": Point("post_attention_layernorm", "out"),
-        "resid_mid": Point("mlp", "in"),  # Olmo2DecoderLayer: residual + post_norm(attn) feeds the MLP
-        "layer_out": Point("", "out"),
-    }
+    # attn_in: the raw layer input (no input norm); Olmo2DecoderLayer: residual +
+    # post_norm(attn) feeds the MLP
+    hf_points = post_norm_points("mlp")
     lc_points = {
         # no attn_norm in olmo2.cpp: the attention reads inpL itself
+        **{k: v for k, v in LlamaLike.lc_points.items() if k != "attn_in"},
         "q": LcPoint("Qcur", "pre_rope", "rows"),  # 2-D (n_embd, tokens): reshape=false
         "k": LcPoint("Kcur", "pre_rope", "rows"),
-        "v": LcPoint("Vcur", "last", "heads"),  # the reshape_3d, cb'd after RoPE
-        "q_rope": LcPoint("Qcur", "rope", "heads"),
-        "k_rope": LcPoint("Kcur", "rope", "heads"),
-        "attn_probs": LcPoint("kq_soft_max", "last", "probs"),
-        "attn_heads": LcPoint("kqv_out"),
-        "attn_branch": LcPoint("kqv_out"),
+        # v: the reshape_3d, cb'd after RoPE
         "attn_out": LcPoint("attn_post_norm"),
-        "resid_mid": LcPoint("ffn_inp"),
-        "layer_out": LcPoint("l_out"),
     }
 
+    # Olmo2Attention: q_norm = Olmo2RMSNorm(num_heads * head_dim), before the view
+    qk_norm = QkNormSpec(NormSpec("rms"), over="row", where="pre_rope")
+    post_norm_kind = "rms"  # post_attention_layernorm on the branch
+    weight_map = {**LlamaLike.weight_map, "post_attention_layernorm.weight": "post_norm"}
+
     def layer_config(self, config, i: int):
-        hd = self.head_dim(config)
-        eps = config.rms_norm_eps
-        from impl import LayerConfig
-
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
-            head_dim=hd,
-            input_norm=NormSpec("none"),  # Olmo2DecoderLayer has no input_layernorm
-            # Olmo2Attention: q_norm = Olmo2RMSNorm(num_heads * head_dim), before the view
-            qk_norm=QkNormSpec(NormSpec("rms", eps), over="row", where="pre_rope"),
-            rope=rope_from_config(config, head_dim=hd),
-            post_norm=NormSpec("rms", eps),  # post_attention_layernorm on the branch
-        )
-
-    def layer_weights(self, model, config, i):
-        w = super().layer_weights(model, config, i)
-        from .base import tensor
-
-        w["post_norm"] = tensor(self.decoder_layers(model)[i], "post_attention_layernorm.weight")
-        return w
-
-    def lc_canonical(self, probe, arr, lc, config):
-        if probe in ("q", "k") and arr.ndim == 3:  # [seqs, tokens, heads * D] rows
-            n = lc.n_heads if probe == "q" else lc.n_kv_heads
-            return arr.reshape(arr.shape[0], arr.shape[1], n, lc.head_dim)
-        return super().lc_canonical(probe, arr, lc, config)
+        # Olmo2DecoderLayer has no input_layernorm
+        return super().layer_config(config, i).replace(input_norm=NormSpec("none"))
 
 
 FAMILY = Olmo2()

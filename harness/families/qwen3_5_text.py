@@ -69,7 +69,7 @@ class Qwen35Text(GatedHybrid):
             # _Qwen35MRopeMixin: the upstream default when the checkpoint names none
             w.add_rope_dimension_sections([11, 11, 10, 0])
 
-    def convert_tensor(self, name, data, config):
+    def gguf_convert(self, name, data, config, variant=None):
         """_LinearAttentionVReorderBase.modify_tensors (V heads to tiled order), then
         Qwen3NextModel.modify_tensors (A_log, dt_bias, conv1d, norm + 1)."""
         nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
@@ -90,17 +90,7 @@ class Qwen35Text(GatedHybrid):
                 data = np.concatenate([sq[:qk], _reorder_v_heads(sq[qk:], 0, nk, r, hv)], axis=0)
             elif ".out_proj." in name:
                 data = _reorder_v_heads(data, 1, nk, r, hv)
-        # Qwen3NextModel.modify_tensors
-        if name.endswith(".A_log"):
-            yield name, -np.exp(data)
-            return
-        if name.endswith(".dt_bias"):
-            yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
-            return
-        if "conv1d" in name:
-            yield name, data.squeeze()
-            return
-        yield name, self._norm_plus_one(name, data)
+        yield from super().gguf_convert(name, data, config, variant)
 
 
 FAMILY = Qwen35Text()

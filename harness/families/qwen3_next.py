@@ -39,11 +39,7 @@ import numpy as np
 
 from impl import LayerConfig, NormSpec, QkNormSpec
 
-from .base import LcPoint, LlamaLike, NotInImpl, Point, rope_from_config
-
-
-def _torch():
-    return __import__("torch")
+from .base import LcPoint, LlamaLike, NotInImpl, Point, gguf_moe_convert, gguf_size_params
 
 
 class GatedHybrid(LlamaLike):
@@ -77,24 +73,16 @@ class GatedHybrid(LlamaLike):
     def is_linear(self, config, i: int) -> bool:
         return config.layer_types[i] == "linear_attention"
 
+    # Qwen3NextRMSNorm: x / rms(x) * (1 + w), in float32
+    input_norm_kind = "rms1p"
+    # q_norm / k_norm: the same (1 + w) norm over head_dim, before RoPE
+    qk_norm = QkNormSpec(NormSpec("rms1p"), over="head", where="pre_rope")
+
     def layer_config(self, config, i: int):
         if self.is_linear(config, i):
             return NotInImpl(self.linear_kind, self.linear_reason)
-        hd = self.head_dim(config)
-        eps = config.rms_norm_eps
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
-            head_dim=hd,
-            # Qwen3NextRMSNorm: x / rms(x) * (1 + w), in float32
-            input_norm=NormSpec("rms1p", eps),
-            # q_norm / k_norm: the same (1 + w) norm over head_dim, before RoPE
-            qk_norm=QkNormSpec(NormSpec("rms1p", eps), over="head", where="pre_rope"),
-            # partial rotary: int(head_dim * partial_rotary_factor) leading channels, neox
-            rope=rope_from_config(config, head_dim=hd),
-            q_gate="interleaved",
-        )
+        # RoPE: partial rotary, int(head_dim * partial_rotary_factor) leading channels, neox
+        return super().layer_config(config, i).replace(q_gate="interleaved")
 
     # ------------------------------------------------------------------ probes
     def hf_points_for(self, config, i: int):
@@ -130,28 +118,11 @@ class GatedHybrid(LlamaLike):
             "layer_out": LcPoint("l_out"),
         }
 
-    def lc_canonical(self, probe, arr, lc, config):
-        if probe == "k" and arr.ndim == 3:
-            # the K projection before its reshape: [seqs, tokens, n_kv * D]
-            return arr.reshape(*arr.shape[:2], lc.n_kv_heads, lc.head_dim)
-        return super().lc_canonical(probe, arr, lc, config)
-
     # ------------------------------------------------------------------ GGUF
-    def _tmap(self, config):
-        import gguf
-
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        return gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-
     def _params_common(self, w, config) -> None:
         """conversion/base.py TextModel.set_gguf_parameters + Qwen3NextModel's additions
         (conversion/qwen.py), for an HF config without MTP layers (``--no-mtp``)."""
-        w.add_block_count(config.num_hidden_layers)
-        w.add_context_length(config.max_position_embeddings)
-        w.add_embedding_length(config.hidden_size)
-        w.add_feed_forward_length(config.intermediate_size)
-        w.add_head_count(config.num_attention_heads)
-        w.add_head_count_kv(config.num_key_value_heads)
+        gguf_size_params(w, config)
         rp = dict(config.rope_parameters or {})
         # rope_type "default": the converter only warns "Unknown RoPE type" and writes no scaling
         if "mrope_section" in rp:
@@ -188,18 +159,34 @@ class GatedHybrid(LlamaLike):
             return data + 1
         return data
 
-    def gguf_tensors(self, model, config, variant=None):
-        tmap = self._tmap(config)
-        for name, p in model.state_dict().items():
-            data = p.detach().to(dtype=_torch().float32).cpu().numpy()
-            for new_name, out in self.convert_tensor(name, data, config):
-                gname = tmap.get_name(new_name, try_suffixes=(".weight", ".bias"))
-                if gname is None:
-                    raise ValueError(f"{self.name}: no GGUF name for HF tensor {new_name!r}")
-                yield gname, out
-
-    def convert_tensor(self, name, data, config):
-        raise NotImplementedError
+    def gguf_convert(self, name, data, config, variant=None):
+        """Qwen3NextModel.modify_tensors, then Qwen2MoeModel.modify_tensors (the
+        fused-QKVZ and expert steps find no tensor in qwen3_5_text's dense model
+        with split projections)."""
+        if name.endswith(".A_log"):
+            yield name, -np.exp(data)  # the graph multiplies softplus(...) by ssm_a = -exp(A_log)
+            return
+        if name.endswith(".dt_bias"):
+            yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
+            return
+        if "conv1d" in name:
+            yield name, data.squeeze()  # (C, 1, K) -> (C, K)
+            return
+        data = self._norm_plus_one(name, data)
+        if "in_proj_qkvz.weight" in name:
+            # per key head [q, k, v, z] -> [Q_all | K_all | V_all] (attn_qkv) and Z_all (attn_gate)
+            hk, hv = config.linear_key_head_dim, config.linear_value_head_dim
+            nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
+            sizes = [hk, hk, nv // nk * hv, nv // nk * hv]
+            t = data.T.reshape(config.hidden_size, nk, sum(sizes))
+            q, k, v, z = np.split(t, np.cumsum(sizes)[:-1], axis=-1)
+            flat = [x.reshape(config.hidden_size, -1) for x in (q, k, v, z)]
+            base = name.rpartition(".in_proj_qkvz")[0]
+            yield base + ".in_proj_qkv.weight", np.concatenate(flat[:3], axis=-1).T.copy()
+            yield base + ".in_proj_z.weight", flat[3].T.copy()
+            return
+        # HF's fused experts [E, 2F, H] split on dim -2 into gate and up
+        yield from gguf_moe_convert(name, data) or [(name, data)]
 
 
 class Qwen3Next(GatedHybrid):
@@ -226,17 +213,7 @@ class Qwen3Next(GatedHybrid):
         "logits": LcPoint("result_output"),
     }
 
-    def build_model(self, config, seed: int, dtype: str = "float32"):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        # experts_implementation="eager": the experts' own forward loop from the modeling
-        # file; the default grouped_mm kernel refuses float64 (HF at --dtype float64)
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                 experts_implementation="eager", dtype=torch.float32)
-        self.init_weights(model, seed)
-        return model.to(dtype=getattr(torch, dtype)).eval()
+    experts_implementation = "eager"
 
     def gguf_params(self, w, config, variant=None):
         self._params_common(w, config)
@@ -247,41 +224,6 @@ class Qwen3Next(GatedHybrid):
         w.add_expert_feed_forward_length(config.moe_intermediate_size)
         w.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
 
-    def convert_tensor(self, name, data, config):
-        """Qwen3NextModel.modify_tensors, then Qwen2MoeModel.modify_tensors."""
-        if name.endswith(".A_log"):
-            yield name, -np.exp(data)  # the graph multiplies softplus(...) by ssm_a = -exp(A_log)
-            return
-        if name.endswith(".dt_bias"):
-            yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
-            return
-        if "conv1d" in name:
-            yield name, data.squeeze()  # (C, 1, K) -> (C, K)
-            return
-        data = self._norm_plus_one(name, data)
-        if "in_proj_qkvz.weight" in name:
-            # per key head [q, k, v, z] -> [Q_all | K_all | V_all] (attn_qkv) and Z_all (attn_gate)
-            hk, hv = config.linear_key_head_dim, config.linear_value_head_dim
-            nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
-            sizes = [hk, hk, nv // nk * hv, nv // nk * hv]
-            t = data.T.reshape(config.hidden_size, nk, sum(sizes))
-            q, k, v, z = np.split(t, np.cumsum(sizes)[:-1], axis=-1)
-            flat = [x.reshape(config.hidden_size, -1) for x in (q, k, v, z)]
-            base = name.rpartition(".in_proj_qkvz")[0]
-            yield base + ".in_proj_qkv.weight", np.concatenate(flat[:3], axis=-1).T.copy()
-            yield base + ".in_proj_z.weight", flat[3].T.copy()
-            return
-        if name.endswith("mlp.experts.gate_up_proj"):
-            # HF [E, 2F, H] split on dim -2 into gate and up
-            f = data.shape[-2] // 2
-            base = name.removesuffix(".gate_up_proj")
-            yield base + ".gate_proj.weight", data[..., :f, :].copy()
-            yield base + ".up_proj.weight", data[..., f:, :].copy()
-            return
-        if name.endswith("mlp.experts.down_proj"):
-            yield name + ".weight", data
-            return
-        yield name, data
 
 
 FAMILY = Qwen3Next()

@@ -27,7 +27,7 @@ Configs:
 
 from __future__ import annotations
 
-from .base import LcPoint, LlamaLike
+from .base import lc_unrotated
 from .llama import Llama
 
 
@@ -46,14 +46,11 @@ class SmolLM3(Llama):
     gguf_arch = "smollm3"
     extra_settable = ()  # head_dim is hidden // heads in SmolLM3Attention (config.head_dim unused)
 
-    def head_dim(self, config) -> int:
-        # SmolLM3Attention.__init__: getattr(config, "head_dim", hidden // heads)
-        return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    # head_dim: SmolLM3Attention.__init__: getattr(config, "head_dim", hidden // heads), LlamaLike's
 
-    def layer_config(self, config, i: int):
-        lc = LlamaLike.layer_config(self, config, i)
+    def uses_rope(self, config, i: int) -> bool:
         # SmolLM3Attention.use_rope = config.no_rope_layers[layer_idx] (1 = rotate)
-        return lc if config.no_rope_layers[i] else lc.replace(rope=None)
+        return bool(config.no_rope_layers[i])
 
     def feature_switches(self, config, features):
         sw = super().feature_switches(config, features)
@@ -66,8 +63,7 @@ class SmolLM3(Llama):
         # there is no ROPE node: the tensor entering attention is the reshaped Qcur/Kcur.
         if (i + 1) % 4 != 0:
             return self.lc_points
-        return {**self.lc_points, "q_rope": LcPoint("Qcur", "last", "heads"),
-                "k_rope": LcPoint("Kcur", "last", "heads")}
+        return lc_unrotated(self.lc_points)
 
 
 FAMILY = SmolLM3()

@@ -26,9 +26,9 @@ Configs:
 
 from __future__ import annotations
 
-from impl import LayerConfig, NormSpec, WindowSpec
+from impl import WindowSpec
 
-from .base import LlamaLike, rope_from_config, text_model_gguf_params
+from .base import LlamaLike, text_model_gguf_params
 
 WINDOW_4 = (("sliding_window", 4),)  # the HF-only config, as overrides
 
@@ -50,6 +50,10 @@ class Starcoder2(LlamaLike):
     weight_map = {**LlamaLike.weight_map, "input_layernorm.bias": "attn_norm_b"}
     # starcoder2.cpp has no cb for the o_proj output
     lc_points = {k: v for k, v in LlamaLike.lc_points.items() if k != "attn_out"}
+    input_norm_kind = "layer"  # nn.LayerNorm(eps=norm_epsilon)
+
+    def norm_eps(self, config) -> float:
+        return config.norm_epsilon
 
     def head_dim(self, config) -> int:
         return config.hidden_size // config.num_attention_heads  # Starcoder2Attention.__init__
@@ -58,18 +62,6 @@ class Starcoder2(LlamaLike):
         # Starcoder2Model.forward: one mask function for every layer
         sw = getattr(config, "sliding_window", None)
         return WindowSpec("sliding", int(sw)) if sw else None
-
-    def layer_config(self, config, i: int) -> LayerConfig:
-        hd = self.head_dim(config)
-        return LayerConfig(
-            hidden_size=config.hidden_size,
-            n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
-            head_dim=hd,
-            input_norm=NormSpec("layer", config.norm_epsilon),  # nn.LayerNorm(eps=norm_epsilon)
-            rope=rope_from_config(config, head_dim=hd),
-            window=self.window(config, i),
-        )
 
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):

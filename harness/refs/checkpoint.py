@@ -98,21 +98,7 @@ def _param_shapes(config) -> dict[str, tuple]:
 
 
 def _apply_overrides(family, config, overrides: dict, path):
-    valid = family.settable_keys()
-    d = config.to_dict()
-    for key, value in overrides.items():
-        top, _, sub = key.partition(".")
-        if top not in valid:
-            raise UsageError(f"unknown config key {key!r} for family {family.name}; {suggest(top, valid)}")
-        if sub:
-            base = d.get(top)
-            if base is not None and not isinstance(base, dict):
-                raise UsageError(f"config key {top!r} is not a table; set it as {top}=VALUE")
-            base = dict(base or {})
-            base[sub] = value
-            d[top] = base
-        else:
-            d[key] = value
+    d = family.apply_overrides(config.to_dict(), overrides)
     try:
         new = type(config).from_dict(d)
     except (ValueError, TypeError, KeyError) as e:

@@ -236,10 +236,7 @@ def import_by_name_map(family, tensors: dict[str, Any], model, config) -> dict[s
     through gguf's own tensor-name map (``get_tensor_name_map``, as the export
     and the converter's ``map_tensor_name`` use it), its tensor dequantized and
     untransformed. ``tensors``: gguf name -> a callable returning float32 numpy."""
-    import gguf
-
-    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
-    tmap = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+    tmap = family.gguf_tensor_map(config)
     out: dict[str, np.ndarray] = {}
     used: set[str] = set()
     sd = model.state_dict()
@@ -269,7 +266,7 @@ def import_by_name_map(family, tensors: dict[str, Any], model, config) -> dict[s
 def load(path: str, family: str | None = None) -> GGUFSource:
     import gguf
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     p = Path(path)
     try:
@@ -295,12 +292,7 @@ def load(path: str, family: str | None = None) -> GGUFSource:
     if left:
         raise UsageError(f"--gguf {path}: metadata keys family {fam.name}'s reverse mapping does not read "
                          f"(each may change what llama.cpp computes): {', '.join(left[:6])}")
-    fam.validate(kw)
-    try:
-        config = AutoConfig.for_model(fam.hf_model_type, **kw)
-    except (ValueError, TypeError, KeyError) as e:
-        raise UsageError(f"--gguf {path}: the HF config refused the file's settings: {' '.join(str(e).split())}") from None
-    fam.validate_config(config)
+    config = fam.config_from_kwargs(kw, f"--gguf {path}: the HF config refused the file's settings")
 
     def loader(info):
         def get():
