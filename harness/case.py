@@ -167,6 +167,7 @@ class CaseRun:
         self.policy = policy
         self.progress = progress or (lambda msg: None)
         self.timings: dict[str, float] = {}
+        self.derived: dict[tuple[str, str], str] = {}  # (reference, probe key) -> how it was derived
         self.switched: dict[str, int] = {}  # switch_off tag -> tensors / modules it changed
         self.source = None  # set for --gguf / --hf-model
         if case.gguf:
@@ -304,6 +305,7 @@ class CaseRun:
                             meta={"traceback": traceback.format_exc(limit=4)})
         rc.seconds = time.perf_counter() - t
         self.timings[f"capture_{ref}"] = rc.seconds
+        self.derived.update({(ref, k): how for k, how in (rc.meta.get("derived") or {}).items()})
         return rc
 
     def _hf_dtype(self) -> str:
@@ -460,6 +462,11 @@ class CaseRun:
                                         dict(self.case.overrides), layer=layer, nmse=m["nmse"])
             if known:
                 status, reason = "finding", f"{reason} -- known disagreement: {known}"
+        key = f"L{layer}.{probe}" if layer is not None else probe
+        notes = [f"{side}'s {probe} is {self.derived[(side, key)]}" for side in (cand_name, ref_name)
+                 if (side, key) in self.derived]
+        if notes:  # never silent: a derived probe is not one the reference names
+            reason = "; ".join(([reason] if reason else []) + notes)
         row = self._row(cand_name, ref_name, layer, probe, status, reason, cmp_dtype=cdt, **m, **extra,
                         tol_nmse=tol.get("nmse"), tol_atol=tol.get("atol"), tol_reason=why)
         return row

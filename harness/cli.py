@@ -80,6 +80,18 @@ def case_from_args(a):
                 variant=a.variant)
 
 
+def _require_device(case) -> None:
+    """One case asked for by hand on a device this machine lacks is bad input (a
+    matrix that lists such cases records them as skipped instead)."""
+    from impl import Backend
+    from impl.config import ConfigError
+
+    try:
+        Backend(case.backend, case.device, case.dtype).check_available()
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_run(a) -> int:
     from . import report
     from .case import CaseRun
@@ -88,6 +100,7 @@ def cmd_run(a) -> int:
     policy = load_policy(a.policy)
     case = case_from_args(a)
     case.validate()
+    _require_device(case)
     run = CaseRun(case, policy, progress=lambda m: print(m, file=sys.stderr))
     _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
     t0 = time.time()

@@ -64,6 +64,20 @@ SPEC_DECORATIONS = {
 }
 
 
+# Decorations of the spec no reference family in this environment has, with the
+# reason and what verifies them instead. `conformance features` and summary.md
+# print these beside "unverified".
+REFERENCE_GAPS = {
+    "absent_layer": "no HF transformers family has a layer without attention (deci / nemotron-nas "
+                    "ship remote code, which the harness never runs); checked against a plain float64 "
+                    "formula in tests/test_family_shapes.py",
+    "linear_layer": "no HF transformers family has an attention that is one linear map (deci's is remote "
+                    "code); checked against a plain float64 formula in tests/test_family_shapes.py",
+    "mla_gate": "only Kimi K3 has MLA's sigmoid output gate (llama.cpp kimi-k3.cpp); HF transformers has no "
+                "Kimi K3 model; checked against the spec's formula in tests/test_mla.py",
+}
+
+
 def layer_features(lc, weights: dict | None = None) -> set[str]:
     w = weights or {}
     if not isinstance(lc, LayerConfig):

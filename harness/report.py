@@ -95,7 +95,8 @@ def case_table(rows) -> str:
         lines.append(f"  {'layer':>5} {'probe':<12} {'status':<15} {'nmse':>10} {'max_abs':>10}  worst / reason")
         for r in g.itertuples():
             layer = "-" if r.layer == -1 else str(r.layer)
-            tail = r.reason if r.status != "pass" else getattr(r, "worst", "")
+            tail = r.reason if r.status != "pass" else "  ".join(
+                x for x in (getattr(r, "worst", ""), getattr(r, "reason", "")) if x)
             lines.append(f"  {layer:>5} {r.probe:<12} {r.status:<15} {_fmt(getattr(r, 'nmse', None)):>10} "
                          f"{_fmt(getattr(r, 'max_abs', None)):>10}  {tail}")
     c = counts(df)

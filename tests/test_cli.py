@@ -37,6 +37,8 @@ BAD = [
     (["run", "--family", "llama", "--hf-model", "/nonexistent"], "is not a directory"),
     (["run", "--family", "llama", "--policy", "/nonexistent.toml"], "does not exist"),
     (["run"], "--family is required"),
+    *([(["run", "--family", "llama", "--backend", "torch", "--device", "cuda"],
+        "device 'cuda' is not available on this machine")] if not __import__("torch").cuda.is_available() else []),
     (["frobnicate"], "invalid choice"),
 ]
 

@@ -178,6 +178,27 @@ def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, nam
     return out
 
 
+def derive_attn_out(probes: dict, layer_cfgs) -> dict[str, str]:
+    """``attn_out`` where the arch's graph names no tensor for it (qwen2.cpp,
+    qwen3.cpp, starcoder2.cpp, ... add ``build_attn``'s result to the residual
+    unnamed): ``ffn_inp - layer_in``, divided by the layer's residual
+    multiplier. Exact up to one float32 rounding of the residual; every row
+    compared on a derived probe says so in its reason. Returns
+    ``{probe key: how it was derived}``."""
+    derived = {}
+    for i, lc in enumerate(layer_cfgs):
+        key = f"L{i}.attn_out"
+        if key in probes or getattr(lc, "residual", None) != "sequential":
+            continue
+        resid, x = probes.get(f"L{i}.resid_mid"), probes.get(f"L{i}.layer_in")
+        if resid is None or x is None or resid.shape != x.shape:
+            continue
+        m = float(getattr(lc, "residual_multiplier", 1.0))
+        probes[key] = (resid - x) / m
+        derived[key] = "derived as ffn_inp - layer_in" + (f", over the residual multiplier {m:g}" if m != 1.0 else "")
+    return derived
+
+
 def capture_for_case(run):
     """The llama.cpp capture for a ``harness.case.CaseRun``."""
     from ..case import RefCapture
@@ -246,6 +267,7 @@ def capture_for_case(run):
         a = assemble(arrays, index, calls, n_seq, n_tok, name, pt)
         if a is not None:
             probes[f"L{i}.layer_in"] = a
-    meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls)}
+    derived = derive_attn_out(probes, layer_cfgs)
+    meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived}
     cache.store("llamacpp", k, probes, meta)
     return RefCapture("llamacpp", "float32", probes, meta=meta)
