@@ -36,8 +36,12 @@ def test_six_heads_three_way(policy):
     for ref in ("hf", "llamacpp"):
         for layer in (0, 1):
             assert st[("impl", ref, layer, "attn_probs")] == "pass"
-    # llama.cpp names no tensor for wo's output: not exposed, never a pass
-    assert st[("impl", "llamacpp", 0, "attn_out")] == "not-exposed"
+    # llama.cpp names no tensor for wo's output: it is derived as ffn_inp - layer_in,
+    # and the row says so
+    assert st[("impl", "llamacpp", 0, "attn_out")] == "pass"
+    row = next(r for r in rows if (r["candidate"], r["reference"], r["layer"], r["probe"])
+               == ("impl", "llamacpp", 0, "attn_out"))
+    assert "derived as ffn_inp - layer_in" in row["reason"]
     assert st[("impl", "hf", 0, "attn_out")] == "pass"
     # the references agree on the attention, and part at the MLP (GELU table): a finding
     assert st[("llamacpp", "hf", 0, "resid_mid")] == "pass"

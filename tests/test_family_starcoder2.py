@@ -31,8 +31,12 @@ def test_window_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need
     lc = llamacpp_statuses(rows)
     # every layer is windowed in HF; llama.cpp attends causally over everything
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"
-    # starcoder2.cpp names no o_proj output: reported, never faked
-    assert lc[(0, "attn_out")] == "not-exposed"
+    # starcoder2.cpp names no o_proj output: derived as ffn_inp - layer_in, and said so --
+    # downstream of the missing window it disagrees like every other probe: the finding
+    assert lc[(0, "attn_out")] == "finding"
+    row = next(r for r in rows if (r["candidate"], r["reference"], r["layer"], r["probe"])
+               == ("impl", "llamacpp", 0, "attn_out"))
+    assert "derived as ffn_inp - layer_in" in row["reason"]
 
 
 def test_ffn_finding_is_the_fp16_gelu_table(policy, need_llamacpp):
