@@ -48,7 +48,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import families
+from . import atomic, families
 from .case import Case
 from .errors import UsageError, suggest
 
@@ -442,7 +442,7 @@ def start(spec: Spec, out: str | None, shard_arg: tuple[int, int] | None, policy
                     "cases_total": len(spec.cases), "excluded": spec.excluded},
            "shard": f"{shard_arg[0]}/{shard_arg[1]}" if shard_arg else None,
            "policy": policy_path, "jobs": jobs, "cases": [c.to_dict() for c in cases]}
-    (d / RUN_FILE).write_text(json.dumps(run, indent=1, default=str))
+    atomic.write_text(d / RUN_FILE, json.dumps(run, indent=1, default=str))
     return d
 
 
@@ -479,7 +479,7 @@ def complete(d: Path, jobs: int, on_start=lambda c: None, on_done=lambda c, rec:
     wall = time.perf_counter() - t0
     prior = run.get("wall_s", 0.0)
     run["wall_s"] = prior + wall  # summed over the invocations that made the run
-    (d / RUN_FILE).write_text(json.dumps(run, indent=1, default=str))
+    atomic.write_text(d / RUN_FILE, json.dumps(run, indent=1, default=str))
     meta = {"run_id": run["run_id"], "command": "matrix", "argv": run["argv"], "spec": _spec_meta(run),
             "shard": run["shard"], "jobs": jobs, "policy": run.get("policy"),
             "cases_already_done": len(held), "wall_s": prior + wall, "started": run["started"]}

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import atomic
+from .atomic import atomic_path
 from .versions import ROOT, versions
 
 REPORTS = ROOT / "reports"
@@ -40,15 +42,18 @@ def frame(rows: list[dict]) -> pd.DataFrame:
 def write_rows(d: Path, rows: list[dict]) -> pd.DataFrame:
     d.mkdir(parents=True, exist_ok=True)
     df = frame(rows)
-    df.to_parquet(d / "rows.parquet", index=False)
-    df.to_csv(d / "rows.csv", index=False)
+    # whole files or none: `diff`, `merge` and `--resume` may read a run a kill interrupted
+    with atomic_path(d / "rows.parquet") as tmp:
+        df.to_parquet(tmp, index=False)
+    with atomic_path(d / "rows.csv") as tmp:
+        df.to_csv(tmp, index=False)
     return df
 
 
 def write_meta(d: Path, meta: dict) -> None:
     meta = dict(meta)
     meta.setdefault("versions", versions())
-    (d / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    atomic.write_text(d / "meta.json", json.dumps(meta, indent=2, default=str))
 
 
 def read_rows(d: Path) -> pd.DataFrame:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pandas as pd
 
+from . import atomic
 from .features import REFERENCE_GAPS, SPEC_DECORATIONS
 
 FAILING = ("fail", "error")
@@ -412,10 +412,8 @@ def plot_case(rows, path: Path) -> None:
     k = cache.key("plot", cache.source_hash(__file__), shown)
     hit = cache.cache_dir() / "plots" / f"{k}.png"
     if not hit.exists():
-        hit.parent.mkdir(parents=True, exist_ok=True)
-        tmp = hit.with_suffix(f".{os.getpid()}.tmp.png")
-        _draw(df, tmp)
-        os.replace(tmp, hit)  # atomic: workers never copy half a file
+        with atomic.atomic_path(hit, suffix=".png") as tmp:  # workers never copy half a file
+            _draw(df, tmp)
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(hit, path)
 
@@ -515,6 +513,6 @@ def write_all(d: Path, df: pd.DataFrame, meta: dict) -> None:
     d = Path(d)
     plots = {cid: f"plots/{plot_name(cid)}" for cid in dict.fromkeys(df["case_id"])} if len(df) else {}
     plots = {k: v for k, v in plots.items() if (d / v).exists()}
-    (d / "summary.md").write_text(summary_md(df, meta))
-    (d / "report.html").write_text(report_html(df, meta, plots))
-    (d / "junit.xml").write_text(junit_xml(df, meta))
+    atomic.write_text(d / "summary.md", summary_md(df, meta))
+    atomic.write_text(d / "report.html", report_html(df, meta, plots))
+    atomic.write_text(d / "junit.xml", junit_xml(df, meta))

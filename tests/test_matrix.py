@@ -182,6 +182,36 @@ def test_resume_completes_an_interrupted_run_without_redoing_work(unsharded, tmp
     assert json.loads((d / "meta.json").read_text())["cases_already_done"] == 2
 
 
+def test_resume_after_a_real_kill_9(unsharded, tmp_path):
+    """kill -9 of a real matrix process part-way (wherever it happens to be: inside a
+    case, appending to the journal, writing a cached capture), then --resume: the
+    finished run is the uninterrupted one, row for row."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    s, full = unsharded
+    d = tmp_path / "killed"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "matrix", s, "--out", str(d), "-j1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = d / "journal.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if journal.exists() and journal.read_bytes().count(b"\n") >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (d / "rows.parquet").exists()  # nothing final was written before the end
+    assert main(["matrix", "--resume", str(d), "-j1"]) == 0
+    pd.testing.assert_frame_equal(_rows(d), _rows(full))
+    assert json.loads((d / "meta.json").read_text())["cases_already_done"] >= 2
+    assert not [p.name for p in d.rglob("*") if ".tmp" in p.name]
+
+
 def test_features_map_lists_every_decoration(unsharded, capsys):
     from harness.features import SPEC_DECORATIONS
 

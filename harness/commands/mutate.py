@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import atomic
 from ..case import Case
 from ..errors import UsageError, suggest
 
@@ -376,8 +377,8 @@ def write(d: Path, res: dict) -> None:
     import pandas as pd
 
     d.mkdir(parents=True, exist_ok=True)
-    (d / "mutation.json").write_text(json.dumps(res, indent=1, default=str))
-    (d / "mutation.md").write_text(render(res))
+    atomic.write_text(d / "mutation.json", json.dumps(res, indent=1, default=str))
+    atomic.write_text(d / "mutation.md", render(res))
     pd.DataFrame(res["rows"]).to_parquet(d / "mutation_rows.parquet", index=False)
 
 
