@@ -20,6 +20,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_MODE = _file_mode()
+
+
 @contextmanager
 def atomic_path(dest: str | Path, suffix: str = ""):
     """Yield a fresh temporary path beside ``dest``; on a clean exit it is renamed
@@ -32,6 +41,7 @@ def atomic_path(dest: str | Path, suffix: str = ""):
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, _MODE)  # mkstemp makes 0600; the file is an ordinary one once in place
         os.replace(tmp, dest)
     except BaseException:
         try:

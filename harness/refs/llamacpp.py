@@ -238,7 +238,7 @@ def capture_for_case(run):
     src = cache.source_hash(*cache.family_sources(fam), Path(__file__), Path(__file__).with_name("llamacpp_worker.py"),
                             Path(__file__).parent.parent / "families" / "base.py")
     k = cache.key("llamacpp", CAPTURE_SCHEMA, fam.name, str(file_stamp), run.variant, calls, versions().get("llama_cpp_python"),
-                  src)
+                  versions().get("llama_cpp_kernels"), src)
     hit = cache.load("llamacpp", k)
     if hit is not None:
         return RefCapture("llamacpp", "float32", hit[0], meta=hit[1], cached=True)
