@@ -27,11 +27,11 @@ import pandas as pd
 from . import atomic
 from .features import REFERENCE_GAPS, SPEC_DECORATIONS
 
-FAILING = ("fail", "error")
-# A case's status is the first of these its rows have: one failing row fails the
-# case; otherwise a case that compared anything passed (its findings listed apart).
-CASE_ORDER = ("error", "fail", "pass", "finding", "not-implemented", "not-exposed", "skipped")
-GLYPH = {"error": "❌ error", "fail": "❌ FAIL", "pass": "✅ pass", "finding": "⚠️ finding",
+# A case's status is the first of CASE_ORDER its rows have: one failing row fails the
+# case; a case passes only when impl was checked (harness/verdict.py: unguarded first).
+from .verdict import CASE_ORDER, FAILING  # noqa: E402
+GLYPH = {"unguarded": "❌ UNGUARDED", "missing": "❌ missing", "error": "❌ error", "fail": "❌ FAIL",
+         "pass": "✅ pass", "finding": "⚠️ finding",
          "not-implemented": "➖ not implemented", "not-exposed": "➖ not exposed", "skipped": "➖ skipped"}
 
 
@@ -61,6 +61,12 @@ def cases(df: pd.DataFrame) -> pd.DataFrame:
                         "status": rank.groupby(df["case_id"], sort=False).min().map(
                             lambda i: CASE_ORDER[int(i)] if i < len(CASE_ORDER) else "skipped"),
                         "findings": (df["status"] == "finding").groupby(df["case_id"], sort=False).sum().astype(int)})
+    # a case in which no impl comparison passed checked nothing of impl, whatever its
+    # other rows say (harness/verdict.py rule 3; rows a run makes carry their own
+    # `unguarded` rows, this holds for any rows a view is given)
+    impl_pass = ((df["candidate"] == "impl") & (df["status"] == "pass")).groupby(df["case_id"], sort=False).any()
+    quiet = ~out["status"].isin(FAILING + ("skipped",)) & ~impl_pass.reindex(out.index).fillna(False).astype(bool)
+    out.loc[quiet, "status"] = "unguarded"
     judged = df[(df["candidate"] == "impl") & df["status"].isin(("pass", "fail"))]
     for col, src in (("worst_nmse", "nmse"), ("worst_ratio", "err_ratio")):
         vals = pd.to_numeric(judged[src], errors="coerce") if src in judged else pd.Series(dtype=float)
@@ -193,7 +199,7 @@ def summary_md(df: pd.DataFrame, meta: dict) -> str:
         lines += ["", "## Unverified decorations", "",
                   "Named in the spec, passed by no case of this run:", ""]
         lines += [f"- `{t}`: {_md(REFERENCE_GAPS.get(t, 'no case of this run exercises it'))}" for t in un]
-    other = df[~df["status"].isin(("pass", "fail", "error", "finding"))] if len(df) else df
+    other = df[~df["status"].isin(("pass", "finding") + FAILING)] if len(df) else df
     if len(other):
         lines += ["", "## Not compared", "", "| status | rows | reason |", "|---|---|---|"]
         for (st, why), g in sorted(other.groupby(["status", "reason"]), key=lambda kv: -len(kv[1]))[:15]:
@@ -362,9 +368,9 @@ def junit_xml(df: pd.DataFrame, meta: dict) -> str:
     by_case = dict(tuple(df.groupby("case_id", sort=False))) if len(df) else {}
     for fam, group in (cs.groupby("family", sort=False) if len(cs) else []):
         suite = ET.SubElement(root, "testsuite", name=_x(f"conformance.{fam}"), tests=str(len(group)),
-                              failures=str((group["status"] == "fail").sum()),
+                              failures=str((group["status"].isin(FAILING) & (group["status"] != "error")).sum()),
                               errors=str((group["status"] == "error").sum()),
-                              skipped=str((~group["status"].isin(("pass", "fail", "error"))).sum()))
+                              skipped=str((~group["status"].isin(("pass",) + FAILING)).sum()))
         for c in group.itertuples():
             t = info.get(c.case_id, {}).get("timings", {}).get("case_s", 0.0)
             tc = ET.SubElement(suite, "testcase", classname=_x(f"conformance.{fam}"), name=_x(c.case_id),
@@ -374,7 +380,7 @@ def junit_xml(df: pd.DataFrame, meta: dict) -> str:
                 bad = rows[rows["status"].isin(FAILING)]
                 body = "\n".join(f"{r.candidate} vs {r.reference} L{r.layer} {r.probe}: {r.status}: {r.reason}"
                                  for r in bad.itertuples())
-                ET.SubElement(tc, "failure" if c.status == "fail" else "error", message=_x(c.first_fail)).text = _x(body)
+                ET.SubElement(tc, "error" if c.status == "error" else "failure", message=_x(c.first_fail)).text = _x(body)
             elif c.status != "pass":
                 ET.SubElement(tc, "skipped", message=_x(f"{c.status}: {rows['reason'].iloc[0]}"))
             if c.findings:
@@ -458,7 +464,7 @@ def _draw(df: pd.DataFrame, path: Path) -> None:
 
 
 # ---------------------------------------------------------------- feature map
-MAP_ORDER = ("error", "fail", "finding", "pass", "not-implemented", "not-exposed", "skipped")
+MAP_ORDER = ("unguarded", "missing", "error", "fail", "finding", "pass", "not-implemented", "not-exposed", "skipped")
 MAP_COLS = (("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf"))
 
 

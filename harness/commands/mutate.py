@@ -50,14 +50,22 @@ class MutantCase(Case):
     whose id and dict carry the mutant's name."""
 
     mutant: str = ""
+    mutant_d: float | None = None  # a parametric mutant's perturbation (None: its default)
 
     def case_id(self) -> str:
-        return f"{self.mutant}::{super().case_id()}"
+        at = "" if self.mutant_d is None else f"@{self.mutant_d:.3g}"
+        return f"{self.mutant}{at}::{super().case_id()}"
 
     def plain(self) -> Case:
         d = self.to_dict()
         d.pop("mutant")
+        d.pop("mutant_d")
         return Case.from_dict(d)
+
+
+def slice_of(case: Case) -> str:
+    """The backend and dtype a case runs impl in: the mutation score is given per slice."""
+    return f"{case.backend}-{case.dtype}"
 
 
 def register(sub) -> None:
@@ -78,7 +86,11 @@ def register(sub) -> None:
                    help="stop running a mutant's cases once one has killed it (faster; the failure counts "
                         "then cover only the cases run)")
     p.add_argument("--min-score", type=float, default=1.0, metavar="F",
-                   help="exit 1 when the mutation score is below F (default 1.0)")
+                   help="exit 1 when the mutation score (overall, or of any backend/dtype slice) is below F "
+                        "(default 1.0)")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="for every parametric (subtle) mutant: the smallest relative perturbation of its parameter "
+                        "that the spec's cases still catch, per backend and dtype")
     p.set_defaults(fn=cmd_mutate)
 
 
@@ -91,11 +103,12 @@ def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) 
 
     d = dict(case_dict)
     name = d.pop("mutant")
-    cid = f"{name}::{Case.from_dict(d).case_id()}"
+    size = d.pop("mutant_d", None)
+    cid = MutantCase(**Case.from_dict(d).__dict__, mutant=name, mutant_d=size).case_id()
     t = time.perf_counter()
     try:
         # a mutant may well compute inf - inf: the NaN is judged (a fail), the warning is noise
-        with applied(registry()[name]), np.errstate(all="ignore"):
+        with applied(registry()[name], size), np.errstate(all="ignore"):
             rec = matrix.work(d, policy_path, None)
     except StaleMutant as e:
         return {"case_id": cid, "mutant": name, "stale": str(e)}
@@ -215,17 +228,18 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         tasks += [MutantCase(**by_id[cid].__dict__, mutant=m.name) for cid in cids]
 
     results: dict[str, dict] = {}
-    killed_names: set = set()
+    killed_in: set = set()  # (mutant, slice)
 
     def done(c, rec):
         if "rows" in rec:  # the worker died twice on this task: the matrix's crash row
             rec = {**verdict(rec["rows"]), "case_id": c.case_id(), "mutant": c.mutant, "crashed": True}
         results[c.case_id()] = rec
         if rec.get("killed"):
-            killed_names.add(c.mutant)
+            killed_in.add((c.mutant, slice_of(c)))
         log(f"[{len(results)}/{len(tasks)}] {'killed  ' if rec.get('killed') else 'survived'} {c.case_id()}")
 
-    skip = (lambda c: c.mutant in killed_names) if first_kill else None
+    # --first-kill stops a mutant once it is killed in a case's slice: the score is per slice
+    skip = (lambda c: (c.mutant, slice_of(c)) in killed_in) if first_kill else None
     tm = time.perf_counter()
     matrix.execute(tasks, jobs, policy_path, None, lambda c: None, done, task=work_mutant, skip=skip)
     mutants_s = time.perf_counter() - tm
@@ -272,6 +286,28 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
             entry.update(status="survived")
         out.append(entry)
 
+    # the score per backend and dtype: a mutant counts in a slice where some clean case of
+    # that slice exercises its decoration (any case, for a core mutant) and its break is
+    # visible at that precision (Mutant.dtypes); it is killed there when a case of that
+    # slice failed under it
+    slices: dict[str, dict] = {}
+    for m in live:
+        plan = plans[m.name]
+        if not plan["targeted"]:
+            continue
+        for cid in plan["cases"]:
+            c = by_id[cid]
+            sl = slice_of(c)
+            if not m.visible_at(c.dtype):
+                continue
+            e = slices.setdefault(sl, {"mutants": {}})
+            rec = results.get(f"{m.name}::{cid}")
+            e["mutants"][m.name] = e["mutants"].get(m.name, False) or bool(rec and rec.get("killed"))
+    for sl, e in slices.items():
+        k = sum(e["mutants"].values())
+        e.update(killed=k, total=len(e["mutants"]), score=k / len(e["mutants"]),
+                 survivors=sorted(n for n, v in e["mutants"].items() if not v))
+
     total = len(out)
     killed = sum(1 for e in out if e["status"] == "killed")
     by_spec = sum(1 for e in out if e.get("killed_by_spec"))
@@ -293,6 +329,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         "tasks": len(tasks), "tasks_run": len(results), "seconds": time.perf_counter() - t0,
         "mutants_seconds": mutants_s,
         "decorations_without_mutant": no_mutant,
+        "slices": {sl: {k: v for k, v in e.items() if k != "mutants"} for sl, e in sorted(slices.items())},
         "mutants": out,
         "rows": [{"mutant": r["mutant"], "case_id": cid.split("::", 1)[1], "killed": bool(r.get("killed")),
                   "failing_rows": r.get("failing_rows", 0), "stale": "stale" in r,
@@ -301,6 +338,113 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
                   "seconds": r.get("seconds")}
                  for cid, r in results.items()],
     }
+
+
+# ---------------------------------------------------------------- sensitivity
+LADDER = 13  # perturbations d = param * 10^-k, k = 0 .. LADDER-1
+CASES_PER_SLICE = 3
+
+
+def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log=lambda m: None,
+                    phase=lambda m: None) -> dict:
+    """Per parametric mutant and per backend/dtype slice: the smallest relative
+    perturbation ``d`` of its parameter (on the ladder ``param * 10^-k``) that a
+    clean case of the slice exercising its decoration still catches -- found by
+    bisecting the ladder, assuming (as the errors are smooth in ``d``) that a
+    larger perturbation is caught whenever a smaller one is."""
+    from .. import matrix
+    from ..bisect import FAILING
+
+    chosen = [m for m in mutants if m.param is not None]
+    if not chosen:
+        raise UsageError("--sensitivity needs parametric mutants (harness/mutants/subtle.py); none selected")
+    t0 = time.perf_counter()
+    by_id = {c.case_id(): c for c in matrix.nonempty(spec)}
+    for m in chosen:
+        by_id.setdefault(own_case(m).case_id(), own_case(m))
+    base: dict[str, dict] = {}
+
+    def base_done(c, rec):
+        impl = [r for r in rec["rows"] if r["candidate"] == "impl"]
+        base[c.case_id()] = {"features": rec["info"].get("features", []),
+                             "clean": bool(impl) and not any(r["status"] in FAILING for r in impl)}
+        log(f"baseline [{len(base)}/{len(by_id)}] {c.case_id()}")
+
+    matrix.execute(matrix.run_order(list(by_id.values())), jobs, policy_path, None, lambda c: None, base_done)
+    phase(f"sensitivity baseline: {len(by_id)} cases in {time.perf_counter() - t0:.0f} s")
+    # (mutant, slice) -> its cases (the mutant's own case first) and the bisection bounds
+    todo: dict[tuple[str, str], dict] = {}
+    for m in chosen:
+        own_id = own_case(m).case_id()
+        ids = [own_id] + [cid for cid in by_id if cid != own_id]
+        for cid in ids:
+            b = base[cid]
+            if not b["clean"] or not (m.core or m.decoration in b["features"]):
+                continue
+            st = todo.setdefault((m.name, slice_of(by_id[cid])), {"cases": [], "lo": -1, "hi": LADDER, "m": m})
+            if len(st["cases"]) < CASES_PER_SLICE:
+                st["cases"].append(cid)
+    rounds = 0
+    while True:
+        open_ = {k: st for k, st in todo.items() if st["hi"] - st["lo"] > 1 and st.get("done") is None}
+        if not open_:
+            break
+        rounds += 1
+        tasks, probe = [], {}
+        for key, st in open_.items():
+            k = 0 if st["lo"] < 0 and "tried0" not in st else (st["lo"] + st["hi"]) // 2
+            st["tried0"] = True
+            probe[key] = k
+            d = st["m"].param * 10.0 ** -k
+            tasks += [MutantCase(**by_id[cid].__dict__, mutant=key[0], mutant_d=d) for cid in st["cases"]]
+        hits: dict[tuple[str, str], bool] = {}
+
+        def done(c, rec, hits=hits):
+            key = (c.mutant, slice_of(c))
+            hits[key] = hits.get(key, False) or bool(rec.get("killed"))
+
+        matrix.execute(tasks, jobs, policy_path, None, lambda c: None, done, task=work_mutant)
+        for key, k in probe.items():
+            st = todo[key]
+            if hits.get(key):
+                st["lo"] = k
+            else:
+                st["hi"] = k
+                if k == 0:
+                    st["done"] = "not caught at the default perturbation"
+        phase(f"sensitivity round {rounds}: {len(tasks)} runs, {len(open_)} open")
+    out = []
+    for (name, sl), st in sorted(todo.items()):
+        m = st["m"]
+        out.append({"mutant": name, "decoration": m.decoration, "slice": sl, "param": m.param,
+                    "smallest_caught": None if st["lo"] < 0 else m.param * 10.0 ** -st["lo"],
+                    "floor_of_ladder": st["lo"] == LADDER - 1, "cases": st["cases"]})
+    return {"spec": {"path": spec.path, "name": spec.name}, "rounds": rounds, "seconds": time.perf_counter() - t0,
+            "rows": out}
+
+
+def render_sensitivity(res: dict) -> str:
+    slices = sorted({r["slice"] for r in res["rows"]})
+    by = {}
+    for r in res["rows"]:
+        by.setdefault((r["decoration"], r["mutant"], r["param"]), {})[r["slice"]] = r
+    lines = [f"# Sensitivity: {res['spec']['name']} ({res['spec']['path']})", "",
+             "The smallest relative perturbation of each parameter the spec's cases still catch "
+             f"(ladder param x 10^-k, k < {LADDER}; '-': no case of that slice exercises it; "
+             "'not caught': not even the default perturbation).", "",
+             "| decoration | mutant | default | " + " | ".join(slices) + " |", "|---|---|---|" + "---|" * len(slices)]
+    for (dec, name, param), cells in sorted(by.items()):
+        vals = []
+        for sl in slices:
+            r = cells.get(sl)
+            if r is None:
+                vals.append("-")
+            elif r["smallest_caught"] is None:
+                vals.append("not caught")
+            else:
+                vals.append(("<= " if r["floor_of_ladder"] else "") + f"{abs(r['smallest_caught']):.0e}")
+        lines.append(f"| {dec} | {name} | {abs(param):g} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- the report
@@ -320,6 +464,12 @@ def render(res: dict) -> str:
                  + f"; {res['tasks_run']} mutant x case runs"
                  + (" (each mutant stopped at its first kill)" if res["first_kill"] else "")
                  + f"; {res['seconds']:.0f} s (baseline {res['baseline']['seconds']:.0f} s).")
+    if res.get("slices"):
+        lines += ["", "Per backend and dtype (a mutant counts where a case of that slice exercises its decoration "
+                  "and its break is visible at that precision):", "", "| backend-dtype | killed / mutants | survivors |",
+                  "|---|---|---|"]
+        lines += [f"| {sl} | {e['killed']}/{e['total']} | {', '.join(e['survivors']) or '-'} |"
+                  for sl, e in res["slices"].items()]
     if res["baseline"]["failing"]:
         lines += ["", f"{len(res['baseline']['failing'])} case(s) fail WITHOUT any mutant and judge none:"]
         lines += [f"- `{cid}`: {why}" for cid, why in sorted(res["baseline"]["failing"].items())]
@@ -370,6 +520,9 @@ def table(res: dict) -> str:
         out.append(f"{e['name']:<{w}}  {e['decoration']:<20} {e['status']:<8} {how}")
     out.append(f"mutation score {res['killed']}/{res['total']} = {100 * res['score']:.1f}%"
                + (f" ({res['killed_by_spec_cases']} killed by spec cases)" if res["mutant_cases"] else ""))
+    for sl, e in res.get("slices", {}).items():
+        out.append(f"  {sl:<18} {e['killed']}/{e['total']}" + (f"  survivors: {', '.join(e['survivors'])}"
+                                                                if e["survivors"] else ""))
     return "\n".join(out)
 
 
@@ -404,6 +557,16 @@ def cmd_mutate(a) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     quiet = not sys.stderr.isatty()  # CI logs get one line per phase, a terminal one per run
+    if a.sensitivity:
+        say(f"mutate --sensitivity: {sum(m.param is not None for m in mutants)} parametric mutants on {spec.path}")
+        res = run_sensitivity(spec, mutants, a.jobs, a.policy, log=(lambda m: None) if quiet else say, phase=say)
+        d.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(d / "sensitivity.json", json.dumps(res, indent=1, default=str))
+        md = render_sensitivity(res)
+        atomic.write_text(d / "sensitivity.md", md)
+        print(md)
+        print(f"report: {d} (sensitivity.md, sensitivity.json)")
+        return 0 if all(r["smallest_caught"] is not None for r in res["rows"]) else 1
     say(f"mutate: {len(mutants)} mutants on {spec.path} ({len(spec.cases)} cases), -j {a.jobs}")
     res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
                        log=(lambda m: None) if quiet else say, phase=say)
@@ -411,4 +574,5 @@ def cmd_mutate(a) -> int:
     write(d, res)
     print(table(res))
     print(f"report: {d} (mutation.md, mutation.json, mutation_rows.parquet)")
-    return 0 if res["score"] >= a.min_score and not res["stale"] else 1
+    low = [sl for sl, e in res.get("slices", {}).items() if e["score"] < a.min_score]
+    return 0 if res["score"] >= a.min_score and not res["stale"] and not low else 1

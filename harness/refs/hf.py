@@ -78,9 +78,26 @@ def _wrapped_eager(family, model, sink: dict):
             setattr(mod, family.eager_name, orig)
 
 
-def capture(family, model, config, layer_cfgs, tokens: np.ndarray) -> dict[str, np.ndarray]:
-    """Run ``tokens[seqs, T]`` through ``model`` and read every probe."""
+def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | None = None,
+            force_inputs: dict | None = None) -> dict[str, np.ndarray]:
+    """Run ``tokens[seqs, T]`` through ``model`` and read every probe. A float64
+    model runs with every float32 side path of its modeling code promoted
+    (``hf_float64``), so a float64 capture is float64 throughout; ``meta`` (if
+    given) receives what could not be promoted.
+
+    ``force_inputs`` (``{"L{i}.layer_in": [seqs, T, hidden]}``): teacher-force HF
+    itself -- decoder layer ``i`` computes on that input instead of the previous
+    layer's output (a forward pre-hook replaces its ``hidden_states``), while the
+    model's own masks, positions and rotary tables are made as always. This is
+    the float64 oracle of a low-precision comparison: HF's arithmetic in float64 on
+    exactly the layer inputs the low-precision reference saw, so its distance to
+    that reference is the reference's own rounding in that layer, not the drift
+    of a free-running model (or an MoE routing flip) accumulated before it."""
+    import contextlib
+
     import torch
+
+    from .hf_float64 import float64_paths
 
     layers = family.decoder_layers(model)
     got: dict[str, np.ndarray] = {}
@@ -99,7 +116,19 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray) -> dict[str, 
                 got[key] = _to_np(t)
         return post, False
 
+    def forcer(x):
+        def pre(mod, args, kwargs):
+            t = torch.as_tensor(x, dtype=next(model.parameters()).dtype)
+            if args:
+                return (t, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": t}
+        return pre
+
     for i, layer in enumerate(layers):
+        if force_inputs is not None and f"L{i}.layer_in" in force_inputs:
+            # prepended: the layer_in probe hook below then records the forced input
+            handles.append(layer.register_forward_pre_hook(forcer(force_inputs[f"L{i}.layer_in"]), with_kwargs=True,
+                                                           prepend=True))
         for probe, point in family.hf_points_for(config, i).items():
             mod = _resolve(layer, point.path)
             if mod is None:
@@ -117,12 +146,17 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray) -> dict[str, 
             handles.append(reg(fn, with_kwargs=True))
 
     eager: dict[int, dict] = {}
+    f64 = next(model.parameters()).dtype == torch.float64
     try:
-        with torch.no_grad(), _wrapped_eager(family, model, eager), family.hf_taps(model, config, eager):
+        # the float64 promotion outermost: the eager wrapper then wraps the promoted function
+        with (float64_paths(model) if f64 else contextlib.nullcontext()) as fp, torch.no_grad(), \
+                _wrapped_eager(family, model, eager), family.hf_taps(model, config, eager):
             out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), use_cache=False)
     finally:
         for h in handles:
             h.remove()
+    if meta is not None and fp is not None:
+        meta["float64_kept_float32"] = sorted(set(fp.kept_float32))
     got["logits"] = _to_np(out.logits)
     for i, rec in eager.items():
         for probe, arr in rec.items():
