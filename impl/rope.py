@@ -98,7 +98,7 @@ def cos_sin(spec: RopeSpec, positions: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.cos(ang) * spec.attention_factor, np.sin(ang) * spec.attention_factor
 
 
-# (backend, spec) -> (cos, sin) device tables for positions [0, rows): built in
+# (backend, spec, builders) -> (cos, sin) device tables for positions [0, rows): built in
 # float64 on the host and moved once, then sliced per call (a decode step must
 # not re-upload its row of the table). Least recently used tables go first.
 _TABLES: OrderedDict = OrderedDict()
@@ -120,7 +120,10 @@ def cos_sin_on(be, spec: RopeSpec, positions: np.ndarray):
         cos, sin = cos_sin(spec, pos)
         return be.asarray(cos), be.asarray(sin)
     start, stop = int(pos[0]), int(pos[-1]) + 1
-    key = (be, spec)
+    # The functions that build the table are part of its key: code swapped in at
+    # run time (a mutant of harness/mutants replacing cos_sin, or this function)
+    # must never be served a table the original code built.
+    key = (be, spec, cos_sin, cos_sin_on)
     hit = _TABLES.get(key)
     if hit is None or hit[0].shape[0] < stop:
         rows = max(_MIN_ROWS, stop, 2 * (hit[0].shape[0] if hit is not None else 0))

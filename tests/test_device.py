@@ -28,7 +28,7 @@ from impl.backend import CUDA_NUMERICS, pin_cuda_numerics
 from impl.device_guard import DeviceGuard, DeviceLeak, GuardedBackend
 from impl.runner import load_layer, run_layer
 from impl.trace import Trace
-from test_kernels import CASES, _layer
+from test_kernels import CASES, _gpu, _layer
 from test_mla import _cfg as mla_cfg
 from test_mla import _inputs as mla_inputs
 from test_mla import _weights as mla_weights
@@ -133,59 +133,52 @@ def _plain():
     return _layer("plain-gqa", GuardedBackend("torch", META, "float32"))[2]
 
 
-@pytest.mark.device
-def test_guard_fires_on_a_mask_left_on_the_host(monkeypatch):
-    layer = _plain()
-    _run_guarded(layer, _xs(2), "paged")
-    # a Backend.mask that forgets the move: torch.as_tensor(visible) stays a CPU bool tensor
-    monkeypatch.setattr(Backend, "mask", lambda self, a: torch.as_tensor(np.asarray(a, dtype=bool)))
-    with pytest.raises(DeviceLeak, match=r"__getitem__ got a \(4, 4\) torch.bool tensor on cpu"):
-        _run_guarded(layer, _xs(2), "paged")
-    # ... and the same made inside the body
-    monkeypatch.undo()
-    monkeypatch.setattr(GuardedBackend, "mask", lambda self, a: torch.as_tensor(np.asarray(a, dtype=bool)))
-    with pytest.raises(DeviceLeak, match=r"as_tensor made a \(4, 4\) torch.bool tensor on cpu"):
-        _run_guarded(layer, _xs(2), "paged")
-
-
-@pytest.mark.device
-def test_guard_fires_on_a_page_pool_made_on_the_host(monkeypatch):
-    layer = _plain()
-    _run_guarded(layer, _xs(2), "paged")
-    monkeypatch.setattr(kv_mod, "_dev", lambda backend: {})  # xp.zeros(...) without device=
-    with pytest.raises(DeviceLeak, match=r"zeros made a .* tensor on cpu"):
-        _run_guarded(layer, _xs(2), "paged")
-
-
-@pytest.mark.device
-def test_guard_fires_on_an_implicit_numpy_pull(monkeypatch):
-    layer = _plain()
-    _run_guarded(layer, _xs(1), "decode")
-    # a trace that converts by itself instead of through Backend.to_numpy
-    monkeypatch.setattr(Trace, "put", lambda self, name, a: self.rows[name].append(np.asarray(a)))
-    with pytest.raises(DeviceLeak, match=r"__array__\(\) pulls a tensor to the host"):
-        _run_guarded(layer, _xs(1), "decode")
-
-
-@pytest.mark.device
-@pytest.mark.parametrize("plant,match", [
-    (lambda xp, x: float(xp.max(x)), r"__float__\(\) pulls"),  # a host scalar read: a device sync
-    (lambda xp, x: x * _HOST_SCALE, r"mul got a \(\) torch.float32 tensor on cpu"),  # a 0-dim host constant
-    (lambda xp, x: x * torch.tensor(2.0), r"tensor made a \(\) torch.float32 tensor on cpu"),  # ... made in the body
-    (lambda xp, x: xp.astype(x, xp.float64), r"made a float64 tensor"),  # float64 on the device (mps has none)
-])
-def test_guard_fires_inside_the_body(monkeypatch, plant, match):
-    layer = _plain()
-    _run_guarded(layer, _xs(1), "decode")
+def _leaky_linear(plant):
+    """impl's projection with a planted mistake in front of it."""
     real = attention_mod._linear
 
     def leaky(xp, x, w, b=None):
         plant(xp, x)
         return real(xp, x, w, b)
 
-    monkeypatch.setattr(attention_mod, "_linear", leaky)
+    return leaky
+
+
+def _host_mask(self, a):
+    return torch.as_tensor(np.asarray(a, dtype=bool))  # no device=: a CPU bool tensor
+
+
+# name -> (owner, attribute, the planted replacement, kv mode, what the guard says)
+PLANTS = {
+    # a Backend.mask that forgets the move: its CPU tensor reaches the body
+    "mask-left-on-host": (Backend, "mask", _host_mask, "paged", r"__getitem__ got a \(4, 4\) torch.bool tensor on cpu"),
+    # ... the same, made by the body itself
+    "mask-made-on-host": (GuardedBackend, "mask", _host_mask, "paged",
+                          r"as_tensor made a \(4, 4\) torch.bool tensor on cpu"),
+    "page-pool-on-host": (kv_mod, "_dev", lambda backend: {}, "paged", r"zeros made a .* tensor on cpu"),
+    # a trace that converts by itself instead of through Backend.to_numpy
+    "trace-converts-itself": (Trace, "put", lambda self, name, a: self.rows[name].append(np.asarray(a)), "decode",
+                              r"__array__\(\) pulls a tensor to the host"),
+    "host-scalar-read": (attention_mod, "_linear", _leaky_linear(lambda xp, x: float(xp.max(x))), "decode",
+                         r"__float__\(\) pulls"),  # a device sync
+    "0-dim-host-constant": (attention_mod, "_linear", _leaky_linear(lambda xp, x: x * _HOST_SCALE), "decode",
+                            r"mul got a \(\) torch.float32 tensor on cpu"),
+    "0-dim-host-tensor": (attention_mod, "_linear", _leaky_linear(lambda xp, x: x * torch.tensor(2.0)), "decode",
+                          r"tensor made a \(\) torch.float32 tensor on cpu"),
+    "float64-on-device": (attention_mod, "_linear", _leaky_linear(lambda xp, x: xp.astype(x, xp.float64)), "decode",
+                          r"made a float64 tensor"),  # mps has none
+}
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_guard_fires_on_a_planted_leak(monkeypatch, plant):
+    owner, attr, fake, kv, match = PLANTS[plant]
+    layer = _plain()
+    _run_guarded(layer, _xs(2), kv)  # control: the same run is clean without the plant
+    monkeypatch.setattr(owner, attr, fake)
     with pytest.raises(DeviceLeak, match=match):
-        _run_guarded(layer, _xs(1), "decode")
+        _run_guarded(layer, _xs(2), kv)
 
 
 @pytest.mark.device
@@ -193,11 +186,14 @@ def test_torch_alone_lets_these_through_on_meta():
     """Why the guard and not meta alone: torch accepts a 0-dim host tensor and a
     host index array against a device tensor (on cuda too: an implicit copy and
     sync), so only the guard sees them."""
-    x = torch.zeros(4, 3, device=META)
-    assert (x * torch.tensor(2.0)).device.type == META
-    assert x[torch.tensor([0, 2])].device.type == META
-    with DeviceGuard(META), pytest.raises(DeviceLeak):
-        x[torch.tensor([0, 2])]
+    x, idx = torch.zeros(4, 3, device=META), torch.tensor([0, 2])
+    assert (x * _HOST_SCALE).device.type == META
+    assert x[idx].device.type == META
+    with DeviceGuard(META):
+        with pytest.raises(DeviceLeak, match=r"__getitem__ got a \(2,\) torch.int64 tensor on cpu"):
+            x[idx]
+        with pytest.raises(DeviceLeak, match=r"mul got a \(\) torch.float32 tensor on cpu"):
+            x * _HOST_SCALE
 
 
 def _old_asarray(self, a, dtype=None):
@@ -264,6 +260,21 @@ def test_rope_table_is_uploaded_once_per_layer_not_per_step(monkeypatch):
     assert g.ops > 0
 
 
+@pytest.mark.device
+def test_rope_table_follows_a_replaced_builder(monkeypatch):
+    """A mutant swaps impl.rope.cos_sin at run time (harness/mutants): the cached
+    table must not hide it, and the original's table is served again afterwards."""
+    be = Backend("torch", "cpu", "float32")
+    spec = rope_mod.make_rope("default", 10000.0, 8)
+    pos = np.arange(3, 7)
+    clean = [be.to_numpy(t) for t in rope_mod.cos_sin_on(be, spec, pos)]
+    real = rope_mod.cos_sin
+    monkeypatch.setattr(rope_mod, "cos_sin", lambda s, p: tuple(2 * t for t in real(s, p)))
+    assert np.array_equal(be.to_numpy(rope_mod.cos_sin_on(be, spec, pos)[0]), 2 * clean[0])
+    monkeypatch.undo()
+    assert np.array_equal(be.to_numpy(rope_mod.cos_sin_on(be, spec, pos)[0]), clean[0])
+
+
 # ------------------------------------------------------------ cuda numerics
 @pytest.fixture
 def restore_cuda_numerics():
@@ -324,14 +335,6 @@ def test_tf32_would_fail_the_float32_tolerance(monkeypatch, policy):
 
 
 # ------------------------------------------------------------ on a real device
-def _gpu():
-    if torch.cuda.is_available():
-        return "cuda"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return None
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(_gpu() is None, reason="no cuda or mps device on this machine")
 @pytest.mark.parametrize("name", sorted(CASES))
