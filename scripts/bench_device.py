@@ -97,6 +97,8 @@ def main(argv=None) -> int:
         be.check_available()
     except ConfigError as e:
         fail(str(e))
+    if a.repeat < 1:
+        fail(f"--repeat must be at least 1, got {a.repeat}")
     if size["heads"] % size["kv_heads"]:
         fail(f"--heads {size['heads']} is not a multiple of --kv-heads {size['kv_heads']}")
 
@@ -127,33 +129,36 @@ def main(argv=None) -> int:
     for m in modes:
         impl_arm(layer, x[: warm + 2], warm, 2, m, a.page_size)
     sdpa.run(x[: warm + 2], warm, 2)
-    if a.repeat < 1:
-        fail(f"--repeat must be at least 1, got {a.repeat}")
     sync()
 
     if a.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    def best(make):
-        """Fresh caches per repeat; the fastest prefill and decode (the least disturbed run)."""
-        t_pre = t_dec = math.inf
-        for _ in range(a.repeat):
-            arm = make()
-            pre, tp = timed(arm.prefill)
-            dec, td = timed(arm.decode_all)
-            t_pre, t_dec = min(t_pre, tp), min(t_dec, td)
-        return pre, dec, t_pre, t_dec
 
-    s_pre, s_dec, s_t_pre, s_t_dec = best(lambda: SdpaRun(sdpa, x, T, D))
+    # Every arm once per round, rounds repeated: a disturbance (another process, a
+    # clock change) hits all arms alike; each arm's fastest prefill and decode count.
+    # Fresh caches every run.
+    arms = {"sdpa": lambda: SdpaRun(sdpa, x, T, D)}
+    arms.update({m: (lambda m=m: ImplRun(layer, x, T, D, m, a.page_size)) for m in modes})
+    fastest = {name: [math.inf, math.inf] for name in arms}
+    outs = {}
+    for _ in range(a.repeat):
+        for name, make in arms.items():
+            run = make()
+            pre, tp = timed(run.prefill)
+            dec, td = timed(run.decode_all)
+            fastest[name] = [min(fastest[name][0], tp), min(fastest[name][1], td)]
+            outs[name] = (pre, dec)
+            del run
+    s_pre, s_dec = outs["sdpa"]
+    s_t_pre, s_t_dec = fastest["sdpa"]
     results = []
     for m in modes:
-        pre, dec, t_pre, t_dec = best(lambda: ImplRun(layer, x, T, D, m, a.page_size))
-        e_pre, e_dec = nmse(be, pre, s_pre), nmse(be, dec, s_dec)
+        (pre, dec), (t_pre, t_dec) = outs[m], fastest[m]
         results.append(dict(kv_mode=m, impl_prefill_s=t_pre, impl_decode_s=t_dec, impl_total_s=t_pre + t_dec,
                             sdpa_prefill_s=s_t_pre, sdpa_decode_s=s_t_dec, sdpa_total_s=s_t_pre + s_t_dec,
                             ratio_prefill=t_pre / s_t_pre, ratio_decode=t_dec / s_t_dec,
                             ratio_total=(t_pre + t_dec) / (s_t_pre + s_t_dec),
-                            nmse_prefill=e_pre, nmse_decode=e_dec))
-        del pre, dec
+                            nmse_prefill=nmse(be, pre, s_pre), nmse_decode=nmse(be, dec, s_dec)))
     info = dict(device=a.device, device_name=device_name(torch, a.device), dtype=dtype, torch=torch.__version__,
                 size=size, page_size=a.page_size, repeat=a.repeat, arm="plain (llama: rms norm, GQA, neox RoPE)",
                 agree_nmse=AGREE[dtype], goal_ratio=GOAL,
