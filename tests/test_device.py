@@ -24,7 +24,7 @@ import impl.attention as attention_mod
 import impl.kv as kv_mod
 import impl.rope as rope_mod
 from impl import Backend
-from impl.backend import CUDA_NUMERICS, pin_cuda_numerics
+from impl.backend import CUDA_NUMERICS, _resolve, pin_cuda_numerics
 from impl.device_guard import DeviceGuard, DeviceLeak, GuardedBackend
 from impl.runner import load_layer, run_layer
 from impl.trace import Trace
@@ -282,19 +282,12 @@ def restore_cuda_numerics():
     yield
     for k, v in saved.items():
         owner, attr = k.rsplit(".", 1)
-        setattr(_resolve(owner), attr, v)
-
-
-def _resolve(dotted):
-    obj = torch
-    for part in dotted.split(".")[1:]:
-        obj = getattr(obj, part)
-    return obj
+        setattr(_resolve(torch, owner), attr, v)
 
 
 def _read(dotted):
     owner, attr = dotted.rsplit(".", 1)
-    return getattr(_resolve(owner), attr)
+    return getattr(_resolve(torch, owner), attr)
 
 
 @pytest.mark.device
