@@ -168,8 +168,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     pos = np.arange(p0, p0 + n, dtype=np.int64)
     rope = cfg.rope  # None: a NoPE layer (smollm3's every 4th, cohere2's full layers)
     if rope is not None:
-        cos, sin = ropemod.cos_sin(rope, pos)
-        cos, sin = be.asarray(cos), be.asarray(sin)
+        cos, sin = ropemod.cos_sin_on(be, rope, pos)  # the layer's device table, uploaded once
         q = ropemod.rotate(xp, q, cos, sin, rope.layout, rope.rotary_dim)
         k = ropemod.rotate(xp, k, cos, sin, rope.layout, rope.rotary_dim)
     if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":

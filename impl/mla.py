@@ -317,8 +317,7 @@ def _rotate_pe(be: Backend, rope: RopeSpec, q_pe, k_pe, pos: np.ndarray):
     vector per position shared by every head (``kv_a_proj_with_mqa``): it is
     rotated once, at its own position, before anything broadcasts it."""
     xp = be.xp
-    cos, sin = ropemod.cos_sin(replace(rope, attention_factor=1.0), pos)
-    cos, sin = be.asarray(cos), be.asarray(sin)
+    cos, sin = ropemod.cos_sin_on(be, replace(rope, attention_factor=1.0), pos)  # device table, uploaded once
     d = rope.rotary_dim
     q_pe = ropemod.rotate(xp, q_pe, cos, sin, rope.layout, d)
     k_pe = ropemod.rotate(xp, k_pe[:, None, :], cos, sin, rope.layout, d)[:, 0, :]
