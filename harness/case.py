@@ -25,19 +25,20 @@ from impl.kv import KV_MODES
 from impl.runner import SCHEDULES, chunk_sizes, load_layer, run_layer
 from impl.trace import LAYER_PROBES
 
-from . import cache, families, scaling, verdict
-from .compare import judge, judge_against_oracle, metrics
+from . import budget, cache, families, scaling, verdict
+from .compare import absmax, all_finite, judge, judge_against_oracle, metrics
 from .errors import UsageError, suggest
 from .families.base import NotInImpl
 from .features import model_features
 from .policy import Policy, comparison_dtype, dataflow_position
+from .select import Selection, parse_layers, parse_probes
 from .versions import versions
 
 REFERENCES = ("hf", "llamacpp")
 REF_CHOICES = REFERENCES + ("all",)
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 STATUSES = verdict.STATUSES
-CAPTURE_SCHEMA = 1  # bump when the meaning of a stored capture changes
+CAPTURE_SCHEMA = 2  # bump when the meaning of a stored capture changes (2: a directory of .npy, harness/store.py)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Case:
     variant: str | None = None  # a family's named variant (MLA: naive / absorbed)
     # features switched off in the seeded model itself (Family.model_switches; feature bisection)
     switch_off: tuple = ()
+    layers: str | None = None  # "0,5,-1": capture and compare only these layers (harness/select.py)
+    probes: str | None = None  # "q_rope,attn_out": only these probes (plus what a pass needs)
 
     @property
     def refs(self) -> list[str]:
@@ -86,6 +89,10 @@ class Case:
             parts.append(f"{k}={v}")
         if self.switch_off:
             parts.append("off=" + "+".join(self.switch_off))
+        if self.layers is not None:
+            parts.append(f"layers={self.layers}")
+        if self.probes is not None:
+            parts.append(f"probes={self.probes}")
         if self.hf_model:
             parts.append(f"hf-model={Path(self.hf_model).name}")
         if self.gguf:
@@ -126,6 +133,8 @@ class Case:
             raise UsageError("kv mode decode holds one sequence; use --kv batched or paged for several")
         if self.page_size < 1:
             raise UsageError(f"--page-size must be a positive integer, got {self.page_size}")
+        parse_layers(self.layers)
+        parse_probes(self.probes)
         try:
             Backend(self.backend, self.device, self.dtype)
             chunk_sizes(self.schedule, self.tokens)
@@ -246,13 +255,32 @@ class CaseRun:
         return m
 
     def model_in(self, dtype: str):
+        """The model with its weights held in ``dtype``: the float32 base model (also
+        for float64, which HF computes module by module on it: refs/hf_float64.py
+        ``promoted``), or ONE copy in bfloat16 / float16 made once per case."""
         import copy
 
         import torch
 
-        if dtype == "float32":
+        if dtype in ("float32", "float64"):
             return self.base_model
-        return copy.deepcopy(self.base_model).to(getattr(torch, dtype))
+        key = f"_model_{dtype}"
+        if key not in self.__dict__:
+            self.__dict__[key] = copy.deepcopy(self.base_model).to(getattr(torch, dtype))
+        return self.__dict__[key]
+
+    @cached_property
+    def selection(self) -> Selection:
+        """The layers and probes this case captures and compares (``--layers``, ``--probes``)."""
+        return Selection.of(self.case.layers, self.case.probes, len(self.layer_cfgs))
+
+    @cached_property
+    def plan(self) -> budget.Plan:
+        """What this case runs within the memory it has (harness/budget.py), decided
+        from the config before any work: a refusal is a UsageError (exit 2)."""
+        c = self.case
+        return budget.plan(self.family, self.config, self.layer_cfgs, tokens=c.tokens, seqs=c.n_seqs, dtype=c.dtype,
+                           refs=c.refs, selection=self.selection, gguf_type=c.gguf_type)
 
     @cached_property
     def tokens(self) -> np.ndarray:
@@ -261,28 +289,30 @@ class CaseRun:
                 for s in range(self.case.n_seqs)]
         return np.stack(rows).astype(np.int64)
 
+    def layer_weights_for(self, dtype: str, i: int) -> dict:
+        """impl's weights of layer ``i``, as the reference computing in ``dtype`` holds
+        them -- made when asked and not kept: at real sizes all layers' weights in
+        float64 would be a second model."""
+        lc = self.layer_cfgs[i]
+        if isinstance(lc, NotInImpl):
+            return {}
+        if self.source is not None:
+            w = self.source.layer_weights[i]
+        else:
+            model = self.model_in(dtype if dtype in ("float16", "bfloat16") else "float32")
+            w = self.family.layer_weights(model, self.config, i)
+        # a named variant may store the same function in other weights (llama's
+        # wo_scale: wo / s, with s as the {1} companion)
+        return self.family.variant_weights(w, self.config, i, self.variant)
+
     def weights_for(self, dtype: str) -> list[dict]:
-        """impl's weights, as the reference computing in ``dtype`` holds them."""
-        key = f"_weights_{dtype}"
-        if key not in self.__dict__:
-            if self.source is not None:
-                ws = self.source.layer_weights
-            else:
-                model = self.model_in(dtype if dtype in ("float16", "bfloat16") else "float32")
-                ws = [
-                    {} if isinstance(lc, NotInImpl) else self.family.layer_weights(model, self.config, i)
-                    for i, lc in enumerate(self.layer_cfgs)
-                ]
-            # a named variant may store the same function in other weights (llama's
-            # wo_scale: wo / s, with s as the {1} companion)
-            self.__dict__[key] = [w if isinstance(lc, NotInImpl) else
-                                  self.family.variant_weights(w, self.config, i, self.variant)
-                                  for i, (lc, w) in enumerate(zip(self.layer_cfgs, ws))]
-        return self.__dict__[key]
+        """Every layer's ``layer_weights_for`` (small models; a real-size run takes them one layer at a time)."""
+        return [self.layer_weights_for(dtype, i) for i in range(len(self.layer_cfgs))]
 
     @cached_property
     def features(self) -> list[str]:
-        f = model_features(self.layer_cfgs, self.weights_for("float32"))
+        # one layer's weights at a time (their names decide the features)
+        f = model_features(self.layer_cfgs, (self.layer_weights_for("float32", i) for i in range(len(self.layer_cfgs))))
         f |= set(self.family.declared_features)
         f.add(f"kv_{self.case.kv}")
         return sorted(f)
@@ -314,8 +344,9 @@ class CaseRun:
         with that capture's own layer inputs (the float64 oracle, ``hf_oracle``)."""
         from .refs import hf
 
-        dtype = dtype or self.case.dtype
+        dtype = dtype or self.plan.hf_dtype
         weights = weights or dtype
+        sel = self.selection
         src = cache.source_hash(*cache.family_sources(self.family), Path(hf.__file__),
                                 Path(hf.__file__).with_name("hf_float64.py"),
                                 Path(__file__).parent / "families" / "base.py")
@@ -325,23 +356,24 @@ class CaseRun:
                       versions().get("transformers"), src,
                       *((["switch_off", list(self.case.switch_off)],) if self.case.switch_off else ()),
                       *((["weights", weights],) if weights != dtype else ()),
-                      *((["forced_by", force.key],) if force is not None else ()))
+                      *((["forced_by", force.key],) if force is not None else ()),
+                      *((["selection", sel.label()],) if sel.label() else ()))
         hit = cache.load("hf", k)
         if hit is not None:
             return RefCapture("hf", dtype, hit[0], meta=hit[1], cached=True, key=k)
+        # the weights as held (float32, or the case's bfloat16 / float16 copy); a float64
+        # run computes on them module by module with every float32 side path of HF's
+        # modeling code promoted (refs/hf_float64.py), so it is judged at float64
         model = self.model_in(weights)
-        if weights != dtype:
-            import copy
-
-            import torch
-
-            model = copy.deepcopy(model).to(getattr(torch, dtype))
-        # a float64 model computes every float32 side path of HF's modeling code in
-        # float64 too (refs/hf_float64.py), so a float64 capture is judged at float64
         meta = {"family": self.family.name, "dtype": dtype, "weights": weights}
-        forced = None if force is None else {k2: v for k2, v in force.probes.items() if k2.endswith(".layer_in")}
-        probes = hf.capture(self.family, model, self.config, self.layer_cfgs, self.tokens, meta, force_inputs=forced)
-        cache.store("hf", k, probes, meta)
+        forced = None if force is None else {k2: force.probes[k2] for k2 in force.probes if k2.endswith(".layer_in")}
+        # each probe goes to disk as HF computes it (harness/store.py); the oracle stops
+        # after the last layer it is asked for
+        with cache.writer("hf", k, keep=sel.key) as w:
+            hf.capture(self.family, model, self.config, self.layer_cfgs, self.tokens, meta, force_inputs=forced,
+                       sink=w, layers=sel.layers, probes=sel.probes, float64=dtype == "float64",
+                       model_probes=force is None and sel.model_probes)
+            probes = cache.finish(w, meta)
         return RefCapture("hf", dtype, probes, meta=meta, key=k)
 
     def hf_oracle(self, rc: RefCapture) -> RefCapture:
@@ -362,27 +394,31 @@ class CaseRun:
         return oc
 
     # ------------------------------------------------------------ impl
+    def impl_layer(self, rc: RefCapture, backend: Backend, dtype_weights: str, i: int) -> dict[str, np.ndarray]:
+        """impl's layer ``i`` teacher-forced from ``rc``'s own input to it:
+        ``{"L{i}.{probe}": [seqs, ...]}`` (``{}``: a layer impl does not implement or
+        ``rc`` cannot force; ``L{i}.__error__``: impl raised)."""
+        lc = self.layer_cfgs[i]
+        key = f"L{i}.layer_in"
+        if isinstance(lc, NotInImpl) or key not in rc.probes:
+            return {}
+        x = rc.probes[key]
+        inputs = [np.asarray(x[s]) for s in range(x.shape[0])]
+        try:
+            layer = load_layer(lc, self.layer_weights_for(dtype_weights, i), backend)
+            _, traces, _ = run_layer(layer, inputs, self.case.kv, self.case.schedule,
+                                     page_size=self.case.page_size, seed=self.case.seed)
+            per_seq = [t.assemble() for t in traces]
+        except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
+            return {f"L{i}.__error__": f"impl raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        return {f"L{i}.{probe}": np.stack([p[probe] for p in per_seq]) for probe in per_seq[0]}
+
     def run_impl(self, rc: RefCapture, backend: Backend, dtype_weights: str) -> dict[str, np.ndarray]:
-        """impl teacher-forced from ``rc``'s own layer inputs: ``{"L{i}.{probe}": [seqs, ...]}``."""
+        """impl teacher-forced from ``rc``'s own layer inputs, every selected layer
+        (small cases; ``_compare_impl`` runs and compares one layer at a time)."""
         out: dict[str, np.ndarray] = {}
-        weights = self.weights_for(dtype_weights)
-        for i, lc in enumerate(self.layer_cfgs):
-            if isinstance(lc, NotInImpl):
-                continue
-            key = f"L{i}.layer_in"
-            if key not in rc.probes:
-                continue
-            inputs = [rc.probes[key][s] for s in range(rc.probes[key].shape[0])]
-            try:
-                layer = load_layer(lc, weights[i], backend)
-                _, traces, _ = run_layer(layer, inputs, self.case.kv, self.case.schedule,
-                                         page_size=self.case.page_size, seed=self.case.seed)
-                per_seq = [t.assemble() for t in traces]
-            except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
-                out[f"L{i}.__error__"] = f"impl raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
-                continue
-            for probe in per_seq[0]:
-                out[f"L{i}.{probe}"] = np.stack([p[probe] for p in per_seq])
+        for i in self.selection.layers:
+            out.update(self.impl_layer(rc, backend, dtype_weights, i))
         return out
 
     # ------------------------------------------------------------ rows
@@ -394,6 +430,7 @@ class CaseRun:
             backend.check_available()
         except ConfigError as e:
             return [self._row("impl", "-", None, "", "skipped", str(e))]
+        plan = self.plan  # decided before any capture: a case that cannot fit is refused here
         caps = [self.capture(r) for r in case.refs]
         rows: list[dict] = []
         for rc in caps:
@@ -401,7 +438,8 @@ class CaseRun:
                 rows.append(self._row("impl", rc.name, None, "", "error", f"reference {rc.name} failed: {rc.error}"))
                 continue
             # below float64, impl is judged against HF through HF's own float64 oracle
-            oracle = self.hf_oracle(rc) if rc.name == "hf" and rc.dtype != "float64" else None
+            # (unless it would not fit in memory: the plan says so in every such row)
+            oracle = self.hf_oracle(rc) if rc.name == "hf" and rc.dtype != "float64" and plan.oracle else None
             t = time.perf_counter()
             if oracle is not None and oracle.error:
                 rows.append(self._row("impl", rc.name, None, "", "error",
@@ -411,28 +449,35 @@ class CaseRun:
             self.timings[f"impl_vs_{rc.name}"] = time.perf_counter() - t
         good = [rc for rc in caps if not rc.error]
         if len(good) >= 2:
+            t = time.perf_counter()
             rows += self._compare_refs(good[1], good[0])
+            self.timings["refs_compare"] = time.perf_counter() - t
         # a pass must mean impl was checked (harness/verdict.py): findings need a guard,
         # every implemented layer a passing attn_out against some reference
         return verdict.guard(rows, self.layer_cfgs, "impl",
-                             lambda layer, probe, reason: self._row("impl", "-", layer, probe, "unguarded", reason))
+                             lambda layer, probe, reason: self._row("impl", "-", layer, probe, "unguarded", reason),
+                             layers=self.selection.layers)
 
     def _compare_impl(self, rc: RefCapture, backend: Backend, oracle: RefCapture | None = None) -> list[dict]:
-        """impl against one reference. ``oracle``: the reference's own float64 run on
+        """impl against one reference, one layer at a time (impl's probes of a layer
+        are dropped once compared). ``oracle``: the reference's own float64 run on
         the same layer inputs (``hf_oracle``); where given, each probe is judged by
         impl's distance to it relative to the reference's (``judge_against_oracle``).
         Against llama.cpp (a float32 graph) the reference is itself the better
         estimate of the truth, so impl is judged directly, at the comparison dtype's
-        bounds scaled to the case (harness/scaling.py)."""
+        bounds scaled to the case (harness/scaling.py) -- as against HF where the
+        plan skipped the oracle (harness/budget.py), which every such row says."""
         case = self.case
         cdt = comparison_dtype(case.dtype, rc.dtype)
         if rc.name == "llamacpp":
             cdt = comparison_dtype(cdt, case.gguf_type)
         low = backend.low_precision
         wdt = case.dtype if low and rc.name == "hf" else "float32"
-        cand = self.run_impl(rc, backend, wdt)
+        note = "; ".join(self.plan.notes) if rc.name == "hf" else ""
+        sel = self.selection
         rows = []
-        for i, lc in enumerate(self.layer_cfgs):
+        for i in sel.layers:
+            lc = self.layer_cfgs[i]
             if isinstance(lc, NotInImpl):
                 rows.append(self._row("impl", rc.name, i, "*", "not-implemented",
                                       f"not implemented in impl: {lc.kind} ({lc.reason})", layer_kind=lc.kind))
@@ -441,13 +486,16 @@ class CaseRun:
                 rows.append(self._row("impl", rc.name, i, "layer_in", "not-exposed",
                                       f"{rc.name} does not expose this layer's input; the layer cannot be teacher-forced"))
                 continue
+            t = time.perf_counter()
+            cand = self.impl_layer(rc, backend, wdt, i)
+            self.timings[f"impl_run_{rc.name}"] = self.timings.get(f"impl_run_{rc.name}", 0.0) + time.perf_counter() - t
             if f"L{i}.__error__" in cand:
                 rows.append(self._row("impl", rc.name, i, "*", "error", cand[f"L{i}.__error__"]))
                 continue
-            expected = verdict.expected_probes(lc)
+            expected = [p for p in verdict.expected_probes(lc) if sel.probe(p)]
             for probe in LAYER_PROBES:
                 key = f"L{i}.{probe}"
-                if probe == "layer_in":
+                if probe == "layer_in" or not sel.probe(probe):
                     continue
                 if key not in cand:
                     if probe in expected:  # a probe impl stopped emitting is noticed, not dropped
@@ -459,12 +507,16 @@ class CaseRun:
                     rows.append(self._row("impl", rc.name, i, probe, "not-exposed",
                                           f"{rc.name} does not expose {probe} for {self.family.name}"))
                     continue
-                orc = None if oracle is None else oracle.probes.get(key)
+                orc = None if oracle is None else (oracle.probes[key] if key in oracle.probes else None)
                 if oracle is not None and orc is None:
                     rows.append(self._row("impl", rc.name, i, probe, "error",
                                           f"the float64 oracle of {rc.name} has no {probe} here"))
                     continue
-                rows.append(self._judge("impl", rc.name, i, probe, cand[key], rc.probes[key], cdt, orc))
+                row = self._judge("impl", rc.name, i, probe, cand[key], rc.probes[key], cdt, orc)
+                if note:
+                    row["reason"] = "; ".join(x for x in (row["reason"], note) if x)
+                rows.append(row)
+            del cand
         return rows
 
     def _compare_refs(self, cand: RefCapture, ref: RefCapture) -> list[dict]:
@@ -493,12 +545,11 @@ class CaseRun:
         # the bound at this case's size: RoPE reach and the values' scale (harness/scaling.py);
         # angles are float32 in every reference below float64 (llama.cpp always)
         rope = self._rope_reach(cand_name, layer, probe)
-        scale_of = b if oracle is None else oracle
-        ref_scale = float(np.nanmax(np.abs(scale_of))) if np.size(scale_of) else 0.0
+        ref_scale = absmax(b if oracle is None else oracle)
         tol = scaling.scaled(base, rope, "float64" if cdt == "float64" else "float32", ref_scale)
         if oracle is not None:
             cm, rm = metrics(a, oracle, probe), metrics(b, oracle, probe)
-            status, reason, allowed = judge_against_oracle(cm, rm, tol, bool(np.isfinite(oracle).all()))
+            status, reason, allowed = judge_against_oracle(cm, rm, tol, all_finite(oracle))
             extra = {"nmse_cand_oracle": cm["nmse"], "nmse_ref_oracle": rm["nmse"],
                      "err_ratio": max(_over(cm["nmse"], allowed), _over(cm["max_abs"], tol["atol"]))}
             tol = dict(tol, nmse=allowed)  # the bound actually applied is what the row reports
@@ -581,8 +632,9 @@ def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dic
     case.validate()
     run = CaseRun(case, policy, progress)
     _ = run.layer_cfgs  # shape errors surface as UsageError before any capture
+    _ = run.plan  # so does a case that cannot fit in memory (harness/budget.py)
     t = time.perf_counter()
     rows = run.rows()
     run.timings["total"] = time.perf_counter() - t
     return rows, {"case": run.case.to_dict(), "case_id": run.case.case_id(), "features": run.features,
-                  "timings": run.timings, "family": run.family.name}
+                  "timings": run.timings, "family": run.family.name, "plan": run.plan.meta()}

@@ -60,6 +60,10 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf-model", metavar="PATH", help="a local HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--gguf", metavar="PATH", help="a GGUF file: compare impl against llama.cpp on it")
     p.add_argument("--variant", help="a family's named variant (MLA families: absorbed, naive)")
+    p.add_argument("--layers", metavar="I,J,...", help="capture and compare only these layers (0,5,-1; negative "
+                   "from the end) -- HF, llama.cpp, impl and the float64 oracle alike")
+    p.add_argument("--probes", metavar="P,Q,...", help="capture and compare only these probes (q_rope,attn_probs; "
+                   "layer_in, attn_out and resid_mid always come too: a pass needs them)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
 
 
@@ -77,7 +81,7 @@ def case_from_args(a):
     return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
-                variant=a.variant)
+                variant=a.variant, layers=a.layers, probes=a.probes)
 
 
 def _require_device(case) -> None:
@@ -103,13 +107,15 @@ def cmd_run(a) -> int:
     _require_device(case)
     run = CaseRun(case, policy, progress=lambda m: print(m, file=sys.stderr))
     _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
+    _ = run.plan  # and a case that cannot fit in memory (harness/budget.py)
     t0 = time.time()
     rows = run.rows()
     run_id = report.new_run_id()
     d = report.run_dir(a.out, run_id)
     df = report.write_rows(d, rows)
     report.write_meta(d, {"run_id": run_id, "command": "run", "argv": sys.argv[1:], "case": case.to_dict(),
-                          "features": run.features, "timings": run.timings, "wall_s": time.time() - t0})
+                          "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
+                          "plan": run.plan.meta()})
     print(report.case_table(df))
     print(f"report: {d}")
     return report.exit_status(df)
