@@ -247,3 +247,14 @@ def plan(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs
         f"this case needs about {_gb(est.peak)} of memory ({est.describe()}) but {_gb(budget)} is available "
         f"(CONFORMANCE_MEMORY_GB or the machine's MemAvailable); capture less with --layers 0,-1, "
         f"--probes (e.g. without attn_probs: {tokens} tokens cost heads x tokens x tokens per layer) or fewer --tokens")
+
+
+def usage() -> dict:
+    """What this process (and the workers it waited for: llama.cpp) used so far:
+    peak resident memory in GB and CPU seconds -- meta.json's ``resources``, what
+    scripts/bench_real_size.py reports against the estimate."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"peak_rss_gb": round(me.ru_maxrss * 1024 / GB, 3), "peak_rss_children_gb": round(kids.ru_maxrss * 1024 / GB, 3),
+            "cpu_s": round(me.ru_utime + me.ru_stime, 1), "cpu_children_s": round(kids.ru_utime + kids.ru_stime, 1)}

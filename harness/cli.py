@@ -97,7 +97,7 @@ def _require_device(case) -> None:
 
 
 def cmd_run(a) -> int:
-    from . import report
+    from . import budget, report
     from .case import CaseRun
     from .policy import load_policy
 
@@ -115,7 +115,7 @@ def cmd_run(a) -> int:
     df = report.write_rows(d, rows)
     report.write_meta(d, {"run_id": run_id, "command": "run", "argv": sys.argv[1:], "case": case.to_dict(),
                           "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
-                          "plan": run.plan.meta()})
+                          "plan": run.plan.meta(), "resources": budget.usage()})
     print(report.case_table(df))
     print(f"report: {d}")
     return report.exit_status(df)

@@ -87,12 +87,32 @@ class _Dumped(dict):
         return np.load(self.d / f"{key}.npy", mmap_mode="r", allow_pickle=False)
 
 
+def worker_timeout(gguf_path: Path, calls) -> int:
+    """How long the worker may take before it counts as hung: ``TIMEOUT_S``, plus
+    for a real model the time of reading its weights once per call and of its
+    rows' arithmetic at a pace far below any CPU's (2 s per GB per call, 0.5 s per
+    GB per row; ``CONFORMANCE_LLAMACPP_TIMEOUT`` overrides). A 1B model's 129
+    calls of a mixed schedule took 200 s on two loaded cores; a fixed 300 s was a
+    false error at real sizes."""
+    env = os.environ.get("CONFORMANCE_LLAMACPP_TIMEOUT")
+    if env:
+        return int(float(env))
+    try:
+        gb = gguf_path.stat().st_size / 2**30
+    except OSError:
+        gb = 0.0
+    rows = sum(len(c) for c in calls)
+    return int(TIMEOUT_S + gb * (2 * len(calls) + 0.5 * rows))
+
+
 def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None):
     """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message.
     The worker writes each tensor to ``out_dir`` as it reads it (default: a
     temporary folder, read into memory before it goes); ``arrays`` reads them from there."""
     n_tok = max(p for call in calls for (_, p, _) in call) + 1
     n_batch = max(len(c) for c in calls)
+    if timeout == TIMEOUT_S:
+        timeout = worker_timeout(Path(gguf_path), calls)
     req = {
         "gguf": str(gguf_path), "calls": calls, "n_seq": n_seq,
         # one stream per sequence, each holding every position (swa_full)

@@ -97,8 +97,9 @@ def main(req_path: str, out_dir: str) -> int:
     cparams.n_threads = cparams.n_threads_batch = int(req.get("threads", 2))
     cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cparams.type_k = cparams.type_v = 0  # GGML_TYPE_F32
-    cparams.cb_eval = on_eval
-    cparams.cb_eval_user_data = None
+    if not req.get("plain"):  # plain: no callback at all (scripts/bench_real_size.py: what the capture costs)
+        cparams.cb_eval = on_eval
+        cparams.cb_eval_user_data = None
     cparams.swa_full = True
     cparams.kv_unified = bool(req.get("kv_unified", False))
     cparams.no_perf = True
