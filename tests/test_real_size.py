@@ -289,3 +289,22 @@ def test_a_case_that_cannot_fit_is_refused_before_any_work(monkeypatch, tmp_path
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "needs about" in err and "is available" in err and "--layers" in err
     assert not out.exists() and not built
+
+
+# ----------------------------------------------------------------- checkpoints as real ones come
+def test_text_key_mapping_finds_the_text_model_under_a_multimodal_prefix():
+    """A multimodal checkpoint keeps the text model's tensors under a prefix
+    (``language_model.model.`` as save_pretrained writes them, or
+    ``model.language_model.`` as the modeling code names them); the mapping is
+    read from the names, the vision tower's tensors never match, and a plain
+    text checkpoint needs none."""
+    from harness.refs.checkpoint import text_key_mapping
+
+    exp = ["model.embed_tokens.weight", "model.layers.0.q.weight", "model.norm.weight", "lm_head.weight"]
+    assert text_key_mapping(exp, exp) == {}
+    kept = ["language_model." + e for e in exp] + ["vision_tower.encoder.layers.0.q.weight"]
+    assert text_key_mapping(exp, kept) == {r"^language_model\.model\.": "model.",
+                                           r"^language_model\.lm_head\.": "lm_head."}
+    renamed = [e.replace("model.", "model.language_model.", 1) for e in exp] + \
+        ["model.vision_tower.encoder.layers.0.q.weight"]
+    assert text_key_mapping(exp, renamed) == {r"^model\.language_model\.": "model."}

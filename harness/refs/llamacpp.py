@@ -258,8 +258,10 @@ def capture_for_case(run):
         src_stamp = [case.hf_model, _checkpoint_stamp(case.hf_model)] if case.hf_model else None
         if case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
             src_stamp = [src_stamp, ["switch_off", list(case.switch_off)]]
+        t = time.perf_counter()
         gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed, run.variant,
                                        source=src_stamp)
+        run.timings["gguf_export"] = time.perf_counter() - t
         file_stamp = gguf_path.name
     calls = plan_calls(run.tokens, case.kv, case.schedule)
     n_seq, n_tok = run.tokens.shape
