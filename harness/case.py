@@ -118,6 +118,8 @@ class Case:
             raise UsageError(f"unknown kv mode {self.kv!r}; {suggest(self.kv, KV_MODES)}")
         if self.gguf_type not in GGUF_TYPES:
             raise UsageError(f"unknown GGUF weight type {self.gguf_type!r}; {suggest(self.gguf_type, GGUF_TYPES)}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise UsageError(f"--seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.tokens, int) or self.tokens < 1:
             raise UsageError(f"--tokens must be a positive integer, got {self.tokens!r}")
         if self.n_seqs < 1:

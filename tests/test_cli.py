@@ -39,7 +39,7 @@ BAD = [
     (["run"], "--family is required"),
     *([(["run", "--family", "llama", "--backend", "torch", "--device", "cuda"],
         "device 'cuda' is not available on this machine")] if not __import__("torch").cuda.is_available() else []),
-    (["frobnicate"], "invalid choice"),
+    (["frobnicate"], "unknown command 'frobnicate'"),
 ]
 
 
