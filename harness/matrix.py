@@ -64,6 +64,7 @@ AXES = {
     "kv_modes": ("kv", ["decode"]),
     "schedules": ("schedule", ["mixed"]),
     "page_sizes": ("page_size", [4]),
+    "kv_evict": ("evict", [False]),
     "references": ("ref", ["hf"]),
     "gguf_types": ("gguf_type", ["f32"]),
     "backends": ("backend", ["numpy"]),
@@ -71,6 +72,7 @@ AXES = {
     "dtypes": ("dtype", ["float32"]),
 }
 _INT_AXES = {"seeds", "tokens", "seqs", "page_sizes"}
+_BOOL_AXES = {"kv_evict"}
 TOP_KEYS = {"name", "description", "group", "exclude"} | set(AXES)
 GROUP_KEYS = {"name"} | set(AXES)
 EXCLUDE_KEYS = {"reason"} | set(AXES)
@@ -151,7 +153,9 @@ def _values(axis: str, raw, where: str) -> list:
             raise UsageError(f"{where}: {axis} takes non-negative integers, got {v!r}")
         if axis == "overrides" and not isinstance(v, dict):
             raise UsageError(f"{where}: overrides takes tables of config fields, e.g. [{{}}, {{num_key_value_heads = 1}}]; got {v!r}")
-        if axis not in _INT_AXES and axis != "overrides" and not isinstance(v, str):
+        if axis in _BOOL_AXES and not isinstance(v, bool):
+            raise UsageError(f"{where}: {axis} takes true or false, got {v!r}")
+        if axis not in _INT_AXES | _BOOL_AXES and axis != "overrides" and not isinstance(v, str):
             raise UsageError(f"{where}: {axis} takes names (strings), got {v!r}")
     return vals
 
