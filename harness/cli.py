@@ -167,7 +167,7 @@ def _extra_commands():
     import importlib
 
     mods = []
-    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache"):
+    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache", "fuzz"):
         try:
             mods.append(importlib.import_module(f"harness.commands.{name}"))
         except ModuleNotFoundError as e:

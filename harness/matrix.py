@@ -162,13 +162,14 @@ def _values(axis: str, raw, where: str) -> list:
 
 def _flat_overrides(table: dict) -> tuple:
     """``{rope_parameters = {factor = 2.0}}`` -> ``(("rope_parameters.factor", 2.0),)``: the
-    dotted form a family merges into the field, like ``--set rope_parameters.factor=2``."""
+    dotted form a family merges into the field, like ``--set rope_parameters.factor=2``.
+    TOML has no null: the string ``"null"`` is None (``--set q_lora_rank=null``)."""
     out = []
     for k, v in table.items():
         if isinstance(v, dict):
-            out += [(f"{k}.{sub}", sv) for sub, sv in v.items()]
+            out += [(f"{k}.{sub}", None if sv == "null" else sv) for sub, sv in v.items()]
         else:
-            out.append((k, v))
+            out.append((k, None if v == "null" else v))
     return tuple(out)
 
 

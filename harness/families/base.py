@@ -174,7 +174,7 @@ class Family:
         self.validate(kw)
         try:
             config = AutoConfig.for_model(self.hf_model_type, **kw)
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, *_strict_config_errors()) as e:
             raise UsageError(f"{refused}: {_one_line(e)}") from None
         self.validate_config(config)
         return config
@@ -707,6 +707,17 @@ def rope_identity_overrides(config) -> dict | None:
     if rp and all(isinstance(v, dict) and "rope_theta" in v for v in rp.values()):
         return {"rope_parameters": {t: ident(p) for t, p in rp.items()}}
     return None
+
+
+def _strict_config_errors() -> tuple:
+    """transformers 5's typed configs validate every field (huggingface_hub strict
+    dataclasses: ``q_lora_rank: int`` refuses None) with an error that is neither a
+    ValueError nor a TypeError; it is the HF config refusing the settings all the same."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: no strict dataclasses
+        return ()
+    return (StrictDataclassError,)
 
 
 def _one_line(e: Exception) -> str:

@@ -99,9 +99,11 @@ def _param_shapes(config) -> dict[str, tuple]:
 
 def _apply_overrides(family, config, overrides: dict, path):
     d = family.apply_overrides(config.to_dict(), overrides)
+    from ..families.base import _strict_config_errors
+
     try:
         new = type(config).from_dict(d)
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, *_strict_config_errors()) as e:
         raise UsageError(f"family {family.name}: the HF config refused these settings: {' '.join(str(e).split())}") from None
     before, after = _param_shapes(config), _param_shapes(new)
     if before != after:
