@@ -650,6 +650,7 @@ class HuntStats:
     refused: int = 0
     pairs: set = field(default_factory=set)
     pairs_by_kind: dict = field(default_factory=dict)
+    by_family: dict = field(default_factory=dict)  # three-way examples per family
     failures: list = field(default_factory=list)  # (outcome, smallest failing example)
     shrink_runs: int = 0
 
@@ -701,7 +702,10 @@ def hunt(kind: str, strategy, check, budget_s: float, seed: int, stats: HuntStat
                     stats.seconds_by_kind[kind] = stats.seconds_by_kind.get(kind, 0.0) + out.seconds
                     stats.pairs |= feature_pairs(out.features)
                     stats.pairs_by_kind.setdefault(kind, set()).update(feature_pairs(out.features))
-                    if out.failed or out.seconds > 1.0 or now - state.get("said", 0.0) > 30:
+                    if kind != "spec":
+                        fam = out.label.split("/", 1)[0]
+                        stats.by_family[fam] = stats.by_family.get(fam, 0) + 1
+                    if kind != "spec" or out.failed or now - state.get("said", 0.0) > 30:
                         state["said"] = now  # quick examples (spec) are summarised, not listed
                         log(f"  [{kind}] #{stats.by_kind[kind]} {'FAIL' if out.failed else 'ok  '} {out.seconds:5.1f}s "
                             f"{out.label}" + (f" -- {out.why}" if out.failed else ""))

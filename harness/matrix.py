@@ -13,6 +13,7 @@ A spec (``fixtures/matrix/*.toml``)::
     variants = "default"        # each family's default variant ("*": all of them; the default)
     dtypes = ["float64", "float32"]
     kv_modes = ["decode", "batched", "paged"]
+    # kv_evict = [true]: impl's window eviction (decode / batched only; default false)
 
     [[exclude]]                 # cases matching every axis given here are dropped
     backends = ["torch"]

@@ -21,6 +21,7 @@ Exit status: 0 no failure, 1 a failure (each shrunk and recorded), 2 bad input.
 from __future__ import annotations
 
 import json
+import random
 import re
 import sys
 import time
@@ -116,8 +117,16 @@ def cmd_fuzz(a) -> int:
     rest = budget - (time.monotonic() - t0)
     if rest > 0 and fams:
         log(f"three-way examples over {len(fams)} families (ref {a.ref}), {rest:.0f}s:")
-        fuzz.hunt("three-way", fuzz.case_strategy(fams, a.ref), lambda c: fuzz.run_three_way(c, policy), rest,
-                  a.seed, stats, db, log=log)
+        # every family its share of the time, in a seeded order: hypothesis explores around
+        # what it found, and one strategy over all families spends a short budget on a few
+        order = list(fams)
+        random.Random(a.seed).shuffle(order)
+        for i, fam in enumerate(order):
+            share = (budget - (time.monotonic() - t0)) / (len(order) - i)
+            if share <= 0:
+                break
+            fuzz.hunt("three-way", fuzz.case_strategy([fam], a.ref), lambda c: fuzz.run_three_way(c, policy),
+                      share, a.seed, stats, db, shrink_s=max(60.0, share), log=log)
     wall = time.monotonic() - t0
     res = summarize(stats, wall, budget, a, fams)
     recorded = record(stats, res) if a.record else []
@@ -154,6 +163,7 @@ def summarize(stats, wall: float, budget: float, a, fams) -> dict:
             "cases_per_min_by_kind": {k: round(v, 2) for k, v in per_min.items()},
             "pairs": sorted("+".join(p) for p in stats.pairs), "pairs_total": fuzz.all_pairs(),
             "pairs_by_kind": {k: len(v) for k, v in stats.pairs_by_kind.items()},
+            "three_way_by_family": dict(sorted(stats.by_family.items())),
             "three_way_pairs": sorted("+".join(p) for p in stats.pairs_by_kind.get("three-way", ())),
             "failures": failures}
 
@@ -195,6 +205,8 @@ def markdown(res: dict, recorded: list[str]) -> str:
              f"{res['shrink_runs']} shrink runs",
              f"- throughput: {res['cases_per_min_wall']} cases/min over the wall time; per kind (their own time): "
              + ", ".join(f"{k} {v}/min" for k, v in res["cases_per_min_by_kind"].items()),
+             f"- three-way cases per family ({len(res['three_way_by_family'])} families): "
+             + (", ".join(f"{k} {v}" for k, v in res["three_way_by_family"].items()) or "none"),
              f"- feature-pair coverage: {len(res['pairs'])} of {res['pairs_total']} pairs of the spec's decorations "
              "exercised together (" + ", ".join(f"{k} {v}" for k, v in res["pairs_by_kind"].items())
              + "; the total counts every pair, mutually exclusive ones -- two KV backings, MLA with a GQA "
