@@ -58,7 +58,9 @@ SPACES: dict[str, dict] = {
     "olmo2": {"knobs": ("heads", "theta")},
     "granite": {"knobs": ("heads", "theta")},
     "bitnet": {"knobs": ("heads", "theta")},
-    "smollm3": {"knobs": ("heads", "theta")},
+    # NoPE layer patterns: llama.cpp's smollm3 / llama4 fix the step at 4 (n_no_rope_layer_step, no
+    # GGUF key), so another interval is HF-only
+    "smollm3": {"knobs": ("heads", "theta", "nope_interval"), "hf_only": ("nope_interval",)},
     "starcoder2": {"knobs": ("heads", "theta", "window")},
     "gemma2": {"knobs": ("heads", "head_dim", "window", "softcap")},
     "gemma3": {"knobs": ("heads", "head_dim", "window")},
@@ -67,7 +69,7 @@ SPACES: dict[str, dict] = {
     "gpt_oss": {"knobs": ("heads", "head_dim", "window", "yarn_params")},
     "mimo_v2_flash": {"knobs": ("heads", "window")},
     # llama4.cpp hard-codes the chunk size (n_swa = 8192, no GGUF key): a chunk size HF honours is HF-only
-    "llama4": {"knobs": ("heads", "head_dim", "chunk"), "hf_only": ("chunk",)},
+    "llama4": {"knobs": ("heads", "head_dim", "chunk", "nope_interval"), "hf_only": ("chunk", "nope_interval")},
     "qwen3_next": {"knobs": ("heads", "head_dim", "partial", "bias"), "hf_only": ("bias",)},
     "qwen3_5_text": {"knobs": ("heads",)},
     "bloom": {"knobs": ("heads_hidden",)},
@@ -75,7 +77,9 @@ SPACES: dict[str, dict] = {
     "deepseek_v2": {"knobs": ("mla", "mla_yarn")},
     "deepseek_v3": {"knobs": ("mla", "mla_yarn")},
     "glm_moe_dsa": {"knobs": ("mla",)},
-    "kimi_linear": {"knobs": ("mla_nope",)},
+    # kimi-linear.cpp sizes the KDA layers from n_head (ssm_conv1d_q: n_embd_head_kda * n_head)
+    # while HF's take linear_attn_config's heads: an MLA head count other than the KDA's is HF-only
+    "kimi_linear": {"knobs": ("mla_nope", "kimi_heads"), "hf_only": ("kimi_heads",)},
 }
 
 
@@ -205,6 +209,13 @@ def _draw_knob(draw, st, knob, fam, space, tokens, ov, keys) -> None:
             ov.update(use_sliding_window=True, sliding_window=size, max_window_layers=draw(st.integers(0, 2)))
         elif "sliding_window" in keys:
             ov["sliding_window"] = size
+    elif knob == "kimi_heads":
+        h = draw(st.sampled_from((4, 1, 2)))  # 4: the KDA layers' own (the tiny config's)
+        if h != 4:
+            ov.update(num_attention_heads=h, num_key_value_heads=h)
+    elif knob == "nope_interval":
+        if draw(st.booleans()):  # off: the family's own pattern (every 4th layer NoPE)
+            ov["no_rope_layer_interval"] = draw(st.sampled_from((1, 2, 3)))
     elif knob == "chunk":
         ov["attention_chunk_size"] = draw(st.integers(1, tokens + 2))
     elif knob == "softcap":
@@ -214,9 +225,10 @@ def _draw_knob(draw, st, knob, fam, space, tokens, ov, keys) -> None:
     elif knob == "partial":
         ov["rope_parameters.partial_rotary_factor"] = draw(st.sampled_from((0.25, 0.5, 1.0)))
     elif knob in ("mla", "mla_nope"):
-        h = draw(st.sampled_from((1, 2, 4)))
-        ov.update(num_attention_heads=h, num_key_value_heads=h,
-                  kv_lora_rank=draw(st.sampled_from((8, 16, 32))),
+        if knob == "mla":
+            h = draw(st.sampled_from((1, 2, 4)))
+            ov.update(num_attention_heads=h, num_key_value_heads=h)
+        ov.update(kv_lora_rank=draw(st.sampled_from((8, 16, 32))),
                   qk_nope_head_dim=draw(st.sampled_from((4, 8, 16))),
                   v_head_dim=draw(st.sampled_from((4, 8, 12))))
         if knob == "mla":
@@ -722,9 +734,14 @@ def hunt(kind: str, strategy, check, budget_s: float, seed: int, stats: HuntStat
             prop()
         except FuzzFailure:
             ex, out = state["failing"]
-            if repr(ex) not in seen:  # a later round (or the saved database) finds a known one again
-                stats.failures.append((out, ex))
-                log(f"  [{kind}] smallest failing example: {out.label} -- {out.why}")
+            if repr(ex) in seen:
+                # a later round shrank to a failure already recorded (hypothesis starts every
+                # round from the strategy's simplest example): this space has nothing new
+                # before that failure is fixed; the rest of the budget goes elsewhere
+                log(f"  [{kind}] shrank again to the failure recorded above; this hunt ends")
+                break
+            stats.failures.append((out, ex))
+            log(f"  [{kind}] smallest failing example: {out.label} -- {out.why}")
         except _Stop:
             if state["failing"] is not None:  # shrinking cut short: the smallest failure found so far
                 ex, out = state["failing"]

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-@given(fuzz.case_strategy(["llama", "qwen2", "gemma2", "deepseek_v2", "qwen3_next"]))
+@given(fuzz.case_strategy(["llama", "qwen2", "gemma2", "deepseek_v2", "qwen3_next", "llama4", "smollm3"]))
 def test_drawn_cases_are_valid_and_their_command_reproduces_them(case):
     case.validate()
     argv = fuzz.repro_command(case).split()[1:]  # drop "conformance"
