@@ -172,10 +172,12 @@ class MlaConfig:
                 # spec rotate_pe: apply_rope_interleaved, the NORM layout (deepseek2.cpp)
                 raise ConfigError(f"MLA rotates its decoupled slices in interleaved pairs (spec rotate_pe); "
                                   f"got RoPE layout {self.rope.layout!r}; valid: interleaved")
-            if self.rope.kind != "default" or self.rope.attention_factor != 1.0:
-                raise ConfigError(f"MLA RoPE is the plain rotation at theta; scaling {self.rope.kind!r} (attention "
-                                  f"factor {self.rope.attention_factor}) is not valid there: YaRN is MlaConfig.yarn, "
-                                  "which reaches the rotation and the softmax scale together")
+            if self.rope.kind not in ("default", "linear") or self.rope.attention_factor != 1.0:
+                # linear: bands divided by one factor, no magnitude (llama.cpp freq_scale; the
+                # identity rotation feature bisection switches RoPE off with)
+                raise ConfigError(f"MLA RoPE is the rotation at theta's bands (valid scaling: default, linear); "
+                                  f"{self.rope.kind!r} with attention factor {self.rope.attention_factor} is not: "
+                                  "YaRN is MlaConfig.yarn, which reaches the rotation and the softmax scale together")
         if self.yarn is not None:
             if self.rope is None:
                 raise ConfigError("MLA YaRN without RoPE: the yarn setting scales the rotation's bands; "
