@@ -22,7 +22,7 @@ import numpy as np
 from impl import Backend
 from impl.config import ConfigError
 from impl.kv import KV_MODES
-from impl.runner import SCHEDULES, chunk_sizes, load_layer, run_layer
+from impl.runner import load_layer, run_layer
 from impl.trace import LAYER_PROBES
 
 from . import cache, families, scaling, verdict
@@ -31,6 +31,7 @@ from .errors import UsageError, suggest
 from .families.base import NotInImpl
 from .features import model_features
 from .policy import Policy, comparison_dtype, dataflow_position
+from .schedule import SCHEDULES, chunk_sizes
 from .versions import versions
 
 REFERENCES = ("hf", "llamacpp")
@@ -60,6 +61,9 @@ class Case:
     variant: str | None = None  # a family's named variant (MLA: naive / absorbed)
     # features switched off in the seeded model itself (Family.model_switches; feature bisection)
     switch_off: tuple = ()
+    # impl's contiguous KV drops the rows a windowed layer can no longer read (spec
+    # evict_layer_kv, FRINK_KV_WINDOW); off by default, as in the spec
+    evict: bool = False
 
     @property
     def refs(self) -> list[str]:
@@ -82,6 +86,8 @@ class Case:
             parts.append(f"variant={self.variant}")
         if self.gguf_type != "f32":
             parts.append(f"gguf-{self.gguf_type}")
+        if self.evict:
+            parts.append("kv-evict")
         for k, v in self.overrides:
             parts.append(f"{k}={v}")
         if self.switch_off:
@@ -128,6 +134,11 @@ class Case:
             raise UsageError("kv mode decode holds one sequence; use --kv batched or paged for several")
         if self.page_size < 1:
             raise UsageError(f"--page-size must be a positive integer, got {self.page_size}")
+        if not isinstance(self.evict, bool):
+            raise UsageError(f"kv eviction is true or false, got {self.evict!r}")
+        if self.evict and self.kv == "paged":
+            raise UsageError("--kv-evict applies to the contiguous KV backings (decode, batched); the paged pool "
+                             "keeps its pages (spec evict_layer_kv is in the contiguous arm)")
         try:
             Backend(self.backend, self.device, self.dtype)
             chunk_sizes(self.schedule, self.tokens)
@@ -287,6 +298,8 @@ class CaseRun:
         f = model_features(self.layer_cfgs, self.weights_for("float32"))
         f |= set(self.family.declared_features)
         f.add(f"kv_{self.case.kv}")
+        if self.case.evict:
+            f.add("kv_evict")
         return sorted(f)
 
     # ------------------------------------------------------------ references
@@ -377,8 +390,9 @@ class CaseRun:
             inputs = [rc.probes[key][s] for s in range(rc.probes[key].shape[0])]
             try:
                 layer = load_layer(lc, weights[i], backend)
-                _, traces, _ = run_layer(layer, inputs, self.case.kv, self.case.schedule,
-                                         page_size=self.case.page_size, seed=self.case.seed)
+                plan = [chunk_sizes(self.case.schedule, len(x)) for x in inputs]  # the case's schedule
+                _, traces, _ = run_layer(layer, inputs, self.case.kv, plan, page_size=self.case.page_size,
+                                         seed=self.case.seed, evict=self.case.evict)
                 per_seq = [t.assemble() for t in traces]
             except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
                 out[f"L{i}.__error__"] = f"impl raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"

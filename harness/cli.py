@@ -68,6 +68,9 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
                    help="rows per sequence (default 16; at most the model's positions, e.g. max_position_embeddings)")
     p.add_argument("--seqs", type=int, default=None, help="sequences (default 1 for decode, 2 otherwise)")
     p.add_argument("--page-size", type=int, default=4, help="rows per page for --kv paged (default 4)")
+    p.add_argument("--kv-evict", dest="kv_evict", action="store_true",
+                   help="impl's contiguous KV (decode, batched) drops the rows a windowed layer can no longer read "
+                        "(the spec's evict_layer_kv; off by default)")
     p.add_argument("--gguf-type", default="f32", help="GGUF weight type for llama.cpp: f32, f16, bf16, q8_0")
     p.add_argument("--hf-model", metavar="PATH", help="a local HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--gguf", metavar="PATH", help="a GGUF file: compare impl against llama.cpp on it")
@@ -94,7 +97,7 @@ def case_from_args(a):
     return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
-                variant=a.variant)
+                variant=a.variant, evict=a.kv_evict)
 
 
 def _require_device(case) -> None:
@@ -140,7 +143,7 @@ def cmd_list(a) -> int:
     features are cached (``harness/catalog.py``)."""
     from impl.backend import BACKENDS, DEVICES, DTYPES
     from impl.kv import KV_MODES
-    from impl.runner import SCHEDULES
+    from .schedule import SCHEDULES
     from impl.trace import LAYER_PROBES, MODEL_PROBES
 
     from . import catalog, families
@@ -190,7 +193,7 @@ def _extra_commands():
     import importlib
 
     mods = []
-    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache"):
+    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache", "fuzz"):
         try:
             mods.append(importlib.import_module(f"harness.commands.{name}"))
         except ModuleNotFoundError as e:

@@ -13,6 +13,7 @@ A spec (``fixtures/matrix/*.toml``)::
     variants = "default"        # each family's default variant ("*": all of them; the default)
     dtypes = ["float64", "float32"]
     kv_modes = ["decode", "batched", "paged"]
+    # kv_evict = [true]: impl's window eviction (decode / batched only; default false)
 
     [[exclude]]                 # cases matching every axis given here are dropped
     backends = ["torch"]
@@ -65,6 +66,7 @@ AXES = {
     "kv_modes": ("kv", ["decode"]),
     "schedules": ("schedule", ["mixed"]),
     "page_sizes": ("page_size", [4]),
+    "kv_evict": ("evict", [False]),
     "references": ("ref", ["hf"]),
     "gguf_types": ("gguf_type", ["f32"]),
     "backends": ("backend", ["numpy"]),
@@ -72,6 +74,7 @@ AXES = {
     "dtypes": ("dtype", ["float32"]),
 }
 _INT_AXES = {"seeds", "tokens", "seqs", "page_sizes"}
+_BOOL_AXES = {"kv_evict"}
 TOP_KEYS = {"name", "description", "group", "exclude"} | set(AXES)
 GROUP_KEYS = {"name"} | set(AXES)
 EXCLUDE_KEYS = {"reason"} | set(AXES)
@@ -156,20 +159,23 @@ def _values(axis: str, raw, where: str) -> list:
             raise UsageError(f"{where}: {axis} takes non-negative integers, got {v!r}")
         if axis == "overrides" and not isinstance(v, dict):
             raise UsageError(f"{where}: overrides takes tables of config fields, e.g. [{{}}, {{num_key_value_heads = 1}}]; got {v!r}")
-        if axis not in _INT_AXES and axis != "overrides" and not isinstance(v, str):
+        if axis in _BOOL_AXES and not isinstance(v, bool):
+            raise UsageError(f"{where}: {axis} takes true or false, got {v!r}")
+        if axis not in _INT_AXES | _BOOL_AXES and axis != "overrides" and not isinstance(v, str):
             raise UsageError(f"{where}: {axis} takes names (strings), got {v!r}")
     return vals
 
 
 def _flat_overrides(table: dict) -> tuple:
     """``{rope_parameters = {factor = 2.0}}`` -> ``(("rope_parameters.factor", 2.0),)``: the
-    dotted form a family merges into the field, like ``--set rope_parameters.factor=2``."""
+    dotted form a family merges into the field, like ``--set rope_parameters.factor=2``.
+    TOML has no null: the string ``"null"`` is None (``--set q_lora_rank=null``)."""
     out = []
     for k, v in table.items():
         if isinstance(v, dict):
-            out += [(f"{k}.{sub}", sv) for sub, sv in v.items()]
+            out += [(f"{k}.{sub}", None if sv == "null" else sv) for sub, sv in v.items()]
         else:
-            out.append((k, v))
+            out.append((k, None if v == "null" else v))
     return tuple(out)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..schedule import chunk_sizes
 
 KV_MODES = ("decode", "batched", "paged")
 FORMS = ("naive", "absorbed")
@@ -87,7 +88,8 @@ def measure(family, tokens: int = 16, backend: str = "numpy", dtype: str = "floa
             held, formula = 0.0, 0
             for i, lc in mla:
                 layer = load_layer(lc, weights[i], be)
-                _, _, steps = run_layer(layer, inputs, kv, "mixed", trace=False, seed=seed)
+                plan = [chunk_sizes("mixed", len(x)) for x in inputs]
+                _, _, steps = run_layer(layer, inputs, kv, plan, trace=False, seed=seed)
                 if kv == "paged":
                     # one pool per layer, shared by the sequences: the bytes of one row
                     held += steps[0].pool.nbytes_per_row()
