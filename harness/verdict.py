@@ -35,6 +35,17 @@ FAILING = ("unguarded", "missing", "error", "fail")
 CASE_ORDER = ("unguarded", "missing", "error", "fail", "pass", "finding", "not-implemented", "not-exposed", "skipped")
 
 
+# the references: a row whose candidate is one of these compares two references
+REFERENCE_NAMES = ("hf", "llamacpp")
+
+
+def candidate_rows(rows) -> list[dict]:
+    """The rows that judge a case's candidate (not the references against each
+    other). Every case has one candidate; rows made before candidates were a
+    choice name impl."""
+    return [r for r in rows if r["candidate"] not in REFERENCE_NAMES]
+
+
 def expected_probes(lc) -> list[str]:
     """The probes a layer of this description must emit (after ``layer_in``), in
     dataflow order -- from the layer's kind and shape, independent of the

@@ -29,6 +29,8 @@ def register(sub) -> None:
     p.add_argument("--policy", metavar="TOML", help="tolerance policy with [regression] factor (default fixtures/tolerance.toml)")
     p.add_argument("--factor", type=float, help="override the policy's growth factor")
     p.add_argument("--md", metavar="FILE", help="also write the markdown to FILE")
+    p.add_argument("--candidate", metavar="NAME",
+                   help="compare only the cases judging this candidate (default: every case, each its own)")
     p.set_defaults(fn=cmd_diff)
 
 
@@ -44,10 +46,11 @@ def _rows(d: str) -> pd.DataFrame:
 
 
 def _worst(df: pd.DataFrame) -> dict:
-    """``{(case_id, reference): (err, floor, where)}``: impl's worst judged error."""
-    from ..views import _err
+    """``{(case_id, reference): (err, floor, where)}``: the worst judged error of
+    each case's candidate (impl, or another engine)."""
+    from ..views import _err, is_candidate
 
-    impl = df[df["candidate"] == "impl"].assign(_e=lambda x: pd.to_numeric(_err(x), errors="coerce"))
+    impl = df[is_candidate(df)].assign(_e=lambda x: pd.to_numeric(_err(x), errors="coerce"))
     impl = impl[impl["_e"].notna()]
     out = {}
     for (cid, ref), g in impl.groupby(["case_id", "reference"], sort=False):
@@ -57,6 +60,18 @@ def _worst(df: pd.DataFrame) -> dict:
         where = f"L{r['layer']} {r['probe']}" if r["layer"] >= 0 else r["probe"]
         out[(cid, ref)] = (float(r["_e"]), floor, where)
     return out
+
+
+def _only(df: pd.DataFrame, candidate: str, where: str) -> pd.DataFrame:
+    """The rows of the cases of ``df`` that judge ``candidate``."""
+    from ..views import cases
+
+    cs = cases(df)
+    keep = set(cs.loc[cs["candidate"] == candidate, "case_id"])
+    if not keep:
+        have = sorted(set(cs["candidate"])) or ["none"]
+        raise UsageError(f"{where} has no case judging candidate {candidate!r}; its candidates: {', '.join(have)}")
+    return df[df["case_id"].isin(keep)]
 
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, factor: float) -> dict:
@@ -140,7 +155,10 @@ def cmd_diff(a) -> int:
     factor = a.factor if a.factor is not None else load_policy(a.policy).regression_factor
     if not factor > 1:
         raise UsageError(f"the growth factor must be > 1, got {factor}")
-    res = compare(_rows(a.base), _rows(a.new), factor)
+    base, new = _rows(a.base), _rows(a.new)
+    if a.candidate:
+        base, new = (_only(df, a.candidate, d) for df, d in ((base, a.base), (new, a.new)))
+    res = compare(base, new, factor)
     md = markdown(res, a.base, a.new)
     sys.stdout.write(md)
     if a.md:
