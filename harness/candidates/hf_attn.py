@@ -58,10 +58,26 @@ class HfAttention(Candidate):
         return None
 
     def capture(self, run, rc) -> CandidateCapture:
+        from impl.trace import LAYER_PROBES
+
+        from .. import verdict
+
         c = run._capture_hf(run.case.dtype, run.weights_dtype(rc), force=rc,
                             attn_implementation=self.implementation)
-        cap = CandidateCapture(self.name, run.case.dtype, dict(c.probes), meta=dict(c.meta))
+        # the attention half only, as impl is judged: layer_out and the logits add HF's
+        # FFN and head, which the attention path does not change
+        half = [p for p in LAYER_PROBES if p not in ("layer_in", "layer_out")]
+        probes = {k: v for k, v in c.probes.items() if k.startswith("L") and k.split(".", 1)[1] in half}
+        cap = CandidateCapture(self.name, run.case.dtype, probes, meta=dict(c.meta))
         cap.not_exposed["attn_probs"] = NO_PROBS[self.implementation]
+        # what eager HF computes no tensor for (MLA's absorbed query: HF computes the
+        # naive form) no attention path of HF exposes; anything else it lacks is missing
+        eager = run._capture_hf(run.case.dtype)
+        for i, lc in enumerate(run.layer_cfgs):
+            for probe in verdict.expected_probes(lc):
+                key = f"L{i}.{probe}"
+                if key not in probes and key not in eager.probes:
+                    cap.not_exposed[key] = f"transformers' {run.family.hf_model_type} computes no such tensor"
         return cap
 
 

@@ -88,17 +88,19 @@ class FlashAttn(Candidate):
                "`if (k->type == GGML_TYPE_F32) k = ggml_cast(ctx0, k, GGML_TYPE_F16)`) and the CPU kernel "
                "accumulates V in F16 (ggml-cpu/ops.cpp ggml_compute_forward_flash_attn_ext_f16_one_chunk: VKQ16)"
                if self.kv_type != "q8_0" else "its KV cache holds Q8_0 blocks (8-bit values, one F16 scale per 32)")))
-        cap.not_exposed["attn_probs"] = ("flash attention materialises no probabilities: ggml_flash_attn_ext "
-                                         "replaces kq_soft_max (src/llama-graph.cpp build_attn_mha)")
-        # the probes llama.cpp's graph names no tensor for are not exposed by this engine
-        # either; those it names and this run lacks stay missing (a graph change fails)
         from impl.trace import LAYER_PROBES
 
+        cap.not_exposed["attn_probs"] = ("flash attention materialises no probabilities: ggml_flash_attn_ext "
+                                         "replaces kq_soft_max (src/llama-graph.cpp build_attn_mha)")
+        # what llama.cpp's plain path exposes, the flash path must too: a probe the plain
+        # graph names no tensor for (or one only in another form, MLA's absorbed graph)
+        # is not exposed here either; one it has that this run lacks stays missing
+        plain = run.capture("llamacpp")
         for i in range(len(run.layer_cfgs)):
-            points = run.family.lc_points_for(run.config, i)
-            for probe in LAYER_PROBES[1:]:
-                if probe not in points and f"L{i}.{probe}" not in c.probes:
-                    cap.not_exposed[f"L{i}.{probe}"] = f"llama.cpp's {run.family.gguf_arch} graph names no tensor for it"
+            for probe in LAYER_PROBES:
+                key = f"L{i}.{probe}"
+                if key not in c.probes and key not in plain.probes:
+                    cap.not_exposed[key] = f"llama.cpp's {run.family.gguf_arch} graph names no tensor for it"
         return cap
 
 
