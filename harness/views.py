@@ -199,39 +199,14 @@ def summary_md(df: pd.DataFrame, meta: dict) -> str:
     if cands:
         lines += ["", "## Candidates × families", "",
                   "Each cell: the cases of that family judging that candidate (engine); failing / cases and the "
-                  "worst NMSE of the candidate against the references.", "",
-                  "| candidate | " + " | ".join(cfams) + " |", "|---|" + "---|" * len(cfams)]
-        for cand in cands:
-            row = []
-            for fam in cfams:
-                cell = ccells.get((cand, fam))
-                st = cell_status(cell)
-                if not st:
-                    row.append("")
-                elif st == "fail":
-                    row.append(f"❌ {cell['failing']}/{cell['cases']} · {_g(cell['worst_nmse'])}")
-                else:
-                    row.append(f"{GLYPH.get(st, st)} · {_g(cell['worst_nmse'])}")
-            lines.append(f"| {_md(cand)} | " + " | ".join(row) + " |")
+                  "worst NMSE of the candidate against the references.", ""]
+        lines += _md_grid("candidate", cands, cfams, ccells, bold=False)
     feats, fams, cells = grid(cs)
     if feats:
         lines += ["", "## Features × families", "",
                   "Each cell: the cases of that family with that feature; worst NMSE of each case's candidate "
-                  "against the references.",
-                  "", "| feature | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-        for f in feats:
-            row = []
-            for fam in fams:
-                cell = cells.get((f, fam))
-                st = cell_status(cell)
-                if not st:
-                    row.append("")
-                elif st == "fail":
-                    row.append(f"❌ {cell['failing']}/{cell['cases']} · {_g(cell['worst_nmse'])}")
-                else:
-                    row.append(f"{GLYPH.get(st, st)} · {_g(cell['worst_nmse'])}")
-            name = f"**{f}**" if any(cell_status(cells.get((f, fam))) == "fail" for fam in fams) else f
-            lines.append(f"| {name} | " + " | ".join(row) + " |")
+                  "against the references.", ""]
+        lines += _md_grid("feature", feats, fams, cells, bold=True)
     if "status" in df and (df["status"] == "finding").any():
         fd = df[df["status"] == "finding"]
         lines += ["", "## Findings (known reference disagreements, not failures)", "",
@@ -258,6 +233,49 @@ def summary_md(df: pd.DataFrame, meta: dict) -> str:
               + " · ".join(f"{k} {_md(v.get(k))}" for k in ("python", "numpy", "torch", "transformers",
                                                              "llama_cpp_python", "gguf")) + "_", ""]
     return "\n".join(lines)
+
+
+def _html_grid(head: str, keys: list, fams: list, cells: dict) -> list[str]:
+    """A heatmap table of ``cells[(key, family)]``; each cell carries ``data-{head}``
+    and ``data-family`` (clicking it lists its cases)."""
+    e = html.escape
+    out = [f"<table class='heat'><tr><th>{e(head)}</th>" + "".join(f"<th>{e(f)}</th>" for f in fams) + "</tr>"]
+    for k in keys:
+        desc = SPEC_DECORATIONS.get(k, ("not a spec decoration", ""))[0] if head == "feature" else k
+        tds = []
+        for fam in fams:
+            cell = cells.get((k, fam))
+            if not cell:
+                tds.append("<td style='background:#f7f7f7'></td>")
+                continue
+            st = cell_status(cell)
+            label = (f"{cell['failing']}/{cell['cases']} fail" if st == "fail" else st) + f" · {_g(cell['worst_nmse'])}"
+            title = f"{cell['cases']} cases; worst err/tol {_g(cell['worst_ratio'])}; findings in {cell['findings']}"
+            tds.append(f"<td style='background:{_colour(cell)}' data-{head}='{e(k)}' data-family='{e(fam)}' "
+                       f"title='{e(title)}'>{e(label)}</td>")
+        out.append(f"<tr><th title='{e(desc)}'>{e(k)}</th>{''.join(tds)}</tr>")
+    out.append("</table>")
+    return out
+
+
+def _md_grid(head: str, keys: list, fams: list, cells: dict, bold: bool) -> list[str]:
+    """A markdown table of ``cells[(key, family)]``: failing / cases or the status,
+    and the worst NMSE; ``bold``: a key with a failing cell is set in bold."""
+    lines = [f"| {head} | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
+    for k in keys:
+        row = []
+        for fam in fams:
+            cell = cells.get((k, fam))
+            st = cell_status(cell)
+            if not st:
+                row.append("")
+            elif st == "fail":
+                row.append(f"❌ {cell['failing']}/{cell['cases']} · {_g(cell['worst_nmse'])}")
+            else:
+                row.append(f"{GLYPH.get(st, st)} · {_g(cell['worst_nmse'])}")
+        failing = any(cell_status(cells.get((k, fam))) == "fail" for fam in fams)
+        lines.append(f"| {'**' + k + '**' if bold and failing else _md(k)} | " + " | ".join(row) + " |")
+    return lines
 
 
 # ---------------------------------------------------------------- report.html
@@ -359,39 +377,11 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
            "<h2>Candidates × families</h2>",
            "<p>The engines judged (impl, or another: <code>--candidate</code>), colour as below. Click a cell to "
            "list its cases.</p>",
-           "<table class='heat'><tr><th>candidate</th>" + "".join(f"<th>{e(f)}</th>" for f in cfams) + "</tr>"]
-    for cand in cands:
-        tds = []
-        for fam in cfams:
-            cell = ccells.get((cand, fam))
-            if not cell:
-                tds.append("<td style='background:#f7f7f7'></td>")
-                continue
-            st = cell_status(cell)
-            label = (f"{cell['failing']}/{cell['cases']} fail" if st == "fail" else st) + f" · {_g(cell['worst_nmse'])}"
-            tds.append(f"<td style='background:{_colour(cell)}' data-candidate='{e(cand)}' data-family='{e(fam)}' "
-                       f"title='{e(str(cell['cases']))} cases'>{e(label)}</td>")
-        out.append(f"<tr><th>{e(cand)}</th>{''.join(tds)}</tr>")
-    out += ["</table>",
-            "<h2>Features × families</h2>",
-            "<p>Colour: the worst error of each case's candidate relative to its tolerance (green far inside, "
-            "yellow at 1e-0, red failing, grey not compared). Click a cell to list its cases.</p>",
-            "<table class='heat'><tr><th>feature</th>" + "".join(f"<th>{e(f)}</th>" for f in fams) + "</tr>"]
-    for f in feats:
-        desc = SPEC_DECORATIONS.get(f, ("not a spec decoration", ""))[0]
-        tds = []
-        for fam in fams:
-            cell = cells.get((f, fam))
-            st = cell_status(cell)
-            if not cell:
-                tds.append("<td style='background:#f7f7f7'></td>")
-                continue
-            label = (f"{cell['failing']}/{cell['cases']} fail" if st == "fail" else st) + f" · {_g(cell['worst_nmse'])}"
-            title = f"{cell['cases']} cases; worst err/tol {_g(cell['worst_ratio'])}; findings in {cell['findings']}"
-            tds.append(f"<td style='background:{_colour(cell)}' data-feature='{e(f)}' data-family='{e(fam)}' "
-                       f"title='{e(title)}'>{e(label)}</td>")
-        out.append(f"<tr><th title='{e(desc)}'>{e(f)}</th>{''.join(tds)}</tr>")
-    out.append("</table>")
+           *_html_grid("candidate", cands, cfams, ccells),
+           "<h2>Features × families</h2>",
+           "<p>Colour: the worst error of each case's candidate relative to its tolerance (green far inside, "
+           "yellow at 1e-0, red failing, grey not compared). Click a cell to list its cases.</p>",
+           *_html_grid("feature", feats, fams, cells)]
     un = unverified(cs)
     if un:
         out.append("<p>Unverified decorations (no passing case): " + e(", ".join(un)) + "</p>")

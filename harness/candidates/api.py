@@ -244,8 +244,10 @@ class _Declared:
 def registry() -> dict:
     """``{name: entry point}``: installed entry points of the group, and this
     project's own declared ones. A name may not be a reference's."""
-    found = {n: _Declared(n, v) for n, v in _declared_here().items()}
-    found.update(_entry_points())
+    # this checkout's own declarations win over installed metadata for their names
+    # (an editable install's metadata may be older); other packages add theirs
+    found = _entry_points()
+    found.update({n: _Declared(n, v) for n, v in _declared_here().items()})
     for n in RESERVED:
         found.pop(n, None)
     return dict(sorted(found.items()))
