@@ -22,7 +22,6 @@ import numpy as np
 from impl import Backend
 from impl.config import ConfigError
 from impl.kv import KV_MODES
-from impl.runner import SCHEDULES, chunk_sizes
 from impl.trace import LAYER_PROBES
 
 from . import cache, families, scaling, verdict
@@ -31,6 +30,7 @@ from .errors import UsageError, suggest
 from .families.base import NotInImpl
 from .features import model_features
 from .policy import Policy, comparison_dtype, dataflow_position
+from .schedule import SCHEDULES, chunk_sizes
 from .versions import versions
 
 REFERENCES = ("hf", "llamacpp")
@@ -60,6 +60,9 @@ class Case:
     variant: str | None = None  # a family's named variant (MLA: naive / absorbed)
     # features switched off in the seeded model itself (Family.model_switches; feature bisection)
     switch_off: tuple = ()
+    # impl's contiguous KV drops the rows a windowed layer can no longer read (spec
+    # evict_layer_kv, FRINK_KV_WINDOW); off by default, as in the spec
+    evict: bool = False
     # the engine judged (harness/candidates: an entry point's name, or dump:DIR)
     candidate: str = "impl"
 
@@ -86,6 +89,8 @@ class Case:
             parts.append(f"variant={self.variant}")
         if self.gguf_type != "f32":
             parts.append(f"gguf-{self.gguf_type}")
+        if self.evict:
+            parts.append("kv-evict")
         for k, v in self.overrides:
             parts.append(f"{k}={v}")
         if self.switch_off:
@@ -122,6 +127,8 @@ class Case:
             raise UsageError(f"unknown kv mode {self.kv!r}; {suggest(self.kv, KV_MODES)}")
         if self.gguf_type not in GGUF_TYPES:
             raise UsageError(f"unknown GGUF weight type {self.gguf_type!r}; {suggest(self.gguf_type, GGUF_TYPES)}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise UsageError(f"--seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.tokens, int) or self.tokens < 1:
             raise UsageError(f"--tokens must be a positive integer, got {self.tokens!r}")
         if self.n_seqs < 1:
@@ -130,6 +137,11 @@ class Case:
             raise UsageError("kv mode decode holds one sequence; use --kv batched or paged for several")
         if self.page_size < 1:
             raise UsageError(f"--page-size must be a positive integer, got {self.page_size}")
+        if not isinstance(self.evict, bool):
+            raise UsageError(f"kv eviction is true or false, got {self.evict!r}")
+        if self.evict and self.kv == "paged":
+            raise UsageError("--kv-evict applies to the contiguous KV backings (decode, batched); the paged pool "
+                             "keeps its pages (spec evict_layer_kv is in the contiguous arm)")
         try:
             Backend(self.backend, self.device, self.dtype)
             chunk_sizes(self.schedule, self.tokens)
@@ -293,6 +305,8 @@ class CaseRun:
         f = model_features(self.layer_cfgs, self.weights_for("float32"))
         f |= set(self.family.declared_features)
         f.add(f"kv_{self.case.kv}")
+        if self.case.evict:
+            f.add("kv_evict")
         return sorted(f)
 
     # ------------------------------------------------------------ references

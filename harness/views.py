@@ -2,7 +2,7 @@
 
 - ``summary.md``: features x families (status, worst NMSE), failures first --
   ready for a CI job summary;
-- ``report.html``: a heatmap of features x families coloured by the worst error
+- ``report.html``: a heatmap of families x features coloured by the worst error
   relative to its tolerance, with a drill-down to each case's per-layer,
   per-probe table; one self-contained file, every shown string escaped;
 - ``junit.xml``: one test case per matrix case;
@@ -236,12 +236,11 @@ def summary_md(df: pd.DataFrame, meta: dict) -> str:
 
 
 def _html_grid(head: str, keys: list, fams: list, cells: dict) -> list[str]:
-    """A heatmap table of ``cells[(key, family)]``; each cell carries ``data-{head}``
-    and ``data-family`` (clicking it lists its cases)."""
+    """A heatmap table of ``cells[(key, family)]``, keys as rows; each cell carries
+    ``data-{head}`` and ``data-family`` (clicking it lists its cases)."""
     e = html.escape
     out = [f"<table class='heat'><tr><th>{e(head)}</th>" + "".join(f"<th>{e(f)}</th>" for f in fams) + "</tr>"]
     for k in keys:
-        desc = SPEC_DECORATIONS.get(k, ("not a spec decoration", ""))[0] if head == "feature" else k
         tds = []
         for fam in fams:
             cell = cells.get((k, fam))
@@ -253,7 +252,7 @@ def _html_grid(head: str, keys: list, fams: list, cells: dict) -> list[str]:
             title = f"{cell['cases']} cases; worst err/tol {_g(cell['worst_ratio'])}; findings in {cell['findings']}"
             tds.append(f"<td style='background:{_colour(cell)}' data-{head}='{e(k)}' data-family='{e(fam)}' "
                        f"title='{e(title)}'>{e(label)}</td>")
-        out.append(f"<tr><th title='{e(desc)}'>{e(k)}</th>{''.join(tds)}</tr>")
+        out.append(f"<tr><th>{e(k)}</th>{''.join(tds)}</tr>")
     out.append("</table>")
     return out
 
@@ -315,7 +314,9 @@ _CSS = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;font-size:12px}
-table.heat td{cursor:pointer;min-width:7em;text-align:center}
+table.heat td{cursor:pointer;min-width:1.4em;text-align:center;color:#fff;font-weight:bold}
+table.heat th.feat{vertical-align:bottom;padding:2px 1px}
+table.heat th.feat span{writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap}
 table.heat td.sel{outline:3px solid #2166ac}
 #cases tr{cursor:pointer}
 #cases tr:hover{background:#f0f4ff}
@@ -375,13 +376,34 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
            f"<h1>Conformance matrix {e(str(spec.get('name', '?')))}: {verdict(df)}</h1>",
            "<p>" + e(" · ".join(f"{s} {cc[s]}" for s in CASE_ORDER if cc.get(s)) or "no cases") + " (cases)</p>",
            "<h2>Candidates × families</h2>",
-           "<p>The engines judged (impl, or another: <code>--candidate</code>), colour as below. Click a cell to "
-           "list its cases.</p>",
+           "<p>The engines judged (impl, or another: <code>--candidate</code>), coloured as below; click a cell "
+           "to list its cases.</p>",
            *_html_grid("candidate", cands, cfams, ccells),
-           "<h2>Features × families</h2>",
+           "<h2>Families × features</h2>",
            "<p>Colour: the worst error of each case's candidate relative to its tolerance (green far inside, "
-           "yellow at 1e-0, red failing, grey not compared). Click a cell to list its cases.</p>",
-           *_html_grid("feature", feats, fams, cells)]
+           "yellow at 1e-0, red failing, grey not compared); a number: the failing cases. Hover a cell for its cases and worst "
+           "NMSE, a feature for what it is; click a cell to list its cases.</p>",
+           # families as rows, features as narrow columns with upright-rotated names: 24 families
+           # and ~45 features fit a screen without scrolling sideways
+           "<table class='heat'><tr><th>family</th>"
+           + "".join(f"<th class='feat' title='{e(SPEC_DECORATIONS.get(f, ('not a spec decoration', ''))[0])}'>"
+                     f"<span>{e(f)}</span></th>" for f in feats) + "</tr>"]
+    for fam in fams:
+        tds = []
+        for f in feats:
+            cell = cells.get((f, fam))
+            st = cell_status(cell)
+            if not cell:
+                tds.append("<td style='background:#f7f7f7'></td>")
+                continue
+            label = f"{cell['failing']}" if st == "fail" else ""
+            title = (f"{fam} · {f}: {cell['failing']}/{cell['cases']} fail" if st == "fail" else f"{fam} · {f}: {st}") \
+                + f"; {cell['cases']} cases; worst NMSE {_g(cell['worst_nmse'])}; worst err/tol " \
+                  f"{_g(cell['worst_ratio'])}; findings in {cell['findings']}"
+            tds.append(f"<td style='background:{_colour(cell)}' data-feature='{e(f)}' data-family='{e(fam)}' "
+                       f"title='{e(title)}'>{e(label)}</td>")
+        out.append(f"<tr><th>{e(fam)}</th>{''.join(tds)}</tr>")
+    out.append("</table>")
     un = unverified(cs)
     if un:
         out.append("<p>Unverified decorations (no passing case): " + e(", ".join(un)) + "</p>")
@@ -486,7 +508,7 @@ def plot_case(rows, path: Path) -> None:
     shutil.copyfile(hit, path)
 
 
-def _draw(df: pd.DataFrame, path: Path) -> None:
+def _draw(df: pd.DataFrame, path: Path):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, NullLocator
@@ -499,7 +521,8 @@ def _draw(df: pd.DataFrame, path: Path) -> None:
     key = lambda l, p: (0, 0, 0) if p == "embeddings" else ((1, l, order.get(p, 99)) if l >= 0 else (2, 0, 0))  # noqa: E731
     labels = sorted({(key(l, p), f"L{l} {p}" if l >= 0 else p) for l, p in zip(df["layer"], df["probe"])})
     xs = {lab: i for i, (_, lab) in enumerate(labels)}
-    fig = Figure(figsize=(max(6.0, 0.16 * len(xs)), 3.4), dpi=90)
+    width = max(6.0, 0.16 * len(xs))
+    fig = Figure(figsize=(width, 3.4), dpi=90)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     # exact agreement (NMSE 0) is drawn on a floor below the smallest error, not at 1e-300
@@ -520,9 +543,22 @@ def _draw(df: pd.DataFrame, path: Path) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.0e}"))  # plain text: mathtext parsing is slow
     ax.legend(fontsize=6, loc="upper left")
-    # fixed margins: tight_layout measures every label and doubled the cost of a plot
-    fig.subplots_adjust(left=0.1, right=0.99, top=0.92, bottom=0.3)
-    fig.savefig(path)
+    # fixed margins: tight_layout measures every label and doubled the cost of a plot. The left
+    # one in inches (tick labels "1e-10" plus the axis label), not a fraction of a width that
+    # grows with the probes: at 6 in, 10% clipped the y-axis label
+    fig.subplots_adjust(left=0.95 / width, right=1 - 0.06 / width, top=0.92, bottom=0.3)
+    # a 64-colour palette (Pillow, matplotlib's own dependency): a few line colours and their
+    # anti-aliasing need no more, and report.html embeds every plot: 51 -> ~19 KB each (+0.05 s)
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    buf.seek(0)
+    with Image.open(buf) as im:
+        im.convert("RGB").quantize(colors=64).save(path, format="PNG")
+    return fig
 
 
 # ---------------------------------------------------------------- feature map
@@ -582,9 +618,13 @@ def feature_map(df: pd.DataFrame) -> str:
 
 # ---------------------------------------------------------------- all of them
 def write_all(d: Path, df: pd.DataFrame, meta: dict) -> None:
+    import base64
+
     d = Path(d)
-    plots = {cid: f"plots/{plot_name(cid)}" for cid in dict.fromkeys(df["case_id"])} if len(df) else {}
-    plots = {k: v for k, v in plots.items() if (d / v).exists()}
+    plots = {cid: d / "plots" / plot_name(cid) for cid in dict.fromkeys(df["case_id"])} if len(df) else {}
+    # embedded as data URIs: a report.html copied or mailed on its own keeps its plots
+    plots = {k: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode("ascii")
+             for k, p in plots.items() if p.exists()}
     atomic.write_text(d / "summary.md", summary_md(df, meta))
     atomic.write_text(d / "report.html", report_html(df, meta, plots))
     atomic.write_text(d / "junit.xml", junit_xml(df, meta))

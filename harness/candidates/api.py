@@ -81,7 +81,8 @@ class LayerCall:
     schedule; ``sum(chunks) == tokens``). ``kv``: ``decode`` (each sequence
     alone, start to end), ``batched`` (the sequences advance together, one call
     of each per step) or ``paged`` (as batched, over one shared page pool of
-    ``page_size`` rows a page). ``dtype``: the precision to compute in;
+    ``page_size`` rows a page); ``evict``: a contiguous cache drops the rows a
+    windowed layer can no longer read. ``dtype``: the precision to compute in;
     ``backend`` / ``device``: impl's array backend (a candidate may ignore them)."""
 
     layer: int
@@ -92,6 +93,7 @@ class LayerCall:
     chunks: tuple
     page_size: int
     seed: int
+    evict: bool
     backend: str
     device: str
     dtype: str
@@ -175,9 +177,8 @@ class LayerCandidate(Candidate):
         ``PROBE_SHAPES``); raise to report an error for this layer."""
 
     def capture(self, run, rc) -> CandidateCapture:
-        from impl.runner import chunk_sizes
-
         from ..families.base import NotInImpl
+        from ..schedule import chunk_sizes
 
         case = run.case
         cap = CandidateCapture(self.name, self.dtype(run))
@@ -189,7 +190,8 @@ class LayerCandidate(Candidate):
             x = rc.probes[key]
             inputs = [x[s] for s in range(x.shape[0])]
             call = LayerCall(i, lc, weights[i], inputs, case.kv, tuple(chunk_sizes(case.schedule, x.shape[1])),
-                             case.page_size, case.seed, case.backend, case.device, case.dtype, run.family.name)
+                             case.page_size, case.seed, case.evict, case.backend, case.device, case.dtype,
+                             run.family.name)
             try:
                 got = self.run_layer(call)
             except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on

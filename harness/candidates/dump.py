@@ -81,11 +81,11 @@ def load(path: Path) -> dict:
 # ---------------------------------------------------------------- export-case
 def export_case(run, out: Path) -> dict:
     """Write ``run``'s case for an outside engine into ``out``; returns case.json's data."""
-    from impl.runner import chunk_sizes
     from impl.trace import LAYER_PROBES
 
     from .. import verdict
     from ..families.base import NotInImpl
+    from ..schedule import chunk_sizes
     from .api import PROBE_SHAPES
 
     case = run.case
@@ -129,7 +129,7 @@ def export_case(run, out: Path) -> dict:
         "family": run.family.name, "hf_model_type": run.family.hf_model_type, "gguf_arch": run.family.gguf_arch,
         "hf_config": run.config.to_dict(),
         "tokens": run.tokens.tolist(),
-        "kv": case.kv, "page_size": case.page_size,
+        "kv": case.kv, "page_size": case.page_size, "evict": case.evict,
         "chunks": chunk_sizes(case.schedule, case.tokens),
         "dtype": case.dtype,
         "layers": layers,

@@ -25,8 +25,9 @@ class ImplCandidate(LayerCandidate):
         from impl.runner import load_layer, run_layer
 
         layer = load_layer(call.config, call.weights, self.backend(call))
-        _, traces, _ = run_layer(layer, call.inputs, call.kv, ",".join(map(str, call.chunks)),
-                                 page_size=call.page_size, seed=call.seed)
+        # the case's schedule, the same chunks for every sequence (harness/schedule.py)
+        _, traces, _ = run_layer(layer, call.inputs, call.kv, [list(call.chunks)] * len(call.inputs),
+                                 page_size=call.page_size, seed=call.seed, evict=call.evict)
         per_seq = [t.assemble() for t in traces]
         return {probe: np.stack([p[probe] for p in per_seq]) for probe in per_seq[0]}
 

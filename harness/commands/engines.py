@@ -55,5 +55,4 @@ def cmd_judge(a) -> int:
     from ..candidates.dump import case_of
     from ..cli import cmd_run_case
 
-    case = case_of(Path(a.dump))
-    return cmd_run_case(case, a.policy, a.out, command="judge")
+    return cmd_run_case(lambda: case_of(Path(a.dump)), a.policy, a.out, command="judge")

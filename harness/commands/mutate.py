@@ -74,7 +74,10 @@ def register(sub) -> None:
     p = sub.add_parser("mutate", help="mutation self-test: run a matrix spec under every mutant; the score "
                                       "is killed / total")
     p.add_argument("spec", nargs="?", metavar="SPEC", help=SPEC_HELP)
-    p.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
+    p.add_argument("--out", metavar="DIR", help="run directory (default ./reports/<run-id>)")
+    from ..cli import add_verbose
+
+    add_verbose(p)
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                    help="worker processes (default: the CPU count; 1 runs in this process)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
@@ -591,7 +594,7 @@ def write(d: Path, res: dict) -> None:
 
 def cmd_mutate(a) -> int:
     from .. import matrix, report
-    from .matrix import DEFAULT_SPEC
+    from .matrix import DEFAULT_SPEC, say_default
 
     if a.jobs < 1:
         raise UsageError(f"-j/--jobs must be at least 1, got {a.jobs}")
@@ -617,13 +620,19 @@ def cmd_mutate(a) -> int:
         from ..policy import load_policy
 
         load_policy(a.policy)
+    matrix.nonempty(spec)
     run_id = report.new_run_id()
-    d = report.run_dir(a.out, run_id)
-    if d.exists() and any(d.iterdir()):
-        raise UsageError(f"run directory {d} is not empty; choose another --out")
+    d = report.check_out(a.out, run_id)
+    made = not d.exists()
+    d.mkdir(parents=True, exist_ok=True)  # now: the workers append to its log.txt
+    from .. import runlog
+
+    runlog.attach(d / runlog.LOG_NAME)
+
     def say(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    say_default(a.spec, spec, "mutate")
     quiet = not sys.stderr.isatty()  # CI logs get one line per phase, a terminal one per run
     if a.sensitivity:
         say(f"mutate --sensitivity: {sum(m.param is not None for m in mutants)} parametric mutants on {spec.path}")
@@ -636,8 +645,15 @@ def cmd_mutate(a) -> int:
         print(f"report: {d} (sensitivity.md, sensitivity.json)")
         return 0 if all(r["smallest_caught"] is not None for r in res["rows"]) else 1
     say(f"mutate: {len(mutants)} mutants on {spec.path} ({len(spec.cases)} cases), -j {a.jobs}")
-    res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
-                       log=(lambda m: None) if quiet else say, phase=say, candidate=a.candidate)
+    try:
+        res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
+                           log=(lambda m: None) if quiet else say, phase=say, candidate=a.candidate)
+    except UsageError:  # refused before any work (a mutant's own case): leave nothing behind
+        if made:
+            report.remove_partial(d)
+        else:
+            (d / runlog.LOG_NAME).unlink(missing_ok=True)
+        raise
     res.update(run_id=run_id, argv=sys.argv[1:], min_score=a.min_score, candidate=a.candidate)
     write(d, res)
     print(table(res))

@@ -55,8 +55,9 @@ def require() -> None:
 def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[int, int, int]]]:
     """The decode calls: ``[[(token, pos, seq), ...], ...]``, sequences in
     ascending order inside every call (llama.cpp splits a ubatch into one
-    stream per sequence in that order)."""
-    from impl.runner import chunk_sizes
+    stream per sequence in that order). The schedule is the case's
+    (``harness.schedule``), the same chunk sizes impl's runner is handed."""
+    from ..schedule import chunk_sizes
 
     n_seq, n_tok = tokens.shape
     sizes = chunk_sizes(schedule, n_tok)
