@@ -75,6 +75,8 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf-model", metavar="PATH", help="a local HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--gguf", metavar="PATH", help="a GGUF file: compare impl against llama.cpp on it")
     p.add_argument("--variant", help="a family's named variant (MLA families: absorbed, naive)")
+    p.add_argument("--candidate", default="impl", metavar="NAME",
+                   help="the engine judged (default impl; `conformance list` names the installed ones; dump:DIR)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
 
 
@@ -97,7 +99,7 @@ def case_from_args(a):
     return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
-                variant=a.variant, evict=a.kv_evict)
+                variant=a.variant, evict=a.kv_evict, candidate=a.candidate)
 
 
 def _require_device(case) -> None:
@@ -113,14 +115,20 @@ def _require_device(case) -> None:
 
 
 def cmd_run(a) -> int:
+    return cmd_run_case(lambda: case_from_args(a), a.policy, a.out)
+
+
+def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: str = "run") -> int:
+    """Run one case (``make_case()``, called once the run directory is known to be
+    usable) into a run directory, print its table; the exit status."""
     from . import budget, report, runlog
     from .case import CaseRun
     from .policy import load_policy
 
-    policy = load_policy(a.policy)
+    policy = load_policy(policy_path)
     run_id = report.new_run_id()
-    d = report.check_out(a.out, run_id)  # before any work: a run never finds out at the end
-    case = case_from_args(a)
+    d = report.check_out(out, run_id)  # before any work: a run never finds out at the end
+    case = make_case()
     case.validate()
     _require_device(case)
     run = CaseRun(case, policy, progress=lambda m: print(m, file=sys.stderr))
@@ -130,9 +138,12 @@ def cmd_run(a) -> int:
     rows = run.rows()
     df = report.write_rows(d, rows)
     runlog.attach(d / runlog.LOG_NAME)
-    report.write_meta(d, {"run_id": run_id, "command": "run", "argv": sys.argv[1:], "case": case.to_dict(),
+    report.write_meta(d, {"run_id": run_id, "command": command, "argv": sys.argv[1:], "case": case.to_dict(),
+                          "candidate": run.candidate.name, "notes": run.notes,
                           "features": run.features, "timings": run.timings, "wall_s": time.time() - t0})
     print(report.case_table(df))
+    for note in run.notes:
+        print(f"note: {note}")
     print(f"report: {d}")
     return report.exit_status(df)
 
@@ -163,6 +174,15 @@ def cmd_list(a) -> int:
             label = f"features ({v})" if v else "features"
             print(f"{pad}{label}: {', '.join(feats[name][v or ''])}")
     print(f"references (--ref): {', '.join(REF_CHOICES)}")
+    from . import candidates
+
+    print("candidates (--candidate; entry points of the group attn_conformance.candidates; or dump:DIR):")
+    for name in candidates.registry():
+        try:
+            desc = candidates.get(name).description
+        except UsageError as e:
+            desc = f"(does not load: {e})"
+        print(f"  {name:<20} {desc}")
     print(f"backends: {', '.join(BACKENDS)}; devices: {', '.join(DEVICES)}; dtypes: {', '.join(DTYPES)}")
     print(f"kv modes: {', '.join(KV_MODES)}; schedules: {', '.join(SCHEDULES)} or chunk sizes (5,1,1)")
     print(f"GGUF weight types (--gguf-type; --gguf reads the same): {', '.join(GGUF_TYPES)}")
@@ -193,7 +213,7 @@ def _extra_commands():
     import importlib
 
     mods = []
-    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache", "fuzz"):
+    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache", "fuzz", "engines"):
         try:
             mods.append(importlib.import_module(f"harness.commands.{name}"))
         except ModuleNotFoundError as e:

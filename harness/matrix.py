@@ -6,6 +6,7 @@ A spec (``fixtures/matrix/*.toml``)::
     name = "default"
     description = "what this matrix is for"
     references = ["all"]        # axes at the top level: defaults for every group
+    candidates = ["impl"]       # the engines judged (default impl; `conformance list`)
 
     [[group]]                   # one cross product; the matrix is the union of its groups
     name = "core"
@@ -68,6 +69,7 @@ AXES = {
     "page_sizes": ("page_size", [4]),
     "kv_evict": ("evict", [False]),
     "references": ("ref", ["hf"]),
+    "candidates": ("candidate", ["impl"]),  # the engines judged (harness/candidates)
     "gguf_types": ("gguf_type", ["f32"]),
     "backends": ("backend", ["numpy"]),
     "devices": ("device", ["cpu"]),
@@ -337,7 +339,7 @@ def crash_row(case: Case, reason: str) -> dict:
     return dict(case_id=case.case_id(), family=case.family, features="", backend=case.backend, device=case.device,
                 dtype=case.dtype, kv=case.kv, schedule=case.schedule, seed=case.seed, tokens=case.tokens,
                 seqs=case.n_seqs, gguf_type=case.gguf_type,
-                overrides=";".join(f"{k}={v}" for k, v in case.overrides), candidate="impl", reference=case.ref,
+                overrides=";".join(f"{k}={v}" for k, v in case.overrides), candidate=case.candidate, reference=case.ref,
                 layer=-1, probe="*", variant=case.variant or "", layer_kind="model", status="error", reason=reason)
 
 

@@ -40,6 +40,8 @@ def register(sub) -> None:
     p.add_argument("--md", metavar="FILE", help="also write the markdown to FILE")
     p.add_argument("--fail-missing", action="store_true",
                    help="exit 1 when a case of BASE was not run in NEW (default: listed, exit 0 unless a regression)")
+    p.add_argument("--candidate", metavar="NAME",
+                   help="compare only the cases judging this candidate (default: every case, each its own)")
     p.set_defaults(fn=cmd_diff)
 
 
@@ -55,12 +57,13 @@ def _rows(d: str) -> pd.DataFrame:
 
 
 def _worst(df: pd.DataFrame) -> dict:
-    """``{(case_id, reference): (err, floor, where)}``: impl's worst judged error."""
+    """``{(case_id, reference): (err, floor, where)}``: the worst judged error of
+    each case's candidate (impl, or another engine)."""
     import pandas as pd
 
-    from ..views import _err
+    from ..views import _err, is_candidate
 
-    impl = df[df["candidate"] == "impl"].assign(_e=lambda x: pd.to_numeric(_err(x), errors="coerce"))
+    impl = df[is_candidate(df)].assign(_e=lambda x: pd.to_numeric(_err(x), errors="coerce"))
     impl = impl[impl["_e"].notna()]
     out = {}
     for (cid, ref), g in impl.groupby(["case_id", "reference"], sort=False):
@@ -70,6 +73,18 @@ def _worst(df: pd.DataFrame) -> dict:
         where = f"L{r['layer']} {r['probe']}" if r["layer"] >= 0 else r["probe"]
         out[(cid, ref)] = (float(r["_e"]), floor, where)
     return out
+
+
+def _only(df: pd.DataFrame, candidate: str, where: str) -> pd.DataFrame:
+    """The rows of the cases of ``df`` that judge ``candidate``."""
+    from ..views import cases
+
+    cs = cases(df)
+    keep = set(cs.loc[cs["candidate"] == candidate, "case_id"])
+    if not keep:
+        have = sorted(set(cs["candidate"])) or ["none"]
+        raise UsageError(f"{where} has no case judging candidate {candidate!r}; its candidates: {', '.join(have)}")
+    return df[df["case_id"].isin(keep)]
 
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, factor: float) -> dict:
@@ -159,7 +174,10 @@ def cmd_diff(a) -> int:
         from ..report import check_writable
 
         check_writable(Path(a.md), f"--md {a.md}", file=True)
-    res = compare(_rows(a.base), _rows(a.new), factor)
+    base, new = _rows(a.base), _rows(a.new)
+    if a.candidate:
+        base, new = (_only(df, a.candidate, d) for df, d in ((base, a.base), (new, a.new)))
+    res = compare(base, new, factor)
     md = markdown(res, a.base, a.new)
     sys.stdout.write(md)
     if a.md:

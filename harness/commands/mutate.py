@@ -91,6 +91,9 @@ def register(sub) -> None:
     p.add_argument("--min-score", type=float, default=1.0, metavar="F",
                    help="exit 1 when the mutation score (overall, or of any backend/dtype slice) is below F "
                         "(default 1.0)")
+    p.add_argument("--candidate", default="impl", metavar="NAME",
+                   help="mutate the code this candidate runs (default impl; torch-sdpa-kernel runs impl's body "
+                        "with its own kernel): only the mutants that reach it count")
     p.add_argument("--sensitivity", action="store_true",
                    help="for every parametric (subtle) mutant: the smallest relative perturbation of its parameter "
                         "that the spec's cases still catch, per backend and dtype")
@@ -123,12 +126,14 @@ def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) 
 
 
 def verdict(rows: list[dict]) -> dict:
-    """Killed or not, and where: the first divergence of impl in dataflow order."""
+    """Killed or not, and where: the first divergence of the case's candidate in dataflow order."""
     from ..bisect import FAILING, first_divergence
+    from ..verdict import candidate_rows
 
-    impl = [r for r in rows if r["candidate"] == "impl"]
-    failing = [r for r in impl if r["status"] in FAILING]
-    return {"killed": bool(failing), "failing_rows": len(failing), "first": first_divergence(impl)}
+    mine = candidate_rows(rows)
+    failing = [r for r in mine if r["status"] in FAILING]
+    name = mine[0]["candidate"] if mine else "impl"
+    return {"killed": bool(failing), "failing_rows": len(failing), "first": first_divergence(mine, candidate=name)}
 
 
 # ---------------------------------------------------------------- the run
@@ -157,15 +162,61 @@ def select_mutants(names: str | None, decoration: str | None) -> list:
     return chosen
 
 
-def own_case(m) -> Case:
+def own_case(m, candidate: str = "impl") -> Case:
     kw = dict(m.case)
     kw.setdefault("ref", "hf")
     kw["overrides"] = tuple(tuple(x) for x in kw.get("overrides", ()))
+    kw["candidate"] = candidate
+    if candidate != "impl":
+        # a candidate's own limits (torch-sdpa-kernel runs on torch) shape the case
+        from .. import candidates
+
+        kw.update(candidates.get(candidate).mutant_case_fields())
     return Case(**kw)
 
 
+def applies(m, cand) -> str | None:
+    """Why mutant ``m`` does not reach candidate ``cand``'s code, or None: it must
+    lie in a module the candidate runs and not in a function it replaces."""
+    from ..mutants import _enclosing_def
+    import importlib
+    from pathlib import Path as _P
+
+    if not any(m.module == mod or m.module.startswith(mod + ".") for mod in cand.runs_modules):
+        return f"{cand.name} runs none of {m.module}'s code"
+    src = _P(importlib.import_module(m.module).__file__).read_text()
+    if src.count(m.old) != 1:
+        return None  # stale: reported as such by the run
+    owner, fname, _ = _enclosing_def(src, src.index(m.old))
+    where = f"{m.module}.{owner + '.' if owner else ''}{fname}"
+    if where in cand.replaces:
+        return f"{cand.name} replaces {where}"
+    return None
+
+
+def for_candidate(spec, candidate: str):
+    """``spec`` with every case judging ``candidate``."""
+    from dataclasses import replace
+
+    if candidate == "impl":
+        return spec
+    from .. import candidates
+
+    fields = candidates.get(candidate).mutant_case_fields()
+    cases = []
+    for c in spec.cases:
+        c = replace(c, candidate=candidate, **fields)
+        try:
+            c.validate()
+        except UsageError as e:
+            raise UsageError(f"matrix spec {spec.path}, case {c.case_id()}: {e}") from None
+        cases.append(c)
+    return replace(spec, cases=list({c.case_id(): c for c in cases}.values()))
+
+
 def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant_cases: bool = True,
-                 first_kill: bool = False, log=lambda msg: None, phase=lambda msg: None) -> dict:
+                 first_kill: bool = False, log=lambda msg: None, phase=lambda msg: None,
+                 candidate: str = "impl") -> dict:
     """Baseline, then every mutant on the cases that exercise it; the result as plain data.
     ``log``: one line per finished run; ``phase``: one line per phase."""
     from .. import matrix
@@ -185,7 +236,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     live = [m for m in mutants if m.name not in stale]
     own = {}
     for m in live if mutant_cases else []:
-        c = own_case(m)
+        c = own_case(m, candidate)
         try:
             c.validate()
         except UsageError as e:
@@ -200,8 +251,9 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     base: dict[str, dict] = {}
 
     def base_done(c, rec):
-        impl = [r for r in rec["rows"] if r["candidate"] == "impl"]
-        bad = [r for r in impl if r["status"] in FAILING]
+        from ..verdict import candidate_rows
+
+        bad = [r for r in candidate_rows(rec["rows"]) if r["status"] in FAILING]
         base[c.case_id()] = {"features": rec["info"].get("features", []), "clean": not bad,
                              "why": "" if not bad else f"{bad[0]['status']} at layer {bad[0]['layer']} "
                                                        f"{bad[0]['probe']} vs {bad[0]['reference']}"}
@@ -368,7 +420,9 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
     base: dict[str, dict] = {}
 
     def base_done(c, rec):
-        impl = [r for r in rec["rows"] if r["candidate"] == "impl"]
+        from ..verdict import candidate_rows
+
+        impl = candidate_rows(rec["rows"])
         base[c.case_id()] = {"features": rec["info"].get("features", []),
                              "clean": bool(impl) and not any(r["status"] in FAILING for r in impl)}
         log(f"baseline [{len(base)}/{len(by_id)}] {c.case_id()}")
@@ -549,6 +603,20 @@ def cmd_mutate(a) -> int:
         raise UsageError(f"--min-score takes a fraction between 0 and 1, got {a.min_score}")
     spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
     mutants = select_mutants(a.mutants, a.decoration)
+    if a.candidate != "impl":
+        from .. import candidates
+
+        if a.sensitivity:
+            raise UsageError("--sensitivity measures impl's parameters; give no --candidate")
+        cand = candidates.get(a.candidate)
+        skipped = {m.name: why for m in mutants if (why := applies(m, cand))}
+        if len(skipped) == len(mutants):
+            raise UsageError(f"no selected mutant reaches candidate {a.candidate}: "
+                             f"{next(iter(skipped.values()))} (mutants change impl; see harness/mutants)")
+        for name, why in skipped.items():
+            print(f"mutant {name}: not applicable ({why})", file=sys.stderr)
+        mutants = [m for m in mutants if m.name not in skipped]
+        spec = for_candidate(spec, a.candidate)
     if a.policy:
         from ..policy import load_policy
 
@@ -581,14 +649,14 @@ def cmd_mutate(a) -> int:
     say(f"mutate: {len(mutants)} mutants on {spec.path} ({len(spec.cases)} cases), -j {a.jobs}")
     try:
         res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
-                           log=(lambda m: None) if quiet else say, phase=say)
+                           log=(lambda m: None) if quiet else say, phase=say, candidate=a.candidate)
     except UsageError:  # refused before any work (a mutant's own case): leave nothing behind
         if made:
             report.remove_partial(d)
         else:
             (d / runlog.LOG_NAME).unlink(missing_ok=True)
         raise
-    res.update(run_id=run_id, argv=sys.argv[1:], min_score=a.min_score)
+    res.update(run_id=run_id, argv=sys.argv[1:], min_score=a.min_score, candidate=a.candidate)
     write(d, res)
     print(table(res))
     print(f"report: {d} (mutation.md, mutation.json, mutation_rows.parquet)")
