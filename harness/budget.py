@@ -1,7 +1,12 @@
-"""What a case will hold in memory, estimated from its config before any work,
-and what the run does about it (issue 13, "Memory that fits real models").
+"""What a case needs before it runs -- positions the model has, memory the
+machine has -- checked before any work, so an impossible case is one line and
+exit status 2 instead of a crash (or a swap storm) halfway through (issue 16
+item 4); and what the run does about memory (issue 13, "Memory that fits real
+models").
 
-One function estimates (``estimate``); one decides (``plan``). The estimate
+``check`` is the one gate (the CLI's run and the matrix's spec check call it):
+the position limit (``max_positions``), then the memory plan. One function
+estimates memory (``estimate``); one decides (``plan``). The estimate
 is a sum of parts, each named, so a refusal can say what is big:
 
 - ``weights``: the model every reference and impl take their weights from,
@@ -42,6 +47,33 @@ import os
 from dataclasses import dataclass, field
 
 GB = 2**30
+# the config keys families name their position limit by, in the order they are read
+POSITION_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "model_max_length", "seq_length")
+
+
+def max_positions(config) -> tuple[str, int] | None:
+    """``(key, limit)`` of the model's position limit, or None where the config has
+    none (ALiBi bloom: its biases are defined for any length)."""
+    for k in POSITION_KEYS:
+        v = getattr(config, k, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return k, v
+    return None
+
+
+def check(run) -> None:
+    """Refuse (UsageError, exit 2) a case its model cannot hold or this machine
+    cannot fit, before any work. ``run``: a ``CaseRun``; its ``plan`` (the memory
+    decision, cached on the run) is made here."""
+    from .errors import UsageError
+
+    case = run.case
+    lim = max_positions(run.config)
+    if lim and case.tokens > lim[1]:
+        key, n = lim
+        raise UsageError(f"--tokens {case.tokens} is past family {run.family.name}'s {key}={n}; use at most {n} "
+                         f"tokens, or --set {key}=N")
+    _ = run.plan  # raises when even the smallest plan does not fit
 _BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -212,6 +244,11 @@ class Plan:
     estimate: Estimate
     budget: int
     notes: tuple[str, ...] = ()
+
+    @property
+    def skips_oracle(self) -> bool:
+        """A fallback dropped the float64 oracle for memory (said in ``notes``)."""
+        return not self.oracle and bool(self.notes)
 
     def meta(self) -> dict:
         return {"hf_dtype": self.hf_dtype, "oracle": self.oracle, "budget_gb": round(self.budget / GB, 2),

@@ -12,7 +12,7 @@ from .errors import UsageError, suggest
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "tolerance.toml"
 PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "q8_0")
 _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol"}
-_OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "reason"} | _TOL_KEYS
+_OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
                  "max_nmse", "reason"}
 _MISSING = object()
@@ -120,8 +120,10 @@ class Policy:
             return f"finding #{f['_n']}: {f['reason']}"
         return None
 
-    def tolerance(self, dtype: str, probe: str, family: str = "", reference: str = "") -> tuple[dict, str]:
-        """``(tolerance, reason_if_overridden)`` for one comparison."""
+    def tolerance(self, dtype: str, probe: str, family: str = "", reference: str = "",
+                  candidate: str = "") -> tuple[dict, str]:
+        """``(tolerance, reason_if_overridden)`` for one comparison (``candidate``: its
+        candidate side, which an override may select)."""
         if dtype not in self.dtypes:
             raise UsageError(f"tolerance policy {self.path} has no dtype {dtype!r}; {suggest(dtype, self.dtypes)}")
         table = self.dtypes[dtype]
@@ -132,6 +134,8 @@ class Policy:
             if o.get("family", family) != family or o.get("dtype", dtype) != dtype:
                 continue
             if o.get("probe", probe) != probe or o.get("reference", reference) != reference:
+                continue
+            if o.get("candidate", candidate) != candidate:
                 continue
             tol.update({k: v for k, v in o.items() if k in _TOL_KEYS})
             reason = o["reason"]
@@ -177,9 +181,12 @@ def load_policy(path: str | Path | None = None) -> Policy:
         if "candidate" not in f or "reference" not in f:
             raise UsageError(f"tolerance policy {p}: finding #{n} ({f['family']}) must name its pair "
                              "(candidate and reference)")
-        # an excuse of the candidate is bounded: the size it was measured at, on the probes it names
-        if f["candidate"] not in ("hf", "llamacpp") and ("max_nmse" not in f or not f.get("probes")):
+        # an excuse of a candidate (impl or another engine, not a reference) is bounded: the
+        # reference config it holds under, the probes it names, the size it was measured at
+        if f["candidate"] not in ("hf", "llamacpp") and (
+                "max_nmse" not in f or not f.get("probes") or not isinstance(f.get("config"), dict) or not f["config"]):
             raise UsageError(f"tolerance policy {p}: finding #{n} ({f['family']}, {f['candidate']} vs "
-                             f"{f['reference']}) excuses the candidate, so it needs max_nmse and probes")
+                             f"{f['reference']}) excuses the candidate, so it needs config (the reference's "
+                             "settings it holds under), probes and max_nmse")
     reg = data.get("regression", {})
     return Policy(str(p), dtypes, overrides, float(reg.get("factor", 4.0)), findings)

@@ -35,6 +35,17 @@ FAILING = ("unguarded", "missing", "error", "fail")
 CASE_ORDER = ("unguarded", "missing", "error", "fail", "pass", "finding", "not-implemented", "not-exposed", "skipped")
 
 
+# the references: a row whose candidate is one of these compares two references
+REFERENCE_NAMES = ("hf", "llamacpp")
+
+
+def candidate_rows(rows) -> list[dict]:
+    """The rows that judge a case's candidate (not the references against each
+    other). Every case has one candidate; rows made before candidates were a
+    choice name impl."""
+    return [r for r in rows if r["candidate"] not in REFERENCE_NAMES]
+
+
 def expected_probes(lc) -> list[str]:
     """The probes a layer of this description must emit (after ``layer_in``), in
     dataflow order -- from the layer's kind and shape, independent of the
@@ -67,11 +78,16 @@ def guard_probe(lc) -> str | None:
     return attn[-1] if attn else "resid_mid"
 
 
-def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, layers=None) -> list[dict]:
+def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str | None = None,
+          layers=None) -> list[dict]:
     """Apply rule 3 to one case's rows (in place where a finding loses its guard;
     the unguarded layer rows appended). ``make_row(layer, probe, reason)`` builds
-    an ``unguarded`` row for this case. ``layers``: the layer indices the case
-    compared (``--layers``; None: all) -- each of them needs its guard."""
+    an ``unguarded`` row for this case. ``fallback``: for a free-running candidate
+    whose engine names no tensor for a layer's guard probe (``not-exposed`` against
+    every reference), a passing ``fallback`` probe of that layer guards it instead
+    (``layer_out``: the layer's attention flows into it, and into the next layer's
+    input, which is judged too). ``layers``: the layer indices the case compared
+    (``--layers``; None: all) -- each of them needs its guard."""
     mine = [r for r in rows if r["candidate"] == candidate]
     passing = {(r["layer"], r["probe"], r["reference"]) for r in mine if r["status"] == "pass"}
     hidden = {(r["layer"], r["probe"], r["reference"]) for r in mine if r["status"] == "not-exposed"}
@@ -105,6 +121,9 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, layers=None) -
     judged_bad = {(r["layer"], r["probe"]) for r in mine if r["status"] in ("fail", "error", "missing")}
     for i, probe in layers:
         if any((i, probe, ref) in passing for ref in refs):
+            continue
+        if fallback and all((i, probe, ref) in hidden for ref in refs) and \
+                any((i, fallback, ref) in passing for ref in refs):
             continue
         if (i, probe) in judged_bad:
             continue  # it was checked, and failed: that row already says where and by how much

@@ -11,7 +11,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-KERNELS=${CONFORMANCE_LLAMACPP_KERNELS:-avx2}
+# avx2 where the CPU has x86-64-v3 (AVX2, FMA, F16C, BMI2), else sse42: an avx2
+# build on an older CPU would die with SIGILL on its first matmul
+default_kernels() {
+  local flags
+  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+  if [ -z "$flags" ]; then echo avx2; return; fi  # not Linux/x86: the build script picks ggml's own
+  for f in avx2 fma f16c bmi2; do
+    case " $flags " in *" $f "*) ;; *) echo sse42; return ;; esac
+  done
+  echo avx2
+}
+KERNELS=${CONFORMANCE_LLAMACPP_KERNELS:-$(default_kernels)}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

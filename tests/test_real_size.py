@@ -128,22 +128,23 @@ def test_metrics_in_blocks_equal_metrics_whole(monkeypatch):
 
 
 def test_impl_is_compared_one_layer_at_a_time(policy, monkeypatch):
-    """A layer's impl probes are dropped once compared: when layer i runs, no array
-    impl made for an earlier layer is alive (a run holds one layer beyond the weights)."""
-    from harness.case import CaseRun
+    """A layer's candidate probes are dropped once compared: when layer i runs, no
+    array impl made for an earlier layer is alive (a run holds one layer beyond the
+    weights; LayerCandidate.capture_layer)."""
+    from harness.candidates import LayerCandidate
 
     alive: list = []
-    orig = CaseRun.impl_layer
+    orig = LayerCandidate.capture_layer
     leaks = []
 
-    def tracked(self, rc, backend, wdt, i):
+    def tracked(self, run_, rc, i):
         gc.collect()
         leaks.append(sum(ref() is not None for ref in alive))
-        out = orig(self, rc, backend, wdt, i)
-        alive.extend(weakref.ref(v) for v in out.values() if isinstance(v, np.ndarray))
+        out = orig(self, run_, rc, i)
+        alive.extend(weakref.ref(v) for v in out.probes.values() if isinstance(v, np.ndarray))
         return out
 
-    monkeypatch.setattr(CaseRun, "impl_layer", tracked)
+    monkeypatch.setattr(LayerCandidate, "capture_layer", tracked)
     rows = run(policy, family="llama", ref="hf", overrides=(("num_hidden_layers", 3),))
     assert rows and all(r["status"] == "pass" for r in rows)
     assert len(leaks) == 3 and leaks == [0, 0, 0], leaks

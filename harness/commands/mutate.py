@@ -74,7 +74,10 @@ def register(sub) -> None:
     p = sub.add_parser("mutate", help="mutation self-test: run a matrix spec under every mutant; the score "
                                       "is killed / total")
     p.add_argument("spec", nargs="?", metavar="SPEC", help=SPEC_HELP)
-    p.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
+    p.add_argument("--out", metavar="DIR", help="run directory (default ./reports/<run-id>)")
+    from ..cli import add_verbose
+
+    add_verbose(p)
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                    help="worker processes (default: the CPU count; 1 runs in this process)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
@@ -88,6 +91,9 @@ def register(sub) -> None:
     p.add_argument("--min-score", type=float, default=1.0, metavar="F",
                    help="exit 1 when the mutation score (overall, or of any backend/dtype slice) is below F "
                         "(default 1.0)")
+    p.add_argument("--candidate", default="impl", metavar="NAME",
+                   help="mutate the code this candidate runs (default impl; torch-sdpa-kernel runs impl's body "
+                        "with its own kernel): only the mutants that reach it count")
     p.add_argument("--sensitivity", action="store_true",
                    help="for every parametric (subtle) mutant: the smallest relative perturbation of its parameter "
                         "that the spec's cases still catch, per backend and dtype")
@@ -120,12 +126,14 @@ def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) 
 
 
 def verdict(rows: list[dict]) -> dict:
-    """Killed or not, and where: the first divergence of impl in dataflow order."""
+    """Killed or not, and where: the first divergence of the case's candidate in dataflow order."""
     from ..bisect import FAILING, first_divergence
+    from ..verdict import candidate_rows
 
-    impl = [r for r in rows if r["candidate"] == "impl"]
-    failing = [r for r in impl if r["status"] in FAILING]
-    return {"killed": bool(failing), "failing_rows": len(failing), "first": first_divergence(impl)}
+    mine = candidate_rows(rows)
+    failing = [r for r in mine if r["status"] in FAILING]
+    name = mine[0]["candidate"] if mine else "impl"
+    return {"killed": bool(failing), "failing_rows": len(failing), "first": first_divergence(mine, candidate=name)}
 
 
 # ---------------------------------------------------------------- the run
@@ -154,15 +162,61 @@ def select_mutants(names: str | None, decoration: str | None) -> list:
     return chosen
 
 
-def own_case(m) -> Case:
+def own_case(m, candidate: str = "impl") -> Case:
     kw = dict(m.case)
     kw.setdefault("ref", "hf")
     kw["overrides"] = tuple(tuple(x) for x in kw.get("overrides", ()))
+    kw["candidate"] = candidate
+    if candidate != "impl":
+        # a candidate's own limits (torch-sdpa-kernel runs on torch) shape the case
+        from .. import candidates
+
+        kw.update(candidates.get(candidate).mutant_case_fields())
     return Case(**kw)
 
 
+def applies(m, cand) -> str | None:
+    """Why mutant ``m`` does not reach candidate ``cand``'s code, or None: it must
+    lie in a module the candidate runs and not in a function it replaces."""
+    from ..mutants import _enclosing_def
+    import importlib
+    from pathlib import Path as _P
+
+    if not any(m.module == mod or m.module.startswith(mod + ".") for mod in cand.runs_modules):
+        return f"{cand.name} runs none of {m.module}'s code"
+    src = _P(importlib.import_module(m.module).__file__).read_text()
+    if src.count(m.old) != 1:
+        return None  # stale: reported as such by the run
+    owner, fname, _ = _enclosing_def(src, src.index(m.old))
+    where = f"{m.module}.{owner + '.' if owner else ''}{fname}"
+    if where in cand.replaces:
+        return f"{cand.name} replaces {where}"
+    return None
+
+
+def for_candidate(spec, candidate: str):
+    """``spec`` with every case judging ``candidate``."""
+    from dataclasses import replace
+
+    if candidate == "impl":
+        return spec
+    from .. import candidates
+
+    fields = candidates.get(candidate).mutant_case_fields()
+    cases = []
+    for c in spec.cases:
+        c = replace(c, candidate=candidate, **fields)
+        try:
+            c.validate()
+        except UsageError as e:
+            raise UsageError(f"matrix spec {spec.path}, case {c.case_id()}: {e}") from None
+        cases.append(c)
+    return replace(spec, cases=list({c.case_id(): c for c in cases}.values()))
+
+
 def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant_cases: bool = True,
-                 first_kill: bool = False, log=lambda msg: None, phase=lambda msg: None) -> dict:
+                 first_kill: bool = False, log=lambda msg: None, phase=lambda msg: None,
+                 candidate: str = "impl") -> dict:
     """Baseline, then every mutant on the cases that exercise it; the result as plain data.
     ``log``: one line per finished run; ``phase``: one line per phase."""
     from .. import matrix
@@ -182,7 +236,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     live = [m for m in mutants if m.name not in stale]
     own = {}
     for m in live if mutant_cases else []:
-        c = own_case(m)
+        c = own_case(m, candidate)
         try:
             c.validate()
         except UsageError as e:
@@ -197,8 +251,9 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     base: dict[str, dict] = {}
 
     def base_done(c, rec):
-        impl = [r for r in rec["rows"] if r["candidate"] == "impl"]
-        bad = [r for r in impl if r["status"] in FAILING]
+        from ..verdict import candidate_rows
+
+        bad = [r for r in candidate_rows(rec["rows"]) if r["status"] in FAILING]
         base[c.case_id()] = {"features": rec["info"].get("features", []), "clean": not bad,
                              "why": "" if not bad else f"{bad[0]['status']} at layer {bad[0]['layer']} "
                                                        f"{bad[0]['probe']} vs {bad[0]['reference']}"}
@@ -365,7 +420,9 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
     base: dict[str, dict] = {}
 
     def base_done(c, rec):
-        impl = [r for r in rec["rows"] if r["candidate"] == "impl"]
+        from ..verdict import candidate_rows
+
+        impl = candidate_rows(rec["rows"])
         base[c.case_id()] = {"features": rec["info"].get("features", []),
                              "clean": bool(impl) and not any(r["status"] in FAILING for r in impl)}
         log(f"baseline [{len(base)}/{len(by_id)}] {c.case_id()}")
@@ -417,6 +474,7 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
     for (name, sl), st in sorted(todo.items()):
         m = st["m"]
         out.append({"mutant": name, "decoration": m.decoration, "slice": sl, "param": m.param,
+                    "visible": m.visible_at(sl.rsplit("-", 1)[-1]),
                     "smallest_caught": None if st["lo"] < 0 else m.param * 10.0 ** -st["lo"],
                     "floor_of_ladder": st["lo"] == LADDER - 1, "cases": st["cases"]})
     return {"spec": {"path": spec.path, "name": spec.name}, "rounds": rounds, "seconds": time.perf_counter() - t0,
@@ -440,7 +498,7 @@ def render_sensitivity(res: dict) -> str:
             if r is None:
                 vals.append("-")
             elif r["smallest_caught"] is None:
-                vals.append("not caught")
+                vals.append("not caught" + ("" if r.get("visible", True) else " (below its rounding)"))
             else:
                 vals.append(("<= " if r["floor_of_ladder"] else "") + f"{abs(r['smallest_caught']):.0e}")
         lines.append(f"| {dec} | {name} | {abs(param):g} | " + " | ".join(vals) + " |")
@@ -537,7 +595,7 @@ def write(d: Path, res: dict) -> None:
 
 def cmd_mutate(a) -> int:
     from .. import matrix, report
-    from .matrix import DEFAULT_SPEC
+    from .matrix import DEFAULT_SPEC, say_default
 
     if a.jobs < 1:
         raise UsageError(f"-j/--jobs must be at least 1, got {a.jobs}")
@@ -545,17 +603,37 @@ def cmd_mutate(a) -> int:
         raise UsageError(f"--min-score takes a fraction between 0 and 1, got {a.min_score}")
     spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
     mutants = select_mutants(a.mutants, a.decoration)
+    if a.candidate != "impl":
+        from .. import candidates
+
+        if a.sensitivity:
+            raise UsageError("--sensitivity measures impl's parameters; give no --candidate")
+        cand = candidates.get(a.candidate)
+        skipped = {m.name: why for m in mutants if (why := applies(m, cand))}
+        if len(skipped) == len(mutants):
+            raise UsageError(f"no selected mutant reaches candidate {a.candidate}: "
+                             f"{next(iter(skipped.values()))} (mutants change impl; see harness/mutants)")
+        for name, why in skipped.items():
+            print(f"mutant {name}: not applicable ({why})", file=sys.stderr)
+        mutants = [m for m in mutants if m.name not in skipped]
+        spec = for_candidate(spec, a.candidate)
     if a.policy:
         from ..policy import load_policy
 
         load_policy(a.policy)
+    matrix.nonempty(spec)
     run_id = report.new_run_id()
-    d = report.run_dir(a.out, run_id)
-    if d.exists() and any(d.iterdir()):
-        raise UsageError(f"run directory {d} is not empty; choose another --out")
+    d = report.check_out(a.out, run_id)
+    made = not d.exists()
+    d.mkdir(parents=True, exist_ok=True)  # now: the workers append to its log.txt
+    from .. import runlog
+
+    runlog.attach(d / runlog.LOG_NAME)
+
     def say(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    say_default(a.spec, spec, "mutate")
     quiet = not sys.stderr.isatty()  # CI logs get one line per phase, a terminal one per run
     if a.sensitivity:
         say(f"mutate --sensitivity: {sum(m.param is not None for m in mutants)} parametric mutants on {spec.path}")
@@ -566,11 +644,19 @@ def cmd_mutate(a) -> int:
         atomic.write_text(d / "sensitivity.md", md)
         print(md)
         print(f"report: {d} (sensitivity.md, sensitivity.json)")
-        return 0 if all(r["smallest_caught"] is not None for r in res["rows"]) else 1
+        # a perturbation below a precision's own rounding (Mutant.dtypes) is not expected to be caught there
+        return 0 if all(r["smallest_caught"] is not None for r in res["rows"] if r["visible"]) else 1
     say(f"mutate: {len(mutants)} mutants on {spec.path} ({len(spec.cases)} cases), -j {a.jobs}")
-    res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
-                       log=(lambda m: None) if quiet else say, phase=say)
-    res.update(run_id=run_id, argv=sys.argv[1:], min_score=a.min_score)
+    try:
+        res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
+                           log=(lambda m: None) if quiet else say, phase=say, candidate=a.candidate)
+    except UsageError:  # refused before any work (a mutant's own case): leave nothing behind
+        if made:
+            report.remove_partial(d)
+        else:
+            (d / runlog.LOG_NAME).unlink(missing_ok=True)
+        raise
+    res.update(run_id=run_id, argv=sys.argv[1:], min_score=a.min_score, candidate=a.candidate)
     write(d, res)
     print(table(res))
     print(f"report: {d} (mutation.md, mutation.json, mutation_rows.parquet)")

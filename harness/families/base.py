@@ -124,9 +124,11 @@ class Family:
 
     # ------------------------------------------------------------------ config
     def config_class(self):
-        from transformers import AutoConfig
+        # the class itself, not type(an instance): HF's default Starcoder2Config
+        # (vocab 49152, bos/eos 50256) warns "got 50256" each time it is built
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-        return type(AutoConfig.for_model(self.hf_model_type))
+        return CONFIG_MAPPING[self.hf_model_type]
 
     # Config attributes the modeling code reads with getattr() although the config
     # class does not declare them (e.g. HF Qwen2Attention: getattr(config, "head_dim", ...)).
@@ -143,27 +145,35 @@ class Family:
         ``top``) applied to the config dict ``d`` in place; a key the family does
         not offer is refused. ``table_default(top)``: the table a ``top.sub`` key
         starts from where ``d`` has none (default: an empty one)."""
+        from .. import config_values
+
         valid = self.settable_keys()
+        tables = {}  # the family's own tables, before the overrides: what a dotted key is checked against
         for key, value in overrides.items():
             top, _, sub = key.partition(".")
             if top not in valid:
                 raise UsageError(f"unknown config key {key!r} for family {self.name}; {suggest(top, valid)}")
+            value = config_values.override_value(self, key, value)
             if sub:
                 base = d.get(top)
                 if base is None and table_default is not None:
                     base = table_default(top)
                 if base is not None and not isinstance(base, dict):
                     raise UsageError(f"config key {top!r} is not a table; set it as {top}=VALUE")
+                tables.setdefault(top, json.loads(json.dumps(base or {})))
                 base = dict(base or {})
                 base[sub] = value
                 d[top] = base
             else:
                 d[key] = value
+        config_values.check_tables(self, d, overrides, tables, table_default)
         return d
 
     def config_kwargs(self, overrides: dict) -> dict:
         kw = json.loads(json.dumps(self.tiny))  # deep copy
-        return self.apply_overrides(kw, overrides, lambda top: dict(getattr(self.config_class()(), top, None) or {}))
+        from ..config_values import default_table
+
+        return self.apply_overrides(kw, overrides, lambda top: default_table(self.config_class(), top))
 
     def make_config(self, overrides: dict | None = None):
         kw = self.config_kwargs(overrides or {})
@@ -175,10 +185,12 @@ class Family:
         from transformers import AutoConfig
 
         self.validate(kw)
+        from ..config_values import hf_refusals, refusal
+
         try:
             config = AutoConfig.for_model(self.hf_model_type, **kw)
-        except (ValueError, TypeError, KeyError) as e:
-            raise UsageError(f"{refused}: {_one_line(e)}") from None
+        except hf_refusals() as e:  # huggingface_hub's strict-dataclass validation, HF's own checks
+            raise refusal(e, self, kw, refused) from None
         self.validate_config(config)
         return config
 
@@ -504,6 +516,8 @@ class Family:
         sw: dict[str, dict] = {}
         if "kv_paged" in features:  # the same rows through a block table, or contiguous
             sw["kv_paged"] = {"kv": "batched"}
+        if "kv_evict" in features:  # every row kept (the spec's default)
+            sw["kv_evict"] = {"evict": False}
         return sw
 
     # HF module paths (relative to a decoder layer) of the norms a module switch
@@ -607,12 +621,12 @@ class Family:
                                     swap=_plain_rms)
 
         def separate_gate(lc):
-            return isinstance(lc, LayerConfig) and lc.q_gate == "separate"
+            return isinstance(lc, LayerConfig) and lc.output_gate
 
         sw["output_gate"] = module_switch("the output gate held open (HF gate projection -> a constant 1e4, "
-                                          "sigmoid = 1; impl q_gate None)",
+                                          "sigmoid = 1; impl output_gate off)",
                                           lambda lc: ["output_gate"] if separate_gate(lc) else [],
-                                          lambda lc: lc.replace(q_gate=None) if separate_gate(lc) else lc,
+                                          lambda lc: lc.replace(output_gate=False) if separate_gate(lc) else lc,
                                           swap=_open_gate)
         return sw
 

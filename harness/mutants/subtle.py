@@ -15,6 +15,7 @@ where it is visible.
 """
 
 from . import Mutant
+from .features3_alibi_chunk import ALIBI_NOTE
 
 EXACT = ("float64", "float32")
 GEMMA2_SOFTCAP = {"family": "gemma2", "dtype": "float64"}
@@ -51,7 +52,7 @@ MUTANTS = [
            "n_log2 = 2 ** math.floor(math.log2(n_heads))",
            "n_log2 = 2 ** math.floor(math.log2(n_heads)); max_bias = max_bias * (1 + {d})",
            {"family": "bloom", "dtype": "float64"}, "attn_probs", subtle=True, param=-0.125, dtypes=EXACT,
-           doc="ALiBi's max bias 7 for 8: every head's slope slightly off"),
+           doc="ALiBi's max bias 7 for 8: every head's slope slightly off", bisect_note=ALIBI_NOTE),
     Mutant("sink-logits-1pct", "sinks", "impl.attention",
            "s = xp.reshape(xp.astype(sinks, acc), (q.shape[1], 1, 1))",
            "s = xp.reshape(xp.astype(sinks, acc), (q.shape[1], 1, 1)) * (1 + {d})",
@@ -69,7 +70,9 @@ MUTANTS = [
            "return np.cos(ang) * spec.attention_factor, np.sin(ang) * spec.attention_factor",
            "return np.cos(ang) * (spec.attention_factor * (1 + {d})), np.sin(ang) * (spec.attention_factor * (1 + {d}))",
            {"family": "gpt_oss", "dtype": "float64"}, "q_rope", subtle=True, param=0.01, dtypes=EXACT,
-           doc="YaRN's attention factor (mscale on cos and sin) 1% off"),
+           doc="YaRN's attention factor (mscale on cos and sin) 1% off",
+           bisect_note="it scales the factor multiplicatively: the feature switch sets the attention factor "
+                       "to 1, and 1.01 x 1 still differs, so no switch turns this break off"),
     Mutant("temperature-1pct", "temperature", "impl.attention",
            "scales = np.log1p(np.floor((pos + 1) / t.floor_scale)) * t.attn_scale + 1.0",
            "scales = np.log1p(np.floor((pos + 1) / t.floor_scale)) * (t.attn_scale * (1 + {d})) + 1.0",

@@ -48,36 +48,56 @@ def _resolve(root, path: str):
 
 
 @contextmanager
-def _wrapped_eager(family, model, sink: dict, want_layer=lambda i: True):
-    """Replace the eager attention function in every modeling module the model's
-    attention modules come from; record what it is called with and returns."""
+def _wrapped_eager(family, model, sink: dict, attn_implementation: str = "eager",
+                   want_layer=lambda i: True):
+    """Replace the attention function the model's attention modules call -- the
+    eager function in every modeling module they come from, or, for another
+    ``attn_implementation`` (sdpa, flex_attention), transformers' registered one
+    (``AttentionInterface._global_mapping``, which ``ALL_ATTENTION_FUNCTIONS.
+    get_interface`` returns at call time) -- and record what it is called with
+    and returns. Only the eager function's second result is the probabilities
+    (sdpa returns None, flex_attention the log-sum-exp). Only the layers
+    ``want_layer`` keeps are recorded (``--layers``)."""
     patched = []
-    modules = {type(m).__module__ for m in model.modules() if hasattr(m, "layer_idx")}
-    for modname in modules:
-        mod = sys.modules.get(modname)
-        orig = getattr(mod, family.eager_name, None) if mod else None
-        if orig is None:
-            continue
 
-        def wrapper(module, query, key, value, attention_mask, *args, __orig=orig, **kwargs):
-            out, weights = __orig(module, query, key, value, attention_mask, *args, **kwargs)
+    def wrap(orig, probs: bool):
+        def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+            out, weights = orig(module, query, key, value, attention_mask, *args, **kwargs)
             if not want_layer(int(module.layer_idx)):
                 return out, weights
             rec = sink.setdefault(int(module.layer_idx), {})
             rec["q_rope"] = _to_np(query)
             rec["k_rope"] = _to_np(key)
             rec["attn_heads"] = _to_np(out)
-            if weights is not None:
+            if probs and weights is not None:
                 rec["attn_probs"] = _to_np(weights)
             return out, weights
+        return wrapper
 
-        setattr(mod, family.eager_name, wrapper)
-        patched.append((mod, orig))
+    if attn_implementation == "eager":
+        modules = {type(m).__module__ for m in model.modules() if hasattr(m, "layer_idx")}
+        for modname in modules:
+            mod = sys.modules.get(modname)
+            orig = getattr(mod, family.eager_name, None) if mod else None
+            if orig is None:
+                continue
+            setattr(mod, family.eager_name, wrap(orig, True))
+            patched.append((mod, family.eager_name, orig))
+    else:
+        from transformers.modeling_utils import AttentionInterface
+
+        table = AttentionInterface._global_mapping
+        orig = table[attn_implementation]
+        table[attn_implementation] = wrap(orig, False)
+        patched.append((table, attn_implementation, orig))
     try:
         yield
     finally:
-        for mod, orig in patched:
-            setattr(mod, family.eager_name, orig)
+        for owner, attr, orig in patched:
+            if isinstance(owner, dict):
+                owner[attr] = orig
+            else:
+                setattr(owner, attr, orig)
 
 
 class StopForward(Exception):
@@ -112,7 +132,7 @@ class _OneLayer(dict):
 
 def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | None = None,
             force_inputs=None, sink=None, layers=None, probes=None, float64: bool | None = None,
-            model_probes: bool = True):
+            model_probes: bool = True, attn_implementation: str = "eager"):
     """Run ``tokens[seqs, T]`` through ``model`` and read every probe into ``sink``
     (a ``harness.store.StoreWriter``: each probe goes to disk the moment it is
     read; default: a dict, returned).
@@ -136,7 +156,10 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     the float64 oracle of a low-precision comparison: HF's arithmetic in float64 on
     exactly the layer inputs the low-precision reference saw, so its distance to
     that reference is the reference's own rounding in that layer, not the drift
-    of a free-running model (or an MoE routing flip) accumulated before it."""
+    of a free-running model (or an MoE routing flip) accumulated before it.
+
+    ``attn_implementation``: the transformers attention path ``model`` was set to
+    (``set_attn_implementation``); its function is the one wrapped."""
     import contextlib
 
     import torch
@@ -225,7 +248,7 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     try:
         # the float64 promotion outermost: the eager wrapper then wraps the promoted function
         with (promoted(model, family) if float64 else contextlib.nullcontext()) as fp, torch.no_grad(), \
-                _wrapped_eager(family, model, eager, want_layer), family.hf_taps(model, config, eager):
+                _wrapped_eager(family, model, eager, attn_implementation, want_layer), family.hf_taps(model, config, eager):
             try:
                 out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), use_cache=False)
             except StopForward:

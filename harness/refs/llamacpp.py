@@ -56,8 +56,9 @@ def require() -> None:
 def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[int, int, int]]]:
     """The decode calls: ``[[(token, pos, seq), ...], ...]``, sequences in
     ascending order inside every call (llama.cpp splits a ubatch into one
-    stream per sequence in that order)."""
-    from impl.runner import chunk_sizes
+    stream per sequence in that order). The schedule is the case's
+    (``harness.schedule``), the same chunk sizes impl's runner is handed."""
+    from ..schedule import chunk_sizes
 
     n_seq, n_tok = tokens.shape
     sizes = chunk_sizes(schedule, n_tok)
@@ -105,10 +106,13 @@ def worker_timeout(gguf_path: Path, calls) -> int:
     return int(TIMEOUT_S + gb * (2 * len(calls) + 0.5 * rows))
 
 
-def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None):
+def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None,
+               engine: dict | None = None):
     """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message.
     The worker writes each tensor to ``out_dir`` as it reads it (default: a
-    temporary folder, read into memory before it goes); ``arrays`` reads them from there."""
+    temporary folder, read into memory before it goes); ``arrays`` reads them from there.
+    ``engine``: context settings other than the reference's (``flash_attn``,
+    ``type_k``, ``type_v``; the llamacpp-fa candidates)."""
     n_tok = max(p for call in calls for (_, p, _) in call) + 1
     n_batch = max(len(c) for c in calls)
     if timeout == TIMEOUT_S:
@@ -118,6 +122,7 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
         # one stream per sequence, each holding every position (swa_full)
         "n_ctx": n_seq * max(256, -(-n_tok // 256) * 256), "n_batch": max(n_batch, 1),
         "names": sorted(names), "threads": int(os.environ.get("CONFORMANCE_LLAMACPP_THREADS", "2")),
+        **(engine or {}),
     }
     with tempfile.TemporaryDirectory(prefix="conformance-lc-") as d:
         rp, op = Path(d) / "req.json", Path(out_dir) if out_dir is not None else Path(d) / "out"
@@ -234,8 +239,10 @@ def derive_attn_out(probes: dict, layer_cfgs) -> dict[str, str]:
     return derived
 
 
-def capture_for_case(run):
-    """The llama.cpp capture for a ``harness.case.CaseRun``."""
+def capture_for_case(run, engine: dict | None = None, capture_name: str = "llamacpp"):
+    """The llama.cpp capture for a ``harness.case.CaseRun``. ``engine``: context
+    settings other than the reference's (flash attention, KV cache types), for a
+    candidate that is llama.cpp run differently; ``capture_name`` names the capture."""
     from ..case import RefCapture
     from ..families.base import NotInImpl
 
@@ -290,15 +297,16 @@ def capture_for_case(run):
     src = cache.source_hash(*cache.family_sources(fam), Path(__file__), Path(__file__).with_name("llamacpp_worker.py"),
                             Path(__file__).parent.parent / "families" / "base.py")
     k = cache.key("llamacpp", CAPTURE_SCHEMA, fam.name, str(file_stamp), run.variant, calls, versions().get("llama_cpp_python"),
-                  versions().get("llama_cpp_kernels"), src, *((["selection", sel.label()],) if sel.label() else ()))
+                  versions().get("llama_cpp_kernels"), src, *((["selection", sel.label()],) if sel.label() else ()),
+                  *((sorted(engine.items()),) if engine else ()))
     hit = cache.load("llamacpp", k)
     if hit is not None:
-        return RefCapture("llamacpp", "float32", hit[0], meta=hit[1], cached=True)
+        return RefCapture(capture_name, "float32", hit[0], meta=hit[1], cached=True)
 
     with cache.writer("llamacpp", k, keep=sel.key) as probes, \
             tempfile.TemporaryDirectory(prefix="conformance-lc-", dir=cache.cache_dir()) as dump:
         t = time.perf_counter()
-        arrays, index = run_worker(gguf_path, calls, n_seq, names, out_dir=Path(dump) / "t")
+        arrays, index = run_worker(gguf_path, calls, n_seq, names, out_dir=Path(dump) / "t", engine=engine)
         run.timings["llamacpp_worker"] = time.perf_counter() - t
         by_name: dict[str, list] = {}
         for rec in index:
@@ -330,7 +338,8 @@ def capture_for_case(run):
             if a is not None:
                 probes.put(f"L{i}.layer_in", a)
         derived = derive_attn_out(probes, layer_cfgs)
-        meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived}
+        meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived,
+                **({"engine": engine} if engine else {})}
         store = cache.finish(probes, meta)
     run.timings["llamacpp_assemble"] = time.perf_counter() - t - run.timings["llamacpp_worker"]
-    return RefCapture("llamacpp", "float32", store, meta=meta)
+    return RefCapture(capture_name, "float32", store, meta=meta)
