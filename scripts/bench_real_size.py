@@ -61,8 +61,10 @@ GEMMA_270M = dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
                   sliding_window_pattern=6, query_pre_attn_scalar=256, max_position_embeddings=32768)
 # a 1B-class llama (Llama 3.2 1B's attention: hidden 2048, 32 heads, 8 KV heads, head_dim 64;
 # 16 layers; TinyLlama's MLP width and vocabulary, so the model is 0.85B parameters)
+# max_position_embeddings 4096: the long tolerance run's 2048 tokens are within the model's
+# positions (the run refuses tokens past them, harness/budget.py); plain RoPE does not read it
 LLAMA_1B = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=16,
-                intermediate_size=5632, vocab_size=32000)
+                intermediate_size=5632, vocab_size=32000, max_position_embeddings=4096)
 CONFIGS = {
     "270M": dict(family="gemma3", overrides=GEMMA_270M, tokens=128, goal_s=180, goal_gb=4.0),
     "1B": dict(family="llama", overrides=LLAMA_1B, tokens=256, goal_s=360, goal_gb=8.0),
