@@ -75,7 +75,7 @@ reason = "no measured size"
 '''
     p = tmp_path / "unbounded.toml"
     p.write_text(text)
-    with pytest.raises(UsageError, match="needs max_nmse and probes"):
+    with pytest.raises(UsageError, match="needs config .*probes and max_nmse"):
         load_policy(p)
 
 
