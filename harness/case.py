@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ from .errors import UsageError, suggest
 from .families.base import NotInImpl
 from .features import model_features
 from .policy import Policy, comparison_dtype
+from .refs.capture import RefCapture  # noqa: F401 (re-exported: harness.case.RefCapture)
+from .refs.checkpoint import checkpoint_stamp as _checkpoint_stamp
 from .versions import versions
 
 REFERENCES = ("hf", "llamacpp")
@@ -146,17 +148,6 @@ class Case:
         if self.gguf and (self.hf_model or self.overrides or self.gguf_type != "f32"):
             what = "--hf-model" if self.hf_model else "--set" if self.overrides else "--gguf-type"
             raise UsageError(f"{what} does not apply to --gguf: the file's metadata and tensor types are its config")
-
-
-@dataclass
-class RefCapture:
-    name: str
-    dtype: str  # the precision the reference computed in
-    probes: dict = field(default_factory=dict)
-    error: str | None = None
-    meta: dict = field(default_factory=dict)
-    seconds: float = 0.0
-    cached: bool = False
 
 
 class CaseRun:
@@ -498,13 +489,6 @@ def _layer_kind(lc) -> str:
     if isinstance(lc, NotInImpl):
         return lc.kind
     return getattr(lc, "kind", None) or ("attention" if getattr(lc, "shape", "gqa") == "gqa" else lc.shape)
-
-
-def _checkpoint_stamp(path: str | None):
-    if not path:
-        return None
-    p = Path(path)
-    return sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.iterdir() if f.is_file())
 
 
 def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dict]:

@@ -155,3 +155,13 @@ def load_model(path, family, config):
                (f"{'; ' if missing else ''}mis-shaped {', '.join(mismatched[:3])}" if mismatched else "")
         raise UsageError(f"--hf-model {path}: the checkpoint does not fill family {family.name}'s HF model ({what})")
     return model.eval()
+
+
+def checkpoint_stamp(path: str | None):
+    """The files of a checkpoint directory as (name, size, mtime ns): part of
+    every cache key a checkpoint's weights shape (a directory saved over with
+    other weights is not served the old captures)."""
+    if not path:
+        return None
+    p = Path(path)
+    return sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.iterdir() if f.is_file())

@@ -201,8 +201,8 @@ def derive_attn_out(probes: dict, layer_cfgs) -> dict[str, str]:
 
 def capture_for_case(run):
     """The llama.cpp capture for a ``harness.case.CaseRun``."""
-    from ..case import RefCapture
     from ..families.base import NotInImpl
+    from .capture import RefCapture
 
     require()
     from . import gguf_export
@@ -217,10 +217,10 @@ def capture_for_case(run):
     else:
         if not fam.gguf_arch:
             raise RuntimeError(f"family {fam.name} has no GGUF export (llama.cpp arch unknown)")
-        from ..case import _checkpoint_stamp
+        from .checkpoint import checkpoint_stamp
 
         # --hf-model: the checkpoint's files shape the GGUF as much as its config does
-        src_stamp = [case.hf_model, _checkpoint_stamp(case.hf_model)] if case.hf_model else None
+        src_stamp = [case.hf_model, checkpoint_stamp(case.hf_model)] if case.hf_model else None
         if case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
             src_stamp = [src_stamp, ["switch_off", list(case.switch_off)]]
         gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed, run.variant,
