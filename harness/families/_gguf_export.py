@@ -41,14 +41,24 @@ class GGUFExport:
         w.add_rope_dimension_count(hd or config.hidden_size // config.num_attention_heads)
 
     def gguf_transform(self, name: str, data: np.ndarray, config) -> np.ndarray:
-        """A tensor transform the converter applies (default: none)."""
+        """A layout step the converter applies to one tensor (default: none). Only
+        moves elements (permute, reshape, slice): the import runs it backwards by
+        tracing element indices through it (``_gguf_import.trace_import``); a
+        step that changes VALUES belongs in ``gguf_value_map``."""
+        return data
+
+    def gguf_value_map(self, name: str, data: np.ndarray, config) -> np.ndarray:
+        """An elementwise value step the converter applies to HF tensor ``name``
+        (gemma's ``w + 1``, ``-exp(A_log)``; default: none), with its inverse in
+        ``gguf_value_unmap``. Elementwise, so it commutes with the layout steps."""
         return data
 
     def gguf_convert(self, name: str, data: np.ndarray, config, variant: str | None = None):
-        """One HF tensor (float32) -> the ``(hf_style_name, array)`` pairs gguf's
-        tensor map names: the converter's ``modify_tensors`` / ``filter_tensors``
-        for it (default: ``gguf_transform``'s one tensor, or none where it drops
-        the tensor). A family whose converter renames, splits or stacks overrides."""
+        """One HF tensor -> the ``(hf_style_name, array)`` pairs gguf's tensor map
+        names: the converter's ``modify_tensors`` / ``filter_tensors`` for it
+        (default: ``gguf_transform``'s one tensor, or none where it drops the
+        tensor). A family whose converter renames, splits or stacks overrides.
+        Layout only, as ``gguf_transform``: it also runs on integer index arrays."""
         data = self.gguf_transform(name, data, config)
         if data is not None:
             yield name, data
@@ -67,7 +77,7 @@ class GGUFExport:
 
         tmap = self.gguf_tensor_map(config)
         for name, p in model.state_dict().items():
-            data = p.detach().to(dtype=torch.float32).cpu().numpy()
+            data = self.gguf_value_map(name, p.detach().to(dtype=torch.float32).cpu().numpy(), config)
             for hf_name, out in self.gguf_convert(name, data, config, variant):
                 new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
                 if new is None:
@@ -178,3 +188,42 @@ def text_model_gguf_params(w, config) -> None:
     if (hd := getattr(config, "head_dim", None)) is not None:
         w.add_key_length(hd)
         w.add_value_length(hd)
+
+
+class NormPlusOne:
+    """The converter's ``*norm.weight + 1`` (conversion/gemma.py
+    ``Gemma2Model`` / ``Gemma3Model.modify_tensors``, conversion/qwen.py
+    ``Qwen3NextModel.modify_tensors``): HF's norms multiply by ``1 + w``,
+    llama.cpp's by the stored weight. An elementwise value step (mixed in
+    before the family's base class), with its inverse for ``--gguf``."""
+
+    norm_plus_one = True  # what the converter does; a test switches it off
+    norm_plus_one_skip: tuple[str, ...] = ()  # norms the converter leaves alone
+
+    def _shifted(self, name: str) -> bool:
+        return self.norm_plus_one and name.endswith("norm.weight") and not name.endswith(self.norm_plus_one_skip)
+
+    def gguf_value_map(self, name, data, config):
+        return data + np.float32(1) if self._shifted(name) else super().gguf_value_map(name, data, config)
+
+    def gguf_value_unmap(self, name, data, config):
+        return data - np.float32(1) if self._shifted(name) else super().gguf_value_unmap(name, data, config)
+
+
+class NegExpALog:
+    """The converter's ``A_log -> -exp(A_log)`` (conversion/qwen.py
+    ``Qwen3NextModel.modify_tensors``, conversion/kimi_linear.py: ``data_torch =
+    -torch.exp(data_torch)``; the graphs multiply by ``ssm_a`` directly), with
+    its inverse for ``--gguf``. Mixed in before the family's base class."""
+
+    def gguf_value_map(self, name, data, config):
+        if name.endswith(".A_log"):
+            import torch  # torch.exp as the converter computes it (np.exp differs in the last bit)
+
+            return (-torch.exp(torch.from_numpy(np.ascontiguousarray(data)))).numpy()
+        return super().gguf_value_map(name, data, config)
+
+    def gguf_value_unmap(self, name, data, config):
+        if name.endswith(".A_log"):
+            return np.log(-data.astype(np.float64)).astype(np.float32)  # A_log = log(-ssm_a)
+        return super().gguf_value_unmap(name, data, config)

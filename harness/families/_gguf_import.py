@@ -1,103 +1,146 @@
-"""Reading a family's GGUF back (``--gguf``): the reverse of the export, hook
-for hook (harness/refs/gguf_import.py drives it), and the reverse steps every
-llama-shaped family shares (TextModel's generic keys, gguf's tensor-name map
-run backwards)."""
+"""Reading a family's GGUF back (``--gguf``): the hyper-parameters as llama.cpp
+reads them for the file's architecture, and the weights through the export's
+steps run backwards (harness/refs/gguf_import.py drives it).
+
+Metadata. ``GGUFMeta`` knows which keys llama.cpp reads for the arch
+(``_llamacpp_keys.py``, generated from llama.cpp's ``load_hparams`` and the
+arch's ``load_arch_hparams``). A reverse reads keys through it, with
+llama.cpp's defaults for absent ones, and may read ONLY those keys; after it:
+
+- a key llama.cpp reads for the arch that the reverse neither read nor
+  explicitly skipped (``GGUFMeta.skip``: not read for this file's values, as
+  llama.cpp's own conditions say) is refused -- it may change what llama.cpp
+  computes and nothing here would know;
+- a key llama.cpp does not read for the arch is ignored, and listed
+  (``GGUFMeta.ignored``) in the run's meta.json.
+
+``read_hparams`` mirrors ``llama_model_base::load_hparams`` (the keys every
+arch reads) into ``Hparams``; each family's ``config_from_gguf`` adds its
+arch's keys (citing ``src/models/<arch>.cpp``) and builds the HF config.
+
+Weights. The export (``GGUFExport``) is the converter's steps as layout
+operations (``gguf_convert``: renames, splits, stacks, transposes, permutes)
+plus elementwise value maps (``gguf_value_map``: gemma's ``w + 1``,
+``-exp(A_log)``). ``trace_import`` runs each HF tensor's layout steps on its
+own element INDICES, which tells where every element lands in the file; the
+file's tensors are gathered back through that map and the value map is
+inverted (``gguf_value_unmap``). One body for every family: a family's import
+is its export, backwards, step for step -- each step cites the converter where
+the export defines it.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import UsageError
+from ._llamacpp_keys import BY_ARCH, GENERIC
 
 # general.* and tokenizer.* say nothing about the arithmetic: the harness feeds
-# token ids, never text. Every other key belongs to the arch and must be read.
+# token ids (or tokenizes with llama.cpp's own vocabulary, --prompt).
 _NEUTRAL_PREFIXES = ("general.", "tokenizer.", "split.", "GGUF.")
 _REQUIRED = object()
+# llama_pooling_type: NONE 0; UNSPECIFIED -1 (the model saver writes it as a u32)
+_POOLING_NONE = (0, -1, 0xFFFFFFFF)
 
 
 class GGUFMeta:
-    """A GGUF's metadata, read key by key: ``get("attention.head_count")`` reads
-    ``{arch}.attention.head_count`` (a key starting ``general.`` / ``tokenizer.``
-    is taken as is). Every read is recorded, so the importer can refuse the
-    arch keys nobody understood."""
+    """A GGUF's metadata, read as llama.cpp reads it for ``arch``:
+    ``get("attention.head_count")`` reads ``{arch}.attention.head_count``
+    (``general.*`` / ``tokenizer.*`` keys are taken as they are). Every read
+    is recorded; reading a key llama.cpp does not read for the arch is a bug
+    in the reverse (AssertionError), never a silent extra."""
 
     def __init__(self, arch: str, values: dict[str, Any], path: str = ""):
         self.arch = arch
         self.values = values
         self.path = path
+        # vocab_size: read by load_arch_hparams of some archs and by the vocab loader
+        # (llama-vocab.cpp, tokenizer "none"); the reverse checks it against token_embd
+        self.reads = GENERIC | BY_ARCH.get(arch, frozenset()) | {"vocab_size"}
         self.read: set[str] = set()
+        self.skipped: dict[str, str] = {}
 
     def full(self, key: str) -> str:
         return key if key.startswith(_NEUTRAL_PREFIXES) else f"{self.arch}.{key}"
 
+    def _check(self, key: str) -> str:
+        if not key.startswith(_NEUTRAL_PREFIXES) and key not in self.reads:
+            raise AssertionError(f"the reverse reads {self.arch}.{key}, which llama.cpp does not read for "
+                                 f"{self.arch} (harness/families/_llamacpp_keys.py)")
+        return self.full(key)
+
     def has(self, key: str) -> bool:
-        return self.full(key) in self.values
+        return self._check(key) in self.values
 
     def get(self, key: str, default=_REQUIRED):
-        k = self.full(key)
+        k = self._check(key)
         self.read.add(k)
         if k not in self.values:
             if default is _REQUIRED:
-                raise UsageError(f"--gguf {self.path}: metadata key {k!r} is missing")
+                raise UsageError(f"--gguf {self.path}: metadata key {k!r} is missing "
+                                 f"(llama.cpp requires it for {self.arch})")
             return default
         return self.values[k]
 
-    def unread(self) -> list[str]:
-        return sorted(k for k in self.values if not k.startswith(_NEUTRAL_PREFIXES) and k not in self.read)
+    def get_f32(self, key: str, default=_REQUIRED):
+        v = self.get(key, default)
+        return v if v is None or v is default else float32_value(v)
+
+    def get_per_layer(self, key: str, n: int, default=_REQUIRED) -> list:
+        """``ml.get_key_or_arr``: a scalar for every layer, or an array of exactly
+        ``n`` values (llama-model-loader.cpp: "wrong array length" otherwise)."""
+        v = self.get(key, default)
+        if v is None or v is default:
+            return [v] * n
+        if isinstance(v, (list, tuple)):
+            if len(v) != n:
+                self.refuse(key, v, f"an array of {len(v)} values for {n} layers (llama.cpp: wrong array length)")
+            return list(v)
+        return [v] * n
+
+    def skip(self, key: str, why: str) -> None:
+        """A key llama.cpp may read for the arch but does not for THIS file's
+        values (its load_arch_hparams reads it under a condition): not refused,
+        listed with the reason."""
+        self._check(key)
+        if self.full(key) in self.values:
+            self.skipped[self.full(key)] = why
+
+    def refuse(self, key: str, value, why: str):
+        raise UsageError(f"--gguf {self.path}: {self.full(key)} = {_short(value)}: {why}")
+
+    def unhonoured(self) -> list[str]:
+        """Keys llama.cpp reads for the arch that the reverse did not account for."""
+        pre = f"{self.arch}."
+        return sorted(k for k in self.values if k.startswith(pre) and k[len(pre):] in self.reads
+                      and k not in self.read and k not in self.skipped)
+
+    def ignored(self) -> dict[str, str]:
+        """Keys of the file llama.cpp does not read for the arch, each with why
+        (a key of another arch's prefix included): listed, never read."""
+        pre = f"{self.arch}."
+        out = {}
+        for k in sorted(self.values):
+            if k.startswith(_NEUTRAL_PREFIXES):
+                continue
+            if not k.startswith(pre):
+                out[k] = f"ignored by llama.cpp for {self.arch} (not a {self.arch}.* key)"
+            elif k[len(pre):] not in self.reads:
+                out[k] = f"ignored by llama.cpp for {self.arch}"
+        out.update({k: f"not read by llama.cpp for {self.arch} with this file's values: {why}"
+                    for k, why in self.skipped.items()})
+        return out
 
 
-class GGUFImport:
-    """The GGUF-import half of ``Family`` (mixed in)."""
-
-    # ------------------------------------------------------------------ GGUF import (--gguf)
-    # The export's reverse, hook for hook (harness/refs/gguf_import.py drives it):
-    #   gguf_params    -> config_from_gguf      (metadata -> HF config kwargs)
-    #   gguf_transform -> gguf_untransform      (one tensor back to HF layout)
-    #   gguf_convert   -> gguf_import_tensors   (a renamed, split or stacked tensor back)
-    #   gguf_tensors   -> gguf_import_tensors   (the GGUF tensors -> the HF state dict)
-    _GGUF_REVERSE = (("gguf_params", "config_from_gguf"), ("gguf_transform", "gguf_untransform"),
-                     ("gguf_convert", "gguf_import_tensors"), ("gguf_tensors", "gguf_import_tensors"))
-
-    def gguf_import_unsupported(self) -> str | None:
-        """Why ``--gguf`` cannot read this family's files (None: it can). A reverse
-        hook must be defined at least as deep in the class tree as the export hook
-        it inverts: a family that overrides ``gguf_params`` but not
-        ``config_from_gguf`` would otherwise read its files with a reverse that
-        does not match its export."""
-        if not self.gguf_arch:
-            return "the family has no GGUF export (no llama.cpp arch)"
-        # the mixins (this one, GGUFExport, ...) all count as Family itself
-        mro = [c for c in type(self).__mro__ if not c.__module__.startswith(__package__ + "._")]
-
-        def depth(name):
-            return next(i for i, c in enumerate(mro) if name in vars(c) or c.__name__ == "Family")
-
-        for fwd, rev in self._GGUF_REVERSE:
-            if depth(rev) > depth(fwd):
-                return (f"its export overrides {fwd} and no reverse {rev} is written yet "
-                        f"(harness/families/_gguf_import.py)")
-        return None
-
-    def config_from_gguf(self, meta, shapes: dict[str, tuple]) -> dict:
-        """HF config kwargs from a GGUF's metadata, the reverse of ``gguf_params``.
-        ``meta.get("attention.head_count")`` reads ``{arch}.attention.head_count``
-        (and records the read: an arch key no reverse reads is refused);
-        ``shapes``: GGUF tensor name -> shape in HF order. A family extends this
-        (calling super) for the keys its ``gguf_params`` adds."""
-        return text_config_from_gguf(self, meta, shapes)
-
-    def gguf_untransform(self, name: str, data: np.ndarray, config) -> np.ndarray:
-        """The inverse of ``gguf_transform`` for HF tensor ``name`` (default: none)."""
-        return data
-
-    def gguf_import_tensors(self, tensors: dict, model, config) -> dict[str, np.ndarray]:
-        """The HF state dict of ``model`` from the GGUF's tensors (gguf name -> a
-        callable giving float32 numpy): gguf's tensor-name map run backwards,
-        then ``gguf_untransform``. Every HF tensor must be found, every GGUF
-        tensor used."""
-        return import_by_name_map(self, tensors, model, config)
+def _short(v) -> str:
+    if isinstance(v, (list, tuple)) and len(v) > 8:
+        return f"[{', '.join(map(str, v[:8]))}, ...] ({len(v)} values)"
+    return repr(v) if isinstance(v, str) else str(v)
 
 
 def float32_value(v) -> float:
@@ -106,120 +149,424 @@ def float32_value(v) -> float:
     return float(str(np.float32(v)))
 
 
-def text_config_from_gguf(family, meta: GGUFMeta, shapes: dict[str, tuple]) -> dict:
-    """HF config kwargs from the keys ``Family.gguf_params`` writes (the keys
-    conversion/base.py ``TextModel.set_gguf_parameters`` and conversion/llama.py
-    ``LlamaModel.set_gguf_parameters`` write), read back one by one. Defaults
-    are llama.cpp's own where a key is optional (src/llama-model.cpp
-    ``load_hparams``: ``head_count_kv`` = ``head_count``, ``rope.freq_base`` =
-    10000)."""
-    import dataclasses
+def get_mscale(scale: float, mscale: float = 1.0) -> float:
+    """llama-context.cpp ``get_mscale`` (= HF modeling_rope_utils ``get_mscale``)."""
+    return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
 
-    cls = family.config_class()
-    cfields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(vars(cls()))
-    kw: dict[str, Any] = {}
-    kw["num_hidden_layers"] = int(meta.get("block_count"))
-    kw["max_position_embeddings"] = int(meta.get("context_length"))
-    hidden = kw["hidden_size"] = int(meta.get("embedding_length"))
-    kw["intermediate_size"] = int(meta.get("feed_forward_length"))
-    nh = kw["num_attention_heads"] = _scalar(meta, "attention.head_count")
-    kw["num_key_value_heads"] = _scalar(meta, "attention.head_count_kv", nh)
-    kw["rms_norm_eps"] = float32_value(meta.get("attention.layer_norm_rms_epsilon"))
 
-    hd = meta.get("attention.key_length", None)
-    vd = meta.get("attention.value_length", hd)
-    if vd != hd:
-        raise UsageError(f"--gguf {meta.path}: key_length {hd} != value_length {vd}; family {family.name} has one head_dim")
-    head_dim = int(hd) if hd is not None else hidden // nh
-    if hd is not None and ("head_dim" in cfields or head_dim != hidden // nh):
-        kw["head_dim"] = head_dim  # HF *Attention: getattr(config, "head_dim", hidden // heads)
-    rot = meta.get("rope.dimension_count", None)
-    if rot is not None and int(rot) != head_dim:
-        raise UsageError(f"--gguf {meta.path}: rope.dimension_count {rot} != head_dim {head_dim} (partial rotary); "
-                         f"family {family.name}'s reverse mapping has full rotary only")
+@dataclass
+class Hparams:
+    """``llama_hparams`` as ``llama_model_base::load_hparams`` fills it
+    (src/llama-model.cpp), the fields a reverse needs. Per-layer values are
+    lists (``get_key_or_arr``)."""
 
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_head: list
+    n_head_kv: list
+    n_ff: list
+    n_expert: int
+    n_expert_used: list
+    n_expert_groups: int
+    n_group_used: int
+    rope_freq_base: float
+    rope_scaling_type: str
+    rope_freq_scale: float
+    n_ctx_orig_yarn: int
+    rope_attn_factor: float
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_rot: int
+    n_embd_head_k_swa: int
+    n_embd_head_v_swa: int
+    n_rot_swa: int
+    meta: Any = None
+
+    def uniform(self, field: str, key: str):
+        """One value for every layer (an HF config holds one), else refused."""
+        vals = getattr(self, field)
+        if len(set(vals)) != 1:
+            self.meta.refuse(key, vals, "per-layer values; the family's HF config holds one for every layer")
+        return vals[0]
+
+    @property
+    def head(self) -> int:
+        return self.uniform("n_head", "attention.head_count")
+
+    @property
+    def head_kv(self) -> int:
+        return self.uniform("n_head_kv", "attention.head_count_kv")
+
+    @property
+    def ff(self) -> int:
+        return self.uniform("n_ff", "feed_forward_length")
+
+
+def read_hparams(meta: GGUFMeta) -> Hparams:
+    """src/llama-model.cpp ``llama_model_base::load_hparams``, key for key, with
+    llama.cpp's defaults for absent keys. What impl (or the HF reference) cannot
+    express is refused here: non-causal attention, a pooled / classifier / MTP
+    head, a separate output width."""
+    m = meta
+    m.get("general.name", None)
+    n_ctx = int(m.get("context_length"))
+    n_embd = int(m.get("embedding_length"))
+    out = m.get("embedding_length_out", None)
+    if out is not None and int(out) not in (0, n_embd):
+        m.refuse("embedding_length_out", out, f"an output width other than embedding_length {n_embd} "
+                                              "is not expressible here")
+    if not bool(m.get("attention.causal", True)):
+        m.refuse("attention.causal", False, "non-causal attention is not expressible in impl (causal only)")
+    for key in ("pooling_type", "classifier.pooling_type"):
+        v = m.get(key, None)
+        if v is not None and int(v) not in _POOLING_NONE:
+            m.refuse(key, v, "a pooled (embedding / classifier) output is not compared here; valid: 0 (none)")
+    if m.get("classifier.output_labels", None):
+        m.refuse("classifier.output_labels", m.values[m.full("classifier.output_labels")],
+                 "a classifier head is not compared here")
+    n_layer = int(m.get("block_count"))
+    if n_layer < 1:
+        m.refuse("block_count", n_layer, "llama.cpp requires at least one layer")
+    nextn = int(m.get("nextn_predict_layers", 0))
+    if nextn:
+        m.refuse("nextn_predict_layers", nextn, "multi-token-prediction layers are not compared here; valid: 0")
+    n_expert = int(m.get("expert_count", 0))
+    n_expert_used = [int(v) for v in m.get_per_layer("expert_used_count", n_layer, 0)]
+    n_groups = int(m.get("expert_group_count", 0))
+    n_group_used = int(m.get("expert_group_used_count", 0))
+    n_ff = [int(v) for v in m.get_per_layer("feed_forward_length", n_layer, 0)]
+    n_head = [int(v) for v in m.get_per_layer("attention.head_count", n_layer, 0)]
+    # "n_head_kv is optional, default to n_head"
+    kv = m.get_per_layer("attention.head_count_kv", n_layer, None)
+    n_head_kv = list(n_head) if kv[0] is None else [int(v) for v in kv]
+    m.get("rope.scaling.finetuned", None)  # hparams.rope_finetuned: no arithmetic (granite reads its own)
+    n_ctx_orig = int(m.get("rope.scaling.original_context_length", n_ctx))
+    base = m.get_f32("rope.freq_base", 10000.0)
+    kind = m.get("rope.scaling.type", "linear")
+    if kind not in ("none", "linear", "yarn", "longrope"):
+        m.refuse("rope.scaling.type", kind, "llama.cpp knows none, linear, yarn, longrope")
+    factor = m.get_f32("rope.scaling.factor", None)
+    if factor is None:
+        factor = m.get_f32("rope.scale_linear", 0.0)  # "try the old key name"
+    else:
+        m.skip("rope.scale_linear", "rope.scaling.factor is present (load_hparams reads the old name only without it)")
+    freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
+    attn_factor = m.get_f32("rope.scaling.attn_factor", 1.0)
+    alpha = m.get_f32("rope.scaling.alpha", 0.0)
+    if alpha:
+        m.refuse("rope.scaling.alpha", alpha, "NTK-alpha RoPE scaling (hunyuan) is not expressible here; valid: 0")
+    head = n_head[0] if n_head else 0
+    if head > 0:
+        hk = int(m.get("attention.key_length", n_embd // head))
+        hv = int(m.get("attention.value_length", n_embd // head))
+        rot = int(m.get("rope.dimension_count", hk))
+    else:
+        hk = hv = rot = 0
+    hk_swa = int(m.get("attention.key_length_swa", hk))
+    hv_swa = int(m.get("attention.value_length_swa", hv))
+    rot_swa = int(m.get("rope.dimension_count_swa", rot))
+    return Hparams(n_layer, n_ctx, n_embd, n_head, n_head_kv, n_ff, n_expert, n_expert_used, n_groups,
+                   n_group_used, base, kind, freq_scale, n_ctx_orig, attn_factor, hk, hv, rot, hk_swa, hv_swa,
+                   rot_swa, meta)
+
+
+def swa_pattern(meta: GGUFMeta, hp: Hparams, n_pattern: int, dense_first: bool = False) -> list[bool]:
+    """``llama_model_base::load_swa_pattern``: the per-layer bool array when the
+    file has one, else ``set_swa_pattern`` of the scalar (default ``n_pattern``):
+    layer il slides iff ``il % n < n - 1`` (``dense_first``: ``il % n != 0``);
+    n = 0 slides every layer."""
+    v = meta.get("attention.sliding_window_pattern", None)
+    if isinstance(v, (list, tuple)):
+        if len(v) != hp.n_layer:
+            meta.refuse("attention.sliding_window_pattern", v, f"{len(v)} values for {hp.n_layer} layers")
+        return [bool(x) for x in v]
+    n = int(v) if v is not None else n_pattern
+    if dense_first:
+        return [n == 0 or il % n != 0 for il in range(hp.n_layer)]
+    return [n == 0 or il % n < n - 1 for il in range(hp.n_layer)]
+
+
+def hf_rope(meta: GGUFMeta, hp: Hparams, theta: float | None = None, log_mul: float = 0.0,
+            deepseek: bool = False) -> dict:
+    """HF ``rope_parameters`` for what llama.cpp computes from ``hp``'s RoPE
+    scaling (llama-context.cpp: ``freq_scale``, the YaRN ``attn_factor`` --
+    ``get_mscale(factor)``, or the ``yarn_log_multiplier`` ratio, times
+    ``rope.scaling.attn_factor`` --, ``ext_factor`` 1, ``beta_fast`` 32,
+    ``beta_slow`` 1 (cparams defaults; no key of these archs sets them), and
+    ggml_rope_yarn_corr_dims' floor / ceil = HF ``truncate``)."""
+    theta = hp.rope_freq_base if theta is None else theta
+    kind, scale = hp.rope_scaling_type, hp.rope_freq_scale
+    if kind == "longrope":
+        meta.refuse("rope.scaling.type", kind, "LongRoPE (per-position factor tables) is not expressible here")
+    if kind == "yarn" and scale != 1.0:
+        factor = float32_value(1.0 / scale)
+        if log_mul:
+            # llama-context.cpp: mscale = log_mul for deepseek2 (else 1), over mscale_all_dim = log_mul
+            mscale = log_mul if deepseek and log_mul != 1.0 else 1.0
+            attn = get_mscale(factor, mscale) / get_mscale(factor, log_mul)
+        else:
+            attn = get_mscale(factor)
+        return {"rope_type": "yarn", "rope_theta": theta, "factor": factor,
+                "original_max_position_embeddings": hp.n_ctx_orig_yarn, "beta_fast": 32.0, "beta_slow": 1.0,
+                "attention_factor": attn * hp.rope_attn_factor, "truncate": True}
+    if hp.rope_attn_factor != 1.0:
+        meta.refuse("rope.scaling.attn_factor", hp.rope_attn_factor,
+                    f"scales every rotated Q/K channel outside YaRN ({kind} RoPE); HF's {kind} RoPE cannot; valid: 1")
+    if kind in ("linear", "yarn") and scale != 1.0:
+        return {"rope_type": "linear", "rope_theta": theta, "factor": float32_value(1.0 / scale)}
+    return {"rope_type": "default", "rope_theta": theta}
+
+
+def experts(meta: GGUFMeta, hp: Hparams, family: str, groups: bool = False) -> tuple[int, int]:
+    """An MoE family's ``(expert_count, expert_used_count)``: one used count for
+    every layer; expert groups (grouped top-k routing) refused unless the
+    family's router has them (``groups``)."""
+    if not hp.n_expert:
+        meta.refuse("expert_count", hp.n_expert, f"no experts; family {family}'s HF model is an MoE")
+    used = {u for u in hp.n_expert_used if u} or {0}
+    if len(used) != 1:
+        meta.refuse("expert_used_count", hp.n_expert_used, "per-layer values; HF holds one")
+    if not groups and hp.n_expert_groups > 1:
+        meta.refuse("expert_group_count", hp.n_expert_groups, f"grouped routing; family {family}'s router has none")
+    return hp.n_expert, used.pop()
+
+
+def one_theta(meta: GGUFMeta, hp: Hparams, swa: list[bool], default=None) -> float:
+    """``rope.freq_base_swa`` where the family's HF config has ONE theta for every
+    layer: read (default: the main base, as these archs set it), refused if a
+    sliding layer would rotate with another one."""
+    theta_swa = meta.get_f32("rope.freq_base_swa", hp.rope_freq_base if default is None else default)
+    if any(swa) and theta_swa != hp.rope_freq_base:
+        meta.refuse("rope.freq_base_swa", theta_swa, f"!= rope.freq_base {hp.rope_freq_base}; the family's HF "
+                                                     "config has one RoPE theta for every layer")
+    return theta_swa
+
+
+def one_per_layer(meta: GGUFMeta, key: str, n: int, default=_REQUIRED) -> int:
+    """A ``get_key_or_arr`` key the family's HF config holds once (the experts'
+    width ...): one value for every layer, else refused."""
+    vals = meta.get_per_layer(key, n, default)
+    if len(set(vals)) != 1:
+        meta.refuse(key, vals, "per-layer values; the family's HF config holds one")
+    return int(vals[0])
+
+
+def refuse_experts(meta: GGUFMeta, hp: Hparams, family: str) -> None:
+    """A dense family's file must carry no experts (the arch's graph would build
+    an MoE FFN the family's HF model has no place for)."""
+    if hp.n_expert:
+        meta.refuse("expert_count", hp.n_expert, f"an MoE FFN; family {family}'s HF model is dense")
+
+
+def vocab_of(meta: GGUFMeta, shapes: dict) -> int:
     if "token_embd.weight" not in shapes:
         raise UsageError(f"--gguf {meta.path}: no token_embd.weight tensor")
-    vocab = shapes["token_embd.weight"][0]
+    vocab = int(shapes["token_embd.weight"][0])
     declared = meta.get("vocab_size", None)
     if declared is not None and int(declared) != vocab:
-        raise UsageError(f"--gguf {meta.path}: vocab_size {declared} != token_embd rows {vocab}")
-    kw["vocab_size"] = int(vocab)
+        meta.refuse("vocab_size", declared, f"token_embd.weight has {vocab} rows")
+    return vocab
 
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float32_value(meta.get("rope.freq_base", 10000.0))}
-    kind = meta.get("rope.scaling.type", "none")
-    meta.get("rope.scaling.finetuned", None)  # read, no effect: llama.cpp keeps it as hparams.rope_finetuned only
-    if kind == "linear":
-        rope.update(rope_type="linear", factor=float32_value(meta.get("rope.scaling.factor")))
-    elif kind == "yarn":
-        rope.update(rope_type="yarn", factor=float32_value(meta.get("rope.scaling.factor")),
-                    original_max_position_embeddings=int(meta.get("rope.scaling.original_context_length")))
-        for key, hf in (("rope.scaling.yarn_ext_factor", "extrapolation_factor"),
-                        ("rope.scaling.yarn_attn_factor", "attention_factor"),
-                        ("rope.scaling.yarn_beta_fast", "beta_fast"),
-                        ("rope.scaling.yarn_beta_slow", "beta_slow")):
-            v = meta.get(key, None)
-            if v is not None:
-                rope[hf] = float32_value(v)
-    elif kind != "none":
-        raise UsageError(f"--gguf {meta.path}: rope scaling {kind!r} has no reverse mapping for family {family.name}")
-    kw["rope_parameters"] = rope
 
-    # The converter writes output.weight only for an untied head
-    # (conversion/base.py: tied embeddings have no separate lm_head tensor).
-    kw["tie_word_embeddings"] = "output.weight" not in shapes
-    # Special token ids: the file's own (tokenizer.ggml.*), else none -- HF's
-    # defaults (e.g. pad 128004) may lie outside the file's vocabulary. They
-    # shape no arithmetic: the harness feeds token ids.
+def special_tokens(meta: GGUFMeta, vocab: int) -> dict:
+    """The file's own special token ids (tokenizer.ggml.*), else none -- HF's
+    defaults (e.g. pad 128004) may lie outside the file's vocabulary. They shape
+    no arithmetic."""
+    kw = {}
     for hf, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                     ("pad_token_id", "padding_token_id")):
         v = meta.get(f"tokenizer.ggml.{key}", None)
         kw[hf] = int(v) if v is not None and 0 <= int(v) < vocab else None
-    # Bias switches HF keeps in the config (HF LlamaAttention: bias=config.attention_bias
-    # on q/k/v/o; LlamaMLP: bias=config.mlp_bias): on when the file carries them.
-    if "attention_bias" in cfields:
+    return kw
+
+
+def one_head_dim(meta: GGUFMeta, hp: Hparams, family, swa: bool = False) -> dict:
+    """HF's single ``head_dim`` from the file's key / value lengths (and, where
+    a layer slides, the ``_swa`` ones): equal, or refused. Set in the kwargs
+    where the family's HF config has the field (else it must be hidden // heads)."""
+    hk, hv = hp.n_embd_head_k, hp.n_embd_head_v
+    if hv != hk:
+        meta.refuse("attention.value_length", hv, f"!= key_length {hk}; family {family.name} has one head_dim")
+    if swa and (hp.n_embd_head_k_swa, hp.n_embd_head_v_swa) != (hk, hk):
+        meta.refuse("attention.key_length_swa", hp.n_embd_head_k_swa,
+                    f"sliding layers with another head size than {hk}; family {family.name} has one head_dim")
+    default = hp.n_embd // hp.head if hp.head else hk
+    if "head_dim" in family.settable_keys():
+        return {"head_dim": hk}
+    if hk != default:
+        meta.refuse("attention.key_length", hk, f"family {family.name}'s HF attention fixes head_dim = "
+                                                f"hidden / heads = {default}")
+    return {}
+
+
+def full_rotary(meta: GGUFMeta, hp: Hparams, family, swa: bool = False) -> None:
+    """The graph rotates ``n_rot`` channels of each head: the whole head here."""
+    if hp.n_rot != hp.n_embd_head_k:
+        meta.refuse("rope.dimension_count", hp.n_rot, f"partial rotary (head_dim {hp.n_embd_head_k}); "
+                                                      f"family {family.name}'s HF attention rotates the whole head")
+    if swa and hp.n_rot_swa != hp.n_rot:
+        meta.refuse("rope.dimension_count_swa", hp.n_rot_swa, f"!= rope.dimension_count {hp.n_rot}")
+
+
+def alibi_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams) -> dict:
+    """What bloom and mpt (ALiBi, fused QKV, LayerNorm, no RoPE) read alike:
+    the sizes, MHA only (HF's fused QKV has no KV groups), the FFN width as a
+    multiple of the hidden size (HF: ``4 * hidden`` / ``expansion_ratio``),
+    the tied head, the vocabulary. The RoPE keys load_hparams reads have no
+    effect on these graphs (no ggml_rope)."""
+    refuse_experts(meta, hp, family.name)
+    if hp.head_kv != hp.head:
+        meta.refuse("attention.head_count_kv", hp.head_kv, f"KV groups; family {family.name}'s fused QKV is "
+                                                            f"multi-head ({hp.head} heads)")
+    one_head_dim(meta, hp, family)
+    if hp.ff % hp.n_embd:
+        meta.refuse("feed_forward_length", hp.ff, f"not a multiple of embedding_length {hp.n_embd} "
+                                                  f"(family {family.name}'s MLP width is a ratio of it)")
+    vocab = vocab_of(meta, shapes)
+    return {"vocab_size": vocab, "tie_word_embeddings": "output.weight" not in shapes, **special_tokens(meta, vocab)}
+
+
+def llama_like_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams, swa: bool = False, moe: bool = False,
+                      rotary: bool = True) -> dict:
+    """The HF kwargs every llama-shaped family reads the same way from
+    ``read_hparams``: sizes, one head_dim, full rotary, RoPE, vocabulary, tied
+    head, special tokens, and the bias switches HF keeps in the config
+    (LlamaAttention: ``attention_bias`` on q/k/v/o; LlamaMLP: ``mlp_bias``),
+    on when the file carries them. A family adds its arch's own keys (an MoE
+    family, ``moe=True``, its expert counts: a dense one refuses experts; a
+    family whose HF attention rotates a fraction of the head, ``rotary=False``,
+    its partial rotary factor)."""
+    if not moe:
+        refuse_experts(meta, hp, family.name)
+    vocab = vocab_of(meta, shapes)
+    kw = {"num_hidden_layers": hp.n_layer, "max_position_embeddings": hp.n_ctx_train,
+          "hidden_size": hp.n_embd, "intermediate_size": hp.ff, "num_attention_heads": hp.head,
+          "num_key_value_heads": hp.head_kv, "vocab_size": vocab,
+          # the converter writes output.weight only for an untied head
+          "tie_word_embeddings": "output.weight" not in shapes,
+          "rope_parameters": hf_rope(meta, hp), **one_head_dim(meta, hp, family, swa), **special_tokens(meta, vocab)}
+    if rotary:
+        full_rotary(meta, hp, family, swa)
+    keys = family.settable_keys()
+    if "attention_bias" in keys:
         kw["attention_bias"] = "blk.0.attn_q.bias" in shapes
-    if "mlp_bias" in cfields:
+    if "mlp_bias" in keys:
         kw["mlp_bias"] = "blk.0.ffn_up.bias" in shapes
     return kw
 
 
-def _scalar(meta: GGUFMeta, key: str, default=_REQUIRED):
-    v = meta.get(key, default)
-    if isinstance(v, (list, tuple)):  # per-layer arrays: one value only
-        if len(set(v)) != 1:
-            raise UsageError(f"--gguf {meta.path}: per-layer {key} {list(v)} has no reverse mapping")
-        v = v[0]
-    return int(v)
+class GGUFImport:
+    """The GGUF-import half of ``Family`` (mixed in)."""
+
+    def gguf_import_unsupported(self) -> str | None:
+        """Why ``--gguf`` cannot read this family's files (None: it can)."""
+        if not self.gguf_arch:
+            return "the family has no GGUF export (no llama.cpp arch)"
+        return None
+
+    def config_from_gguf(self, meta: GGUFMeta, shapes: dict[str, tuple], tensors: dict) -> dict:
+        """HF config kwargs from a GGUF, as llama.cpp reads the arch (the family's
+        ``load_arch_hparams``, on top of ``read_hparams``). ``shapes``: GGUF
+        tensor name -> shape in numpy order; ``tensors``: name -> a callable
+        giving the dequantized float32 array (for a tensor that carries a
+        hyper-parameter, llama's ``rope_freqs``).
+
+        Default: a llama-shaped arch whose ``load_arch_hparams`` reads the RMS
+        eps and nothing else (src/models/llama.cpp, qwen2.cpp, qwen3.cpp:
+        ``ml.get_key(LLM_KV_ATTENTION_LAYERNORM_RMS_EPS, hparams.f_norm_rms_eps)``).
+        A family whose arch reads more extends it; a key it leaves unread is
+        refused by the loader, never dropped."""
+        hp = read_hparams(meta)
+        kw = llama_like_config(self, meta, shapes, hp)
+        kw["rms_norm_eps"] = meta.get_f32("attention.layer_norm_rms_epsilon")
+        return kw
+
+    def gguf_variant_of(self, shapes: dict[str, tuple]) -> str | None:
+        """The family's named variant a file is written in (default: the first)."""
+        return self.variants[0] if self.variants else None
+
+    def gguf_value_unmap(self, name: str, data: np.ndarray, config) -> np.ndarray:
+        """The inverse of ``gguf_value_map`` for HF tensor ``name`` (default: none)."""
+        return data
+
+    def gguf_import_prepare(self, tensors: dict, config) -> dict:
+        """The file's tensors (name -> loader) before ``trace_import`` places
+        them: a family consumes or folds the ones its export writes outside the
+        HF state dict (llama: ``rope_freqs``, a ``wo`` scale). Default: as they are."""
+        return tensors
+
+    def gguf_import_tensors(self, tensors: dict, model, config, variant: str | None = None,
+                            path: str = "") -> dict[str, np.ndarray]:
+        """The HF state dict of ``model`` from the file's tensors (``trace_import``)."""
+        return trace_import(self, self.gguf_import_prepare(dict(tensors), config), model, config, variant, path)
 
 
-def import_by_name_map(family, tensors: dict[str, Any], model, config) -> dict[str, np.ndarray]:
-    """The HF state dict from the GGUF's tensors: every HF name of ``model``
-    through gguf's own tensor-name map (``get_tensor_name_map``, as the export
-    and the converter's ``map_tensor_name`` use it), its tensor dequantized and
-    untransformed. ``tensors``: gguf name -> a callable returning float32 numpy."""
+def _squeeze_leading(shape) -> tuple:
+    # ggml drops trailing ne == 1 (ggml_n_dims) when it writes a tensor, numpy-leading 1s here
+    shape = tuple(int(d) for d in shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def trace_import(family, tensors: dict, model, config, variant: str | None, path: str = "") -> dict[str, np.ndarray]:
+    """Every HF tensor of ``model`` from the file, through the export run backwards.
+
+    For each HF tensor, its element indices go through ``gguf_convert`` (the
+    converter's layout steps) and gguf's tensor-name map: each resulting GGUF
+    tensor holds, at every position, the index of the HF element the export
+    put there. The file's tensor (dequantized) is scattered back by those
+    indices, and ``gguf_value_unmap`` undoes the elementwise value step. Every
+    HF element must be covered, every GGUF tensor of the file used; a tensor
+    whose shape contradicts the metadata is refused."""
     tmap = family.gguf_tensor_map(config)
-    out: dict[str, np.ndarray] = {}
-    used: set[str] = set()
     sd = model.state_dict()
     emb = getattr(model.get_input_embeddings(), "weight", None)
     embed_ptr = None if emb is None else emb.data_ptr()
+    emb_name = next((n for n, p in sd.items() if p.data_ptr() == embed_ptr), None)
+    out: dict[str, np.ndarray] = {}
+    used: set[str] = set()
+    where = f"--gguf {path}" if path else "--gguf"
     for name, p in sd.items():
-        g = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
-        if g is None:
-            raise UsageError(f"--gguf: family {family.name}: HF tensor {name!r} has no GGUF name")
-        if g not in tensors:
-            if getattr(config, "tie_word_embeddings", False) and p.data_ptr() == embed_ptr:
-                continue  # the tied head: the same tensor as token_embd, loaded under its own name
-            raise UsageError(f"--gguf: the file has no {g!r} (HF {name}) for family {family.name}")
-        data = family.gguf_untransform(name, tensors[g](), config)
-        if tuple(data.shape) != tuple(p.shape):
-            raise UsageError(f"--gguf: tensor {g!r} has shape {tuple(data.shape)}, "
-                             f"family {family.name} expects {tuple(p.shape)} for HF {name}")
-        out[name] = data
-        used.add(g)
+        tied = embed_ptr is not None and p.data_ptr() == embed_ptr and name != emb_name
+        n = int(p.numel())
+        shape = tuple(p.shape)
+        idx = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64).reshape(shape)
+        pieces = list(family.gguf_convert(name, idx, config, variant))
+        flat = None
+        covered = None
+        missing = []
+        for hf_style, arr in pieces:
+            arr = np.asarray(arr)
+            if not np.issubdtype(arr.dtype, np.integer):
+                raise TypeError(f"family {family.name}: gguf_convert({name}) changed element values "
+                                f"({arr.dtype}); an elementwise step belongs in gguf_value_map")
+            g = tmap.get_name(hf_style, try_suffixes=(".weight", ".bias"))
+            if g is None:
+                raise ValueError(f"family {family.name}: no GGUF name for {hf_style!r} (HF {name})")
+            if g not in tensors:
+                missing.append(g)
+                continue
+            data = np.asarray(tensors[g]())
+            if _squeeze_leading(data.shape) != _squeeze_leading(arr.shape):
+                raise UsageError(f"{where}: tensor {g} has shape {tuple(data.shape)} (numpy order); "
+                                 f"the metadata makes it {tuple(arr.shape)} for family {family.name}")
+            if flat is None:
+                flat = np.zeros(n, dtype=np.float32)
+                covered = np.zeros(n, dtype=bool)
+            ix = arr.reshape(-1)
+            flat[ix] = data.reshape(-1)
+            covered[ix] = True
+            used.add(g)
+        if flat is None or not covered.all():
+            if tied and flat is None:
+                continue  # the tied head: the same tensor as token_embd, loaded with it
+            what = ", ".join(missing) if missing else "(no GGUF tensor)"
+            raise UsageError(f"{where}: the file has no {what} (HF {name}) for family {family.name}")
+        out[name] = family.gguf_value_unmap(name, flat.reshape(shape), config)
     left = sorted(set(tensors) - used)
     if left:
-        raise UsageError(f"--gguf: tensors with no counterpart in family {family.name}'s HF model: "
+        raise UsageError(f"{where}: tensors with no counterpart in family {family.name}'s HF model: "
                          f"{', '.join(left[:6])}{' ...' if len(left) > 6 else ''}")
     return out

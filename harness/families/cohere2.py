@@ -35,6 +35,7 @@ Default config: 4 layers, pattern 2 (sliding, full, sliding, full), window 4.
 
 from __future__ import annotations
 
+from ._gguf_import import hf_rope, llama_like_config, read_hparams, swa_pattern
 from .base import LlamaLike, lc_unrotated
 
 
@@ -109,6 +110,24 @@ class Cohere2(LlamaLike):
                 raise ValueError(f"cohere2: bias tensor {name!r} is not zero; the converter refuses it")
             return None
         return data
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """cohere2.cpp load_arch_hparams: ``load_swa_pattern(ml, 4)``,
+        ``rope.freq_base_swa`` (default: the main base, with its scaling),
+        the window, the logit scale, the LayerNorm eps -- all required but the
+        base. Only the sliding layers rotate (cohere2.cpp ``if (is_swa)``), so
+        HF's one theta is the sliding layers' base."""
+        hp = read_hparams(meta)
+        swa = swa_pattern(meta, hp, 4)
+        kw = llama_like_config(self, meta, shapes, hp, swa=any(swa))
+        kw.update(rope_parameters=hf_rope(meta, hp, theta=meta.get_f32("rope.freq_base_swa", hp.rope_freq_base)),
+                  sliding_window=int(meta.get("attention.sliding_window")),
+                  logit_scale=meta.get_f32("logit_scale"),
+                  layer_norm_eps=meta.get_f32("attention.layer_norm_epsilon"),
+                  layer_types=["sliding_attention" if s else "full_attention" for s in swa],
+                  tie_word_embeddings=True)  # cohere2.cpp: output is always token_embd
+        return kw
 
 
 FAMILY = Cohere2()
