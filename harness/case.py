@@ -35,11 +35,11 @@ from .features import model_features
 from .policy import Policy, comparison_dtype
 from .refs.capture import RefCapture  # noqa: F401 (re-exported: harness.case.RefCapture)
 from .refs.checkpoint import checkpoint_stamp as _checkpoint_stamp
+from .refs.ggml_types import GGUF_TYPES, is_quantized  # f32 / f16 / bf16 exports, llama_model_quantize's types
 from .versions import versions
 
 REFERENCES = ("hf", "llamacpp")
 REF_CHOICES = REFERENCES + ("all",)
-GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 STATUSES = ("pass", "fail", "error", "finding", "not-exposed", "not-implemented", "skipped")
 CAPTURE_SCHEMA = 1  # bump when the meaning of a stored capture changes
 
@@ -120,8 +120,12 @@ class Case:
             raise UsageError(f"unknown reference {self.ref!r}; {suggest(self.ref, REF_CHOICES)}")
         if self.kv not in KV_MODES:
             raise UsageError(f"unknown kv mode {self.kv!r}; {suggest(self.kv, KV_MODES)}")
-        if self.gguf_type not in GGUF_TYPES:
+        if self.gguf is None and self.gguf_type not in GGUF_TYPES:
             raise UsageError(f"unknown GGUF weight type {self.gguf_type!r}; {suggest(self.gguf_type, GGUF_TYPES)}")
+        if self.gguf is None:
+            from .refs.gguf_weights import check_weight_type
+
+            check_weight_type(self.gguf_type)
         if not isinstance(self.tokens, int) or self.tokens < 1:
             raise UsageError(f"--tokens must be a positive integer, got {self.tokens!r}")
         if self.n_seqs < 1:
@@ -141,12 +145,11 @@ class Case:
             raise UsageError(f"--hf-model {self.hf_model!r} is not a directory (expected config.json + *.safetensors)")
         if self.gguf and not Path(self.gguf).is_file():
             raise UsageError(f"--gguf {self.gguf!r} is not a file")
-        if self.gguf and self.ref not in ("llamacpp",):
-            raise UsageError("--gguf compares impl against llama.cpp on the file; use --ref llamacpp")
         if self.gguf and self.switch_off:
             raise UsageError("switch_off does not apply to --gguf: the file's weights are compared as they are")
-        if self.gguf and (self.hf_model or self.overrides or self.gguf_type != "f32"):
-            what = "--hf-model" if self.hf_model else "--set" if self.overrides else "--gguf-type"
+        if self.gguf and (self.hf_model or self.overrides or self.gguf_type != "f32" or self.variant):
+            what = ("--hf-model" if self.hf_model else "--set" if self.overrides else "--gguf-type"
+                    if self.gguf_type != "f32" else "--variant")
             raise UsageError(f"{what} does not apply to --gguf: the file's metadata and tensor types are its config")
 
 
@@ -161,20 +164,28 @@ class CaseRun:
         self.derived: dict[tuple[str, str], str] = {}  # (reference, probe key) -> how it was derived
         self.switched: dict[str, int] = {}  # switch_off tag -> tensors / modules it changed
         self.source = None  # set for --gguf / --hf-model
+        self.hf_types: dict = {}  # quantized weights: HF tensor -> the GGUF types it came from
         if case.gguf:
             from .refs import gguf_import
 
             t = time.perf_counter()
             self.source = gguf_import.load(case.gguf, case.family or None)
+            self.hf_types = self.source.hf_types
             self.timings["gguf_import"] = time.perf_counter() - t
             self.family = self.source.family
             # the file decides the family and the weight type the case is judged at
             from dataclasses import replace
 
-            self.case = case = replace(case, family=self.family.name, gguf_type=self.source.weight_type)
+            self.case = case = replace(case, family=self.family.name, gguf_type=self.source.weight_type,
+                                       variant=self.source.variant)
         else:
             self.family = families.get(case.family)
         self.variant = case.variant or (self.family.variants[0] if self.family.variants else None)
+
+    def meta_extra(self) -> dict:
+        """What the run's meta.json records beyond the case: for a GGUF, the file
+        (its weight types, the metadata keys llama.cpp does not read for its arch)."""
+        return {"gguf": self.source.summary()} if self.source is not None else {}
 
     # ------------------------------------------------------------ model & weights
     @cached_property
@@ -220,7 +231,62 @@ class CaseRun:
 
     @cached_property
     def base_model(self):
-        """The float32 model every reference and impl take their weights from."""
+        """The float32 model every reference and impl take their weights from: with
+        a quantized ``gguf_type``, the weights of the quantized file llama.cpp runs,
+        dequantized (harness/refs/gguf_weights.py) -- every side computes with the
+        same numbers."""
+        m = self.float_model
+        if self.source is None and self.family.gguf_arch and is_quantized(self.case.gguf_type):
+            from .refs.gguf_weights import dequantized_model
+
+            t = time.perf_counter()
+            try:
+                path = self.gguf_path
+            except RuntimeError:  # no file for llama.cpp (its capture reports why): the float weights
+                return m
+            m, self.hf_types = dequantized_model(self.family, m, self.config, path, self.variant)
+            self.timings["dequantize"] = time.perf_counter() - t
+        return m
+
+    @cached_property
+    def gguf_path(self) -> Path:
+        """The GGUF llama.cpp runs: the user's file, or the export of ``float_model``
+        at the case's weight type (quantized by llama.cpp itself)."""
+        if self.source is not None:
+            return Path(self.source.path)
+        if not self.family.gguf_arch:
+            raise RuntimeError(f"family {self.family.name} has no GGUF export (llama.cpp arch unknown)")
+        from .refs.gguf_weights import export_for_case
+
+        # --hf-model: the checkpoint's files shape the GGUF as much as its config does
+        stamp = [self.case.hf_model, _checkpoint_stamp(self.case.hf_model)] if self.case.hf_model else None
+        if self.case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
+            stamp = [stamp, ["switch_off", list(self.case.switch_off)]]
+        return export_for_case(self.family, self.float_model, self.config, self.case.gguf_type, self.case.seed,
+                               self.variant, source=stamp)
+
+    @cached_property
+    def weight_dtype(self) -> str:
+        """What llama.cpp's weights make of a comparison with it: the export's float
+        type, or -- for quantized weights, which every side holds dequantized --
+        the type ggml's CPU quantizes the ACTIVATIONS to before it multiplies
+        them (vec_dot_type, harness/refs/ggml_types.py), the coarsest over the
+        file's quantized tensors."""
+        if not is_quantized(self.case.gguf_type):
+            return self.case.gguf_type
+        from .refs.ggml_types import activation_dtype
+        from .refs.gguf_weights import file_tensors
+
+        try:
+            types = self.source.tensor_types if self.source is not None else file_tensors(self.gguf_path)[1]
+        except RuntimeError:  # no file: llama.cpp is an error row, nothing is compared with it
+            return "float32"
+        return activation_dtype(types.values()) or "float32"
+
+    @cached_property
+    def float_model(self):
+        """The model as built: the family's seeded one, a checkpoint, or the
+        user's GGUF read back (its weights already those llama.cpp runs)."""
         if self.source is not None:  # --gguf: the HF model gguf_import rebuilt from the file
             return self.source.model
         t = time.perf_counter()
@@ -320,14 +386,44 @@ class CaseRun:
                       self.case.seed, self.tokens.tolist(), dtype, self.case.hf_model,
                       _checkpoint_stamp(self.case.hf_model), versions().get("torch"),
                       versions().get("transformers"), src,
-                      *((["switch_off", list(self.case.switch_off)],) if self.case.switch_off else ()))
+                      *((["switch_off", list(self.case.switch_off)],) if self.case.switch_off else ()),
+                      *self._weights_stamp())
         hit = cache.load("hf", k)
         if hit is not None:
             return RefCapture("hf", self._hf_effective(dtype), hit[0], meta=hit[1], cached=True)
-        model = self.model_in(dtype)
+        model, how = self._hf_model(dtype)
         probes = hf.capture(self.family, model, self.config, self.layer_cfgs, self.tokens)
-        cache.store("hf", k, probes, {"family": self.family.name})
-        return RefCapture("hf", self._hf_effective(dtype), probes)
+        meta = {"family": self.family.name, **({"weights": how} if how else {})}
+        cache.store("hf", k, probes, meta)
+        return RefCapture("hf", self._hf_effective(dtype), probes, meta=meta)
+
+    def _weights_stamp(self) -> list:
+        """What, beyond the config and seed, decides the weights HF runs: the
+        user's GGUF (its stamp), or the quantized file whose weights it holds."""
+        if self.source is not None:
+            p = Path(self.source.path)
+            return [["gguf", str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]]
+        if self.family.gguf_arch and is_quantized(self.case.gguf_type):
+            try:
+                return [["quantized", self.gguf_path.name]]
+            except RuntimeError:
+                return [["quantized", None]]
+        return []
+
+    def _hf_model(self, dtype: str):
+        """The HF reference model and, for a GGUF, how its weights were built."""
+        if self.source is None:
+            return self.model_in(dtype), None
+        from .refs.gguf_weights import transformers_reference
+
+        model, how = transformers_reference(self.source)
+        if model is None:
+            model = self.model_in(dtype)
+        elif dtype != "float32":
+            import torch
+
+            model = model.to(getattr(torch, dtype))
+        return model, how
 
     # ------------------------------------------------------------ impl
     def run_impl(self, rc: RefCapture, backend: Backend, dtype_weights: str) -> dict[str, np.ndarray]:
@@ -343,8 +439,10 @@ class CaseRun:
             inputs = [rc.probes[key][s] for s in range(rc.probes[key].shape[0])]
             try:
                 layer = load_layer(lc, weights[i], backend)
-                _, traces, _ = run_layer(layer, inputs, self.case.kv, self.case.schedule,
-                                         page_size=self.case.page_size, seed=self.case.seed)
+                with self._ggml_matmuls(rc, layer, i) as hits:
+                    _, traces, _ = run_layer(layer, inputs, self.case.kv, self.case.schedule,
+                                             page_size=self.case.page_size, seed=self.case.seed)
+                self._note_ggml(rc, layer, i, hits)
                 per_seq = [t.assemble() for t in traces]
             except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
                 out[f"L{i}.__error__"] = f"impl raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
@@ -352,6 +450,42 @@ class CaseRun:
             for probe in per_seq[0]:
                 out[f"L{i}.{probe}"] = np.stack([p[probe] for p in per_seq])
         return out
+
+    def _act_types(self, i: int) -> dict[str, str]:
+        from .refs.ggml_matmul import layer_act_types
+
+        cache_ = self.__dict__.setdefault("_act_types_by_layer", {})
+        if i not in cache_:
+            cache_[i] = layer_act_types(self.family, self.base_model, self.config, i, self.hf_types)
+        return cache_[i]
+
+    def _ggml_matmuls(self, rc: RefCapture, layer, i: int):
+        """Against llama.cpp on quantized weights: impl's projections see their
+        inputs rounded as ggml's CPU quantizes activations (the oracle,
+        harness/refs/ggml_matmul.py)."""
+        import contextlib
+
+        if rc.name != "llamacpp" or not self.hf_types:
+            return contextlib.nullcontext(set())
+        from .refs.ggml_matmul import installed
+
+        return installed(layer, self._act_types(i))
+
+    def _note_ggml(self, rc: RefCapture, layer, i: int, hits: set) -> None:
+        """Layer ``i``'s comparison dtype against llama.cpp on quantized weights:
+        ``ggml_<act>`` where the oracle reproduced every quantized matmul impl
+        made (its residue is float32 summation order), else the weight type's
+        own (the activation rounding left in)."""
+        if rc.name != "llamacpp" or not self.hf_types:
+            return
+        acts = {n: t for n, t in self._act_types(i).items() if n in layer.w}
+        cover = self.__dict__.setdefault("_ggml_dtype", {})
+        if acts and set(acts) <= hits:
+            from .refs.ggml_types import coarsest_activation
+
+            cover[i] = "ggml_" + coarsest_activation(acts.values())
+        else:
+            cover[i] = self.weight_dtype
 
     # ------------------------------------------------------------ rows
     def rows(self) -> list[dict]:
@@ -380,7 +514,7 @@ class CaseRun:
         case = self.case
         cdt = comparison_dtype(case.dtype, rc.dtype)
         if rc.name == "llamacpp":
-            cdt = comparison_dtype(cdt, case.gguf_type)
+            cdt = comparison_dtype(cdt, self.weight_dtype)
         low = backend.low_precision
         wdt = case.dtype if low and rc.name == "hf" else "float32"
         cand = self.run_impl(rc, backend, wdt)
@@ -391,6 +525,7 @@ class CaseRun:
         oracle = self.run_impl(rc, Backend("numpy", "cpu", "float64"), wdt) if low and rc.dtype in (
             "float16", "bfloat16") else None
         rows = []
+        ggml_dtype = self.__dict__.get("_ggml_dtype", {}) if rc.name == "llamacpp" else {}
         for i, lc in enumerate(self.layer_cfgs):
             if isinstance(lc, NotInImpl):
                 rows.append(self._row("impl", rc.name, i, "*", "not-implemented",
@@ -412,11 +547,12 @@ class CaseRun:
                                           f"{rc.name} does not expose {probe} for {self.family.name}"))
                     continue
                 orc = None if oracle is None or f"L{i}.__error__" in oracle else oracle.get(key)
-                rows.append(self._judge("impl", rc.name, i, probe, cand[key], rc.probes[key], cdt, orc))
+                ldt = comparison_dtype(comparison_dtype(case.dtype, rc.dtype), ggml_dtype[i]) if i in ggml_dtype else cdt
+                rows.append(self._judge("impl", rc.name, i, probe, cand[key], rc.probes[key], ldt, orc))
         return rows
 
     def _compare_refs(self, cand: RefCapture, ref: RefCapture) -> list[dict]:
-        cdt = comparison_dtype(comparison_dtype(cand.dtype, ref.dtype), self.case.gguf_type)
+        cdt = comparison_dtype(comparison_dtype(cand.dtype, ref.dtype), self.weight_dtype)
         rows = []
         keys = [k for k in ref.probes if k in cand.probes]
         order = {p: n for n, p in enumerate(LAYER_PROBES)}
@@ -500,4 +636,4 @@ def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dic
     rows = run.rows()
     run.timings["total"] = time.perf_counter() - t
     return rows, {"case": run.case.to_dict(), "case_id": run.case.case_id(), "features": run.features,
-                  "timings": run.timings, "family": run.family.name}
+                  "timings": run.timings, "family": run.family.name, **run.meta_extra()}

@@ -109,7 +109,8 @@ def cmd_run(a) -> int:
     d = report.run_dir(a.out, run_id)
     df = report.write_rows(d, rows)
     report.write_meta(d, {"run_id": run_id, "command": "run", "argv": sys.argv[1:], "case": case.to_dict(),
-                          "features": run.features, "timings": run.timings, "wall_s": time.time() - t0})
+                          "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
+                          **run.meta_extra()})
     print(report.case_table(df))
     print(f"report: {d}")
     return report.exit_status(df)

@@ -497,9 +497,10 @@ class GGUFImport:
         return tensors
 
     def gguf_import_tensors(self, tensors: dict, model, config, variant: str | None = None,
-                            path: str = "") -> dict[str, np.ndarray]:
+                            path: str = "", provenance: dict | None = None) -> dict[str, np.ndarray]:
         """The HF state dict of ``model`` from the file's tensors (``trace_import``)."""
-        return trace_import(self, self.gguf_import_prepare(dict(tensors), config), model, config, variant, path)
+        return trace_import(self, self.gguf_import_prepare(dict(tensors), config), model, config, variant, path,
+                            provenance)
 
 
 def _squeeze_leading(shape) -> tuple:
@@ -510,7 +511,8 @@ def _squeeze_leading(shape) -> tuple:
     return shape
 
 
-def trace_import(family, tensors: dict, model, config, variant: str | None, path: str = "") -> dict[str, np.ndarray]:
+def trace_import(family, tensors: dict, model, config, variant: str | None, path: str = "",
+                 provenance: dict | None = None) -> dict[str, np.ndarray]:
     """Every HF tensor of ``model`` from the file, through the export run backwards.
 
     For each HF tensor, its element indices go through ``gguf_convert`` (the
@@ -519,7 +521,8 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
     put there. The file's tensor (dequantized) is scattered back by those
     indices, and ``gguf_value_unmap`` undoes the elementwise value step. Every
     HF element must be covered, every GGUF tensor of the file used; a tensor
-    whose shape contradicts the metadata is refused."""
+    whose shape contradicts the metadata is refused. ``provenance`` (if given)
+    receives, per HF tensor, the GGUF tensors it came from."""
     tmap = family.gguf_tensor_map(config)
     sd = model.state_dict()
     emb = getattr(model.get_input_embeddings(), "weight", None)
@@ -565,6 +568,8 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
             what = ", ".join(missing) if missing else "(no GGUF tensor)"
             raise UsageError(f"{where}: the file has no {what} (HF {name}) for family {family.name}")
         out[name] = family.gguf_value_unmap(name, flat.reshape(shape), config)
+        if provenance is not None:
+            provenance[name] = [tmap.get_name(h, try_suffixes=(".weight", ".bias")) for h, _ in pieces]
     left = sorted(set(tensors) - used)
     if left:
         raise UsageError(f"{where}: tensors with no counterpart in family {family.name}'s HF model: "

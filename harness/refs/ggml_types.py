@@ -44,6 +44,19 @@ def vec_dot_type(weight_type: str) -> str | None:
     return _VEC_DOT.get(weight_type)
 
 
+def activation_dtype(tensor_types) -> str | None:
+    """The coarsest type ggml quantizes activations to for the quantized tensors
+    among ``tensor_types`` (``q8_k`` over ``q8_0`` / ``q8_1``: a 256-wide block
+    shares one scale, a 32-wide block its own); None if none is quantized."""
+    return coarsest_activation(vec_dot_type(t) for t in tensor_types if is_quantized(t))
+
+
+def coarsest_activation(acts) -> str | None:
+    """The coarsest of activation types (q8_k, then q8_1, then q8_0)."""
+    acts = set(acts)
+    return next((a for a in ("q8_k", "q8_1", "q8_0") if a in acts), None)
+
+
 def readable() -> set[str]:
     """The tensor types ``--gguf`` reads: F32 / F16 natively, the rest where
     ``gguf.quants.dequantize`` has a dequantizer."""

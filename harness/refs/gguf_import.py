@@ -51,7 +51,7 @@ class GGUFSource:
     tensor_types: dict[str, str] = field(default_factory=dict)  # GGUF tensor -> its type
     variant: str | None = None
     ignored: dict[str, str] = field(default_factory=dict)  # metadata keys llama.cpp does not read, and why
-    hf_names: dict[str, list[str]] = field(default_factory=dict)  # HF tensor -> the GGUF tensors it came from
+    hf_types: dict[str, set] = field(default_factory=dict)  # HF tensor -> the types of the GGUF tensors it came from
 
     def summary(self) -> dict:
         """What the run's meta.json records about the file."""
@@ -197,7 +197,8 @@ def load(path: str, family: str | None = None) -> GGUFSource:
     except (ValueError, TypeError, KeyError, AssertionError, RuntimeError) as e:
         raise UsageError(f"--gguf {path}: HF cannot build family {fam.name} from the file's config: "
                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
-    state = fam.gguf_import_tensors(tensors, model, config, variant, path)
+    provenance: dict[str, list[str]] = {}
+    state = fam.gguf_import_tensors(tensors, model, config, variant, path, provenance)
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
     # a tied head shares token_embd's storage: loaded with it, "missing" by name only
     emb = getattr(model.get_input_embeddings(), "weight", None)
@@ -209,5 +210,6 @@ def load(path: str, family: str | None = None) -> GGUFSource:
     layer_cfgs = fam.layer_configs(config, variant)
     lw = [{} if isinstance(lc, NotInImpl) else fam.layer_weights(model, config, i) for i, lc in enumerate(layer_cfgs)]
     mats = [types[n] for n in infos if len(shapes[n]) >= 2]
+    hf_types = {h: {types[g] for g in gs if g in types} for h, gs in provenance.items()}
     return GGUFSource(str(path), fam, config, model, lw, ggml_types.coarsest(mats), types, variant,
-                      meta.ignored())
+                      meta.ignored(), hf_types)

@@ -205,27 +205,15 @@ def capture_for_case(run):
     from .capture import RefCapture
 
     require()
-    from . import gguf_export
-
     case, fam, config = run.case, run.family, run.config
+    gguf_path = run.gguf_path
     if run.source is not None:
-        gguf_path = Path(run.source.path)
         st = gguf_path.stat()
         # the user's file: its path, size and mtime (ns), and the config read back from it
         file_stamp = [str(gguf_path.resolve()), st.st_size, st.st_mtime_ns,
                       cache.key(config.to_json_string(use_diff=False))]
     else:
-        if not fam.gguf_arch:
-            raise RuntimeError(f"family {fam.name} has no GGUF export (llama.cpp arch unknown)")
-        from .checkpoint import checkpoint_stamp
-
-        # --hf-model: the checkpoint's files shape the GGUF as much as its config does
-        src_stamp = [case.hf_model, checkpoint_stamp(case.hf_model)] if case.hf_model else None
-        if case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
-            src_stamp = [src_stamp, ["switch_off", list(case.switch_off)]]
-        gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed, run.variant,
-                                       source=src_stamp)
-        file_stamp = gguf_path.name
+        file_stamp = gguf_path.name  # content-keyed (gguf_export.export, gguf_weights.quantize)
     calls = plan_calls(run.tokens, case.kv, case.schedule)
     n_seq, n_tok = run.tokens.shape
     layer_cfgs = run.layer_cfgs

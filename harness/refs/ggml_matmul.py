@@ -1,0 +1,156 @@
+"""ggml's CPU matmul with a quantized weight, reproduced for the oracle.
+
+With a quantized weight (Q8_0, Q4_K, IQ4_XS ...) ggml's CPU never multiplies
+float activations: ``ggml_compute_forward_mul_mat`` first converts the
+activation rows to the weight type's ``vec_dot_type`` (ggml-cpu.c
+``type_traits_cpu``: Q8_0 for Q4_0 / Q5_0 / Q8_0 / IQ4_NL, Q8_1 for Q4_1 /
+Q5_1, Q8_K for the K- and IQ-quants) and then sums integer products block by
+block (``ggml_vec_dot_*``, llamafile's tinyBLAS, the repacked GEMMs -- all of
+them on the same quantized activations). With the SAME dequantized weights on
+every side, that activation rounding is what stands between llama.cpp and a
+float matmul.
+
+This module rounds impl's projection inputs exactly as ggml quantizes them,
+so impl's matmul on the dequantized weights reproduces ggml's product up to
+float32 summation order:
+
+- Q8_0 / Q8_1: x86 ``quantize_row_q8_0`` / ``_q8_1``
+  (ggml-cpu/arch/x86/quants.c, the AVX / AVX2 path every x86 build with AVX
+  runs): per 32 values ``d = max|x| / 127`` stored as fp16, ``q =
+  round_half_even(x * (127 / max|x|))`` in float32. (The portable
+  ``quantize_row_q8_0_ref`` computes ``1 / d`` and rounds half away from zero:
+  a tie or a last-bit difference moves one q by one step.)
+- Q8_K: ``quantize_row_q8_K_ref`` (ggml-quants.c; x86 calls it, and the
+  AVX2 repack ``ggml_quantize_mat_q8_K_4x8`` computes the same numbers): per
+  256 values ``iscale = -127 / x[argmax |x|]`` in float32, ``q =
+  min(127, nearest_int(iscale * x))`` (round half even), ``d = 1 / iscale``
+  stored as float32.
+
+What is NOT reproduced (the residue ``fixtures/tolerance.toml`` bounds):
+float32 summation order, the fp16 ``s = d * sum(q)`` term a Q4_1 / Q5_1 dot
+uses for the weight minimum, and matmuls impl does not route through
+``impl.ops.linear`` (the absorbed MLA's per-head ``k_b`` / ``v_b`` products).
+
+The rounding is installed around one impl run (``installed``): impl's own
+``linear`` is wrapped, per weight array, by the rounding of the GGUF type that
+weight came from -- impl's code is not changed, and a mutant of it still runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+_F32 = np.float32
+
+
+def _blocks(x, n):
+    x = np.asarray(x, dtype=_F32)
+    if x.shape[-1] % n:
+        raise ValueError(f"row length {x.shape[-1]} is not a multiple of the {n}-wide block")
+    return x.reshape(*x.shape[:-1], x.shape[-1] // n, n)
+
+
+def round_q8_0(x: np.ndarray) -> np.ndarray:
+    """x86 quantize_row_q8_0, dequantized: ``fp16(d) * q`` (float32)."""
+    b = _blocks(x, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = (amax / _F32(127)).astype(np.float16).astype(_F32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, _F32(127) / amax, _F32(0)).astype(_F32)
+    q = np.rint((b * inv).astype(_F32))  # _mm256_round_ps(_MM_ROUND_NEAREST): half to even
+    return (q * d).astype(_F32).reshape(np.shape(x))
+
+
+def round_q8_k(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_K_ref, dequantized: ``d * q`` (float32)."""
+    b = _blocks(x, 256)
+    idx = np.abs(b).argmax(axis=-1)[..., None]  # the first of the largest |x| ("if (ax > amax)")
+    mx = np.take_along_axis(b, idx, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.where(mx != 0, _F32(-127) / mx, _F32(0)).astype(_F32)
+        d = np.where(mx != 0, _F32(1) / iscale, _F32(0)).astype(_F32)
+    q = np.minimum(np.rint((iscale * b).astype(_F32)), 127)  # nearest_int: half to even
+    return (q * d).astype(_F32).reshape(np.shape(x))
+
+
+ROUNDING = {"q8_0": round_q8_0, "q8_1": round_q8_0, "q8_k": round_q8_k}
+BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
+
+
+def impl_weight_sources(family, model, config, i: int) -> dict[str, set[str]]:
+    """impl weight name -> the HF parameters (full names) it is built from, for
+    layer ``i``: each of the layer's parameters is filled with its own code,
+    ``family.layer_weights`` is called, and the codes in each impl weight are
+    read back (the parameters are restored after)."""
+    import torch
+
+    layer = family.decoder_layers(model)[i]
+    prefix = f"{family.layers_path}.{i}."
+    params = list(layer.named_parameters())
+    saved = [p.detach().clone() for _, p in params]
+    try:
+        with torch.no_grad():
+            for k, (_, p) in enumerate(params):
+                p.fill_(float(k + 1))
+            ws = family.layer_weights(model, config, i)
+    finally:
+        with torch.no_grad():
+            for (_, p), s in zip(params, saved):
+                p.copy_(s)
+    out = {}
+    for name, arr in ws.items():
+        codes = {int(c) for c in np.unique(np.asarray(arr)) if float(c).is_integer() and 1 <= c <= len(params)}
+        out[name] = {prefix + params[c - 1][0] for c in codes}
+    return out
+
+
+def layer_act_types(family, model, config, i: int, hf_types: dict[str, set[str]]) -> dict[str, str]:
+    """impl weight name -> the activation type ggml multiplies it with, for the
+    weights that come from quantized GGUF tensors of one activation type
+    (``hf_types``: HF parameter -> the types of the GGUF tensors it came from)."""
+    from .ggml_types import is_quantized, vec_dot_type
+
+    out = {}
+    for name, params in impl_weight_sources(family, model, config, i).items():
+        types = set().union(*(hf_types.get(p, set()) for p in params)) if params else set()
+        acts = {vec_dot_type(t) for t in types if is_quantized(t)}
+        if len(acts) == 1 and None not in acts:
+            out[name] = acts.pop()
+    return out
+
+
+@contextlib.contextmanager
+def installed(layer, act_types: dict[str, str]):
+    """Round the input of every ``impl.ops.linear`` call on one of ``layer``'s
+    weights named in ``act_types``, as ggml quantizes it, for the block. Yields
+    the set the names of the weights actually met there are added to: a
+    weight impl multiplies otherwise (the absorbed MLA's ``wk_b``) is not."""
+    import sys
+
+    names = {id(layer.w[n]): n for n in act_types if n in layer.w}
+    by_id = {i: ROUNDING[act_types[n]] for i, n in names.items()}
+    hits: set[str] = set()
+    if not by_id:
+        yield hits
+        return
+    mods = [m for m in (sys.modules.get("impl.attention"), sys.modules.get("impl.mla")) if m is not None]
+    originals = [(m, m._linear) for m in mods]
+
+    def wrap(orig):
+        def linear(xp, x, w, b=None):
+            rnd = by_id.get(id(w))
+            if rnd is not None:
+                x = xp.asarray(rnd(np.asarray(x)), dtype=x.dtype)
+                hits.add(names[id(w)])
+            return orig(xp, x, w, b)
+        return linear
+
+    for m, orig in originals:
+        m._linear = wrap(orig)
+    try:
+        yield hits
+    finally:
+        for m, orig in originals:
+            m._linear = orig
