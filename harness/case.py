@@ -459,13 +459,17 @@ class CaseRun:
             cache_[i] = layer_act_types(self.family, self.base_model, self.config, i, self.hf_types)
         return cache_[i]
 
+    def _emulates(self, rc: RefCapture) -> bool:
+        # quantized weights only: a float file's comparison keeps its float16 / bfloat16 policy
+        return rc.name == "llamacpp" and bool(self.hf_types) and is_quantized(self.case.gguf_type)
+
     def _ggml_matmuls(self, rc: RefCapture, layer, i: int):
         """Against llama.cpp on quantized weights: impl's projections see their
         inputs rounded as ggml's CPU quantizes activations (the oracle,
         harness/refs/ggml_matmul.py)."""
         import contextlib
 
-        if rc.name != "llamacpp" or not self.hf_types:
+        if not self._emulates(rc):
             return contextlib.nullcontext(set())
         from .refs.ggml_matmul import installed
 
@@ -476,7 +480,7 @@ class CaseRun:
         ``ggml_<act>`` where the oracle reproduced every quantized matmul impl
         made (its residue is float32 summation order), else the weight type's
         own (the activation rounding left in)."""
-        if rc.name != "llamacpp" or not self.hf_types:
+        if not self._emulates(rc):
             return
         acts = {n: t for n, t in self._act_types(i).items() if n in layer.w}
         cover = self.__dict__.setdefault("_ggml_dtype", {})

@@ -42,7 +42,8 @@ def comparison_dtype(a: str, b: str) -> str:
     # activation_dtype); a 256-wide Q8_K block is coarser than a 32-wide Q8_0 / Q8_1 one
     # ggml_<act>: impl with ggml's activation rounding reproduced (the oracle) against
     # llama.cpp -- float32 summation order is what is left, coarser than float32 only just
-    rank = {"float64": 0, "float32": 1, "f32": 1, "ggml_q8_0": 1.5, "ggml_q8_1": 1.5, "ggml_q8_k": 1.5,
+    rank = {"float64": 0, "float32": 1, "f32": 1, "ggml_f16": 1.5, "ggml_bf16": 1.5, "ggml_q8_0": 1.5,
+            "ggml_q8_1": 1.5, "ggml_q8_k": 1.5,
             "bfloat16": 2, "float16": 2, "bf16": 2, "f16": 2, "q8_0": 3, "q8_1": 3, "q8_k": 4}
     norm = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
     a, b = norm.get(a, a), norm.get(b, b)

@@ -110,12 +110,47 @@ def arch_keys(tree: Path, model_src: str) -> dict[str, set[str]]:
     return out
 
 
+# llama_layer's scale companions (``<x>_s``, loaded from ``<tensor>.scale`` by
+# llama_model_base's generic pass) -> the GGUF tensor kind they scale
+SCALE_TENSORS = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wqkv": "attn_qkv", "wo": "attn_output",
+                 "wqkv_gate": "attn_gate", "output": "output", "ssm_in": "ssm_in", "ssm_out": "ssm_out",
+                 "ssm_alpha": "ssm_alpha", "ssm_beta": "ssm_beta",
+                 **{f"ffn_{p}{s}": f"ffn_{p}{s}" for p in ("up", "gate", "down") for s in ("", "_exps", "_shexp")}}
+
+
+def arch_scales(tree: Path, model_src: str) -> dict[str, set[str]]:
+    """arch enum -> the tensor kinds whose ``.scale`` its graph applies: the
+    ``<x>_s`` its src/models/<arch>.cpp passes on, plus build_qkv's (wq_s, wk_s,
+    wv_s, wqkv_s) where it calls build_qkv. A ``.scale`` the graph never
+    passes is loaded and unused."""
+    files = {}
+    for f in sorted((tree / "src" / "models").glob("*.cpp")):
+        for cls in re.findall(r"llama_model_(\w+)::(?:graph::graph|build_arch_graph)\(", f.read_text()):
+            files[cls] = f.read_text()
+    graph = (tree / "src" / "llama-graph.cpp").read_text()
+    qkv_body = body(graph, graph.index("llm_graph_qkv llm_graph_context::build_qkv(", graph.index("build_qkv(") + 1))
+    qkv = set(re.findall(r"layer\.(\w+)_s\b", qkv_body))
+    factory = body(model_src, model_src.index("llama_model * llama_model_mapping("))
+    out, pending = {}, []
+    for tok in re.finditer(r"case (LLM_ARCH_\w+):|return new llama_model_(\w+)\(", factory):
+        if tok.group(1):
+            pending.append(tok.group(1))
+            continue
+        src = files.get(tok.group(2), "")
+        used = set(re.findall(r"\b(\w+?)_s\b", src)) | (qkv if "build_qkv(" in src else set())
+        for arch in pending:
+            out[arch] = {SCALE_TENSORS[u] for u in used if u in SCALE_TENSORS}
+        pending = []
+    return out
+
+
 def main() -> int:
     tree = Path(sys.argv[1])
     kv, archs = kv_names(tree)
     model_src = (tree / "src" / "llama-model.cpp").read_text()
     generic, only = generic_keys(model_src, kv)
     per_arch = arch_keys(tree, model_src)
+    scales = arch_scales(tree, model_src)
 
     def names(enums) -> list[str]:
         out = set()
@@ -151,6 +186,14 @@ def main() -> int:
             continue
         ks = names(per_arch[enum] | only.get(enum, set()))
         print(f"    {arch!r}: frozenset({{{', '.join(repr(k) for k in ks)}}}),")
+    print("}")
+    print()
+    print("# the tensor kinds whose ``.scale`` each arch's graph applies (src/models/<arch>.cpp passes")
+    print("# ``<x>_s`` on, or calls build_qkv); any other ``.scale`` is loaded and unused")
+    print("SCALES = {")
+    for enum, arch in sorted(archs.items(), key=lambda kv_: kv_[1]):
+        if enum in scales:
+            print(f"    {arch!r}: frozenset({{{', '.join(repr(k) for k in sorted(scales[enum]))}}}),")
     print("}")
     return 0
 

@@ -76,7 +76,14 @@ class GGUFExport:
         import torch
 
         tmap = self.gguf_tensor_map(config)
-        for name, p in model.state_dict().items():
+        emb = getattr(model.get_input_embeddings(), "weight", None)
+        sd = model.state_dict()
+        emb_name = next((n for n, p in sd.items() if emb is not None and p.data_ptr() == emb.data_ptr()), None)
+        for name, p in sd.items():
+            if name != emb_name and emb is not None and p.data_ptr() == emb.data_ptr():
+                # a tied head: save_pretrained drops the tied copy, so the converter never
+                # sees it and llama.cpp falls back to token_embd (TENSOR_DUPLICATED)
+                continue
             data = self.gguf_value_map(name, p.detach().to(dtype=torch.float32).cpu().numpy(), config)
             for hf_name, out in self.gguf_convert(name, data, config, variant):
                 new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))

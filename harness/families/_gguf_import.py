@@ -32,13 +32,14 @@ the export defines it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import UsageError
-from ._llamacpp_keys import BY_ARCH, GENERIC
+from ._llamacpp_keys import BY_ARCH, GENERIC, SCALES
 
 # general.* and tokenizer.* say nothing about the arithmetic: the harness feeds
 # token ids (or tokenizes with llama.cpp's own vocabulary, --prompt).
@@ -450,7 +451,9 @@ def llama_like_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams, swa: bo
         full_rotary(meta, hp, family, swa)
     keys = family.settable_keys()
     if "attention_bias" in keys:
-        kw["attention_bias"] = "blk.0.attn_q.bias" in shapes
+        # HF's one switch for all four (LlamaAttention: bias=config.attention_bias); llama.cpp
+        # loads each one on its own, optionally (an absent one reads as zero: trace_import)
+        kw["attention_bias"] = any(_ATTN_BIAS.fullmatch(n) for n in shapes)
     if "mlp_bias" in keys:
         kw["mlp_bias"] = "blk.0.ffn_up.bias" in shapes
     return kw
@@ -492,9 +495,23 @@ class GGUFImport:
 
     def gguf_import_prepare(self, tensors: dict, config) -> dict:
         """The file's tensors (name -> loader) before ``trace_import`` places
-        them: a family consumes or folds the ones its export writes outside the
-        HF state dict (llama: ``rope_freqs``, a ``wo`` scale). Default: as they are."""
-        return tensors
+        them. Default: src/llama-model.cpp's generic pass every arch gets loads
+        ``X.scale`` ({1}, or {n_expert} for stacked experts) and
+        ``X.input_scale``; where the arch's graph passes the scale on
+        (``build_lora_mm``: ``(W x) * s``) it is folded into the weight (``W * s``:
+        the same function, which HF and impl compute from it); the rest is read
+        by no graph and dropped (``unused_tensors``, listed in meta.json). A family consumes what else it writes outside the HF state
+        dict. ``rope_freqs`` is a hyper-parameter (``rope_freqs``, read into the
+        config): not a weight."""
+        tensors = dict(tensors)
+        tensors.pop("rope_freqs.weight", None)
+        return fold_scales(tensors, self.gguf_arch)
+
+    def gguf_patch_model(self, model, config) -> None:
+        """What the HF model built from the read-back config still lacks (default:
+        a RoPE table with llama.cpp's per-pair frequency factors, where the config
+        carries them)."""
+        apply_freq_factors(model, config)
 
     def gguf_import_tensors(self, tensors: dict, model, config, variant: str | None = None,
                             path: str = "", provenance: dict | None = None) -> dict[str, np.ndarray]:
@@ -503,12 +520,151 @@ class GGUFImport:
                             provenance)
 
 
+# build_ffn (llama-graph.cpp) adds a dense FFN matrix's bias BEFORE its scale
+# ((W x + b) * s); every other site -- build_qkv, build_attn's wo, the experts of
+# build_moe_ffn, the output head -- scales the product and adds the bias after
+_BIAS_THEN_SCALE = re.compile(r"blk\.\d+\.ffn_(up|gate|down)(_shexp)?\.scale$")
+
+
+def unused_tensors(names, arch: str) -> list[str]:
+    """The file's tensors llama.cpp loads for ``arch`` and its graph never reads:
+    every ``X.input_scale``, and each ``X.scale`` of a kind the arch's graph does
+    not pass on (``SCALES``, generated from src/models/<arch>.cpp)."""
+    kinds = SCALES.get(arch, frozenset())
+    names = set(names)
+    return sorted(n for n in names if n.endswith(".input_scale")
+                  or (n.endswith(".scale") and _kind(n.removesuffix(".scale")) not in kinds)
+                  # qwen3next.cpp / qwen35.cpp: the legacy fused ssm_in only where no attn_qkv is
+                  or (n.endswith(".ssm_in.weight") and n.replace(".ssm_in.", ".attn_qkv.") in names))
+
+
+def _kind(name: str) -> str:
+    return name.split(".", 2)[-1] if name.startswith("blk.") else name
+
+
+def fold_scales(tensors: dict, arch: str = "") -> dict:
+    """Every ``X.scale`` the arch's graph applies folded into ``X.weight`` (and
+    into ``X.bias`` where the graph scales after the bias); the unused ones
+    (``unused_tensors``) dropped. See ``GGUFImport.gguf_import_prepare``."""
+    tensors = dict(tensors)
+    for name in unused_tensors(tensors, arch):
+        del tensors[name]
+    for sname in [n for n in tensors if n.endswith(".scale")]:
+        base = sname.removesuffix(".scale")
+        get_s = tensors.pop(sname)
+        if base + ".weight" not in tensors:
+            raise UsageError(f"--gguf: {sname} scales no {base}.weight")
+
+        def scaled(get_t, get_s=get_s, sname=sname):
+            def get():
+                t = get_t()
+                s = np.asarray(get_s(), dtype=np.float32).reshape(-1)
+                if s.size == 1:
+                    return t * s[0]
+                if s.size == t.shape[0]:  # one scale per expert ({n_expert}): [E, ...]
+                    return t * s.reshape(-1, *([1] * (t.ndim - 1)))
+                raise UsageError(f"--gguf: {sname} has {s.size} elements; a scale has one (or one per expert)")
+            return get
+
+        tensors[base + ".weight"] = scaled(tensors[base + ".weight"])
+        if _BIAS_THEN_SCALE.search(sname) and base + ".bias" in tensors:
+            tensors[base + ".bias"] = scaled(tensors[base + ".bias"])
+    return tensors
+
+
+def rope_freqs(meta: GGUFMeta, kw: dict, tensors: dict) -> None:
+    """A file's ``rope_freqs`` tensor (llama.cpp's ``model.get_rope_factors``: each
+    pair's frequency divided by its factor, ggml_rope_ext ``freq_factors``; the
+    llama, granite and llama4 loaders take it) into ``kw["rope_parameters"]``:
+    HF's own ``llama3`` type where the factors follow that formula
+    (conversion/llama.py ``generate_extra_tensors``), else the factors as they
+    are (``freq_factors``, applied by ``rope_from_config`` and
+    ``apply_freq_factors``: llama.cpp's random-model generator writes random ones)."""
+    from .llama import llama3_from_factors
+
+    if "rope_freqs.weight" not in tensors:
+        return
+    rp = kw.get("rope_parameters") or {}
+    if "rope_theta" not in rp:
+        raise UsageError(f"--gguf {meta.path}: rope_freqs.weight with per-layer-type RoPE parameters is not read here")
+    factors = np.asarray(tensors["rope_freqs.weight"](), dtype=np.float64).reshape(-1)
+    hd = kw.get("head_dim") or kw["hidden_size"] // kw["num_attention_heads"]
+    try:
+        kw["rope_parameters"] = llama3_from_factors(meta, factors, rp, hd)
+    except UsageError:
+        if factors.size != hd // 2 or rp.get("rope_type") != "default":
+            raise
+        kw["rope_parameters"] = {**rp, "freq_factors": [float(f) for f in factors]}
+
+
+def apply_freq_factors(model, config) -> None:
+    """HF's RoPE table divided, pair by pair, by the file's ``rope_freqs``
+    (``config.rope_parameters["freq_factors"]``, set where no HF RoPE type
+    reproduces them): llama.cpp's ``ggml_rope_ext`` rotates pair i by
+    ``pos * theta_i / ff_i``; HF's rotary embedding reads its ``inv_freq`` buffer."""
+    import torch
+
+    factors = (getattr(config, "rope_parameters", None) or {}).get("freq_factors")
+    if factors is None:
+        return
+    ff = torch.tensor([float(f) for f in factors], dtype=torch.float32)
+    for mod in model.modules():
+        inv = getattr(mod, "inv_freq", None)
+        if isinstance(inv, torch.Tensor) and inv.shape == ff.shape:
+            mod.inv_freq = inv / ff.to(inv.dtype)
+            if hasattr(mod, "original_inv_freq"):
+                mod.original_inv_freq = mod.inv_freq.clone()
+
+
 def _squeeze_leading(shape) -> tuple:
     # ggml drops trailing ne == 1 (ggml_n_dims) when it writes a tensor, numpy-leading 1s here
     shape = tuple(int(d) for d in shape)
     while len(shape) > 1 and shape[0] == 1:
         shape = shape[1:]
     return shape
+
+
+# Fused tensors a file may carry in place of the parts the export writes (llama.cpp
+# loads either: create_tensor_qkv's wqkv, create_tensor_gate_up_exps' gate_up_exps;
+# convert_hf_to_gguf.py writes them with --fuse-qkv / --fuse-gate-up-exps): the
+# parts, concatenated in this order along the output rows
+FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up_exps": ("ffn_gate_exps", "ffn_up_exps")}
+
+
+# biases llama.cpp creates TENSOR_NOT_REQUIRED for every arch (create_tensor_qkv's q/k/v
+# ones, and wo_b): where HF's one attention_bias switch asks for all four, an absent
+# one is a zero bias -- the same function
+_ATTN_BIAS = re.compile(r"blk\.\d+\.attn_(q|k|v|qkv|output)\.bias")
+
+
+def split_fused(tensors: dict, expected: dict[str, tuple], where: str) -> dict:
+    """The file's fused tensors split into the parts the export traces, where the
+    parts are expected and absent (``expected``: GGUF name -> numpy shape)."""
+    tensors = dict(tensors)
+    for name in list(tensors):
+        m = re.fullmatch(r"(blk\.\d+)\.(\w+)\.(weight|bias)", name)
+        if not m or m.group(2) not in FUSED:
+            continue
+        parts = [f"{m.group(1)}.{p}.{m.group(3)}" for p in FUSED[m.group(2)]]
+        if not all(p in expected and p not in tensors for p in parts):
+            continue
+        axis = -2 if len(expected[parts[0]]) >= 2 else -1
+        sizes = [expected[p][axis] for p in parts]
+        get = tensors.pop(name)
+
+        def part(k, get=get, sizes=sizes, axis=axis, name=name):
+            def load():
+                t = get()
+                if t.shape[axis] != sum(sizes):
+                    raise UsageError(f"{where}: fused tensor {name} has {t.shape[axis]} rows; its parts need "
+                                     f"{' + '.join(map(str, sizes))}")
+                lo = sum(sizes[:k])
+                return np.take(t, np.arange(lo, lo + sizes[k]), axis=axis)
+            return load
+
+        for k, p in enumerate(parts):
+            tensors[p] = part(k)
+    return tensors
 
 
 def trace_import(family, tensors: dict, model, config, variant: str | None, path: str = "",
@@ -520,27 +676,23 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
     tensor holds, at every position, the index of the HF element the export
     put there. The file's tensor (dequantized) is scattered back by those
     indices, and ``gguf_value_unmap`` undoes the elementwise value step. Every
-    HF element must be covered, every GGUF tensor of the file used; a tensor
-    whose shape contradicts the metadata is refused. ``provenance`` (if given)
-    receives, per HF tensor, the GGUF tensors it came from."""
+    HF element must be covered, every GGUF tensor of the file used (a fused
+    tensor -- ``FUSED`` -- stands for its parts); a tensor whose shape
+    contradicts the metadata is refused. ``provenance`` (if given) receives, per
+    HF tensor, the GGUF tensors it came from."""
     tmap = family.gguf_tensor_map(config)
     sd = model.state_dict()
     emb = getattr(model.get_input_embeddings(), "weight", None)
     embed_ptr = None if emb is None else emb.data_ptr()
     emb_name = next((n for n, p in sd.items() if p.data_ptr() == embed_ptr), None)
-    out: dict[str, np.ndarray] = {}
-    used: set[str] = set()
     where = f"--gguf {path}" if path else "--gguf"
-    for name, p in sd.items():
-        tied = embed_ptr is not None and p.data_ptr() == embed_ptr and name != emb_name
-        n = int(p.numel())
-        shape = tuple(p.shape)
-        idx = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64).reshape(shape)
-        pieces = list(family.gguf_convert(name, idx, config, variant))
-        flat = None
-        covered = None
-        missing = []
-        for hf_style, arr in pieces:
+
+    def traced(name, p, dtype):
+        """``(gguf name, array of HF element indices)`` for each piece of ``name``."""
+        idx = np.arange(p.numel(), dtype=dtype).reshape(tuple(p.shape)) if dtype is not None else \
+            np.zeros(tuple(p.shape), dtype=np.int8)
+        out = []
+        for hf_style, arr in family.gguf_convert(name, idx, config, variant):
             arr = np.asarray(arr)
             if not np.issubdtype(arr.dtype, np.integer):
                 raise TypeError(f"family {family.name}: gguf_convert({name}) changed element values "
@@ -548,10 +700,31 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
             g = tmap.get_name(hf_style, try_suffixes=(".weight", ".bias"))
             if g is None:
                 raise ValueError(f"family {family.name}: no GGUF name for {hf_style!r} (HF {name})")
-            if g not in tensors:
+            out.append((g, arr))
+        return out
+
+    params = [(n, p) for n, p in sd.items()
+              # the tied head: never exported (GGUFExport.gguf_tensors), loaded with token_embd
+              if not (embed_ptr is not None and p.data_ptr() == embed_ptr and n != emb_name)]
+    # pass 1: the shape of every GGUF tensor the export writes (cheap int8 stand-ins)
+    expected = {g: tuple(a.shape) for n, p in params for g, a in traced(n, p, None)}
+    tensors = split_fused(tensors, expected, where)
+    out: dict[str, np.ndarray] = {}
+    used: set[str] = set()
+    for name, p in params:
+        n = int(p.numel())
+        pieces = traced(name, p, np.int32 if n < 2**31 else np.int64)
+        flat = None
+        covered = None
+        missing = []
+        for g, arr in pieces:
+            if g not in tensors and _ATTN_BIAS.fullmatch(g):
+                data = np.zeros(arr.shape, dtype=np.float32)  # an optional bias the file leaves out
+            elif g not in tensors:
                 missing.append(g)
                 continue
-            data = np.asarray(tensors[g]())
+            else:
+                data = np.asarray(tensors[g]())
             if _squeeze_leading(data.shape) != _squeeze_leading(arr.shape):
                 raise UsageError(f"{where}: tensor {g} has shape {tuple(data.shape)} (numpy order); "
                                  f"the metadata makes it {tuple(arr.shape)} for family {family.name}")
@@ -563,13 +736,11 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
             covered[ix] = True
             used.add(g)
         if flat is None or not covered.all():
-            if tied and flat is None:
-                continue  # the tied head: the same tensor as token_embd, loaded with it
             what = ", ".join(missing) if missing else "(no GGUF tensor)"
             raise UsageError(f"{where}: the file has no {what} (HF {name}) for family {family.name}")
-        out[name] = family.gguf_value_unmap(name, flat.reshape(shape), config)
+        out[name] = family.gguf_value_unmap(name, flat.reshape(tuple(p.shape)), config)
         if provenance is not None:
-            provenance[name] = [tmap.get_name(h, try_suffixes=(".weight", ".bias")) for h, _ in pieces]
+            provenance[name] = [g for g, _ in pieces]
     left = sorted(set(tensors) - used)
     if left:
         raise UsageError(f"{where}: tensors with no counterpart in family {family.name}'s HF model: "

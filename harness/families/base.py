@@ -139,7 +139,13 @@ def rope_from_config(config, layer_type: str | None = None, layout: str = "neox"
     rot = int(hd * prf)
     if kind == "yarn":
         params.setdefault("max_position_embeddings", config.max_position_embeddings)
-    return make_rope(kind, theta, rot, layout, params)
+    spec = make_rope(kind, theta, rot, layout, params)
+    factors = params.get("freq_factors")
+    if factors is not None:
+        # a GGUF's rope_freqs tensor (ggml_rope_ext freq_factors: theta_i / ff_i), read
+        # back by --gguf where no HF RoPE type reproduces it (_gguf_import.apply_freq_factors)
+        spec = dataclasses.replace(spec, inv_freq=tuple(f / float(ff) for f, ff in zip(spec.inv_freq, factors)))
+    return spec
 
 
 class LlamaLike(Family):

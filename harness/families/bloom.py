@@ -169,8 +169,6 @@ class Bloom(Family):
         w.add_layer_norm_eps(config.layer_norm_epsilon)
 
     def gguf_convert(self, name, data, config, variant=None):
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            return  # save_pretrained drops the tied copy; llama.cpp falls back to token_embd
         n_head, n_embed = config.n_head, config.hidden_size
         name = re.sub(r"transformer\.", "", name)  # BloomModel.modify_tensors
         if self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.weight", name):

@@ -120,12 +120,8 @@ class Gemma3(NormPlusOne, LlamaLike):
         if self.write_swa_pattern:
             w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
 
-    def gguf_transform(self, name, data, config):
-        # conversion/gemma.py Gemma3Model.modify_tensors / norm_shift: "*norm.weight" + 1
-        # (NormPlusOne). A tied checkpoint holds no lm_head; gemma3.cpp falls back to token_embd
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            return None
-        return data
+    # conversion/gemma.py Gemma3Model.modify_tensors / norm_shift: "*norm.weight" + 1
+    # (NormPlusOne); a tied head is never exported (gemma3.cpp falls back to token_embd)
 
 
     def config_from_gguf(self, meta, shapes, tensors):

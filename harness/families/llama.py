@@ -175,25 +175,10 @@ class Llama(PermutedQK):
         if factors is not None:
             yield "rope_freqs.weight", factors
 
-    def config_from_gguf(self, meta, shapes, tensors):
-        kw = super().config_from_gguf(meta, shapes, tensors)
-        if "rope_freqs.weight" in tensors:
-            # llama.cpp: layer.rope_freqs divides each pair's frequency (ggml_rope_ext's
-            # freq_factors); conversion/llama.py writes it for llama3 RoPE scaling
-            kw["rope_parameters"] = llama3_from_factors(meta, tensors["rope_freqs.weight"](), kw["rope_parameters"],
-                                                        kw.get("head_dim") or kw["hidden_size"] // kw["num_attention_heads"])
-        return kw
-
-    def gguf_import_prepare(self, tensors, config):
-        # rope_freqs is a hyper-parameter, read into the config (config_from_gguf)
-        tensors.pop("rope_freqs.weight", None)
-        return super().gguf_import_prepare(tensors, config)
-
 
 # The wo_scale variant's per-tensor scale (see the module docstring).
 WO_SCALE = 0.37
 _WO = re.compile(r"blk\.\d+\.attn_output\.weight")
-_WO_S = re.compile(r"blk\.\d+\.attn_output\.scale")
 
 
 class LlamaFamily(Llama):
@@ -227,26 +212,6 @@ class LlamaFamily(Llama):
                     yield name.removesuffix(".weight") + ".scale", np.array([WO_SCALE], dtype=np.float32)
             else:
                 yield name, data
-
-    def gguf_import_prepare(self, tensors, config):
-        # --gguf: a file with blk.N.attn_output.scale computes (W' x) * s (llama.cpp
-        # build_attn: build_lora_mm(wo, cur, wo_s), then wo_b); HF has no slot for the
-        # scale, so it is folded into the weight it scales, W = W' * s -- the same
-        # function, which impl then computes from W
-        for sname in [n for n in tensors if _WO_S.fullmatch(n)]:
-            wname = sname.removesuffix(".scale") + ".weight"
-            get_s, get_w = tensors.pop(sname), tensors.get(wname)
-            if get_w is None:
-                raise UsageError(f"--gguf: {sname} scales no {wname}")
-
-            def folded(get_w=get_w, get_s=get_s, sname=sname):
-                s = np.asarray(get_s(), dtype=np.float32).reshape(-1)
-                if s.size != 1:
-                    raise UsageError(f"--gguf: {sname} has {s.size} elements; a per-tensor scale has one")
-                return get_w() * s[0]
-
-            tensors[wname] = folded
-        return super().gguf_import_prepare(tensors, config)
 
 
 FAMILY = LlamaFamily()

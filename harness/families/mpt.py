@@ -189,13 +189,6 @@ class Mpt(Family):
             w.add_clamp_kqv(a.clip_qkv)
         w.add_max_alibi_bias(a.alibi_bias_max if a.alibi else 0.0)
 
-    def gguf_tensors(self, model, config, variant=None):
-        for new, data in super().gguf_tensors(model, config, variant):
-            if new == "output.weight" and config.tie_word_embeddings:
-                continue  # save_pretrained drops the tied lm_head; llama.cpp falls back to token_embd
-            yield new, data
-
-
     def config_from_gguf(self, meta, shapes, tensors):
         """mpt.cpp load_arch_hparams: layer_norm_eps, clamp_kqv (optional; > 0
         clamps), max_alibi_bias (optional; absent or 0: no ALiBi at all). HF's MPT

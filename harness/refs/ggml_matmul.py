@@ -26,6 +26,10 @@ float32 summation order:
   min(127, nearest_int(iscale * x))`` (round half even), ``d = 1 / iscale``
   stored as float32.
 
+- F16 / BF16 (a tensor a quantized block cannot tile stays F16): on x86
+  llamafile's tinyBLAS multiplies F16 x F16 only, so the activations are
+  rounded to f16 (round to nearest even) -- bf16 likewise.
+
 What is NOT reproduced (the residue ``fixtures/tolerance.toml`` bounds):
 float32 summation order, the fp16 ``s = d * sum(q)`` term a Q4_1 / Q5_1 dot
 uses for the weight minimum, and matmuls impl does not route through
@@ -75,8 +79,23 @@ def round_q8_k(x: np.ndarray) -> np.ndarray:
     return (q * d).astype(_F32).reshape(np.shape(x))
 
 
-ROUNDING = {"q8_0": round_q8_0, "q8_1": round_q8_0, "q8_k": round_q8_k}
-BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
+def round_f16(x: np.ndarray) -> np.ndarray:
+    """ggml_cpu_fp32_to_fp16 (F16C / round to nearest even), back to float32."""
+    return np.asarray(x, dtype=_F32).astype(np.float16).astype(_F32)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """ggml_compute_fp32_to_bf16: round to nearest even on the upper 16 bits."""
+    u = np.asarray(x, dtype=_F32).view(np.uint32).astype(np.uint64)
+    u = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16) << 16
+    return u.astype(np.uint32).view(_F32)
+
+
+# the activation type -> the rounding ggml applies. An F16 / BF16 weight left in a
+# quantized file (a row a quantized block cannot tile): on x86 llamafile's tinyBLAS
+# takes only F16 x F16 (sgemm.cpp, AVX / AVX2+F16C / AVX512 alike), so the
+# activations are converted to the weight's vec_dot_type first, as for Q8_0
+ROUNDING = {"q8_0": round_q8_0, "q8_1": round_q8_0, "q8_k": round_q8_k, "f16": round_f16, "bf16": round_bf16}
 
 
 def impl_weight_sources(family, model, config, i: int) -> dict[str, set[str]]:
@@ -110,12 +129,12 @@ def layer_act_types(family, model, config, i: int, hf_types: dict[str, set[str]]
     """impl weight name -> the activation type ggml multiplies it with, for the
     weights that come from quantized GGUF tensors of one activation type
     (``hf_types``: HF parameter -> the types of the GGUF tensors it came from)."""
-    from .ggml_types import is_quantized, vec_dot_type
+    from .ggml_types import vec_dot_type
 
     out = {}
     for name, params in impl_weight_sources(family, model, config, i).items():
         types = set().union(*(hf_types.get(p, set()) for p in params)) if params else set()
-        acts = {vec_dot_type(t) for t in types if is_quantized(t)}
+        acts = {vec_dot_type(t) for t in types if t != "f32"}
         if len(acts) == 1 and None not in acts:
             out[name] = acts.pop()
     return out

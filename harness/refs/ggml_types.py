@@ -48,13 +48,18 @@ def activation_dtype(tensor_types) -> str | None:
     """The coarsest type ggml quantizes activations to for the quantized tensors
     among ``tensor_types`` (``q8_k`` over ``q8_0`` / ``q8_1``: a 256-wide block
     shares one scale, a 32-wide block its own); None if none is quantized."""
-    return coarsest_activation(vec_dot_type(t) for t in tensor_types if is_quantized(t))
+    return coarsest_activation(a for a in (vec_dot_type(t) for t in tensor_types if is_quantized(t))
+                               if a and a.startswith("q8"))
+
+
+ACTIVATION_ORDER = ("q8_k", "q8_1", "bf16", "q8_0", "f16")  # coarsest first
 
 
 def coarsest_activation(acts) -> str | None:
-    """The coarsest of activation types (q8_k, then q8_1, then q8_0)."""
+    """The coarsest of activation types: a 256-wide Q8_K block shares one scale,
+    a 32-wide Q8_0 / Q8_1 block its own; bf16 keeps 8 significant bits, f16 11."""
     acts = set(acts)
-    return next((a for a in ("q8_k", "q8_1", "q8_0") if a in acts), None)
+    return next((a for a in ACTIVATION_ORDER if a in acts), None)
 
 
 def readable() -> set[str]:

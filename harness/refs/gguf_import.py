@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError, suggest
-from ..families._gguf_import import GGUFMeta
+from ..families._gguf_import import GGUFMeta, rope_freqs, unused_tensors
 from ..families.base import NotInImpl
 from . import ggml_types
 
@@ -51,6 +51,7 @@ class GGUFSource:
     tensor_types: dict[str, str] = field(default_factory=dict)  # GGUF tensor -> its type
     variant: str | None = None
     ignored: dict[str, str] = field(default_factory=dict)  # metadata keys llama.cpp does not read, and why
+    unused: list[str] = field(default_factory=list)  # tensors llama.cpp loads and its graph never reads
     hf_types: dict[str, set] = field(default_factory=dict)  # HF tensor -> the types of the GGUF tensors it came from
 
     def summary(self) -> dict:
@@ -60,7 +61,9 @@ class GGUFSource:
             counts[t] = counts.get(t, 0) + 1
         return {"path": self.path, "family": self.family.name, "arch": self.family.gguf_arch,
                 "variant": self.variant, "weight_type": self.weight_type, "tensor_types": counts,
-                "ignored_keys": self.ignored}
+                "ignored_keys": self.ignored,
+                "unused_tensors": {n: f"loaded by llama.cpp, read by no op of its {self.family.gguf_arch} graph"
+                                   for n in self.unused}}
 
 
 def read_fields(reader) -> dict[str, Any]:
@@ -118,6 +121,7 @@ def read_config(cands: list, arch: str, values: dict, shapes: dict, tensors: dic
         meta = GGUFMeta(arch, values, path)
         try:
             kw = fam.config_from_gguf(meta, shapes, tensors)
+            rope_freqs(meta, kw, tensors)
             left = meta.unhonoured()
             if left:
                 raise UsageError(f"--gguf {path}: llama.cpp reads {', '.join(left[:4])} for {arch}, and family "
@@ -166,6 +170,18 @@ def dequantizer(info):
 
 
 def load(path: str, family: str | None = None) -> GGUFSource:
+    """The file read back (see the module docstring); anything the reverse
+    cannot make of it is one line (UsageError), an unexpected failure included."""
+    try:
+        return _load(path, family)
+    except UsageError:
+        raise
+    except Exception as e:  # a file this reverse did not foresee: one line, never a traceback
+        raise UsageError(f"--gguf {path}: could not be read back ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]})") from None
+
+
+def _load(path: str, family: str | None = None) -> GGUFSource:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -197,6 +213,7 @@ def load(path: str, family: str | None = None) -> GGUFSource:
     except (ValueError, TypeError, KeyError, AssertionError, RuntimeError) as e:
         raise UsageError(f"--gguf {path}: HF cannot build family {fam.name} from the file's config: "
                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    fam.gguf_patch_model(model, config)
     provenance: dict[str, list[str]] = {}
     state = fam.gguf_import_tensors(tensors, model, config, variant, path, provenance)
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
@@ -212,4 +229,4 @@ def load(path: str, family: str | None = None) -> GGUFSource:
     mats = [types[n] for n in infos if len(shapes[n]) >= 2]
     hf_types = {h: {types[g] for g in gs if g in types} for h, gs in provenance.items()}
     return GGUFSource(str(path), fam, config, model, lw, ggml_types.coarsest(mats), types, variant,
-                      meta.ignored(), hf_types)
+                      meta.ignored(), unused_tensors(infos, arch), hf_types)

@@ -114,6 +114,16 @@ def transformers_reference(src, log=None):
                       "the harness's reverse map")
     model.load_state_dict({k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors.items() if k in sd},
                           strict=False)
+    # where its reading and the reverse map part (a tensor it does not know: a .scale
+    # llama.cpp folds in, a fused QKV, rope_freqs ...), llama.cpp decides which is the
+    # file's function -- the reverse map's, which impl is checked against; the HF
+    # reference then takes it too, and says why
+    ours = src.model.state_dict()
+    for k, v in model.state_dict().items():
+        a, b = v.detach().float(), ours[k].detach().float()
+        if a.shape != b.shape or not torch.allclose(a, b, rtol=1e-6, atol=1e-6 * float(b.abs().max() + 1e-30)):
+            return None, (f"transformers' GGUF loader reads {k} differently from llama.cpp's graph (the reverse map): "
+                          "the harness's reverse map")
     return model, "transformers' GGUF loader (load_gguf_checkpoint) into the config read here"
 
 
