@@ -62,6 +62,9 @@ class Case:
     gguf: str | None = None
     page_size: int = 4
     variant: str | None = None  # a family's named variant (MLA: naive / absorbed)
+    # text for the token ids (tokenized with the GGUF's own vocabulary by llama.cpp);
+    # None: seeded random ids
+    prompt: str | None = None
     # features switched off in the seeded model itself (Family.model_switches; feature bisection)
     switch_off: tuple = ()
 
@@ -90,6 +93,8 @@ class Case:
             parts.append(f"{k}={v}")
         if self.switch_off:
             parts.append("off=" + "+".join(self.switch_off))
+        if self.prompt is not None:
+            parts.append(f"prompt={cache.key(self.prompt)[:8]}")
         if self.hf_model:
             parts.append(f"hf-model={Path(self.hf_model).name}")
         if self.gguf:
@@ -126,6 +131,10 @@ class Case:
             from .refs.gguf_weights import check_weight_type
 
             check_weight_type(self.gguf_type)
+        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt.strip()):
+            raise UsageError("--prompt must be non-empty text")
+        if self.prompt is not None and "," in self.schedule:
+            raise UsageError("--prompt sets the length: use the prefill, decode or mixed schedule, not chunk sizes")
         if not isinstance(self.tokens, int) or self.tokens < 1:
             raise UsageError(f"--tokens must be a positive integer, got {self.tokens!r}")
         if self.n_seqs < 1:
@@ -314,6 +323,24 @@ class CaseRun:
 
     @cached_property
     def tokens(self) -> np.ndarray:
+        """The token ids ``[seqs, tokens]``: seeded random ids, or ``--prompt``
+        tokenized with the GGUF's own vocabulary (the user's file, or the export)
+        by llama.cpp -- the same ids for every sequence and every side."""
+        if self.case.prompt is not None:
+            from dataclasses import replace
+
+            from .refs.llamacpp import tokenize
+
+            try:
+                ids = tokenize(self.gguf_path, self.case.prompt)
+            except RuntimeError as e:
+                raise UsageError(f"--prompt: {e}") from None
+            bad = [i for i in ids if not 0 <= i < int(self.config.vocab_size)]
+            if bad:
+                raise UsageError(f"--prompt: token ids {bad[:4]} lie outside the model's {self.config.vocab_size} "
+                                 "embedding rows")
+            self.case = replace(self.case, tokens=len(ids))
+            return np.tile(np.asarray(ids, dtype=np.int64), (self.case.n_seqs, 1))
         vocab = int(self.config.vocab_size)
         rows = [np.random.default_rng([self.case.seed, s, 7]).integers(0, vocab, self.case.tokens)
                 for s in range(self.case.n_seqs)]
@@ -590,7 +617,7 @@ class CaseRun:
         if status == "fail":
             lc = self.layer_cfgs[layer] if layer is not None else None
             known = self.policy.finding(self.family.name, cand_name, ref_name, probe, _layer_kind(lc), self.features,
-                                        dict(self.case.overrides), layer=layer, nmse=m["nmse"])
+                                        dict(self.case.overrides), layer=layer, nmse=m["nmse"], dtype=cdt)
             if known:
                 status, reason = "finding", f"{reason} -- known disagreement: {known}"
         key = f"L{layer}.{probe}" if layer is not None else probe

@@ -56,10 +56,16 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--seqs", type=int, default=None, help="sequences (default 1 for decode, 2 otherwise)")
     p.add_argument("--page-size", type=int, default=4, help="rows per page for --kv paged (default 4)")
-    p.add_argument("--gguf-type", default="f32", help="GGUF weight type for llama.cpp: f32, f16, bf16, q8_0")
+    p.add_argument("--gguf-type", default="f32",
+                   help="weight type of the GGUF the family's export is written as: f32, f16, bf16, or any "
+                        "llama_model_quantize type (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m, q4_k_m, q5_k_m, "
+                        "q6_k, iq4_xs, iq4_nl ...; see harness/refs/ggml_types.py); HF and impl then run on "
+                        "the file's dequantized weights")
     p.add_argument("--hf-model", metavar="PATH", help="a local HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--gguf", metavar="PATH", help="a GGUF file: compare impl against llama.cpp on it")
     p.add_argument("--variant", help="a family's named variant (MLA families: absorbed, naive)")
+    p.add_argument("--prompt", metavar="TEXT", help="token ids from this text, tokenized by llama.cpp with the "
+                                                    "GGUF's own vocabulary (default: seeded random ids)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
 
 
@@ -77,7 +83,7 @@ def case_from_args(a):
     return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
-                variant=a.variant)
+                variant=a.variant, prompt=a.prompt)
 
 
 def _require_device(case) -> None:

@@ -14,7 +14,7 @@ PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "q8_0", "q8_1", 
 _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "when", "settings", "downstream_of",
-                 "max_nmse", "reason"}
+                 "max_nmse", "dtypes", "reason"}
 
 
 def dataflow_position(layer: int | None, probe: str) -> tuple:
@@ -60,7 +60,7 @@ class Policy:
 
     def finding(self, family: str, candidate: str, reference: str, probe: str, layer_kind: str,
                 features: list[str], overrides: dict | None = None, layer: int | None = None,
-                nmse: float | None = None) -> str | None:
+                nmse: float | None = None, dtype: str | None = None) -> str | None:
         """The written reason when a failing comparison is a KNOWN disagreement of
         the references (a finding, reported as such), else None."""
         for f in self.findings:
@@ -73,6 +73,10 @@ class Policy:
             if f.get("layer_kind", layer_kind) != layer_kind:
                 continue
             if any(tag not in features for tag in f.get("when", [])):
+                continue
+            # dtypes: the comparison dtypes it is known at (e.g. q8_k: quantized weights
+            # only -- a disagreement the float comparison of the same case does not have)
+            if "dtypes" in f and dtype not in f["dtypes"]:
                 continue
             # settings: HF config overrides the case must carry (an HF-only setting
             # no feature tag tells apart, e.g. smollm3's no_rope_layer_interval)

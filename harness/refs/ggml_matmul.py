@@ -31,13 +31,16 @@ float32 summation order:
   rounded to f16 (round to nearest even) -- bf16 likewise.
 
 What is NOT reproduced (the residue ``fixtures/tolerance.toml`` bounds):
-float32 summation order, the fp16 ``s = d * sum(q)`` term a Q4_1 / Q5_1 dot
-uses for the weight minimum, and matmuls impl does not route through
-``impl.ops.linear`` (the absorbed MLA's per-head ``k_b`` / ``v_b`` products).
+float32 summation order; the fp16 ``s = d * sum(q)`` term a Q4_1 / Q5_1 dot
+uses for the weight minimum; and a FLIP -- impl's float32 input to a
+quantization differs from llama.cpp's by an ulp, and one element lands on the
+other side of a rounding boundary: one quantization step of one input
+element, times its weight column, in the product.
 
-The rounding is installed around one impl run (``installed``): impl's own
-``linear`` is wrapped, per weight array, by the rounding of the GGUF type that
-weight came from -- impl's code is not changed, and a mutant of it still runs.
+The rounding is installed around one impl run (``installed``): the layer's
+weight arrays are viewed through ``_Quantizing``, whose matrix products round
+the activations by the GGUF type that weight came from -- impl's code is not
+changed, and a mutant of it still runs.
 """
 
 from __future__ import annotations
@@ -140,36 +143,45 @@ def layer_act_types(family, model, config, i: int, hf_types: dict[str, set[str]]
     return out
 
 
+class _Quantizing(np.ndarray):
+    """A weight array (a view, no copy) whose matrix products round the OTHER
+    operand -- the activations, along the reduction axis -- as ggml quantizes
+    them: every ``matmul`` impl makes with the weight (``impl.ops.linear``, the
+    absorbed MLA's per-head ``wk_b`` / ``wv_b`` products) sees it; transposes and
+    other views keep it. Any other operation computes on the plain array."""
+
+    def __array_finalize__(self, obj):
+        self._round = getattr(obj, "_round", None)
+        self._hit = getattr(obj, "_hit", None)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = [np.asarray(x).view(np.ndarray) if isinstance(x, _Quantizing) else x for x in inputs]
+        if ufunc is np.matmul and method == "__call__" and len(inputs) == 2 and isinstance(inputs[1], _Quantizing) \
+                and not isinstance(inputs[0], _Quantizing):
+            a = plain[0]
+            plain[0] = inputs[1]._round(a).astype(a.dtype, copy=False)
+            inputs[1]._hit()
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+
 @contextlib.contextmanager
 def installed(layer, act_types: dict[str, str]):
-    """Round the input of every ``impl.ops.linear`` call on one of ``layer``'s
-    weights named in ``act_types``, as ggml quantizes it, for the block. Yields
-    the set the names of the weights actually met there are added to: a
-    weight impl multiplies otherwise (the absorbed MLA's ``wk_b``) is not."""
-    import sys
-
-    names = {id(layer.w[n]): n for n in act_types if n in layer.w}
-    by_id = {i: ROUNDING[act_types[n]] for i, n in names.items()}
+    """For the block, every matrix product impl makes with one of ``layer``'s
+    weights named in ``act_types`` rounds its activations as ggml quantizes them
+    (``_Quantizing``; NumPy backends -- on another backend nothing is rounded and
+    nothing is met). Yields the set the names of the weights actually met are
+    added to: the caller judges a layer at ``ggml_<act>`` only if every one was."""
     hits: set[str] = set()
-    if not by_id:
-        yield hits
-        return
-    mods = [m for m in (sys.modules.get("impl.attention"), sys.modules.get("impl.mla")) if m is not None]
-    originals = [(m, m._linear) for m in mods]
-
-    def wrap(orig):
-        def linear(xp, x, w, b=None):
-            rnd = by_id.get(id(w))
-            if rnd is not None:
-                x = xp.asarray(rnd(np.asarray(x)), dtype=x.dtype)
-                hits.add(names[id(w)])
-            return orig(xp, x, w, b)
-        return linear
-
-    for m, orig in originals:
-        m._linear = wrap(orig)
+    saved = {}
+    for name, act in act_types.items():
+        w = layer.w.get(name)
+        if not isinstance(w, np.ndarray):
+            continue
+        q = w.view(_Quantizing)
+        q._round, q._hit = ROUNDING[act], (lambda n=name: hits.add(n))
+        saved[name] = w
+        layer.w[name] = q
     try:
         yield hits
     finally:
-        for m, orig in originals:
-            m._linear = orig
+        layer.w.update(saved)

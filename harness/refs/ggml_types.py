@@ -30,7 +30,7 @@ NEEDS_IMATRIX = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m")
 # converted to before vec_dot / gemm with a weight of this type
 _VEC_DOT = {
     "f32": "f32", "f16": "f16", "bf16": "bf16",
-    "q4_0": "q8_0", "q5_0": "q8_0", "q8_0": "q8_0", "iq4_nl": "q8_0", "mxfp4": "q8_0",
+    "q4_0": "q8_0", "q5_0": "q8_0", "q8_0": "q8_0", "iq4_nl": "q8_0", "mxfp4": "q8_0", "nvfp4": "q8_0",
     "q4_1": "q8_1", "q5_1": "q8_1",
     "q2_k": "q8_k", "q3_k": "q8_k", "q4_k": "q8_k", "q5_k": "q8_k", "q6_k": "q8_k",
     "iq2_xxs": "q8_k", "iq2_xs": "q8_k", "iq2_s": "q8_k", "iq3_xxs": "q8_k", "iq3_s": "q8_k",

@@ -52,6 +52,43 @@ def require() -> None:
             "(builds llama.cpp from source, ~5 minutes on 2 cores)")
 
 
+_TOKENIZE = """
+import json, sys, ctypes, llama_cpp as l
+quiet = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda level, text, user: None)
+l.llama_log_set(quiet, None)
+l.llama_backend_init()
+p = l.llama_model_default_params()
+p.vocab_only = True
+m = l.llama_model_load_from_file(sys.argv[1].encode(), p)
+if not m:
+    sys.exit(3)
+text = sys.stdin.buffer.read()
+n = len(text) + 16
+buf = (l.llama_token * n)()
+k = l.llama_tokenize(l.llama_model_get_vocab(m), text, len(text), buf, n, True, False)
+print(json.dumps(list(buf[:k]) if k >= 0 else None))
+"""
+
+
+def tokenize(gguf_path, text: str) -> list[int]:
+    """``text`` tokenized with the file's own vocabulary, by llama.cpp's tokenizer
+    (``llama_tokenize``, special tokens added as the file asks -- ``add_bos``):
+    the ids every side of a ``--prompt`` case then takes. In a subprocess, as
+    every llama.cpp call here."""
+    require()
+    env = dict(os.environ)
+    proc = subprocess.run([sys.executable, "-c", _TOKENIZE, str(gguf_path)], input=text.encode(),
+                          capture_output=True, timeout=120, env=env)
+    ids = json.loads(proc.stdout or b"null") if proc.returncode == 0 else None
+    if not ids:
+        lines = [x for x in (proc.stderr or b"").decode(errors="replace").strip().splitlines() if "what()" in x]
+        why = (f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+               if proc.returncode else "no tokens") + (f", {lines[-1].strip()}" if lines else "")
+        raise RuntimeError(f"llama.cpp could not tokenize the prompt with {Path(gguf_path).name}'s vocabulary "
+                           f"({why})")
+    return [int(i) for i in ids]
+
+
 def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[int, int, int]]]:
     """The decode calls: ``[[(token, pos, seq), ...], ...]``, sequences in
     ascending order inside every call (llama.cpp splits a ubatch into one

@@ -5,7 +5,7 @@ by the tests): a GGUF this project did not write.
 
 LLAMA_CPP_TREE holds convert_hf_to_gguf.py, conversion/ and gguf-py/ (the
 converter puts gguf-py on its own path). JOBS_JSON: [[checkpoint_dir,
-out_file, outtype, vocab], ...]; ``vocab`` (optional):
+out_file, outtype, vocab, extra_args], ...]; ``vocab`` (optional):
 
 - ``"sentencepiece"`` (default): the converter's own ``set_vocab`` on a tiny
   SentencePiece model (``tokenizer.model``) trained here on a few words --
@@ -20,9 +20,13 @@ out_file, outtype, vocab], ...]; ``vocab`` (optional):
   checkpoint has. Only ``tokenizer.*`` keys change: every hyper-parameter
   and tensor is the converter's own.
 
+``extra_args`` (optional): more converter options (``--no-mtp`` for the
+qwen3-next family, whose checkpoints here have no MTP layers).
+
 ``architectures`` the converter registers under another spelling than
 transformers saves (conversion/mpt.py: ``MPTForCausalLM``) are renamed in
-config.json first. The converter runs through its own command line
+config.json first, and hub-config keys transformers 5 no longer saves are
+added (HUB_KEYS). The converter runs through its own command line
 (``main()`` with argv), once per job, in this one process.
 """
 
@@ -34,6 +38,12 @@ from pathlib import Path
 
 # transformers' saved architecture -> the name the converter registers
 ARCH_ALIASES = {"MptForCausalLM": "MPTForCausalLM"}
+
+# config keys the converter reads unconditionally from hub configs that
+# transformers 5 no longer saves, with the value transformers' model implies:
+# conversion/command_r.py Cohere2Model reads rotary_pct; transformers'
+# Cohere2RotaryEmbedding rotates the whole head_dim (modeling_cohere2.py)
+HUB_KEYS = {"Cohere2ForCausalLM": {"rotary_pct": 1.0}}
 
 
 def tiny_tokenizer(dest: Path) -> None:
@@ -94,11 +104,14 @@ def main() -> int:
     for job in jobs:
         ckpt, out, outtype = job[:3]
         vocab = job[3] if len(job) > 3 else "sentencepiece"
+        extra = list(job[4]) if len(job) > 4 else []
         cfg_path = Path(ckpt) / "config.json"
         cfg = json.loads(cfg_path.read_text())
         archs = [ARCH_ALIASES.get(a, a) for a in cfg.get("architectures") or []]
-        if archs != cfg.get("architectures"):
+        hub = {k: v for a in archs for k, v in HUB_KEYS.get(a, {}).items() if k not in cfg}
+        if archs != cfg.get("architectures") or hub:
             cfg["architectures"] = archs
+            cfg.update(hub)
             cfg_path.write_text(json.dumps(cfg, indent=2))
         for cls, own in patched_classes.items():  # every job starts from the converter's own classes
             if own is None:
@@ -110,7 +123,7 @@ def main() -> int:
         tok = Path(ckpt) / "tokenizer.model"
         if vocab == "sentencepiece" and not tok.exists():
             tiny_tokenizer(tok)
-        sys.argv = [str(script), ckpt, "--outfile", out, "--outtype", outtype]
+        sys.argv = [str(script), ckpt, "--outfile", out, "--outtype", outtype, *extra]
         runpy.run_path(str(script), run_name="__main__")
         if not Path(out).is_file():
             print(f"converter wrote no {out}", file=sys.stderr)
