@@ -120,26 +120,15 @@ def test_key_table_says_what_llama_cpp_reads():
 
 def _export(family, tmp_path, extra_kv=None, overrides=None, name="f.gguf", arch=None):
     """A GGUF of ``family`` (the harness's export) with ``extra_kv(writer)`` added
-    (``arch``: written under another architecture name)."""
-    import gguf
-
+    (``arch``: written under another architecture name), and the seeded model
+    and config it holds."""
     from harness import families
+    from test_real_models import _write_gguf
 
     fam = families.get(family)
     config = fam.make_config(overrides or {})
-    model = fam.build_model(config, 0)
-    path = tmp_path / name
-    w = gguf.GGUFWriter(str(path), arch or fam.gguf_arch)
-    fam.gguf_params(w, config)
-    if extra_kv:
-        extra_kv(w)
-    for n, d in fam.gguf_tensors(model, config):
-        w.add_tensor(n, np.asarray(d, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path, model, config
+    path = _write_gguf(tmp_path / name, family, extra_kv=extra_kv, arch=arch, overrides=overrides)
+    return path, fam.build_model(config, 0), config
 
 
 def test_keys_llama_cpp_does_not_read_are_ignored_and_listed(tmp_path, capsys):
@@ -359,6 +348,35 @@ def test_a_moe_routing_flip_is_a_bounded_finding_and_impl_still_passes(policy):
                               nmse=jump["nmse"], dtype="float32")
     f32 = run(policy, family="deepseek_v3", ref="all", gguf_type="f32")
     assert not [r for r in f32 if r["status"] == "finding"]
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+def test_the_quantized_policy_still_catches_bugs():
+    """Mutation score on the Q4_K_M files of llama, qwen3, gemma3, gpt_oss and
+    deepseek_v2 against llama.cpp (fixtures/matrix/kquant.toml): 100% of the
+    mutants the cases can see. The ones scripts/kquant_mutants.py leaves out as
+    EQUIVALENT there change no bit of impl's output on those cases (checked
+    here: the filter is not a way to drop survivors), and a mutant that changes
+    something is never left out."""
+    import subprocess
+
+    from harness.commands.mutate import run_mutation, select_mutants
+    from harness.matrix import load_spec
+
+    spec = ROOT / "fixtures" / "matrix" / "kquant.toml"
+    proc = subprocess.run([sys.executable, "scripts/kquant_mutants.py", str(spec)], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    chosen = proc.stdout.strip().split(",")
+    equivalent = {line.split(": ", 1)[1].split()[0] for line in proc.stderr.splitlines()
+                  if line.startswith("equivalent on ")}
+    # the five the module docstring names; sink-dropped (say) is no-op nowhere
+    assert equivalent == {"o-bias-after-post-norm", "o-bias-escapes-residual-multiplier", "yarn-truncate-ignored",
+                          "post-norm-reads-input-norm-spec", "mla-yarn-magnitude-missing"}
+    assert "sink-dropped" in chosen and "o-scale-after-bias" in chosen and len(chosen) >= 30
+    result = run_mutation(load_spec(str(spec)), select_mutants(",".join(chosen), None), 1, None,
+                          mutant_cases=False, first_kill=True)
+    assert result["score"] == 1.0, [m for m in result["mutants"] if m["status"] != "killed"]
 
 
 def test_oracle_rounding_matches_ggml_quantizers():

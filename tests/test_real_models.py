@@ -377,13 +377,13 @@ def test_own_export_round_trips(policy, setting):
 
 # ---------------------------------------------------------------- --gguf refusals
 
-def _write_gguf(path: Path, family: str, extra_kv=None, extra_tensor=None, arch=None):
+def _write_gguf(path: Path, family: str, extra_kv=None, extra_tensor=None, arch=None, overrides=None):
     import gguf
 
     from harness import families
 
     fam = families.get(family)
-    config = fam.make_config({})
+    config = fam.make_config(overrides or {})
     model = fam.build_model(config, 0)
     w = gguf.GGUFWriter(str(path), arch or fam.gguf_arch)
     fam.gguf_params(w, config)

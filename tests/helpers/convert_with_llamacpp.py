@@ -36,6 +36,9 @@ import runpy
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: harness.refs.gguf_export
+from harness.refs.gguf_export import tiny_vocab  # noqa: E402
+
 # transformers' saved architecture -> the name the converter registers
 ARCH_ALIASES = {"MptForCausalLM": "MPTForCausalLM"}
 
@@ -59,23 +62,13 @@ def tiny_tokenizer(dest: Path) -> None:
 def tiny_set_vocab(self) -> None:
     """A vocabulary llama.cpp's SPM tokenizer loads, as big as the config's."""
     n = int(self.hparams.get("vocab_size") or self.hparams["text_config"]["vocab_size"])
-    toks, scores, types = ["<unk>", "<s>", "</s>"], [0.0, 0.0, 0.0], [2, 3, 3]
-    if n >= 3 + 256 + 1:
-        toks += [f"<0x{b:02X}>" for b in range(256)]
-        scores += [0.0] * 256
-        types += [6] * 256
-    i = 0
-    while len(toks) < n:
-        toks.append(f"\u2581t{i}")
-        scores.append(-float(i))
-        types.append(1)
-        i += 1
+    toks, scores, types = tiny_vocab(n)  # the harness export's own tiny vocabulary
     w = self.gguf_writer
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
-    w.add_token_list(toks[:n])
-    w.add_token_scores(scores[:n])
-    w.add_token_types(types[:n])
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
