@@ -31,7 +31,7 @@ from pathlib import Path
 
 from impl.trace import LAYER_PROBES
 
-FAILING = ("fail", "error")
+from .verdict import FAILING  # noqa: E402  (one definition of what fails)
 _ORDER = {p: i for i, p in enumerate(LAYER_PROBES)}
 
 
@@ -212,8 +212,9 @@ def feature_bisect(case, policy, log=print, features=None) -> dict:
     def passes(sws) -> bool:
         c = _switched(case, list(sws))
         runs["n"] += 1
-        rows = CaseRun(c, policy).rows()
-        ok = not any(r["status"] in FAILING for r in rows if r["candidate"] == "impl")
+        r = CaseRun(c, policy)
+        rows = r.rows()
+        ok = not any(x["status"] in FAILING for x in rows if x["candidate"] == r.candidate.name)
         log(f"  features off {sorted(s.tag for s in sws) or '[]'}: {'pass' if ok else 'fail'}")
         return ok
 

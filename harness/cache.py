@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_path
 from .versions import ROOT
 
 
@@ -71,7 +71,7 @@ def store(kind: str, k: str, arrays: dict, meta: dict | None = None) -> None:
     d.mkdir(parents=True, exist_ok=True)
     payload = dict(arrays)
     payload["__meta__"] = np.frombuffer(json.dumps(meta or {}).encode(), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp.npz")
-    os.close(fd)
-    np.savez(tmp, **payload)
-    os.replace(tmp, d / f"{k}.npz")  # atomic: parallel workers never read half a file
+    # a name unique to this writer, renamed into place: parallel workers (and shards
+    # sharing one cache directory) never read half a file or rename another's away
+    with atomic_path(d / f"{k}.npz", suffix=".npz") as tmp:
+        np.savez(tmp, **payload)

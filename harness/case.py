@@ -16,31 +16,29 @@ import traceback
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-import impl
 from impl import Backend
 from impl.config import ConfigError
 from impl.kv import KV_MODES
-from impl.runner import SCHEDULES, chunk_sizes, load_layer, run_layer
 from impl.trace import LAYER_PROBES
 
-from . import cache, families
+from . import cache, families, scaling, verdict
 from .compare import judge, judge_against_oracle, metrics
 from .errors import UsageError, suggest
 from .families.base import NotInImpl
 from .features import model_features
-from .policy import Policy, comparison_dtype
+from .policy import Policy, comparison_dtype, dataflow_position
 from .refs.capture import RefCapture  # noqa: F401 (re-exported: harness.case.RefCapture)
 from .refs.checkpoint import checkpoint_stamp as _checkpoint_stamp
 from .refs.ggml_types import GGUF_TYPES, is_quantized  # f32 / f16 / bf16 exports, llama_model_quantize's types
+from .schedule import SCHEDULES, chunk_sizes
 from .versions import versions
 
 REFERENCES = ("hf", "llamacpp")
 REF_CHOICES = REFERENCES + ("all",)
-STATUSES = ("pass", "fail", "error", "finding", "not-exposed", "not-implemented", "skipped")
+STATUSES = verdict.STATUSES
 CAPTURE_SCHEMA = 1  # bump when the meaning of a stored capture changes
 
 
@@ -67,6 +65,11 @@ class Case:
     prompt: str | None = None
     # features switched off in the seeded model itself (Family.model_switches; feature bisection)
     switch_off: tuple = ()
+    # impl's contiguous KV drops the rows a windowed layer can no longer read (spec
+    # evict_layer_kv, FRINK_KV_WINDOW); off by default, as in the spec
+    evict: bool = False
+    # the engine judged (harness/candidates: an entry point's name, or dump:DIR)
+    candidate: str = "impl"
 
     @property
     def refs(self) -> list[str]:
@@ -83,12 +86,16 @@ class Case:
     def case_id(self) -> str:
         parts = [self.family, f"{self.backend}-{self.device}-{self.dtype}", self.kv, self.schedule, self.ref,
                  f"s{self.seed}", f"t{self.tokens}"]
+        if self.candidate != "impl":  # impl's ids stay as they were: baselines compare across the change
+            parts.insert(5, f"cand={self.candidate}")
         if self.seqs is not None:
             parts.append(f"n{self.seqs}")
         if self.variant:
             parts.append(f"variant={self.variant}")
         if self.gguf_type != "f32":
             parts.append(f"gguf-{self.gguf_type}")
+        if self.evict:
+            parts.append("kv-evict")
         for k, v in self.overrides:
             parts.append(f"{k}={v}")
         if self.switch_off:
@@ -135,6 +142,8 @@ class Case:
             raise UsageError("--prompt must be non-empty text")
         if self.prompt is not None and "," in self.schedule:
             raise UsageError("--prompt sets the length: use the prefill, decode or mixed schedule, not chunk sizes")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise UsageError(f"--seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.tokens, int) or self.tokens < 1:
             raise UsageError(f"--tokens must be a positive integer, got {self.tokens!r}")
         if self.n_seqs < 1:
@@ -143,6 +152,11 @@ class Case:
             raise UsageError("kv mode decode holds one sequence; use --kv batched or paged for several")
         if self.page_size < 1:
             raise UsageError(f"--page-size must be a positive integer, got {self.page_size}")
+        if not isinstance(self.evict, bool):
+            raise UsageError(f"kv eviction is true or false, got {self.evict!r}")
+        if self.evict and self.kv == "paged":
+            raise UsageError("--kv-evict applies to the contiguous KV backings (decode, batched); the paged pool "
+                             "keeps its pages (spec evict_layer_kv is in the contiguous arm)")
         try:
             Backend(self.backend, self.device, self.dtype)
             chunk_sizes(self.schedule, self.tokens)
@@ -160,6 +174,9 @@ class Case:
             what = ("--hf-model" if self.hf_model else "--set" if self.overrides else "--gguf-type"
                     if self.gguf_type != "f32" else "--variant")
             raise UsageError(f"{what} does not apply to --gguf: the file's metadata and tensor types are its config")
+        from . import candidates
+
+        candidates.get(self.candidate).validate(self)
 
 
 class CaseRun:
@@ -173,6 +190,7 @@ class CaseRun:
         self.derived: dict[tuple[str, str], str] = {}  # (reference, probe key) -> how it was derived
         self.switched: dict[str, int] = {}  # switch_off tag -> tensors / modules it changed
         self.source = None  # set for --gguf / --hf-model
+        self.notes: list[str] = []  # what a candidate says about how it was judged (printed, in meta.json)
         self.hf_types: dict = {}  # quantized weights: HF tensor -> the GGUF types it came from
         if case.gguf:
             from .refs import gguf_import
@@ -370,6 +388,8 @@ class CaseRun:
         f = model_features(self.layer_cfgs, self.weights_for("float32"))
         f |= set(self.family.declared_features)
         f.add(f"kv_{self.case.kv}")
+        if self.case.evict:
+            f.add("kv_evict")
         return sorted(f)
 
     # ------------------------------------------------------------ references
@@ -392,37 +412,49 @@ class CaseRun:
         self.derived.update({(ref, k): how for k, how in (rc.meta.get("derived") or {}).items()})
         return rc
 
-    def _hf_dtype(self) -> str:
-        return self.case.dtype
-
-    @staticmethod
-    def _hf_effective(dtype: str) -> str:
-        # HF runs a float64 model with float32 inside: LlamaRMSNorm.forward upcasts to
-        # float32 (`hidden_states.to(torch.float32)`), the rotary embedding keeps
-        # inv_freq in float32 and computes cos/sin under `.float()`. So a float64
-        # comparison against HF is judged at float32 -- the precision HF delivers.
-        return "float32" if dtype == "float64" else dtype
-
-    def _capture_hf(self) -> RefCapture:
+    def _capture_hf(self, dtype: str | None = None, weights: str | None = None,
+                    force: RefCapture | None = None, attn_implementation: str = "eager") -> RefCapture:
+        """HF computing in ``dtype`` (default: the case's) on its weights as held in
+        ``weights`` (default: ``dtype``); ``force``: teacher-force every decoder layer
+        with that capture's own layer inputs (the float64 oracle, ``hf_oracle``);
+        ``attn_implementation``: transformers' attention path (the reference is
+        eager; the hf-sdpa / hf-flex candidates, harness/candidates/hf_attn.py)."""
         from .refs import hf
 
-        dtype = self._hf_dtype()
+        dtype = dtype or self.case.dtype
+        weights = weights or dtype
         src = cache.source_hash(*cache.family_sources(self.family), Path(hf.__file__),
+                                Path(hf.__file__).with_name("hf_float64.py"),
                                 Path(__file__).parent / "families" / "base.py")
         k = cache.key("hf", CAPTURE_SCHEMA, self.family.name, self.config.to_json_string(use_diff=False),
                       self.case.seed, self.tokens.tolist(), dtype, self.case.hf_model,
                       _checkpoint_stamp(self.case.hf_model), versions().get("torch"),
                       versions().get("transformers"), src,
                       *((["switch_off", list(self.case.switch_off)],) if self.case.switch_off else ()),
-                      *self._weights_stamp())
+                      *self._weights_stamp(),
+                      *((["weights", weights],) if weights != dtype else ()),
+                      *((["forced_by", force.key],) if force is not None else ()),
+                      *((["attn_implementation", attn_implementation],) if attn_implementation != "eager" else ()))
         hit = cache.load("hf", k)
         if hit is not None:
-            return RefCapture("hf", self._hf_effective(dtype), hit[0], meta=hit[1], cached=True)
-        model, how = self._hf_model(dtype)
-        probes = hf.capture(self.family, model, self.config, self.layer_cfgs, self.tokens)
-        meta = {"family": self.family.name, **({"weights": how} if how else {})}
+            return RefCapture("hf", dtype, hit[0], meta=hit[1], cached=True, key=k)
+        model, how = self._hf_model(weights)
+        if weights != dtype or attn_implementation != "eager":
+            import copy
+
+            import torch
+
+            model = copy.deepcopy(model).to(getattr(torch, dtype))
+            if attn_implementation != "eager":
+                model.set_attn_implementation(attn_implementation)
+        # a float64 model computes every float32 side path of HF's modeling code in
+        # float64 too (refs/hf_float64.py), so a float64 capture is judged at float64
+        meta = {"family": self.family.name, "dtype": dtype, "weights": weights, **({"built_by": how} if how else {})}
+        forced = None if force is None else {k2: v for k2, v in force.probes.items() if k2.endswith(".layer_in")}
+        probes = hf.capture(self.family, model, self.config, self.layer_cfgs, self.tokens, meta, force_inputs=forced,
+                            attn_implementation=attn_implementation)
         cache.store("hf", k, probes, meta)
-        return RefCapture("hf", self._hf_effective(dtype), probes, meta=meta)
+        return RefCapture("hf", dtype, probes, meta=meta, key=k)
 
     def _weights_stamp(self) -> list:
         """What, beyond the config and seed, decides the weights HF runs: the
@@ -437,149 +469,245 @@ class CaseRun:
                 return [["quantized", None]]
         return []
 
-    def _hf_model(self, dtype: str):
-        """The HF reference model and, for a GGUF, how its weights were built."""
-        if self.source is None:
-            return self.model_in(dtype), None
+    @cached_property
+    def _gguf_hf(self):
+        """``(model, how)`` of transformers' own GGUF loader on the user's file
+        (``(None, why not)`` where it does not read the arch); built once."""
         from .refs.gguf_weights import transformers_reference
 
-        model, how = transformers_reference(self.source)
+        return transformers_reference(self.source)
+
+    def _hf_model(self, weights: str):
+        """The HF reference model with its weights held in ``weights`` and, for a
+        GGUF, how its weights were built (the caller copies before changing it)."""
+        if self.source is None:
+            return self.model_in(weights), None
+        model, how = self._gguf_hf
         if model is None:
-            model = self.model_in(dtype)
-        elif dtype != "float32":
+            return self.model_in(weights), how
+        if weights != "float32":
+            import copy
+
             import torch
 
-            model = model.to(getattr(torch, dtype))
+            model = copy.deepcopy(model).to(getattr(torch, weights))
         return model, how
 
-    # ------------------------------------------------------------ impl
-    def run_impl(self, rc: RefCapture, backend: Backend, dtype_weights: str) -> dict[str, np.ndarray]:
-        """impl teacher-forced from ``rc``'s own layer inputs: ``{"L{i}.{probe}": [seqs, ...]}``."""
-        out: dict[str, np.ndarray] = {}
-        weights = self.weights_for(dtype_weights)
-        for i, lc in enumerate(self.layer_cfgs):
-            if isinstance(lc, NotInImpl):
-                continue
-            key = f"L{i}.layer_in"
-            if key not in rc.probes:
-                continue
-            inputs = [rc.probes[key][s] for s in range(rc.probes[key].shape[0])]
-            try:
-                layer = load_layer(lc, weights[i], backend)
-                with self._ggml_matmuls(rc, layer, i) as hits:
-                    _, traces, _ = run_layer(layer, inputs, self.case.kv, self.case.schedule,
-                                             page_size=self.case.page_size, seed=self.case.seed)
-                self._note_ggml(rc, layer, i, hits)
-                per_seq = [t.assemble() for t in traces]
-            except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
-                out[f"L{i}.__error__"] = f"impl raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
-                continue
-            for probe in per_seq[0]:
-                out[f"L{i}.{probe}"] = np.stack([p[probe] for p in per_seq])
-        return out
+    def hf_oracle(self, rc: RefCapture) -> RefCapture:
+        """The float64 oracle of a comparison against HF below float64: HF's own
+        arithmetic in float64 (every float32 side path promoted), on the weights as
+        the lower-precision run holds them, each decoder layer fed THAT run's input to
+        the layer -- so the oracle is never the candidate, and its distance to the
+        reference is the reference's own rounding in the layer. An error is returned
+        as a capture with ``error`` set (the comparison then errors, the run goes on)."""
+        t = time.perf_counter()
+        try:
+            oc = self._capture_hf("float64", rc.dtype, force=rc)
+        except UsageError:
+            raise
+        except Exception as e:
+            oc = RefCapture("hf", "float64", error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+        self.timings["capture_hf_oracle"] = time.perf_counter() - t
+        return oc
 
-    def _act_types(self, i: int) -> dict[str, str]:
-        from .refs.ggml_matmul import layer_act_types
+    # ------------------------------------------------------------ the candidate
+    @cached_property
+    def candidate(self):
+        """The engine judged (harness/candidates; impl by default)."""
+        from . import candidates
 
-        cache_ = self.__dict__.setdefault("_act_types_by_layer", {})
-        if i not in cache_:
-            cache_[i] = layer_act_types(self.family, self.base_model, self.config, i, self.hf_types)
-        return cache_[i]
+        return candidates.get(self.case.candidate)
 
+    def weights_dtype(self, rc: RefCapture) -> str:
+        """The weights a teacher-forced candidate computes with against ``rc``: as
+        the reference holds them (HF's low-precision run rounds its weights too),
+        else float32."""
+        low = self.case.dtype in ("float16", "bfloat16")
+        return self.case.dtype if low and rc.name == "hf" else "float32"
+
+    # ------------------------------------------------------------ ggml's activation rounding
     def _emulates(self, rc: RefCapture) -> bool:
         # quantized weights only: a float file's comparison keeps its float16 / bfloat16 policy
         return rc.name == "llamacpp" and bool(self.hf_types) and is_quantized(self.case.gguf_type)
 
-    def _ggml_matmuls(self, rc: RefCapture, layer, i: int):
-        """Against llama.cpp on quantized weights: impl's projections see their
-        inputs rounded as ggml's CPU quantizes activations (the oracle,
-        harness/refs/ggml_matmul.py)."""
-        import contextlib
-
+    def ggml_act_types(self, rc: RefCapture, i: int) -> dict[str, str]:
+        """Against llama.cpp on quantized weights: layer ``i``'s impl weight name ->
+        the type ggml's CPU quantizes the activations multiplied by it to
+        (harness/refs/ggml_matmul.py), which a candidate may reproduce
+        (``LayerCall.ggml_act``); else empty."""
         if not self._emulates(rc):
-            return contextlib.nullcontext(set())
-        from .refs.ggml_matmul import installed
+            return {}
+        from .refs.ggml_matmul import layer_act_types
 
-        return installed(layer, self._act_types(i))
+        by_layer = self.__dict__.setdefault("_act_types_by_layer", {})
+        if i not in by_layer:
+            by_layer[i] = layer_act_types(self.family, self.base_model, self.config, i, self.hf_types)
+        return by_layer[i]
 
-    def _note_ggml(self, rc: RefCapture, layer, i: int, hits: set) -> None:
-        """Layer ``i``'s comparison dtype against llama.cpp on quantized weights:
-        ``ggml_<act>`` where the oracle reproduced every quantized matmul impl
-        made (its residue is float32 summation order), else the weight type's
-        own (the activation rounding left in)."""
+    def ggml_layer_dtype(self, rc: RefCapture, call) -> str | None:
+        """A layer's comparison dtype against llama.cpp on quantized weights:
+        ``ggml_<act>`` where the candidate reproduced ggml's activation rounding for
+        every quantized matmul of the layer (``call.ggml_met``; what is left is
+        float32 summation order), else the activation type's own (the rounding
+        left in). None: not such a comparison."""
         if not self._emulates(rc):
-            return
-        acts = {n: t for n, t in self._act_types(i).items() if n in layer.w}
-        cover = self.__dict__.setdefault("_ggml_dtype", {})
-        if acts and set(acts) <= hits:
+            return None
+        acts = {n: t for n, t in call.ggml_act.items() if n in call.weights}
+        if acts and set(acts) <= call.ggml_met:
             from .refs.ggml_types import coarsest_activation
 
-            cover[i] = "ggml_" + coarsest_activation(acts.values())
-        else:
-            cover[i] = self.weight_dtype
+            return "ggml_" + coarsest_activation(acts.values())
+        return self.weight_dtype
 
     # ------------------------------------------------------------ rows
     def rows(self) -> list[dict]:
         case = self.case
+        cand = self.candidate
+        name = cand.name
         self.progress(f"{case.case_id()}: capturing {', '.join(case.refs)}")
         backend = Backend(case.backend, case.device, case.dtype)
         try:
             backend.check_available()
         except ConfigError as e:
-            return [self._row("impl", "-", None, "", "skipped", str(e))]
+            return [self._row(name, "-", None, "", "skipped", str(e))]
+        why = cand.unsupported(self)
+        if why:  # a limit of the engine, said in the row: nothing compared, never a pass
+            return [self._row(name, "-", None, "*", "skipped", why)]
         caps = [self.capture(r) for r in case.refs]
         rows: list[dict] = []
         for rc in caps:
             if rc.error:
-                rows.append(self._row("impl", rc.name, None, "", "error", f"reference {rc.name} failed: {rc.error}"))
+                rows.append(self._row(name, rc.name, None, "", "error", f"reference {rc.name} failed: {rc.error}"))
                 continue
+            oracle = self.oracle_for(rc)
             t = time.perf_counter()
-            rows += self._compare_impl(rc, backend)
-            self.timings[f"impl_vs_{rc.name}"] = time.perf_counter() - t
+            if oracle is not None and oracle.error:
+                rows.append(self._row(name, rc.name, None, "", "error",
+                                      f"the float64 oracle of {rc.name} failed: {oracle.error}"))
+                continue
+            rows += self._compare_candidate(rc, oracle)
+            self.timings[f"{name}_vs_{rc.name}"] = time.perf_counter() - t
         good = [rc for rc in caps if not rc.error]
         if len(good) >= 2:
             rows += self._compare_refs(good[1], good[0])
-        return rows
+        # a pass must mean the candidate was checked (harness/verdict.py): findings need a
+        # guard, every implemented layer a passing attn_out against some reference
+        return verdict.guard(rows, self.layer_cfgs, name,
+                             lambda layer, probe, reason: self._row(name, "-", layer, probe, "unguarded", reason),
+                             fallback=None if cand.teacher_forced else "layer_out")
 
-    def _compare_impl(self, rc: RefCapture, backend: Backend) -> list[dict]:
-        case = self.case
-        cdt = comparison_dtype(case.dtype, rc.dtype)
+    def oracle_for(self, rc: RefCapture) -> RefCapture | None:
+        """The float64 oracle the candidate is judged through against ``rc``, or None
+        (judged directly). A teacher-forced candidate below float64 against HF:
+        ``hf_oracle`` (HF in float64 fed ``rc``'s own layer inputs). A free-running
+        candidate (it runs from the tokens, as the references do): HF in float64,
+        free-running too, on the weights the case's HF run holds -- against either
+        reference, where the comparison dtype's table has an oracle rule."""
+        if self.candidate.teacher_forced:
+            return self.hf_oracle(rc) if rc.name == "hf" and rc.dtype != "float64" else None
+        if self.case.dtype == "float64" and rc.name == "hf":
+            return rc  # the reference is itself float64 and runs free from the same tokens
+        key = "_free_oracle"
+        if key not in self.__dict__:
+            t = time.perf_counter()
+            try:
+                w = self.case.dtype if self.case.dtype in ("float16", "bfloat16") else "float32"
+                self.__dict__[key] = self._capture_hf("float64", w)
+            except UsageError:
+                raise
+            except Exception as e:
+                self.__dict__[key] = RefCapture("hf", "float64", error=f"{type(e).__name__}: "
+                                                                       f"{' '.join(str(e).split())[:300]}")
+            self.timings["capture_hf_oracle"] = time.perf_counter() - t
+        return self.__dict__[key]
+
+    def _compare_candidate(self, rc: RefCapture, oracle: RefCapture | None = None) -> list[dict]:
+        """The candidate against one reference. ``oracle``: a float64 run on the same
+        inputs (``oracle_for``); where given and the comparison dtype has an oracle
+        rule, each probe is judged by the candidate's distance to it relative to the
+        reference's (``judge_against_oracle``). Otherwise (llama.cpp, a float32 graph,
+        against a teacher-forced candidate: the reference is itself the better
+        estimate of the truth) the candidate is judged directly, at the comparison
+        dtype's bounds scaled to the case (harness/scaling.py).
+
+        A teacher-forced candidate is given ``rc``'s own layer inputs, layer by
+        layer; a free-running one is compared at every probe both sides hold,
+        ``layer_in`` and the model-level probes included."""
+        cand = self.candidate
+        name, forced = cand.name, cand.teacher_forced
+        try:
+            cap = cand.capture(self, rc)
+        except UsageError:
+            raise
+        except Exception as e:  # the candidate crashed as a whole: one error row, the run goes on
+            return [self._row(name, rc.name, None, "*", "error",
+                              f"{name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")]
+        if cap.note and cap.note not in self.notes:
+            self.notes.append(cap.note)
+        cdt = comparison_dtype(cap.dtype, rc.dtype)
         if rc.name == "llamacpp":
             cdt = comparison_dtype(cdt, self.weight_dtype)
-        low = backend.low_precision
-        wdt = case.dtype if low and rc.name == "hf" else "float32"
-        cand = self.run_impl(rc, backend, wdt)
-        # The float64 oracle judges a low-precision candidate against a reference that
-        # ALSO computed in low precision (HF at bf16): both are measured against it.
-        # Against a float32 reference (llama.cpp) the reference is the better estimate
-        # of the truth, so the candidate is judged directly, at its dtype's tolerance.
-        oracle = self.run_impl(rc, Backend("numpy", "cpu", "float64"), wdt) if low and rc.dtype in (
-            "float16", "bfloat16") else None
+        if oracle is not None and "ratio" not in self.policy.tolerance(cdt, "default")[0]:
+            oracle = None  # no oracle rule at this precision: judged directly
         rows = []
-        ggml_dtype = self.__dict__.get("_ggml_dtype", {}) if rc.name == "llamacpp" else {}
+
+        def compare(layer, probe, expected):
+            key = f"L{layer}.{probe}" if layer is not None else probe
+            if key not in cap.probes:
+                hidden = cap.hidden(key)
+                if hidden and (expected or key in rc.probes):
+                    rows.append(self._row(name, rc.name, layer, probe, "not-exposed", f"{name}: {hidden}"))
+                elif expected and not hidden:  # a probe the candidate stopped emitting is noticed, not dropped
+                    lc = self.layer_cfgs[layer] if layer is not None else None
+                    what = (f"({_layer_kind(lc)} layers emit {', '.join(verdict.expected_probes(lc))})"
+                            if lc is not None and verdict.expected_probes(lc) else f"({rc.name} holds it)")
+                    rows.append(self._row(name, rc.name, layer, probe, "missing",
+                                          f"{name} emitted no {probe} for this layer {what}"))
+                return
+            if key not in rc.probes:
+                rows.append(self._row(name, rc.name, layer, probe, "not-exposed",
+                                      f"{rc.name} does not expose {probe} for {self.family.name}"))
+                return
+            orc = None if oracle is None else oracle.probes.get(key)
+            if oracle is not None and orc is None and not forced:
+                pass  # HF computes no such tensor (MLA's absorbed query): judged directly
+            elif oracle is not None and orc is None:
+                rows.append(self._row(name, rc.name, layer, probe, "error",
+                                      f"the float64 oracle of {rc.name} has no {probe} here"))
+                return
+            # a layer whose quantized matmuls the candidate rounded as ggml does is judged at
+            # ggml_<act> (CaseRun.ggml_layer_dtype)
+            ldt = (comparison_dtype(comparison_dtype(cap.dtype, rc.dtype), cap.layer_dtypes[layer])
+                   if layer in cap.layer_dtypes else cdt)
+            row = self._judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc)
+            if cap.note and not row.get("tol_reason"):
+                row["tol_reason"] = cap.note  # why the bound is this dtype's
+            rows.append(row)
+
+        if not forced:
+            compare(None, "embeddings", "embeddings" in rc.probes)
         for i, lc in enumerate(self.layer_cfgs):
-            if isinstance(lc, NotInImpl):
-                rows.append(self._row("impl", rc.name, i, "*", "not-implemented",
-                                      f"not implemented in impl: {lc.kind} ({lc.reason})", layer_kind=lc.kind))
+            if forced and isinstance(lc, NotInImpl):
+                rows.append(self._row(name, rc.name, i, "*", "not-implemented",
+                                      f"not implemented in {name}: {lc.kind} ({lc.reason})", layer_kind=lc.kind))
                 continue
-            if f"L{i}.layer_in" not in rc.probes:
-                rows.append(self._row("impl", rc.name, i, "layer_in", "not-exposed",
+            if forced and f"L{i}.layer_in" not in rc.probes:
+                rows.append(self._row(name, rc.name, i, "layer_in", "not-exposed",
                                       f"{rc.name} does not expose this layer's input; the layer cannot be teacher-forced"))
                 continue
-            if f"L{i}.__error__" in cand:
-                rows.append(self._row("impl", rc.name, i, "*", "error", cand[f"L{i}.__error__"]))
+            if i in cap.errors:
+                rows.append(self._row(name, rc.name, i, "*", "error", cap.errors[i]))
                 continue
+            expected = set(verdict.expected_probes(lc))
+            if not forced:  # the engine's graph: what the reference holds, it must hold or say why not
+                expected |= {p for p in LAYER_PROBES if f"L{i}.{p}" in rc.probes}
             for probe in LAYER_PROBES:
-                key = f"L{i}.{probe}"
-                if key not in cand or probe == "layer_in":
+                if probe == "layer_in" and forced:
                     continue
-                if key not in rc.probes:
-                    rows.append(self._row("impl", rc.name, i, probe, "not-exposed",
-                                          f"{rc.name} does not expose {probe} for {self.family.name}"))
-                    continue
-                orc = None if oracle is None or f"L{i}.__error__" in oracle else oracle.get(key)
-                ldt = comparison_dtype(comparison_dtype(case.dtype, rc.dtype), ggml_dtype[i]) if i in ggml_dtype else cdt
-                rows.append(self._judge("impl", rc.name, i, probe, cand[key], rc.probes[key], ldt, orc))
+                compare(i, probe, probe in expected)
+        if not forced:
+            for probe in ("final_norm", "logits"):
+                compare(None, probe, probe in rc.probes)
         return rows
 
     def _compare_refs(self, cand: RefCapture, ref: RefCapture) -> list[dict]:
@@ -604,20 +732,28 @@ class CaseRun:
             return self._row(cand_name, ref_name, layer, probe, "error",
                              f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
         m = metrics(a, b, probe)
-        tol, why = self.policy.tolerance(cdt, probe, self.family.name, ref_name)
-        extra = {}
-        if oracle is not None and cdt in ("float16", "bfloat16"):
+        base, why = self.policy.tolerance(cdt, probe, self.family.name, ref_name, cand_name)
+        # the bound at this case's size: RoPE reach and the values' scale (harness/scaling.py);
+        # angles are float32 in every reference below float64 (llama.cpp always)
+        rope = self._rope_reach(cand_name, layer, probe)
+        scale_of = b if oracle is None else oracle
+        ref_scale = float(np.nanmax(np.abs(scale_of))) if np.size(scale_of) else 0.0
+        tol = scaling.scaled(base, rope, "float64" if cdt == "float64" else "float32", ref_scale)
+        if oracle is not None:
             cm, rm = metrics(a, oracle, probe), metrics(b, oracle, probe)
-            status, reason = judge_against_oracle(cm, rm, tol)
+            status, reason, allowed = judge_against_oracle(cm, rm, tol, bool(np.isfinite(oracle).all()))
             extra = {"nmse_cand_oracle": cm["nmse"], "nmse_ref_oracle": rm["nmse"],
-                     "err_ratio": _over(cm["nmse"], tol["ratio"] * max(rm["nmse"], tol["nmse_floor"]))}
+                     "err_ratio": max(_over(cm["nmse"], allowed), _over(cm["max_abs"], tol["atol"]))}
+            tol = dict(tol, nmse=allowed)  # the bound actually applied is what the row reports
         else:
             status, reason = judge(m, tol)
             extra = {"err_ratio": max(_over(m["nmse"], tol["nmse"]), _over(m["max_abs"], tol["atol"]))}
         if status == "fail":
+            # matched on the reference's own config (the HF config; a --gguf file's read back
+            # from its keys), never on what impl was told to compute
             lc = self.layer_cfgs[layer] if layer is not None else None
-            known = self.policy.finding(self.family.name, cand_name, ref_name, probe, _layer_kind(lc), self.features,
-                                        dict(self.case.overrides), layer=layer, nmse=m["nmse"], dtype=cdt)
+            known = self.policy.finding(self.family.name, cand_name, ref_name, probe, _layer_kind(lc), self.config,
+                                        layer=layer, nmse=m["nmse"], dtype=cdt)
             if known:
                 status, reason = "finding", f"{reason} -- known disagreement: {known}"
         key = f"L{layer}.{probe}" if layer is not None else probe
@@ -628,6 +764,24 @@ class CaseRun:
         row = self._row(cand_name, ref_name, layer, probe, status, reason, cmp_dtype=cdt, **m, **extra,
                         tol_nmse=tol.get("nmse"), tol_atol=tol.get("atol"), tol_reason=why)
         return row
+
+    def _rope_reach(self, cand: str, layer: int | None, probe: str):
+        """The RoPE reach (harness/scaling.py) a comparison's bound must allow for, or
+        None: a teacher-forced candidate carries the angle error of its own layer
+        only, from q_rope on; free-running sides carry every RoPE upstream."""
+        n = self.case.tokens
+        pos = dataflow_position(layer, probe)
+        reach = []
+        for i, lc in enumerate(self.layer_cfgs):
+            if isinstance(lc, NotInImpl) or scaling.rope_size(lc, n) is None:
+                continue
+            if cand == self.candidate.name and self.candidate.teacher_forced and i != layer:
+                continue
+            if pos >= dataflow_position(i, "q_pe" if hasattr(lc, "kv_lora_rank") else "q_rope"):
+                reach.append(scaling.rope_size(lc, n))
+        if not reach:
+            return None
+        return scaling.RopeSize(max(r.mean_sq for r in reach), max(r.max_weighted for r in reach))
 
     def _row(self, cand, ref, layer, probe, status, reason, **kw) -> dict:
         c = self.case

@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
-from .errors import UsageError
+from .errors import UsageError, suggest
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints the whole usage)
-        raise UsageError(f"{self.prog}: {message}")
+    def error(self, message):
+        """One line, exit 2 (argparse would print the whole usage). ``main`` adds the
+        "conformance: error:" prefix once; a subcommand's error names its --help."""
+        m = re.search(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group(3))
+            what = "command" if m.group(1) == "cmd" else f"value for {m.group(1)}"
+            message = f"unknown {what} {m.group(2)!r}; {suggest(m.group(2), choices)}"
+        sub = self.prog.partition(" ")[2]
+        raise UsageError(f"{message} (see conformance {sub + ' ' if sub else ''}--help)")
 
 
 def parse_set(items: list[str] | None) -> tuple:
@@ -34,6 +43,8 @@ def parse_value(raw: str):
     lit = {"true": True, "false": False, "null": None, "none": None}
     if raw.strip().lower() in lit:
         return lit[raw.strip().lower()]
+    if raw.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        return float(raw)  # a number, so the config check can say it is not a finite one
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
@@ -52,10 +63,14 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", default="mixed",
                    help="prefill, decode, mixed (half in one call, then one row per call) or chunk sizes 5,1,1")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override an HF config field (repeatable)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the token ids (default 0)")
+    p.add_argument("--tokens", type=int, default=16,
+                   help="rows per sequence (default 16; at most the model's positions, e.g. max_position_embeddings)")
     p.add_argument("--seqs", type=int, default=None, help="sequences (default 1 for decode, 2 otherwise)")
     p.add_argument("--page-size", type=int, default=4, help="rows per page for --kv paged (default 4)")
+    p.add_argument("--kv-evict", dest="kv_evict", action="store_true",
+                   help="impl's contiguous KV (decode, batched) drops the rows a windowed layer can no longer read "
+                        "(the spec's evict_layer_kv; off by default)")
     p.add_argument("--gguf-type", default="f32",
                    help="weight type of the GGUF the family's export is written as: f32, f16, bf16, or any "
                         "llama_model_quantize type (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m, q4_k_m, q5_k_m, "
@@ -66,7 +81,14 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", help="a family's named variant (MLA families: absorbed, naive)")
     p.add_argument("--prompt", metavar="TEXT", help="token ids from this text, tokenized by llama.cpp with the "
                                                     "GGUF's own vocabulary (default: seeded random ids)")
+    p.add_argument("--candidate", default="impl", metavar="NAME",
+                   help="the engine judged (default impl; `conformance list` names the installed ones; dump:DIR)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
+
+
+def add_verbose(p) -> None:
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also show third-party warnings and logging on stderr (always in <run dir>/log.txt)")
 
 
 def case_from_args(a):
@@ -83,7 +105,7 @@ def case_from_args(a):
     return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
-                variant=a.variant, prompt=a.prompt)
+                variant=a.variant, prompt=a.prompt, evict=a.kv_evict, candidate=a.candidate)
 
 
 def _require_device(case) -> None:
@@ -99,53 +121,78 @@ def _require_device(case) -> None:
 
 
 def cmd_run(a) -> int:
-    from . import report
+    return cmd_run_case(lambda: case_from_args(a), a.policy, a.out)
+
+
+def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: str = "run") -> int:
+    """Run one case (``make_case()``, called once the run directory is known to be
+    usable) into a run directory, print its table; the exit status."""
+    from . import budget, report, runlog
     from .case import CaseRun
     from .policy import load_policy
 
-    policy = load_policy(a.policy)
-    case = case_from_args(a)
+    policy = load_policy(policy_path)
+    run_id = report.new_run_id()
+    d = report.check_out(out, run_id)  # before any work: a run never finds out at the end
+    case = make_case()
     case.validate()
     _require_device(case)
     run = CaseRun(case, policy, progress=lambda m: print(m, file=sys.stderr))
     _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
+    budget.check(run)  # and a case the model or this machine cannot hold
     t0 = time.time()
     rows = run.rows()
-    run_id = report.new_run_id()
-    d = report.run_dir(a.out, run_id)
     df = report.write_rows(d, rows)
-    report.write_meta(d, {"run_id": run_id, "command": "run", "argv": sys.argv[1:], "case": case.to_dict(),
+    runlog.attach(d / runlog.LOG_NAME)
+    report.write_meta(d, {"run_id": run_id, "command": command, "argv": sys.argv[1:], "case": case.to_dict(),
+                          "candidate": run.candidate.name, "notes": run.notes,
                           "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
                           **run.meta_extra()})
     print(report.case_table(df))
+    for note in run.notes:
+        print(f"note: {note}")
     print(f"report: {d}")
     return report.exit_status(df)
 
 
 def cmd_list(a) -> int:
+    """Families (variants, feature tags, whether ``--gguf`` reads their files),
+    references, backends, probes. Imports neither torch nor transformers when the
+    features are cached (``harness/catalog.py``)."""
     from impl.backend import BACKENDS, DEVICES, DTYPES
     from impl.kv import KV_MODES
-    from impl.runner import SCHEDULES
+    from .schedule import SCHEDULES
     from impl.trace import LAYER_PROBES, MODEL_PROBES
 
-    from . import families
-    from .case import REF_CHOICES
-    from .features import model_features
+    from . import catalog, families
+    from .case import GGUF_TYPES, REF_CHOICES
 
-    print("families:")
-    for name, fam in families.registry().items():
-        cfg = fam.make_config({})
-        lcs = fam.layer_configs(cfg)
-        model = fam.build_model(cfg, 0) if a.features else None
-        feats = sorted(model_features(lcs, [fam.layer_weights(model, cfg, i) if model is not None else {}
-                                            for i in range(len(lcs))])) if model is not None else []
-        line = f"  {name:<16} hf={fam.hf_model_type:<16} gguf={fam.gguf_arch or '-':<12} {fam.description}"
-        print(line)
-        if feats:
-            print(f"  {'':<16} features: {', '.join(feats)}")
-    print(f"references: {', '.join(REF_CHOICES)}")
+    reg = families.registry()
+    feats = catalog.family_features(reg, catalog.say_stderr) if a.features else {}
+    print("families (--family; --variant: the first is the default; --gguf FILE: files of which families it reads):")
+    for name, fam in reg.items():
+        print(f"  {name:<16} hf={fam.hf_model_type:<16} gguf={fam.gguf_arch or '-':<12} {fam.description}")
+        pad = f"  {'':<16} "
+        if fam.variants:
+            print(f"{pad}variants: {', '.join(fam.variants)}")
+        why = fam.gguf_import_unsupported()
+        print(f"{pad}--gguf: " + (f"reads {fam.gguf_arch} files" if why is None else f"no ({why})"))
+        for v in catalog.variants(fam) if feats else ():
+            label = f"features ({v})" if v else "features"
+            print(f"{pad}{label}: {', '.join(feats[name][v or ''])}")
+    print(f"references (--ref): {', '.join(REF_CHOICES)}")
+    from . import candidates
+
+    print("candidates (--candidate; entry points of the group attn_conformance.candidates; or dump:DIR):")
+    for name in candidates.registry():
+        try:
+            desc = candidates.get(name).description
+        except UsageError as e:
+            desc = f"(does not load: {e})"
+        print(f"  {name:<20} {desc}")
     print(f"backends: {', '.join(BACKENDS)}; devices: {', '.join(DEVICES)}; dtypes: {', '.join(DTYPES)}")
-    print(f"kv modes: {', '.join(KV_MODES)}; schedules: {', '.join(SCHEDULES)}")
+    print(f"kv modes: {', '.join(KV_MODES)}; schedules: {', '.join(SCHEDULES)} or chunk sizes (5,1,1)")
+    print(f"GGUF weight types (--gguf-type; --gguf reads the same): {', '.join(GGUF_TYPES)}")
     print(f"layer probes: {', '.join(LAYER_PROBES)}")
     print(f"model probes: {', '.join(MODEL_PROBES)}")
     return 0
@@ -156,10 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
     r = sub.add_parser("run", help="run one case and write reports/<run-id>/")
     _add_case_args(r)
-    r.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
+    r.add_argument("--out", metavar="DIR", help="run directory (default ./reports/<run-id>)")
+    add_verbose(r)
     r.set_defaults(fn=cmd_run)
     ls = sub.add_parser("list", help="families, features, probes, backends")
-    ls.add_argument("--features", action="store_true", help="build each family to list its derived features")
+    ls.add_argument("--no-features", dest="features", action="store_false",
+                    help="skip the feature tags (derived once per code version by building each family; cached)")
     ls.set_defaults(fn=cmd_list)
     for mod in _extra_commands():
         mod.register(sub)
@@ -171,7 +220,7 @@ def _extra_commands():
     import importlib
 
     mods = []
-    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache"):
+    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache", "fuzz", "engines"):
         try:
             mods.append(importlib.import_module(f"harness.commands.{name}"))
         except ModuleNotFoundError as e:
@@ -187,12 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(a, "fn", None):
             parser.print_help()
             return 2
+        if getattr(a, "verbose", None) is not None:  # a command that writes a run directory
+            from . import runlog
+
+            runlog.setup(a.verbose)
         return int(a.fn(a) or 0)
     except UsageError as e:
         print(f"conformance: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("conformance: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into one
+        print(f"conformance: interrupted{'; ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 130
 
 

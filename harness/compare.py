@@ -84,13 +84,24 @@ def judge(m: dict, tol: dict) -> tuple[str, str]:
     return ("fail", "; ".join(over)) if over else ("pass", "")
 
 
-def judge_against_oracle(cand_m: dict, ref_m: dict, tol: dict) -> tuple[str, str]:
-    """Low precision: the candidate's distance to the float64 oracle relative to
-    the reference's own distance to it, so a bug and rounding noise are told apart."""
-    if not cand_m["finite"]:
-        return "fail", f"non-finite values at {cand_m['worst']}"
-    allowed = tol["ratio"] * max(ref_m["nmse"], tol["nmse_floor"])
+def judge_against_oracle(cand_m: dict, ref_m: dict, tol: dict, oracle_finite: bool = True) -> tuple[str, str, float]:
+    """Judged against a float64 oracle (the REFERENCE in float64, fed the same layer
+    inputs: harness/case.py): the candidate's distance to it must be at most
+    ``ratio`` times the reference's own distance (floored at ``nmse_floor``), so a
+    bug and rounding noise are told apart -- and never more than the dtype's own
+    bounds (``nmse``, ``atol``: a result worse than those is not rounding at that
+    precision, whatever the reference did). A non-finite candidate, reference or
+    oracle fails. Returns ``(status, reason, nmse bound applied)``."""
+    allowed = min(tol["ratio"] * max(ref_m["nmse"], tol["nmse_floor"]), tol["nmse"])
+    if not (cand_m["finite"] and ref_m["finite"] and oracle_finite):
+        who = "candidate" if not cand_m["finite"] else "reference" if not ref_m["finite"] else "oracle"
+        where = cand_m["worst"] if not cand_m["finite"] else ref_m["worst"]
+        return "fail", f"non-finite values in the {who} at {where}", allowed
+    over = []
     if cand_m["nmse"] > allowed:
-        return "fail", (f"nmse to oracle {cand_m['nmse']:.3g} > {tol['ratio']:g} x reference's "
-                        f"{ref_m['nmse']:.3g} (floor {tol['nmse_floor']:.3g})")
-    return "pass", ""
+        why = (f"{tol['ratio']:g} x reference's {ref_m['nmse']:.3g} (floor {tol['nmse_floor']:.3g})"
+               if allowed < tol["nmse"] else f"the dtype's bound {tol['nmse']:.3g}")
+        over.append(f"nmse to the float64 oracle {cand_m['nmse']:.3g} > {allowed:.3g} = {why}")
+    if cand_m["max_abs"] > tol["atol"]:
+        over.append(f"max_abs to the float64 oracle {cand_m['max_abs']:.3g} > {tol['atol']:.3g} at {cand_m['worst']}")
+    return ("fail", "; ".join(over), allowed) if over else ("pass", "", allowed)

@@ -61,6 +61,7 @@ SPEC_DECORATIONS = {
     "kv_decode": ("contiguous single-sequence KV", "KvStep::Decode"),
     "kv_batched": ("contiguous multi-sequence KV", "KvStep::Batched"),
     "kv_paged": ("paged KV over a block table", "KvStep::Paged"),
+    "kv_evict": ("window eviction of the contiguous KV (off by default)", "evict_layer_kv (FRINK_KV_WINDOW)"),
 }
 
 
@@ -119,9 +120,9 @@ def layer_features(lc, weights: dict | None = None) -> set[str]:
         f.add("alibi")
     if "sinks" in w:
         f.add("sinks")
-    if lc.q_gate == "interleaved":
+    if lc.q_gate_interleaved:
         f.add("q_gate_interleaved")
-    if lc.q_gate == "separate":
+    if lc.output_gate:
         f.add("output_gate")
     if lc.sub_norm is not None:
         f.add("sub_norm")

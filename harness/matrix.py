@@ -6,6 +6,7 @@ A spec (``fixtures/matrix/*.toml``)::
     name = "default"
     description = "what this matrix is for"
     references = ["all"]        # axes at the top level: defaults for every group
+    candidates = ["impl"]       # the engines judged (default impl; `conformance list`)
 
     [[group]]                   # one cross product; the matrix is the union of its groups
     name = "core"
@@ -13,6 +14,7 @@ A spec (``fixtures/matrix/*.toml``)::
     variants = "default"        # each family's default variant ("*": all of them; the default)
     dtypes = ["float64", "float32"]
     kv_modes = ["decode", "batched", "paged"]
+    # kv_evict = [true]: impl's window eviction (decode / batched only; default false)
 
     [[exclude]]                 # cases matching every axis given here are dropped
     backends = ["torch"]
@@ -39,6 +41,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import time
 import tomllib
 import traceback
@@ -48,7 +51,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import families
+from . import atomic, families
 from .case import Case
 from .errors import UsageError, suggest
 
@@ -64,13 +67,16 @@ AXES = {
     "kv_modes": ("kv", ["decode"]),
     "schedules": ("schedule", ["mixed"]),
     "page_sizes": ("page_size", [4]),
+    "kv_evict": ("evict", [False]),
     "references": ("ref", ["hf"]),
+    "candidates": ("candidate", ["impl"]),  # the engines judged (harness/candidates)
     "gguf_types": ("gguf_type", ["f32"]),
     "backends": ("backend", ["numpy"]),
     "devices": ("device", ["cpu"]),
     "dtypes": ("dtype", ["float32"]),
 }
 _INT_AXES = {"seeds", "tokens", "seqs", "page_sizes"}
+_BOOL_AXES = {"kv_evict"}
 TOP_KEYS = {"name", "description", "group", "exclude"} | set(AXES)
 GROUP_KEYS = {"name"} | set(AXES)
 EXCLUDE_KEYS = {"reason"} | set(AXES)
@@ -116,6 +122,10 @@ def parse_spec(text: str, label: str) -> Spec:
         _check_keys(ex, EXCLUDE_KEYS, where)
         if not str(ex.get("reason", "")).strip():
             raise UsageError(f"{where}: every exclusion needs a written reason (reason = \"...\")")
+    if "group" not in data and not any(k in AXES for k in data):
+        # an empty file is a mistake, never "every family with every default"
+        raise UsageError(f"matrix spec {label} has no [[group]] and no axes (families, dtypes, ...); nothing to run "
+                         f"(see fixtures/matrix/smoke.toml)")
     defaults = {k: data[k] for k in AXES if k in data}
     cases: dict[str, Case] = {}
     hits = [0] * len(excludes)
@@ -151,20 +161,23 @@ def _values(axis: str, raw, where: str) -> list:
             raise UsageError(f"{where}: {axis} takes non-negative integers, got {v!r}")
         if axis == "overrides" and not isinstance(v, dict):
             raise UsageError(f"{where}: overrides takes tables of config fields, e.g. [{{}}, {{num_key_value_heads = 1}}]; got {v!r}")
-        if axis not in _INT_AXES and axis != "overrides" and not isinstance(v, str):
+        if axis in _BOOL_AXES and not isinstance(v, bool):
+            raise UsageError(f"{where}: {axis} takes true or false, got {v!r}")
+        if axis not in _INT_AXES | _BOOL_AXES and axis != "overrides" and not isinstance(v, str):
             raise UsageError(f"{where}: {axis} takes names (strings), got {v!r}")
     return vals
 
 
 def _flat_overrides(table: dict) -> tuple:
     """``{rope_parameters = {factor = 2.0}}`` -> ``(("rope_parameters.factor", 2.0),)``: the
-    dotted form a family merges into the field, like ``--set rope_parameters.factor=2``."""
+    dotted form a family merges into the field, like ``--set rope_parameters.factor=2``.
+    TOML has no null: the string ``"null"`` is None (``--set q_lora_rank=null``)."""
     out = []
     for k, v in table.items():
         if isinstance(v, dict):
-            out += [(f"{k}.{sub}", sv) for sub, sv in v.items()]
+            out += [(f"{k}.{sub}", None if sv == "null" else sv) for sub, sv in v.items()]
         else:
-            out.append((k, v))
+            out.append((k, None if v == "null" else v))
     return tuple(out)
 
 
@@ -194,17 +207,23 @@ def _expand(axes: dict, where: str) -> list[Case]:
 
 
 def _check_configs(cases: list[Case], where: str) -> None:
-    """Config keys and layer shapes, once per distinct model (before anything runs)."""
+    """Config keys and layer shapes, once per distinct model, and what each case
+    needs of it (positions, memory: ``budget.check``), before anything runs."""
+    from dataclasses import replace
+
+    from . import budget
     from .case import CaseRun
 
-    seen = set()
+    runs: dict = {}
     for c in cases:
         k = (c.family, c.variant, repr(c.overrides))
-        if k in seen:
-            continue
-        seen.add(k)
         try:
-            _ = CaseRun(c, None).layer_cfgs
+            if k not in runs:
+                runs[k] = CaseRun(c, None)
+                _ = runs[k].layer_cfgs
+            run = runs[k]
+            run.case = replace(run.case, tokens=c.tokens, seqs=c.seqs, kv=c.kv, ref=c.ref)
+            budget.check(run)
         except UsageError as e:
             raise UsageError(f"{where}: {e}") from None
 
@@ -320,13 +339,19 @@ def crash_row(case: Case, reason: str) -> dict:
     return dict(case_id=case.case_id(), family=case.family, features="", backend=case.backend, device=case.device,
                 dtype=case.dtype, kv=case.kv, schedule=case.schedule, seed=case.seed, tokens=case.tokens,
                 seqs=case.n_seqs, gguf_type=case.gguf_type,
-                overrides=";".join(f"{k}={v}" for k, v in case.overrides), candidate="impl", reference=case.ref,
+                overrides=";".join(f"{k}={v}" for k, v in case.overrides), candidate=case.candidate, reference=case.ref,
                 layer=-1, probe="*", variant=case.variant or "", layer_kind="model", status="error", reason=reason)
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, log_path: str | None = None, verbose: bool = False) -> None:
     # Before torch is imported in this process: one pool of `threads` per worker,
     # so -j workers share the cores instead of each spinning all of them.
+    from . import runlog
+
+    runlog.setup(verbose)  # third-party chatter to the run's log, as in the parent
+    signal.signal(signal.SIGTERM, _worker_sigterm)
+    if log_path:
+        runlog.attach(log_path)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.setdefault("CONFORMANCE_LLAMACPP_THREADS", str(threads))
     os.environ["MPLBACKEND"] = "Agg"
@@ -354,13 +379,15 @@ def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str
             on_done(c, task(c.to_dict(), policy_path, plot_dir))
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
+    from . import runlog
 
     def pool():
         return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_init_worker, initargs=(threads,))
+                                   initializer=_init_worker, initargs=(threads, runlog.log_path(), runlog.verbose()))
 
     pending, tries, inflight = deque(cases), {}, {}
     ex = pool()
+    finished = False
     try:
         while pending or inflight:
             # Never more than `jobs` handed out, so "in flight" is exactly what runs.
@@ -368,7 +395,7 @@ def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str
                 c = pending.popleft()
                 if skip is not None and skip(c):
                     continue
-                inflight[ex.submit(task, c.to_dict(), policy_path, plot_dir)] = c
+                inflight[ex.submit(_in_worker, task, c.to_dict(), policy_path, plot_dir)] = c
                 on_start(c)
             done, _ = wait(inflight, return_when=FIRST_COMPLETED)
             broken = False
@@ -392,8 +419,52 @@ def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str
                 inflight.clear()
                 ex.shutdown(wait=False, cancel_futures=True)
                 ex = pool()
+        finished = True
     finally:
-        ex.shutdown(wait=not inflight, cancel_futures=True)
+        if finished:
+            ex.shutdown(wait=True)
+        else:
+            _stop_workers(ex)  # Ctrl-C / SIGTERM: the cases in flight are abandoned, not waited for
+
+
+def _stop_workers(ex) -> None:
+    """Stop the pool now. ``shutdown(wait=False)`` alone leaves the workers running
+    their current case to the end -- and the interpreter's exit joins them
+    (concurrent.futures' atexit hook): an interrupted ``-j 2`` run took as long
+    as its slowest case in flight to exit. So each worker is sent SIGTERM, on
+    which it abandons its case (``_worker_sigterm``: its ``finally`` blocks run,
+    a llama.cpp subprocess is killed by ``subprocess.run``, temporary files
+    go) and then takes the shutdown sentinel. ``_processes``: the executor's
+    own table of its workers (CPython's ProcessPoolExecutor)."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+
+
+class _Abandon(SystemExit):
+    """Raised in a worker by SIGTERM. Not an Exception, so no case's error handler
+    takes it for a crash; a SystemExit, so a worker it reaches between cases ends
+    quietly."""
+
+
+def _worker_sigterm(signum, frame):
+    raise _Abandon(128 + signum)
+
+
+def _in_worker(task, *args):
+    """A task as a worker runs it: abandoned on SIGTERM, and once its ``finally``
+    blocks have run, the worker leaves at once (``os._exit``) -- not through
+    the pool's loop and the interpreter's teardown (seconds, with torch loaded)."""
+    try:
+        return task(*args)
+    except _Abandon as e:
+        os._exit(e.code)
 
 
 def run_order(cases: list[Case]) -> list[Case]:
@@ -433,16 +504,14 @@ def start(spec: Spec, out: str | None, shard_arg: tuple[int, int] | None, policy
 
         load_policy(policy_path)  # a bad policy is bad input: refused before the directory exists
     run_id = report.new_run_id()
-    d = report.run_dir(out, run_id)
-    if d.exists() and any(d.iterdir()):
-        raise UsageError(f"run directory {d} is not empty; use --resume {d} to complete it, or another --out")
+    d = report.check_out(out, run_id, f"use --resume {report.run_dir(out, run_id)} to complete it, or another --out")
     d.mkdir(parents=True, exist_ok=True)
     run = {"run_id": run_id, "argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "spec": {"path": spec.path, "name": spec.name, "sha": spec.sha, "text": spec.text,
                     "cases_total": len(spec.cases), "excluded": spec.excluded},
            "shard": f"{shard_arg[0]}/{shard_arg[1]}" if shard_arg else None,
            "policy": policy_path, "jobs": jobs, "cases": [c.to_dict() for c in cases]}
-    (d / RUN_FILE).write_text(json.dumps(run, indent=1, default=str))
+    atomic.write_text(d / RUN_FILE, json.dumps(run, indent=1, default=str))
     return d
 
 
@@ -479,7 +548,7 @@ def complete(d: Path, jobs: int, on_start=lambda c: None, on_done=lambda c, rec:
     wall = time.perf_counter() - t0
     prior = run.get("wall_s", 0.0)
     run["wall_s"] = prior + wall  # summed over the invocations that made the run
-    (d / RUN_FILE).write_text(json.dumps(run, indent=1, default=str))
+    atomic.write_text(d / RUN_FILE, json.dumps(run, indent=1, default=str))
     meta = {"run_id": run["run_id"], "command": "matrix", "argv": run["argv"], "spec": _spec_meta(run),
             "shard": run["shard"], "jobs": jobs, "policy": run.get("policy"),
             "cases_already_done": len(held), "wall_s": prior + wall, "started": run["started"]}
@@ -554,9 +623,7 @@ def merge(dirs: list[str], out: str | None, argv: list[str]):
         records.update(held)
     cases = unshard(parts, n)
     run_id = report.new_run_id()
-    od = report.run_dir(out, run_id)
-    if od.exists() and any(od.iterdir()):
-        raise UsageError(f"output directory {od} is not empty; choose another --out")
+    od = report.check_out(out, run_id)
     od.mkdir(parents=True, exist_ok=True)
     for i, (d, _) in sorted(by_i.items()):
         if (d / "plots").is_dir():

@@ -11,10 +11,46 @@ from .errors import UsageError, suggest
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "tolerance.toml"
 PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "q8_0", "q8_1", "q8_k")
-_TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor"}
-_OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "reason"} | _TOL_KEYS
-_FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "when", "settings", "downstream_of",
+_TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol"}
+_OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
+_FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
                  "max_nmse", "dtypes", "reason"}
+_MISSING = object()
+
+
+def config_value(config, dotted: str):
+    """A value of the reference's own config by dotted path (``rope_parameters.truncate``,
+    ``attn_config.alibi_bias_max``: a table or an attribute at each step)."""
+    obj = config
+    for part in dotted.split("."):
+        if isinstance(obj, dict):
+            obj = obj.get(part, _MISSING)
+        else:
+            obj = getattr(obj, part, _MISSING)
+        if obj is _MISSING:
+            return _MISSING
+    return obj
+
+
+def config_matches(config, conditions: dict) -> bool:
+    """Every condition of a finding's ``config`` table holds for ``config``: a plain
+    value must equal the config's; ``{ ne_key = "head_dim" }`` means the value
+    differs from the config's own ``head_dim``; ``{ set = true }`` means the value is
+    present and not None / false (``{ set = false }``: absent, None or false)."""
+    for key, want in conditions.items():
+        have = config_value(config, key)
+        if isinstance(want, dict):
+            if "ne_key" in want:
+                other = config_value(config, want["ne_key"])
+                if have is _MISSING or other is _MISSING or have == other:
+                    return False
+            if "set" in want:
+                is_set = have is not _MISSING and have is not None and have is not False
+                if is_set != bool(want["set"]):
+                    return False
+        elif have is _MISSING or have != want:
+            return False
+    return True
 
 
 def dataflow_position(layer: int | None, probe: str) -> tuple:
@@ -59,10 +95,14 @@ class Policy:
     findings: list = field(default_factory=list)
 
     def finding(self, family: str, candidate: str, reference: str, probe: str, layer_kind: str,
-                features: list[str], overrides: dict | None = None, layer: int | None = None,
-                nmse: float | None = None, dtype: str | None = None) -> str | None:
+                config=None, layer: int | None = None, nmse: float | None = None, bounded: bool = True,
+                dtype: str | None = None) -> str | None:
         """The written reason when a failing comparison is a KNOWN disagreement of
-        the references (a finding, reported as such), else None."""
+        the references (a finding, reported as such), else None. Matched on the
+        reference's own ``config`` (the HF config the case built, or read back from a
+        GGUF's keys) -- never on what impl was told to compute, so an impl bug that
+        switches a feature on cannot switch its excuse on -- and only up to the
+        finding's measured size (``max_nmse``)."""
         for f in self.findings:
             if f.get("family", family) != family:
                 continue
@@ -72,15 +112,11 @@ class Policy:
                 continue
             if f.get("layer_kind", layer_kind) != layer_kind:
                 continue
-            if any(tag not in features for tag in f.get("when", [])):
+            if "config" in f and (config is None or not config_matches(config, f["config"])):
                 continue
             # dtypes: the comparison dtypes it is known at (e.g. q8_k: quantized weights
             # only -- a disagreement the float comparison of the same case does not have)
             if "dtypes" in f and dtype not in f["dtypes"]:
-                continue
-            # settings: HF config overrides the case must carry (an HF-only setting
-            # no feature tag tells apart, e.g. smollm3's no_rope_layer_interval)
-            if any(k not in (overrides or {}) or (overrides or {})[k] != v for k, v in f.get("settings", {}).items()):
                 continue
             # downstream_of: "L0.layer_out" -- the disagreement starts there and is carried
             # by every later probe of a free-running reference (e.g. an FFN difference)
@@ -88,13 +124,17 @@ class Policy:
                 continue
             # max_nmse: the known disagreement has a size (a rounding-level MLP difference
             # carried downstream); a larger one at the same probes is not excused by it
-            if "max_nmse" in f and (nmse is None or not nmse <= f["max_nmse"]):
+            # bounded=False: which finding WOULD excuse this, whatever its size (measuring a
+            # finding's size: scripts/measure_cpu_variants.py)
+            if bounded and (nmse is None or not nmse <= f.get("max_nmse", float("inf"))):
                 continue
-            return f["reason"]
+            return f"finding #{f['_n']}: {f['reason']}"
         return None
 
-    def tolerance(self, dtype: str, probe: str, family: str = "", reference: str = "") -> tuple[dict, str]:
-        """``(tolerance, reason_if_overridden)`` for one comparison."""
+    def tolerance(self, dtype: str, probe: str, family: str = "", reference: str = "",
+                  candidate: str = "") -> tuple[dict, str]:
+        """``(tolerance, reason_if_overridden)`` for one comparison (``candidate``: its
+        candidate side, which an override may select)."""
         if dtype not in self.dtypes:
             raise UsageError(f"tolerance policy {self.path} has no dtype {dtype!r}; {suggest(dtype, self.dtypes)}")
         table = self.dtypes[dtype]
@@ -105,6 +145,8 @@ class Policy:
             if o.get("family", family) != family or o.get("dtype", dtype) != dtype:
                 continue
             if o.get("probe", probe) != probe or o.get("reference", reference) != reference:
+                continue
+            if o.get("candidate", candidate) != candidate:
                 continue
             tol.update({k: v for k, v in o.items() if k in _TOL_KEYS})
             reason = o["reason"]
@@ -142,9 +184,20 @@ def load_policy(path: str | Path | None = None) -> Policy:
         if not str(o.get("reason", "")).strip():
             raise UsageError(f"tolerance policy {p}: every override needs a written reason ({o})")
     findings = data.get("finding", [])
-    for f in findings:
-        _known_keys(p, "a finding", f, _FINDING_KEYS)
+    for n, f in enumerate(findings, 1):
+        _known_keys(p, f"finding #{n}", f, _FINDING_KEYS)
+        f["_n"] = n  # its place in the file: rows name the finding that excused them
         if not str(f.get("reason", "")).strip() or "family" not in f:
-            raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason ({f})")
+            raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason (finding #{n})")
+        if "candidate" not in f or "reference" not in f:
+            raise UsageError(f"tolerance policy {p}: finding #{n} ({f['family']}) must name its pair "
+                             "(candidate and reference)")
+        # an excuse of a candidate (impl or another engine, not a reference) is bounded: the
+        # reference config it holds under, the probes it names, the size it was measured at
+        if f["candidate"] not in ("hf", "llamacpp") and (
+                "max_nmse" not in f or not f.get("probes") or not isinstance(f.get("config"), dict) or not f["config"]):
+            raise UsageError(f"tolerance policy {p}: finding #{n} ({f['family']}, {f['candidate']} vs "
+                             f"{f['reference']}) excuses the candidate, so it needs config (the reference's "
+                             "settings it holds under), probes and max_nmse")
     reg = data.get("regression", {})
     return Policy(str(p), dtypes, overrides, float(reg.get("factor", 4.0)), findings)

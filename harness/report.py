@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from .versions import ROOT, versions
-
-REPORTS = ROOT / "reports"
-FAILING = ("fail", "error")
+from . import atomic
+from .atomic import atomic_path
+from .errors import UsageError
+from .verdict import FAILING
+from .versions import versions
 
 
 def new_run_id() -> str:
@@ -25,7 +26,47 @@ def new_run_id() -> str:
 
 
 def run_dir(out: str | None, run_id: str) -> Path:
-    return Path(out) if out else REPORTS / run_id
+    """``--out``, else ``reports/<run-id>`` under the current directory (where the
+    user runs the command, not where the project is installed)."""
+    return Path(out) if out else Path.cwd() / "reports" / run_id
+
+
+def check_out(out: str | None, run_id: str, if_not_empty: str = "give another --out or remove it") -> Path:
+    """The run directory, refused before any work (UsageError) where it cannot be
+    written: a file, a non-empty directory (``if_not_empty`` says what to do),
+    below a file, or in a directory this process may not write. Creates nothing."""
+    d = run_dir(out, run_id)
+    flag = f"--out {d}" if out else f"the report directory {d}"
+    if d.exists():
+        if not d.is_dir():
+            raise UsageError(f"{flag} is a file; give a new or empty directory")
+        if any(d.iterdir()):
+            raise UsageError(f"{flag} is not empty; {if_not_empty}")
+    check_writable(d, flag)
+    return d
+
+
+def check_writable(path: Path, flag: str, file: bool = False) -> None:
+    """UsageError unless ``path`` -- a directory, or with ``file`` a file --
+    existing or not, can be made and written by this process. Creates nothing."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    if file and path.is_dir():
+        raise UsageError(f"{flag} is a directory; give a file name")
+    where = path.parent if file else path
+    while not where.exists():
+        where = where.parent
+    if not where.is_dir():
+        raise UsageError(f"{flag} cannot be made: {where} is a file")
+    try:  # os.access alone says yes to root on a read-only file system
+        if not os.access(where, os.W_OK | os.X_OK) or (file and path.exists() and not os.access(path, os.W_OK)):
+            raise OSError
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError:
+        raise UsageError(f"{flag} cannot be written: {where} is not writable") from None
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -40,15 +81,18 @@ def frame(rows: list[dict]) -> pd.DataFrame:
 def write_rows(d: Path, rows: list[dict]) -> pd.DataFrame:
     d.mkdir(parents=True, exist_ok=True)
     df = frame(rows)
-    df.to_parquet(d / "rows.parquet", index=False)
-    df.to_csv(d / "rows.csv", index=False)
+    # whole files or none: `diff`, `merge` and `--resume` may read a run a kill interrupted
+    with atomic_path(d / "rows.parquet") as tmp:
+        df.to_parquet(tmp, index=False)
+    with atomic_path(d / "rows.csv") as tmp:
+        df.to_csv(tmp, index=False)
     return df
 
 
 def write_meta(d: Path, meta: dict) -> None:
     meta = dict(meta)
     meta.setdefault("versions", versions())
-    (d / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    atomic.write_text(d / "meta.json", json.dumps(meta, indent=2, default=str))
 
 
 def read_rows(d: Path) -> pd.DataFrame:

@@ -24,8 +24,25 @@ def versions() -> dict:
     v = {"python": platform.python_version()}
     for p in PACKAGES:
         v[p] = _version(p)
+    v["llama_cpp_kernels"] = llama_cpp_kernels()
     v["git_commit"] = git_commit()
     return v
+
+
+def llama_cpp_kernels() -> str | None:
+    """The ggml CPU kernels the installed llama.cpp was built with
+    (``llama_print_system_info``: "SSE3 = 1 | AVX2 = 1 | F16C = 1 | ..."): they set
+    the rounding of every llama.cpp result (scripts/build_llamacpp.sh), so they are
+    recorded with every run and keyed into every llama.cpp capture."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    try:
+        info = llama_cpp.llama_print_system_info()
+        return (info.decode() if isinstance(info, bytes) else str(info)).strip()
+    except Exception:  # an older binding without it: the version alone must do
+        return None
 
 
 def git_commit() -> str | None:

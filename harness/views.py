@@ -2,7 +2,7 @@
 
 - ``summary.md``: features x families (status, worst NMSE), failures first --
   ready for a CI job summary;
-- ``report.html``: a heatmap of features x families coloured by the worst error
+- ``report.html``: a heatmap of families x features coloured by the worst error
   relative to its tolerance, with a drill-down to each case's per-layer,
   per-probe table; one self-contained file, every shown string escaped;
 - ``junit.xml``: one test case per matrix case;
@@ -18,20 +18,20 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pandas as pd
 
+from . import atomic
 from .features import REFERENCE_GAPS, SPEC_DECORATIONS
 
-FAILING = ("fail", "error")
-# A case's status is the first of these its rows have: one failing row fails the
-# case; otherwise a case that compared anything passed (its findings listed apart).
-CASE_ORDER = ("error", "fail", "pass", "finding", "not-implemented", "not-exposed", "skipped")
-GLYPH = {"error": "❌ error", "fail": "❌ FAIL", "pass": "✅ pass", "finding": "⚠️ finding",
+# A case's status is the first of CASE_ORDER its rows have: one failing row fails the
+# case; a case passes only when impl was checked (harness/verdict.py: unguarded first).
+from .verdict import CASE_ORDER, FAILING  # noqa: E402
+GLYPH = {"unguarded": "❌ UNGUARDED", "missing": "❌ missing", "error": "❌ error", "fail": "❌ FAIL",
+         "pass": "✅ pass", "finding": "⚠️ finding",
          "not-implemented": "➖ not implemented", "not-exposed": "➖ not exposed", "skipped": "➖ skipped"}
 
 
@@ -47,21 +47,39 @@ def _err(df: pd.DataFrame) -> pd.Series:
     return df["nmse"] if "nmse" in df else pd.Series(math.nan, index=df.index)
 
 
+def is_candidate(df: pd.DataFrame) -> pd.Series:
+    """The rows that judge a case's candidate (impl, or another engine), not the
+    references against each other (harness/verdict.py ``candidate_rows``)."""
+    from .verdict import REFERENCE_NAMES
+
+    return ~df["candidate"].isin(REFERENCE_NAMES)
+
+
 def cases(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per case, in row order: status, findings, impl's worst NMSE and
-    error/tolerance (over the rows judged pass or fail: a finding is reported as
-    one, not as impl's error), the first failing row."""
-    cols = ["case_id", "family", "features", "status", "findings", "worst_nmse", "worst_ratio", "first_fail"]
+    """One line per case, in row order: its candidate, status, findings, the
+    candidate's worst NMSE and error/tolerance (over the rows judged pass or fail:
+    a finding is reported as one, not as the candidate's error), the first failing row."""
+    cols = ["case_id", "family", "candidate", "features", "status", "findings", "worst_nmse", "worst_ratio",
+            "first_fail"]
     if df.empty:
         return pd.DataFrame(columns=cols)
+    mine = is_candidate(df)
     by = df.groupby("case_id", sort=False)
     rank = df["status"].map({s: i for i, s in enumerate(CASE_ORDER)}).fillna(len(CASE_ORDER))
     out = pd.DataFrame({"family": by["family"].first(),
+                        "candidate": df["candidate"].where(mine).groupby(df["case_id"], sort=False).first()
+                        .reindex(by["family"].first().index).fillna("impl"),
                         "features": by["features"].first().map(lambda s: [f for f in str(s).split(";") if f]),
                         "status": rank.groupby(df["case_id"], sort=False).min().map(
                             lambda i: CASE_ORDER[int(i)] if i < len(CASE_ORDER) else "skipped"),
                         "findings": (df["status"] == "finding").groupby(df["case_id"], sort=False).sum().astype(int)})
-    judged = df[(df["candidate"] == "impl") & df["status"].isin(("pass", "fail"))]
+    # a case in which no comparison of its candidate passed checked nothing of it, whatever
+    # its other rows say (harness/verdict.py rule 3; rows a run makes carry their own
+    # `unguarded` rows, this holds for any rows a view is given)
+    impl_pass = (mine & (df["status"] == "pass")).groupby(df["case_id"], sort=False).any()
+    quiet = ~out["status"].isin(FAILING + ("skipped",)) & ~impl_pass.reindex(out.index).fillna(False).astype(bool)
+    out.loc[quiet, "status"] = "unguarded"
+    judged = df[mine & df["status"].isin(("pass", "fail"))]
     for col, src in (("worst_nmse", "nmse"), ("worst_ratio", "err_ratio")):
         vals = pd.to_numeric(judged[src], errors="coerce") if src in judged else pd.Series(dtype=float)
         out[col] = vals.groupby(judged["case_id"]).max().reindex(out.index) if len(vals) else math.nan
@@ -86,6 +104,27 @@ def feature_order(tags) -> list[str]:
     return [t for t in SPEC_DECORATIONS if t in tags] + sorted(tags - set(SPEC_DECORATIONS))
 
 
+def _tally(cells: dict, key, c) -> None:
+    cell = cells.setdefault(key, {"cases": 0, "failing": 0, "findings": 0, "passing": 0,
+                                  "worst_nmse": math.nan, "worst_ratio": math.nan})
+    cell["cases"] += 1
+    cell["failing"] += c.status in FAILING
+    cell["passing"] += c.status == "pass"
+    cell["findings"] += c.findings > 0
+    cell["worst_nmse"] = _nanmax(cell["worst_nmse"], c.worst_nmse)
+    cell["worst_ratio"] = _nanmax(cell["worst_ratio"], c.worst_ratio)
+
+
+def candidate_grid(cs: pd.DataFrame) -> tuple[list[str], list[str], dict]:
+    """``(candidates, families, {(candidate, family): cell})``: impl first, then by name."""
+    fams = sorted(cs["family"].unique()) if len(cs) else []
+    cells: dict = {}
+    for c in cs.itertuples():
+        _tally(cells, (c.candidate, c.family), c)
+    cands = sorted({k for k, _ in cells}, key=lambda n: (n != "impl", n))
+    return cands, fams, cells
+
+
 def grid(cs: pd.DataFrame) -> tuple[list[str], list[str], dict]:
     """``(features, families, {(feature, family): cell})``; features with a failing
     case first (most failures first), then the spec's order."""
@@ -93,14 +132,7 @@ def grid(cs: pd.DataFrame) -> tuple[list[str], list[str], dict]:
     cells = {}
     for c in cs.itertuples():
         for f in c.features:
-            cell = cells.setdefault((f, c.family), {"cases": 0, "failing": 0, "findings": 0, "passing": 0,
-                                                    "worst_nmse": math.nan, "worst_ratio": math.nan})
-            cell["cases"] += 1
-            cell["failing"] += c.status in FAILING
-            cell["passing"] += c.status == "pass"
-            cell["findings"] += c.findings > 0
-            cell["worst_nmse"] = _nanmax(cell["worst_nmse"], c.worst_nmse)
-            cell["worst_ratio"] = _nanmax(cell["worst_ratio"], c.worst_ratio)
+            _tally(cells, (f, c.family), c)
     feats = feature_order({f for f, _ in cells})
     fails = {f: sum(cells[(f, fam)]["failing"] for fam in fams if (f, fam) in cells) for f in feats}
     feats.sort(key=lambda f: -fails[f])  # stable: the spec's order within equal counts
@@ -163,24 +195,18 @@ def summary_md(df: pd.DataFrame, meta: dict) -> str:
             lines.append(f"| `{_md(c.case_id)}` | {c.status} | {_md(c.first_fail)} |")
         if len(bad) > 50:
             lines.append(f"| ... {len(bad) - 50} more (rows.csv, report.html) | | |")
+    cands, cfams, ccells = candidate_grid(cs)
+    if cands:
+        lines += ["", "## Candidates × families", "",
+                  "Each cell: the cases of that family judging that candidate (engine); failing / cases and the "
+                  "worst NMSE of the candidate against the references.", ""]
+        lines += _md_grid("candidate", cands, cfams, ccells, bold=False)
     feats, fams, cells = grid(cs)
     if feats:
         lines += ["", "## Features × families", "",
-                  "Each cell: the cases of that family with that feature; worst NMSE of impl against the references.",
-                  "", "| feature | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-        for f in feats:
-            row = []
-            for fam in fams:
-                cell = cells.get((f, fam))
-                st = cell_status(cell)
-                if not st:
-                    row.append("")
-                elif st == "fail":
-                    row.append(f"❌ {cell['failing']}/{cell['cases']} · {_g(cell['worst_nmse'])}")
-                else:
-                    row.append(f"{GLYPH.get(st, st)} · {_g(cell['worst_nmse'])}")
-            name = f"**{f}**" if any(cell_status(cells.get((f, fam))) == "fail" for fam in fams) else f
-            lines.append(f"| {name} | " + " | ".join(row) + " |")
+                  "Each cell: the cases of that family with that feature; worst NMSE of each case's candidate "
+                  "against the references.", ""]
+        lines += _md_grid("feature", feats, fams, cells, bold=True)
     if "status" in df and (df["status"] == "finding").any():
         fd = df[df["status"] == "finding"]
         lines += ["", "## Findings (known reference disagreements, not failures)", "",
@@ -193,7 +219,7 @@ def summary_md(df: pd.DataFrame, meta: dict) -> str:
         lines += ["", "## Unverified decorations", "",
                   "Named in the spec, passed by no case of this run:", ""]
         lines += [f"- `{t}`: {_md(REFERENCE_GAPS.get(t, 'no case of this run exercises it'))}" for t in un]
-    other = df[~df["status"].isin(("pass", "fail", "error", "finding"))] if len(df) else df
+    other = df[~df["status"].isin(("pass", "finding") + FAILING)] if len(df) else df
     if len(other):
         lines += ["", "## Not compared", "", "| status | rows | reason |", "|---|---|---|"]
         for (st, why), g in sorted(other.groupby(["status", "reason"]), key=lambda kv: -len(kv[1]))[:15]:
@@ -207,6 +233,48 @@ def summary_md(df: pd.DataFrame, meta: dict) -> str:
               + " · ".join(f"{k} {_md(v.get(k))}" for k in ("python", "numpy", "torch", "transformers",
                                                              "llama_cpp_python", "gguf")) + "_", ""]
     return "\n".join(lines)
+
+
+def _html_grid(head: str, keys: list, fams: list, cells: dict) -> list[str]:
+    """A heatmap table of ``cells[(key, family)]``, keys as rows; each cell carries
+    ``data-{head}`` and ``data-family`` (clicking it lists its cases)."""
+    e = html.escape
+    out = [f"<table class='heat'><tr><th>{e(head)}</th>" + "".join(f"<th>{e(f)}</th>" for f in fams) + "</tr>"]
+    for k in keys:
+        tds = []
+        for fam in fams:
+            cell = cells.get((k, fam))
+            if not cell:
+                tds.append("<td style='background:#f7f7f7'></td>")
+                continue
+            st = cell_status(cell)
+            label = (f"{cell['failing']}/{cell['cases']} fail" if st == "fail" else st) + f" · {_g(cell['worst_nmse'])}"
+            title = f"{cell['cases']} cases; worst err/tol {_g(cell['worst_ratio'])}; findings in {cell['findings']}"
+            tds.append(f"<td style='background:{_colour(cell)}' data-{head}='{e(k)}' data-family='{e(fam)}' "
+                       f"title='{e(title)}'>{e(label)}</td>")
+        out.append(f"<tr><th>{e(k)}</th>{''.join(tds)}</tr>")
+    out.append("</table>")
+    return out
+
+
+def _md_grid(head: str, keys: list, fams: list, cells: dict, bold: bool) -> list[str]:
+    """A markdown table of ``cells[(key, family)]``: failing / cases or the status,
+    and the worst NMSE; ``bold``: a key with a failing cell is set in bold."""
+    lines = [f"| {head} | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
+    for k in keys:
+        row = []
+        for fam in fams:
+            cell = cells.get((k, fam))
+            st = cell_status(cell)
+            if not st:
+                row.append("")
+            elif st == "fail":
+                row.append(f"❌ {cell['failing']}/{cell['cases']} · {_g(cell['worst_nmse'])}")
+            else:
+                row.append(f"{GLYPH.get(st, st)} · {_g(cell['worst_nmse'])}")
+        failing = any(cell_status(cells.get((k, fam))) == "fail" for fam in fams)
+        lines.append(f"| {'**' + k + '**' if bold and failing else _md(k)} | " + " | ".join(row) + " |")
+    return lines
 
 
 # ---------------------------------------------------------------- report.html
@@ -246,7 +314,9 @@ _CSS = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;font-size:12px}
-table.heat td{cursor:pointer;min-width:7em;text-align:center}
+table.heat td{cursor:pointer;min-width:1.4em;text-align:center;color:#fff;font-weight:bold}
+table.heat th.feat{vertical-align:bottom;padding:2px 1px}
+table.heat th.feat span{writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap}
 table.heat td.sel{outline:3px solid #2166ac}
 #cases tr{cursor:pointer}
 #cases tr:hover{background:#f0f4ff}
@@ -281,6 +351,13 @@ document.querySelectorAll('table.heat td[data-feature]').forEach(td => td.addEve
   document.querySelectorAll('#cases tbody tr').forEach(tr => {
     tr.hidden = !(tr.dataset.family === fam && tr.dataset.features.split(' ').includes(f)); });
 }));
+document.querySelectorAll('table.heat td[data-candidate]').forEach(td => td.addEventListener('click', () => {
+  document.querySelectorAll('table.heat td.sel').forEach(x => x.classList.remove('sel')); td.classList.add('sel');
+  const c = td.dataset.candidate, fam = td.dataset.family;
+  document.getElementById('filter').textContent = ': ' + fam + ' judging ' + c;
+  document.querySelectorAll('#cases tbody tr').forEach(tr => {
+    tr.hidden = !(tr.dataset.family === fam && tr.dataset.candidate === c); });
+}));
 document.getElementById('all').addEventListener('click', () => {
   document.getElementById('filter').textContent = '';
   document.querySelectorAll('#cases tbody tr').forEach(tr => { tr.hidden = false; }); });
@@ -292,40 +369,53 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
     cs = cases(df)
     spec = meta.get("spec", {})
     feats, fams, cells = grid(cs)
+    cands, cfams, ccells = candidate_grid(cs)
     cc = cs["status"].value_counts().to_dict() if len(cs) else {}
     out = ["<!doctype html><html><head><meta charset='utf-8'>",
            f"<title>Conformance: {e(str(spec.get('name', '?')))}</title><style>{_CSS}</style></head><body>",
            f"<h1>Conformance matrix {e(str(spec.get('name', '?')))}: {verdict(df)}</h1>",
            "<p>" + e(" · ".join(f"{s} {cc[s]}" for s in CASE_ORDER if cc.get(s)) or "no cases") + " (cases)</p>",
-           "<h2>Features × families</h2>",
-           "<p>Colour: the worst error of impl relative to its tolerance (green far inside, yellow at 1e-0, "
-           "red failing, grey not compared). Click a cell to list its cases.</p>",
-           "<table class='heat'><tr><th>feature</th>" + "".join(f"<th>{e(f)}</th>" for f in fams) + "</tr>"]
-    for f in feats:
-        desc = SPEC_DECORATIONS.get(f, ("not a spec decoration", ""))[0]
+           "<h2>Candidates × families</h2>",
+           "<p>The engines judged (impl, or another: <code>--candidate</code>), coloured as below; click a cell "
+           "to list its cases.</p>",
+           *_html_grid("candidate", cands, cfams, ccells),
+           "<h2>Families × features</h2>",
+           "<p>Colour: the worst error of each case's candidate relative to its tolerance (green far inside, "
+           "yellow at 1e-0, red failing, grey not compared); a number: the failing cases. Hover a cell for its cases and worst "
+           "NMSE, a feature for what it is; click a cell to list its cases.</p>",
+           # families as rows, features as narrow columns with upright-rotated names: 24 families
+           # and ~45 features fit a screen without scrolling sideways
+           "<table class='heat'><tr><th>family</th>"
+           + "".join(f"<th class='feat' title='{e(SPEC_DECORATIONS.get(f, ('not a spec decoration', ''))[0])}'>"
+                     f"<span>{e(f)}</span></th>" for f in feats) + "</tr>"]
+    for fam in fams:
         tds = []
-        for fam in fams:
+        for f in feats:
             cell = cells.get((f, fam))
             st = cell_status(cell)
             if not cell:
                 tds.append("<td style='background:#f7f7f7'></td>")
                 continue
-            label = (f"{cell['failing']}/{cell['cases']} fail" if st == "fail" else st) + f" · {_g(cell['worst_nmse'])}"
-            title = f"{cell['cases']} cases; worst err/tol {_g(cell['worst_ratio'])}; findings in {cell['findings']}"
+            label = f"{cell['failing']}" if st == "fail" else ""
+            title = (f"{fam} · {f}: {cell['failing']}/{cell['cases']} fail" if st == "fail" else f"{fam} · {f}: {st}") \
+                + f"; {cell['cases']} cases; worst NMSE {_g(cell['worst_nmse'])}; worst err/tol " \
+                  f"{_g(cell['worst_ratio'])}; findings in {cell['findings']}"
             tds.append(f"<td style='background:{_colour(cell)}' data-feature='{e(f)}' data-family='{e(fam)}' "
                        f"title='{e(title)}'>{e(label)}</td>")
-        out.append(f"<tr><th title='{e(desc)}'>{e(f)}</th>{''.join(tds)}</tr>")
+        out.append(f"<tr><th>{e(fam)}</th>{''.join(tds)}</tr>")
     out.append("</table>")
     un = unverified(cs)
     if un:
         out.append("<p>Unverified decorations (no passing case): " + e(", ".join(un)) + "</p>")
     out += ["<h2>Cases<span id='filter'></span> <button id='all'>show all</button></h2>",
             "<p>Click a case for its per-layer, per-probe table.</p>",
-            "<table id='cases'><thead><tr><th>case</th><th>status</th><th>worst NMSE</th><th>worst err/tol</th>"
-            "<th>findings</th><th>first failure</th></tr></thead><tbody>"]
+            "<table id='cases'><thead><tr><th>case</th><th>candidate</th><th>status</th><th>worst NMSE</th>"
+            "<th>worst err/tol</th><th>findings</th><th>first failure</th></tr></thead><tbody>"]
     for c in cs.itertuples():
-        out.append(f"<tr data-case='{e(c.case_id)}' data-family='{e(c.family)}' data-features='{e(' '.join(c.features))}'>"
-                   f"<td><code>{e(c.case_id)}</code></td><td class='{e(c.status)}'>{e(c.status)}</td>"
+        out.append(f"<tr data-case='{e(c.case_id)}' data-family='{e(c.family)}' data-candidate='{e(c.candidate)}' "
+                   f"data-features='{e(' '.join(c.features))}'>"
+                   f"<td><code>{e(c.case_id)}</code></td><td>{e(c.candidate)}</td>"
+                   f"<td class='{e(c.status)}'>{e(c.status)}</td>"
                    f"<td>{_g(c.worst_nmse)}</td><td>{_g(c.worst_ratio)}</td><td>{c.findings or ''}</td>"
                    f"<td>{e(c.first_fail)}</td></tr>")
     out.append("</tbody></table><div id='detail'></div>")
@@ -362,9 +452,9 @@ def junit_xml(df: pd.DataFrame, meta: dict) -> str:
     by_case = dict(tuple(df.groupby("case_id", sort=False))) if len(df) else {}
     for fam, group in (cs.groupby("family", sort=False) if len(cs) else []):
         suite = ET.SubElement(root, "testsuite", name=_x(f"conformance.{fam}"), tests=str(len(group)),
-                              failures=str((group["status"] == "fail").sum()),
+                              failures=str((group["status"].isin(FAILING) & (group["status"] != "error")).sum()),
                               errors=str((group["status"] == "error").sum()),
-                              skipped=str((~group["status"].isin(("pass", "fail", "error"))).sum()))
+                              skipped=str((~group["status"].isin(("pass",) + FAILING)).sum()))
         for c in group.itertuples():
             t = info.get(c.case_id, {}).get("timings", {}).get("case_s", 0.0)
             tc = ET.SubElement(suite, "testcase", classname=_x(f"conformance.{fam}"), name=_x(c.case_id),
@@ -374,7 +464,7 @@ def junit_xml(df: pd.DataFrame, meta: dict) -> str:
                 bad = rows[rows["status"].isin(FAILING)]
                 body = "\n".join(f"{r.candidate} vs {r.reference} L{r.layer} {r.probe}: {r.status}: {r.reason}"
                                  for r in bad.itertuples())
-                ET.SubElement(tc, "failure" if c.status == "fail" else "error", message=_x(c.first_fail)).text = _x(body)
+                ET.SubElement(tc, "error" if c.status == "error" else "failure", message=_x(c.first_fail)).text = _x(body)
             elif c.status != "pass":
                 ET.SubElement(tc, "skipped", message=_x(f"{c.status}: {rows['reason'].iloc[0]}"))
             if c.findings:
@@ -412,15 +502,13 @@ def plot_case(rows, path: Path) -> None:
     k = cache.key("plot", cache.source_hash(__file__), shown)
     hit = cache.cache_dir() / "plots" / f"{k}.png"
     if not hit.exists():
-        hit.parent.mkdir(parents=True, exist_ok=True)
-        tmp = hit.with_suffix(f".{os.getpid()}.tmp.png")
-        _draw(df, tmp)
-        os.replace(tmp, hit)  # atomic: workers never copy half a file
+        with atomic.atomic_path(hit, suffix=".png") as tmp:  # workers never copy half a file
+            _draw(df, tmp)
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(hit, path)
 
 
-def _draw(df: pd.DataFrame, path: Path) -> None:
+def _draw(df: pd.DataFrame, path: Path):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, NullLocator
@@ -433,7 +521,8 @@ def _draw(df: pd.DataFrame, path: Path) -> None:
     key = lambda l, p: (0, 0, 0) if p == "embeddings" else ((1, l, order.get(p, 99)) if l >= 0 else (2, 0, 0))  # noqa: E731
     labels = sorted({(key(l, p), f"L{l} {p}" if l >= 0 else p) for l, p in zip(df["layer"], df["probe"])})
     xs = {lab: i for i, (_, lab) in enumerate(labels)}
-    fig = Figure(figsize=(max(6.0, 0.16 * len(xs)), 3.4), dpi=90)
+    width = max(6.0, 0.16 * len(xs))
+    fig = Figure(figsize=(width, 3.4), dpi=90)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     # exact agreement (NMSE 0) is drawn on a floor below the smallest error, not at 1e-300
@@ -445,7 +534,7 @@ def _draw(df: pd.DataFrame, path: Path) -> None:
         line, = ax.plot(g["_x"], g["_y"], marker=".", lw=1, label=f"{cand} vs {ref}")
         bad = g[g["status"].isin(FAILING)]
         ax.plot(bad["_x"], bad["_y"], "x", color="#d73027", ms=7)
-        if "tol_nmse" in g and cand == "impl":
+        if "tol_nmse" in g and cand not in ("hf", "llamacpp"):
             ax.step(g["_x"], g["tol_nmse"], where="mid", ls="--", lw=0.8, color=line.get_color(), alpha=0.6)
     ax.set_yscale("log")
     ax.set_ylabel("NMSE (dashed: tolerance)")
@@ -454,14 +543,27 @@ def _draw(df: pd.DataFrame, path: Path) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.0e}"))  # plain text: mathtext parsing is slow
     ax.legend(fontsize=6, loc="upper left")
-    # fixed margins: tight_layout measures every label and doubled the cost of a plot
-    fig.subplots_adjust(left=0.1, right=0.99, top=0.92, bottom=0.3)
-    fig.savefig(path)
+    # fixed margins: tight_layout measures every label and doubled the cost of a plot. The left
+    # one in inches (tick labels "1e-10" plus the axis label), not a fraction of a width that
+    # grows with the probes: at 6 in, 10% clipped the y-axis label
+    fig.subplots_adjust(left=0.95 / width, right=1 - 0.06 / width, top=0.92, bottom=0.3)
+    # a 64-colour palette (Pillow, matplotlib's own dependency): a few line colours and their
+    # anti-aliasing need no more, and report.html embeds every plot: 51 -> ~19 KB each (+0.05 s)
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    buf.seek(0)
+    with Image.open(buf) as im:
+        im.convert("RGB").quantize(colors=64).save(path, format="PNG")
+    return fig
 
 
 # ---------------------------------------------------------------- feature map
-MAP_ORDER = ("error", "fail", "finding", "pass", "not-implemented", "not-exposed", "skipped")
-MAP_COLS = (("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf"))
+MAP_ORDER = ("unguarded", "missing", "error", "fail", "finding", "pass", "not-implemented", "not-exposed", "skipped")
+MAP_COLS = (("candidate", "hf"), ("candidate", "llamacpp"), ("llamacpp", "hf"))
 
 
 def feature_map(df: pd.DataFrame) -> str:
@@ -473,6 +575,8 @@ def feature_map(df: pd.DataFrame) -> str:
     rank = {s: i for i, s in enumerate(MAP_ORDER)}
     cells: dict = {}
     if len(df):
+        # each case's candidate (impl, or another engine) is the "candidate" column
+        df = df.assign(candidate=df["candidate"].where(~is_candidate(df), "candidate"))
         d = df.assign(_r=df["status"].map(rank).fillna(len(MAP_ORDER)),
                       _ao=pd.to_numeric(df["nmse"], errors="coerce").where(df["probe"] == "attn_out"))
         pair = d.groupby(["case_id", "candidate", "reference"], sort=False).agg(r=("_r", "min"), ao=("_ao", "max"))
@@ -484,7 +588,9 @@ def feature_map(df: pd.DataFrame) -> str:
     fams_of: dict = {}
     for tag, fam, *_ in cells:
         fams_of.setdefault(tag, set()).add(fam)
-    head = ["impl vs hf", "impl vs llamacpp", "llamacpp vs hf"]
+    named = sorted(set(cs["candidate"])) if len(cs) else ["impl"]
+    who = named[0] if len(named) == 1 else "candidate"
+    head = [f"{who} vs hf", f"{who} vs llamacpp", "llamacpp vs hf"]
     lines = ["status of the comparisons of the cases with the feature; NMSE: the worst on attn_out", "",
              f"{'feature':<20} {'family':<14} " + " ".join(f"{h:<24}" for h in head)]
     verified, unver = [], []
@@ -499,22 +605,26 @@ def feature_map(df: pd.DataFrame) -> str:
             row = []
             for cand, ref in MAP_COLS:
                 st, ao = cells.get((tag, fam, cand, ref), ("-", math.nan))
-                ok |= cand == "impl" and st == "pass"
+                ok |= cand == "candidate" and st == "pass"
                 row.append(st if st == "-" else f"{st} {_g(ao) if ao == ao else '(no attn_out)'}")
             lines.append(f"{tag if n == 0 else '':<20} {fam:<14} " + " ".join(f"{c:<24}" for c in row))
         (verified if ok else unver).append(tag)
         if not ok:
-            lines.append(f"{'':<20} {'':<14} unverified: impl passed against no reference in these cases")
-    lines += ["", f"verified (impl passes against a reference): {len(verified)} of {len(verified) + len(unver)}; "
+            lines.append(f"{'':<20} {'':<14} unverified: {who} passed against no reference in these cases")
+    lines += ["", f"verified ({who} passes against a reference): {len(verified)} of {len(verified) + len(unver)}; "
               f"unverified: {', '.join(unver) or 'none'}"]
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- all of them
 def write_all(d: Path, df: pd.DataFrame, meta: dict) -> None:
+    import base64
+
     d = Path(d)
-    plots = {cid: f"plots/{plot_name(cid)}" for cid in dict.fromkeys(df["case_id"])} if len(df) else {}
-    plots = {k: v for k, v in plots.items() if (d / v).exists()}
-    (d / "summary.md").write_text(summary_md(df, meta))
-    (d / "report.html").write_text(report_html(df, meta, plots))
-    (d / "junit.xml").write_text(junit_xml(df, meta))
+    plots = {cid: d / "plots" / plot_name(cid) for cid in dict.fromkeys(df["case_id"])} if len(df) else {}
+    # embedded as data URIs: a report.html copied or mailed on its own keeps its plots
+    plots = {k: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode("ascii")
+             for k, p in plots.items() if p.exists()}
+    atomic.write_text(d / "summary.md", summary_md(df, meta))
+    atomic.write_text(d / "report.html", report_html(df, meta, plots))
+    atomic.write_text(d / "junit.xml", junit_xml(df, meta))

@@ -15,6 +15,6 @@ from .config import (
     alibi_slopes,
 )
 from .kv import KV_MODES, Batched, ContiguousKv, Decode, Paged, PagedSeq, PagePool
-from .mla import MLA_FORMS, MlaConfig, MlaLayer, mla_block
+from .mla import MLA_FORMS, MlaConfig, MlaLayer, MlaYarn, mla_block
 from .rope import make_rope
 from .trace import LAYER_PROBES, MODEL_PROBES, Trace

@@ -6,15 +6,17 @@ torch (one array namespace, ``impl.backend``), every dtype. The decorations
 follow the order of the spec's ``attn_block_tail`` / ``attn_branch_rows`` /
 ``project_attn_rows`` (``spec/attn_block.rs.txt``):
 
-  input norm -> QKV projection -> interleaved Q gate split -> QKV bias (with
-  the projection) -> QKV clamp -> QK norm (pre-RoPE) -> RoPE (with its
-  attention factor) -> QK norm (post-RoPE) -> temperature -> push + attend
-  (window, softcap -- none on the sink arm --, ALiBi, sinks) -> interleaved
-  gate -> output gate -> sub-norm -> wo -> wo scale -> wo bias -> value scale
-  -> post-attention norm -> residual.
+  input norm -> QKV projection (weights only) -> interleaved Q gate split ->
+  QKV bias (Q at the Q width, after the split) -> QKV clamp -> QK norm
+  (pre-RoPE) -> RoPE (with its attention factor) -> QK norm (post-RoPE) ->
+  temperature -> push + attend (window, softcap -- none on the sink arm --,
+  ALiBi, sinks) -> window eviction (a KV option, off by default) ->
+  interleaved gate -> output gate -> sub-norm -> wo -> wo scale -> wo bias ->
+  value scale -> post-attention norm -> residual.
 
 A layer with no attention (``shape="absent"``) returns no branch; a layer whose
-attention is one linear map (``shape="linear"``, deci's) returns ``wo(normed)``.
+attention is one linear map (``shape="linear"``, deci's) returns ``wo(normed)``
+and nothing else (spec ``AttnShape::Linear => o_proj.apply(normed)``: no bias).
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ LAYER_WEIGHTS = {
     "wq": "[n_heads * head_dim (x2 with an interleaved gate), hidden]",
     "wk": "[n_kv_heads * head_dim, hidden]",
     "wv": "[n_kv_heads * v_head_dim, hidden]",
-    "bq": "q bias",
-    "bk": "k bias",
-    "bv": "v bias",
+    "bq": "[n_heads * head_dim] q bias, at the Q width: added after the interleaved gate is split off",
+    "bk": "[n_kv_heads * head_dim] k bias",
+    "bv": "[n_kv_heads * v_head_dim] v bias",
+    "bq_gate": "[n_heads * head_dim] the interleaved gate's own bias (HF q_proj's bias, gate halves; "
+               "the spec's gate has none)",
     "q_norm": "[head_dim] (per head) or [n_heads * head_dim] (whole row)",
     "k_norm": "[head_dim] or [n_kv_heads * head_dim]",
     "sinks": "[n_heads] learned sink logits (gpt-oss s_aux)",
@@ -90,25 +94,55 @@ class Layer:
         return (self.cfg.n_kv_heads, self.cfg.head_dim), (self.cfg.n_kv_heads, self.cfg.dv)
 
 
+def _expected_shapes(cfg: LayerConfig) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """``(required, optional)``: every weight the layer may carry, with its shape.
+    A weight outside both is one the config switched off (it would be ignored)."""
+    hid = cfg.hidden_size
+    norm = {"attn_norm": (hid,), "attn_norm_b": (hid,)}
+    if cfg.shape == "linear":  # spec AttnShape::Linear: o_proj(normed), nothing else
+        return {"wo": (hid, hid)}, norm
+    h, hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
+    required = {"wq": (h * d * (2 if cfg.q_gate_interleaved else 1), hid), "wk": (hkv * d, hid),
+                "wv": (hkv * dv, hid), "wo": (hid, h * dv)}
+    optional = {**norm, "bq": (h * d,), "bk": (hkv * d,), "bv": (hkv * dv,), "sinks": (h,), "bo": (hid,)}
+    if cfg.q_gate_interleaved:
+        optional["bq_gate"] = (h * d,)
+    if cfg.output_gate:
+        required["wg"] = (h * dv, hid)
+        optional["bg"] = (h * dv,)
+    if cfg.qk_norm is not None:
+        row = cfg.qk_norm.over == "row"
+        optional.update(q_norm=(h * d,) if row else (d,), k_norm=(hkv * d,) if row else (d,))
+    if cfg.sub_norm:  # a NormSpec, or None
+        optional["sub_norm"] = (h * dv,)
+    if cfg.post_norm:
+        optional.update(post_norm=(hid,), post_norm_b=(hid,))
+    return required, optional
+
+
 def _check_shapes(cfg: LayerConfig, w: dict) -> None:
+    """Every weight's shape against the config, before any arithmetic (one line
+    naming the weight, its shape and the expected one)."""
     if cfg.shape == "absent":
+        extra = sorted(k for k, v in w.items() if v is not None)
+        if extra:
+            raise ConfigError(f"a layer with no attention takes no weights; got {extra}")
         return
-    expect = {"wo": (cfg.hidden_size, cfg.n_heads * cfg.dv)} if cfg.shape == "gqa" else {}
-    if cfg.shape == "linear":
-        expect = {"wo": (cfg.hidden_size, cfg.hidden_size)}
-    if cfg.shape == "gqa":
-        qw = cfg.n_heads * cfg.head_dim * (2 if cfg.q_gate == "interleaved" else 1)
-        expect.update(
-            wq=(qw, cfg.hidden_size),
-            wk=(cfg.n_kv_heads * cfg.head_dim, cfg.hidden_size),
-            wv=(cfg.n_kv_heads * cfg.dv, cfg.hidden_size),
-        )
-        if cfg.q_gate == "separate":
-            expect["wg"] = (cfg.n_heads * cfg.dv, cfg.hidden_size)
-    for name, shape in expect.items():
-        if name not in w:
+    required, optional = _expected_shapes(cfg)
+    for name, shape in required.items():
+        if w.get(name) is None:
             raise ConfigError(f"layer weights lack {name!r} {shape}")
-        got = tuple(np.shape(w[name]))
+    for name, v in w.items():
+        if v is None:
+            continue
+        shape = required.get(name, optional.get(name))
+        if shape is None:
+            raise ConfigError(f"weight {name!r} does not apply to this layer (its decoration is off in the config: "
+                              f"shape {cfg.shape}, q_gate_interleaved={cfg.q_gate_interleaved}, "
+                              f"output_gate={cfg.output_gate}, qk_norm={cfg.qk_norm is not None}, "
+                              f"sub_norm={cfg.sub_norm is not None}, post_norm={cfg.post_norm is not None}); "
+                              f"valid here: {', '.join(sorted({**required, **optional}))}")
+        got = tuple(np.shape(v))
         if got != shape:
             raise ConfigError(f"weight {name} has shape {got}, expected {shape}")
 
@@ -133,24 +167,36 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     normed = normalize(xp, x, cfg.input_norm, w.get("attn_norm"), w.get("attn_norm_b"), be.acc_dtype)
     put("attn_in", normed)
     if cfg.shape == "linear":
-        # deci.cpp: `attn_norm` then `wo`, nothing else (spec AttnShape::Linear).
-        branch = _linear(xp, normed, w["wo"], w.get("bo"))
+        # deci.cpp: `attn_norm` then `wo`, nothing else (spec AttnShape::Linear:
+        # `o_proj.apply(normed)`, no bias -- _check_shapes refuses one).
+        branch = _linear(xp, normed, w["wo"], None)
         put("attn_out", branch)
         return _residual(layer, x, branch, put)
 
     n = x.shape[0]
     h, hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
-    q = _linear(xp, normed, w["wq"], w.get("bq"))
-    k = _linear(xp, normed, w["wk"], w.get("bk"))
-    v = _linear(xp, normed, w["wv"], w.get("bv"))
+    # spec project_qkv: the three products, weights only
+    q = _linear(xp, normed, w["wq"], None)
+    k = _linear(xp, normed, w["wk"], None)
+    v = _linear(xp, normed, w["wv"], None)
     gate = None
-    if cfg.q_gate == "interleaved":
+    if cfg.q_gate_interleaved:
         # qwen3next / qwen35 (HF `torch.chunk(q_proj(x).view(..., head_dim * 2), 2, -1)`,
         # llama.cpp qwen35.cpp): the gate rides in wq, interleaved PER HEAD; split it
-        # off before anything reads a Q width.
+        # off before anything reads a Q width (spec split_interleaved_q_gate).
         qg = xp.reshape(q, (n, h, 2 * d))
         q, gate = qg[..., :d], xp.reshape(qg[..., d:], (n, h * d))
         q = xp.reshape(q, (n, h * d))
+        if "bq_gate" in w:
+            # HF's q_proj bias is as wide as q_proj: its gate halves bias the gate
+            gate = gate + w["bq_gate"]
+    # spec apply_qkv_bias_and_clamp, AFTER the split: Q's bias at the Q width
+    if "bq" in w:
+        q = q + w["bq"]
+    if "bk" in w:
+        k = k + w["bk"]
+    if "bv" in w:
+        v = v + w["bv"]
     if cfg.qkv_clamp is not None:
         # olmo `clip_qkv`; llama.cpp build_qkv `f_clamp_kqv`: after the bias.
         c = cfg.qkv_clamp
@@ -168,8 +214,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     pos = np.arange(p0, p0 + n, dtype=np.int64)
     rope = cfg.rope  # None: a NoPE layer (smollm3's every 4th, cohere2's full layers)
     if rope is not None:
-        cos, sin = ropemod.cos_sin(rope, pos)
-        cos, sin = be.asarray(cos), be.asarray(sin)
+        cos, sin = ropemod.cos_sin_on(be, rope, pos)  # the layer's device table, uploaded once
         q = ropemod.rotate(xp, q, cos, sin, rope.layout, rope.rotary_dim)
         k = ropemod.rotate(xp, k, cos, sin, rope.layout, rope.rotary_dim)
     if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":
@@ -190,14 +235,17 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     if trace is not None:
         trace.put_probs(probs, pos, k_pos)
     if cfg.window is not None:
-        kvmod.after_read(kv, int(cfg.window.lowest_visible(pos[-1] + 1)))
+        # spec evict_layer_kv: AFTER the read, with the window the kernel just used;
+        # a no-op unless the KV was made with eviction on (FRINK_KV_WINDOW)
+        kvmod.evict_layer_kv(kv, int(cfg.window.lowest_visible(pos[-1] + 1)))
     put("attn_heads", heads)
 
     branch = xp.reshape(heads, (n, h * dv))
+    # spec attn_branch_rows: the interleaved Q gate, THEN (independently) the output gate
     if gate is not None:
         # qwen35.cpp / HF Qwen3NextAttention: attn * sigmoid(gate), before wo.
         branch = branch * _sigmoid(xp, gate)
-    if cfg.q_gate == "separate":
+    if cfg.output_gate:
         # spec `output_gate`: a projection of the SAME normed input the QKV read.
         branch = branch * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))
     if cfg.sub_norm is not None:

@@ -4,6 +4,22 @@ The attention body is written once against the array API standard
 (array-api-compat provides a conforming namespace for both libraries); this
 module answers the only backend-specific questions: which namespace, which
 dtype object, how arrays get on and off the device.
+
+Every host <-> device transfer goes through ``asarray`` / ``index`` / ``mask``
+(host to device) and ``to_numpy`` (device to host); nothing else in impl may
+move an array across the device boundary. ``impl.device_guard`` holds the body
+to that (tests/test_device.py runs it on torch's data-less "meta" device, where
+a stray host tensor is an error, as it is on cuda / mps).
+
+Two rules keep the transfers valid on every device:
+- a dtype change happens on the HOST side of the boundary (round from float64
+  on the host, then move; move, then widen on the host): MPS has no float64,
+  and a cross-device copy that converts to or from float64 is refused there
+  (pytorch issue 122602) or, on torch 2.14's MPS, silently writes nothing
+  (issue 197715);
+- on cuda, the first use pins the numerics the tolerance policy assumes
+  (``pin_cuda_numerics``: IEEE float32 matmuls, no reduced-precision
+  reductions), once per process.
 """
 
 from __future__ import annotations
@@ -53,7 +69,18 @@ class Backend:
             raise ConfigError(f"device {self.device!r} is not available on this machine; valid here: cpu")
 
     @cached_property
+    def torch(self):
+        """The torch module, with the cuda numerics pinned on a cuda backend's first use."""
+        import torch
+
+        if self.device == "cuda":
+            pin_cuda_numerics()
+        return torch
+
+    @cached_property
     def xp(self):
+        if self.name == "torch":
+            _ = self.torch  # pins cuda's numerics before the body's first op
         if self.name == "numpy":
             import array_api_compat.numpy as xp
         else:
@@ -79,36 +106,82 @@ class Backend:
         dtype = self.native_dtype if dtype is None else dtype
         if self.name == "numpy":
             return np.asarray(a, dtype=dtype)
-        import torch
-
-        if isinstance(a, torch.Tensor):
-            return a.to(device=self.device, dtype=dtype)
-        # Round from float64 exactly once, on the way to the compute dtype.
-        return torch.as_tensor(np.asarray(a, dtype=np.float64)).to(device=self.device, dtype=dtype)
+        torch = self.torch
+        if not isinstance(a, torch.Tensor):
+            # Round from float64 exactly once, on the host, on the way to the compute dtype.
+            a = torch.as_tensor(np.asarray(a, dtype=np.float64))
+        if a.device.type == "cpu":
+            return a.to(dtype=dtype).to(device=self.device)  # convert on the host, then move
+        return a.to(device=self.device).to(dtype=dtype)
 
     def index(self, a):
         """Integer index array on the backend's device."""
         if self.name == "numpy":
             return np.asarray(a, dtype=np.int64)
-        import torch
-
-        return torch.as_tensor(np.asarray(a, dtype=np.int64), device=self.device)
+        return self.torch.as_tensor(np.asarray(a, dtype=np.int64)).to(device=self.device)
 
     def mask(self, a):
         """Boolean array on the backend's device."""
         if self.name == "numpy":
             return np.asarray(a, dtype=bool)
-        import torch
-
-        return torch.as_tensor(np.asarray(a, dtype=bool), device=self.device)
+        return self.torch.as_tensor(np.asarray(a, dtype=bool)).to(device=self.device)
 
     def to_numpy(self, a) -> np.ndarray:
-        """Back to host float64 (bfloat16 has no NumPy type, so go through float32)."""
+        """Back to host float64: moved in its own dtype, widened on the host (bfloat16
+        has no NumPy type; float64 never exists on the device)."""
         if isinstance(a, np.ndarray):
             return a.astype(np.float64)
-        import torch
+        return self._host(a.detach()).to(dtype=self.torch.float64).numpy()
 
-        return a.detach().to("cpu", dtype=torch.float64).numpy()
+    def _host(self, a):
+        """The device -> host copy itself, in the tensor's own dtype."""
+        return a.to(device="cpu")
 
     def label(self) -> str:
         return f"{self.name}-{self.device}-{self.dtype}"
+
+
+# The settings a cuda backend pins (see fixtures/tolerance.toml, "GPU numerics"):
+# torch's defaults let cuBLAS round float32 matmul inputs to TF32 (10-bit mantissa,
+# off by default for matmul since torch 1.12, but any import may turn it on) and
+# let float16 / bfloat16 GEMMs reduce split-K partial sums in the 16-bit type
+# (ON by default). Either makes impl on cuda a different computation from impl on
+# the CPU and from the references, and the float32 tolerance (nmse 1e-10) would
+# fail on TF32 alone. cuDNN (convolutions) is pinned too, for any future caller.
+CUDA_NUMERICS = {
+    "torch.backends.cuda.matmul.allow_tf32": False,
+    "torch.backends.cudnn.allow_tf32": False,
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": False,
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": False,
+    "torch.backends.cuda.matmul.allow_fp16_accumulation": False,
+}
+
+
+def pin_cuda_numerics() -> dict:
+    """Set ``CUDA_NUMERICS`` (process-wide; cheap, idempotent) and return what is now
+    in force, read back from torch. Settings this torch lacks are skipped and
+    reported as ``None``. A float32 matmul precision of "highest" (torch's
+    default) is required: a "high" / "medium" set by anyone else is reset, since
+    it too allows TF32 / bfloat16 inner products."""
+    import torch
+
+    now = {}
+    for dotted, value in CUDA_NUMERICS.items():
+        owner_path, attr = dotted.rsplit(".", 1)
+        owner = _resolve(torch, owner_path)
+        try:
+            setattr(owner, attr, value)
+            now[dotted] = getattr(owner, attr)
+        except (AttributeError, TypeError):  # a torch without this switch
+            now[dotted] = None
+    if torch.get_float32_matmul_precision() != "highest":
+        torch.set_float32_matmul_precision("highest")
+    now["torch.get_float32_matmul_precision()"] = torch.get_float32_matmul_precision()
+    return now
+
+
+def _resolve(torch, dotted: str):
+    obj = torch
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj

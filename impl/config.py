@@ -22,7 +22,6 @@ NormKind = Literal["rms", "rms1p", "layer", "l2", "none"]
 RopeLayout = Literal["neox", "interleaved"]
 AttnShape = Literal["gqa", "linear", "absent"]
 WindowKind = Literal["sliding", "chunked"]
-GateKind = Literal["interleaved", "separate"]
 
 
 class ConfigError(ValueError):
@@ -147,7 +146,12 @@ class LayerConfig:
     window: WindowSpec | None = None
     softcap: float | None = None
     alibi_max_bias: float | None = None  # ALiBi on, with this max bias (8.0 for bloom/mpt)
-    q_gate: GateKind | None = None
+    # The two gates of the spec's ``attn_branch_rows``, independent (a layer may have
+    # both): the interleaved Q gate rides in ``wq`` (``AttnWeights::q_gate_interleaved``,
+    # qwen35.cpp) and is applied first; the output gate is a separate projection
+    # ``wg`` of the normed input (``AttnWeights::output_gate``, afmoe.cpp).
+    q_gate_interleaved: bool = False
+    output_gate: bool = False
     sub_norm: NormSpec | None = None  # bitnet: RMS over the concatenated heads before wo
     o_scale: float | None = None  # `wo_s`, the {1} companion of wo
     value_scale: float | None = None  # mimo-v2-flash: branch scaled after wo
@@ -175,8 +179,16 @@ class LayerConfig:
         if self.rope is not None:
             if self.rope.rotary_dim > self.head_dim:
                 raise ConfigError(f"rotary_dim {self.rope.rotary_dim} exceeds head_dim {self.head_dim}")
-        if self.q_gate not in (None, "interleaved", "separate"):
-            raise ConfigError(f"unknown gate {self.q_gate!r}; valid: interleaved, separate")
+        for name in ("q_gate_interleaved", "output_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.q_gate_interleaved and self.dv != self.head_dim:
+            # spec split_interleaved_q_gate(q, rows, n_heads, head_dim) makes the gate
+            # head_dim wide per head; apply_interleaved_gate multiplies it element by
+            # element onto the V-width head output (qwen35.cpp: ggml_mul of the
+            # [head_dim * n_head] gate and the [v_head_dim * n_head] kqv_out)
+            raise ConfigError(f"the interleaved Q gate is head_dim={self.head_dim} wide per head and multiplies the "
+                              f"attention output of width v_head_dim={self.dv}; valid: v_head_dim equal to head_dim")
         if self.residual not in ("sequential", "parallel"):
             raise ConfigError(f"unknown residual layout {self.residual!r}; valid: sequential, parallel")
 

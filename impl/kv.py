@@ -33,10 +33,18 @@ class ContiguousKv:
 
     ``positions`` is kept beside the rows because a windowed layer may evict
     its oldest rows (``evict_below``), after which row index != position.
+
+    ``evict``: the KV option of the spec's ``evict_layer_kv`` ("a no-op unless
+    ``FRINK_KV_WINDOW`` is on"), off by default. With it off the cache keeps
+    every row and the kernel reads exactly the rows the paged backing reads, so
+    the two agree bit for bit; with it on, a windowed layer drops the rows no
+    later query can see, and the kernel's reduction runs over fewer (masked)
+    rows -- the same values within rounding, not bit for bit.
     """
 
-    def __init__(self, backend, latent: bool = False):
+    def __init__(self, backend, latent: bool = False, evict: bool = False):
         self.backend = backend
+        self.evict = bool(evict)
         self.k = None
         self.v = None
         self.positions = np.zeros((0,), dtype=np.int64)
@@ -200,14 +208,16 @@ def push_and_read(kv: KvStep, k, v):
     raise TypeError(f"not a KV step: {kv!r}")
 
 
-def after_read(kv: KvStep, min_pos_next: int | None) -> None:
-    """Window eviction, AFTER the kernel read. Contiguous backings drop the rows
-    no later query can see; the paged pool keeps its pages (freeing them is the
-    pool owner's business)."""
+def evict_layer_kv(kv: KvStep, min_pos_next: int | None) -> None:
+    """Window eviction (spec ``evict_layer_kv``), AFTER the kernel read: a no-op
+    unless the contiguous cache was made with ``evict`` on; then it drops the
+    rows no later query can see (positions below ``min_pos_next``, the window
+    the kernel just used, advanced one position). The paged pool keeps its
+    pages (the spec evicts in the contiguous arm only)."""
     if min_pos_next is None:
         return
     match kv:
-        case Decode(cache) | Batched(cache):
+        case Decode(cache) | Batched(cache) if cache.evict:
             cache.evict_below(min_pos_next)
 
 

@@ -90,15 +90,47 @@ _FORM_WEIGHTS = {"naive": ("wkv_b",), "absorbed": ("wk_b", "wv_b")}
 
 
 @dataclass(frozen=True)
+class MlaYarn:
+    """The file's YaRN (spec ``crate::mla_yarn::MlaYarn``): ONE setting that the
+    rotation and the softmax scale both read, so no caller can give one half and
+    forget the other. ``freq_factors``: the divisor of each rotated band
+    (plain ``inv_freq / freq_factors`` = YaRN's per-band frequencies);
+    ``pe_magnitude``: the magnitude on the rotated channels after the rotation
+    (ggml ``rope_yarn``'s mscale; HF ``attention_factor`` on cos and sin);
+    ``mscale``: whose square is folded into the softmax scale (spec
+    ``kq_scale(yarn, q_head_dim)``; HF ``yarn_apply_mscale``:
+    ``yarn_get_mscale(factor, mscale_all_dim)``)."""
+
+    freq_factors: tuple[float, ...]
+    pe_magnitude: float = 1.0
+    mscale: float = 1.0
+
+    def __post_init__(self):
+        if not self.freq_factors or not all(f > 0 for f in self.freq_factors):
+            raise ConfigError(f"MLA YaRN freq_factors must be positive, one per rotated pair, got {self.freq_factors!r}")
+        if not self.pe_magnitude > 0 or not self.mscale > 0:
+            raise ConfigError(f"MLA YaRN pe_magnitude and mscale must be > 0, got {self.pe_magnitude}, {self.mscale}")
+
+    @classmethod
+    def from_params(cls, rope: RopeSpec, params: dict, mscale: float = 1.0) -> "MlaYarn":
+        """YaRN over ``rope``'s plain bands from HF ``rope_parameters`` (impl.rope's
+        ``_compute_yarn_parameters`` mirror): the per-band divisors and the
+        magnitude; ``mscale`` is the softmax half, which the family reads."""
+        inv, magnitude = ropemod.inverse_frequencies("yarn", rope.theta, rope.rotary_dim, params)
+        factors = tuple(float(b / y) for b, y in zip(rope.inv_freq, inv))
+        return cls(freq_factors=factors, pe_magnitude=float(magnitude), mscale=float(mscale))
+
+
+@dataclass(frozen=True)
 class MlaConfig:
     """One MLA layer, as data.
 
-    ``rope``: RoPE of the decoupled ``qk_rope`` slices (``None``: no rotation at
-    all, Kimi's NoPE MLA). Its ``inv_freq`` carries YaRN's per-band frequencies
-    and its ``attention_factor`` is YaRN's magnitude on the rotated channels
-    (the spec's ``pe_magnitude``). ``softmax_mscale``: the YaRN ``mscale`` whose
-    square is folded into the softmax scale (HF ``yarn_apply_mscale``:
-    ``yarn_get_mscale(factor, mscale_all_dim)``; 1.0 without YaRN).
+    ``rope``: RoPE of the decoupled ``qk_rope`` slices at their plain bands
+    (``None``: no rotation at all, Kimi's NoPE MLA), interleaved only (the
+    spec's ``apply_rope_interleaved``). ``yarn``: the file's YaRN (``MlaYarn``),
+    the ONE setting the rotation (per-band divisors, magnitude on the rotated
+    channels) and the softmax scale (its mscale squared) both take -- the
+    spec's ``yarn`` argument of ``mla_forward_token``; ``None`` is a plain file.
     ``q_a_norm`` / ``kv_a_norm``: the latent RMS norms (HF hard-codes eps 1e-6
     there, llama.cpp uses ``rms_norm_eps``; the family says which).
     """
@@ -114,7 +146,7 @@ class MlaConfig:
     q_a_norm: NormSpec = field(default_factory=NormSpec)
     kv_a_norm: NormSpec = field(default_factory=NormSpec)
     rope: RopeSpec | None = None
-    softmax_mscale: float = 1.0
+    yarn: MlaYarn | None = None
     form: MlaForm = "absorbed"
     use_output_gate: bool = False
     residual: Literal["sequential", "parallel"] = "sequential"
@@ -136,8 +168,23 @@ class MlaConfig:
             if self.rope.rotary_dim != self.qk_rope_head_dim:
                 raise ConfigError(f"MLA RoPE rotates {self.rope.rotary_dim} channels; the decoupled slice is "
                                   f"qk_rope_head_dim={self.qk_rope_head_dim} (they must be equal)")
-        if not self.softmax_mscale > 0:
-            raise ConfigError(f"MLA softmax_mscale must be > 0, got {self.softmax_mscale}")
+            if self.rope.layout != "interleaved":
+                # spec rotate_pe: apply_rope_interleaved, the NORM layout (deepseek2.cpp)
+                raise ConfigError(f"MLA rotates its decoupled slices in interleaved pairs (spec rotate_pe); "
+                                  f"got RoPE layout {self.rope.layout!r}; valid: interleaved")
+            if self.rope.kind not in ("default", "linear") or self.rope.attention_factor != 1.0:
+                # linear: bands divided by one factor, no magnitude (llama.cpp freq_scale; the
+                # identity rotation feature bisection switches RoPE off with)
+                raise ConfigError(f"MLA RoPE is the rotation at theta's bands (valid scaling: default, linear); "
+                                  f"{self.rope.kind!r} with attention factor {self.rope.attention_factor} is not: "
+                                  "YaRN is MlaConfig.yarn, which reaches the rotation and the softmax scale together")
+        if self.yarn is not None:
+            if self.rope is None:
+                raise ConfigError("MLA YaRN without RoPE: the yarn setting scales the rotation's bands; "
+                                  "valid: yarn with rope, or neither")
+            if len(self.yarn.freq_factors) != len(self.rope.inv_freq):
+                raise ConfigError(f"MLA YaRN has {len(self.yarn.freq_factors)} band factors for "
+                                  f"{len(self.rope.inv_freq)} rotated pairs (they must be equal)")
 
     @property
     def kind(self) -> str:
@@ -162,7 +209,8 @@ class MlaConfig:
         ``n_embd_head_k = n_embd_head_k_mla`` = nope + rope): the UNabsorbed head
         width, even though the absorbed form's dot products run over
         ``kv_lora_rank + rope`` channels -- they are the same dot products."""
-        return self.softmax_mscale**2 / math.sqrt(self.qk_head_dim)
+        mscale = 1.0 if self.yarn is None else self.yarn.mscale
+        return mscale**2 / math.sqrt(self.qk_head_dim)
 
     def features(self) -> set[str]:
         """The MLA feature tags that are ON for this layer (harness.features)."""
@@ -171,7 +219,7 @@ class MlaConfig:
             f.add("mla_low_rank_q")
         if self.rope is not None:
             f.add("mla_rope")
-            if self.rope.kind == "yarn":
+            if self.yarn is not None:
                 f.add("mla_yarn")
         if self.use_output_gate:
             f.add("mla_gate")
@@ -282,7 +330,7 @@ def mla_block(layer: MlaLayer, x, kv: kvmod.KvStep, trace=None):
     p0 = kvmod.query_start(kv)
     pos = np.arange(p0, p0 + n, dtype=np.int64)
     if cfg.rope is not None:
-        q_pe, k_pe = _rotate_pe(be, cfg.rope, q_pe, k_pe, pos)
+        q_pe, k_pe = _rotate_pe(be, cfg.rope, cfg.yarn, q_pe, k_pe, pos)
     if rope_d:
         put("q_pe", q_pe)
         put("k_pe", k_pe)
@@ -310,19 +358,21 @@ def mla_block(layer: MlaLayer, x, kv: kvmod.KvStep, trace=None):
     return out, resid
 
 
-def _rotate_pe(be: Backend, rope: RopeSpec, q_pe, k_pe, pos: np.ndarray):
-    """Spec ``rotate_pe``: the rotation with YaRN's per-band frequencies (in
-    ``rope.inv_freq``), then YaRN's magnitude on the rotated channels -- all of
-    the slice, since the rotated width is ``qk_rope``. ``k_pe[n, rope]`` is ONE
-    vector per position shared by every head (``kv_a_proj_with_mqa``): it is
-    rotated once, at its own position, before anything broadcasts it."""
+def _rotate_pe(be: Backend, rope: RopeSpec, yarn: MlaYarn | None, q_pe, k_pe, pos: np.ndarray):
+    """Spec ``rotate_pe``: the interleaved rotation at ``rope``'s bands -- divided
+    by YaRN's per-band factors when the file declares YaRN -- then YaRN's
+    magnitude on the rotated channels (all of the slice, since the rotated width
+    is ``qk_rope``). ``k_pe[n, rope]`` is ONE vector per position shared by every
+    head (``kv_a_proj_with_mqa``): it is rotated once, at its own position,
+    before anything broadcasts it."""
     xp = be.xp
-    cos, sin = ropemod.cos_sin(replace(rope, attention_factor=1.0), pos)
-    cos, sin = be.asarray(cos), be.asarray(sin)
+    if yarn is not None:
+        rope = replace(rope, inv_freq=tuple(f / y for f, y in zip(rope.inv_freq, yarn.freq_factors)))
+    cos, sin = ropemod.cos_sin_on(be, rope, pos)  # the device table, built once in float64 and sliced
     d = rope.rotary_dim
     q_pe = ropemod.rotate(xp, q_pe, cos, sin, rope.layout, d)
     k_pe = ropemod.rotate(xp, k_pe[:, None, :], cos, sin, rope.layout, d)[:, 0, :]
-    mag = rope.attention_factor
+    mag = 1.0 if yarn is None else yarn.pe_magnitude
     if mag != 1.0:
         q_pe, k_pe = q_pe * mag, k_pe * mag
     return q_pe, k_pe

@@ -15,6 +15,7 @@ rotate (partial rotary); the rest pass through untouched.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 
@@ -95,6 +96,44 @@ def cos_sin(spec: RopeSpec, positions: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """``[n, rotary_dim // 2]`` cos and sin in float64, with YaRN's factor folded in."""
     ang = np.asarray(positions, dtype=np.float64)[:, None] * np.asarray(spec.inv_freq, dtype=np.float64)[None, :]
     return np.cos(ang) * spec.attention_factor, np.sin(ang) * spec.attention_factor
+
+
+# (backend, spec, builders) -> (cos, sin) device tables for positions [0, rows): built in
+# float64 on the host and moved once, then sliced per call (a decode step must
+# not re-upload its row of the table). Least recently used tables go first.
+_TABLES: OrderedDict = OrderedDict()
+_MAX_TABLES = 64
+_MIN_ROWS = 256
+
+
+def cos_sin_on(be, spec: RopeSpec, positions: np.ndarray):
+    """``cos_sin(spec, positions)`` as ``be`` arrays of its compute dtype.
+
+    Bit for bit what ``be.asarray(cos_sin(spec, positions))`` gives: each row of
+    the table is the same float64 value rounded once. Contiguous positions (every
+    caller's: a call's rows follow the sequence) are sliced from a per-(backend,
+    spec) table that doubles as positions grow; anything else is computed afresh.
+    """
+    pos = np.asarray(positions, dtype=np.int64)
+    n = int(pos.shape[0])
+    if n == 0 or pos[0] < 0 or not np.all(np.diff(pos) == 1):
+        cos, sin = cos_sin(spec, pos)
+        return be.asarray(cos), be.asarray(sin)
+    start, stop = int(pos[0]), int(pos[-1]) + 1
+    # The functions that build the table are part of its key: code swapped in at
+    # run time (a mutant of harness/mutants replacing cos_sin, or this function)
+    # must never be served a table the original code built.
+    key = (be, spec, cos_sin, cos_sin_on)
+    hit = _TABLES.get(key)
+    if hit is None or hit[0].shape[0] < stop:
+        rows = max(_MIN_ROWS, stop, 2 * (hit[0].shape[0] if hit is not None else 0))
+        cos, sin = cos_sin(spec, np.arange(rows, dtype=np.int64))
+        hit = (be.asarray(cos), be.asarray(sin))
+        _TABLES[key] = hit
+        while len(_TABLES) > _MAX_TABLES:
+            _TABLES.popitem(last=False)
+    _TABLES.move_to_end(key)
+    return hit[0][start:stop], hit[1][start:stop]
 
 
 def rotate(xp, x, cos, sin, layout: str, rotary_dim: int):

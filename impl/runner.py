@@ -7,10 +7,12 @@ carries. Both are parameters here:
 - ``kv_mode``: ``decode`` (each sequence alone, contiguous), ``batched`` (the
   sequences advance together, each with its own contiguous cache) or ``paged``
   (the sequences advance together over one shared page pool, pages reserved
-  before each push).
-- ``schedule``: ``prefill`` (all rows in one call), ``decode`` (one row per
-  call) or ``mixed`` (the first half in one call, then one row per call), or a
-  comma list of chunk sizes.
+  before each push); ``evict``: the contiguous caches drop the rows a windowed
+  layer can no longer read (the spec's ``evict_layer_kv`` / ``FRINK_KV_WINDOW``,
+  off by default).
+- ``chunks``: the rows each call carries, one list of chunk sizes per sequence
+  (``None``: each whole sequence in one call). Which sizes a case runs is the
+  case's business (``harness.schedule``), not the implementation's.
 """
 
 from __future__ import annotations
@@ -22,25 +24,6 @@ from .attention import Layer
 from .config import ConfigError
 from .trace import Trace
 
-SCHEDULES = ("prefill", "decode", "mixed")
-
-
-def chunk_sizes(schedule: str, n_tokens: int) -> list[int]:
-    if schedule == "prefill":
-        return [n_tokens]
-    if schedule == "decode":
-        return [1] * n_tokens
-    if schedule == "mixed":
-        first = max(1, n_tokens // 2)
-        return [first] + [1] * (n_tokens - first)
-    try:
-        sizes = [int(s) for s in schedule.split(",")]
-    except ValueError:
-        raise ConfigError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)} or chunk sizes like 5,1,1") from None
-    if any(s < 1 for s in sizes) or sum(sizes) != n_tokens:
-        raise ConfigError(f"schedule {schedule!r} must be positive chunk sizes summing to {n_tokens} tokens")
-    return sizes
-
 
 def load_layer(cfg, weights: dict, backend):
     """The resident layer for a config: the attention body for a ``LayerConfig``,
@@ -49,9 +32,10 @@ def load_layer(cfg, weights: dict, backend):
     return loader().load(cfg, weights, backend) if loader else Layer.load(cfg, weights, backend)
 
 
-def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", schedule: str = "prefill",
-              page_size: int = 4, trace: bool = True, seed: int = 0):
-    """Run ``inputs`` (one ``[tokens, hidden]`` array per sequence) through one layer.
+def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", chunks=None,
+              page_size: int = 4, trace: bool = True, seed: int = 0, evict: bool = False):
+    """Run ``inputs`` (one ``[tokens, hidden]`` array per sequence) through one layer,
+    ``chunks[s]`` the rows of each call of sequence ``s`` (``None``: one call per sequence).
 
     Returns ``(outputs, traces, caches)``: the branch per sequence (``None`` for
     an absent layer), a ``Trace`` per sequence (or ``None``), and the KV steps
@@ -59,12 +43,17 @@ def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", schedule
     """
     if kv_mode not in kvmod.KV_MODES:
         raise ConfigError(f"unknown kv mode {kv_mode!r}; valid: {', '.join(kvmod.KV_MODES)}")
+    if evict and kv_mode == "paged":
+        raise ConfigError("KV eviction applies to the contiguous backings (decode, batched); the paged pool keeps "
+                          "its pages (spec evict_layer_kv is in the contiguous arm)")
     be = layer.backend
     n_seq = len(inputs)
     lengths = [x.shape[0] for x in inputs]
-    plans = [chunk_sizes(schedule, t) for t in lengths]
+    if chunks is not None and len(chunks) != n_seq:
+        raise ConfigError(f"{len(chunks)} chunk plans for {n_seq} sequences; give one list of chunk sizes per sequence")
+    plans = [_plan(None if chunks is None else chunks[s], t) for s, t in enumerate(lengths)]
     traces = [Trace(be) if trace else None for _ in range(n_seq)]
-    steps = _make_steps(layer, kv_mode, lengths, page_size, seed)
+    steps = _make_steps(layer, kv_mode, lengths, page_size, seed, evict)
     outs: list[list] = [[] for _ in range(n_seq)]
 
     def one(s: int, start: int, size: int):
@@ -91,7 +80,16 @@ def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", schedule
     return outputs, traces, steps
 
 
-def _make_steps(layer, kv_mode: str, lengths: list[int], page_size: int, seed: int):
+def _plan(chunks, n_rows: int) -> list[int]:
+    if chunks is None:
+        return [n_rows]
+    sizes = [int(c) for c in chunks]
+    if any(c < 1 for c in sizes) or sum(sizes) != n_rows:
+        raise ConfigError(f"chunk sizes {sizes} must be positive and sum to the sequence's {n_rows} rows")
+    return sizes
+
+
+def _make_steps(layer, kv_mode: str, lengths: list[int], page_size: int, seed: int, evict: bool = False):
     be = layer.backend
     if kv_mode == "paged":
         if page_size < 1:
@@ -101,4 +99,4 @@ def _make_steps(layer, kv_mode: str, lengths: list[int], page_size: int, seed: i
         pool = kvmod.PagePool(be, n_pages, page_size, k_shape, v_shape, seed=seed)
         return [kvmod.Paged(kvmod.PagedSeq([]), pool) for _ in lengths]
     variant = kvmod.KV_MODES[kv_mode]
-    return [variant(kvmod.ContiguousKv(be)) for _ in lengths]
+    return [variant(kvmod.ContiguousKv(be, evict=evict)) for _ in lengths]

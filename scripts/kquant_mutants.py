@@ -14,8 +14,11 @@ see it) and is left out, named on stderr with the reason. E.g. on the Q4_K_M
 files of llama, qwen3, gemma3, gpt_oss and deepseek_v2: the o_proj bias moved
 past a post-norm (no family of the five has both), past granite's residual
 multiplier (none has one), YaRN's truncate flag (true in all: llama.cpp can
-express no other), deepseek2's MLA YaRN magnitude (1 whenever mscale ==
-mscale_all_dim: llama.cpp's deepseek2 has no other).
+express no other; so is YaRN's beta_fast off by one, which moves only the
+unfloored ramp), deepseek2's MLA YaRN magnitude (1 whenever mscale ==
+mscale_all_dim: llama.cpp's deepseek2 has no other), the output gate's own
+bias dropped or swapped for the Q bias (no family of the five has an output
+gate; their qkv_bias tag is the plain Q/K/V bias).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from harness.families.base import NotInImpl  # noqa: E402
 from harness.matrix import load_spec  # noqa: E402
 from harness.mutants import applied, registry  # noqa: E402
 from harness.policy import load_policy  # noqa: E402
+from harness.schedule import chunk_sizes  # noqa: E402
 from impl import Backend  # noqa: E402
 from impl.runner import load_layer, run_layer  # noqa: E402
 
@@ -50,8 +54,10 @@ def impl_outputs(run: CaseRun) -> dict[str, np.ndarray]:
         x = [rng.standard_normal((tokens, lc.hidden_size)) for _ in range(seqs)]
         layer = load_layer(lc, weights[i], Backend("numpy", "cpu", "float32"))
         with np.errstate(all="ignore"):
-            _, traces, _ = run_layer(layer, x, run.case.kv, run.case.schedule, page_size=run.case.page_size,
-                                     seed=run.case.seed)
+            # the case's schedule, the same chunks for every sequence (harness/schedule.py)
+            chunks = [chunk_sizes(run.case.schedule, tokens)] * seqs
+            _, traces, _ = run_layer(layer, x, run.case.kv, chunks, page_size=run.case.page_size,
+                                     seed=run.case.seed, evict=run.case.evict)
         for s, t in enumerate(traces):
             out.update({f"{s}.L{i}.{p}": np.asarray(v) for p, v in t.assemble().items()})
     return out

@@ -2,12 +2,34 @@
 # Create .venv and install the project with both references and the test tools.
 # Idempotent: a second run only checks what is installed.
 #
-# llama-cpp-python builds llama.cpp from source the first time (about 5 minutes
-# on 2 cores); pip caches the wheel, so later installs take seconds.
+# llama.cpp (llama-cpp-python) is built from source once per named set of ggml
+# CPU kernels (scripts/build_llamacpp.sh; about 5 minutes on 2 cores) and the
+# wheel is kept under ~/.cache/attn-conformance/wheels, so later installs take
+# seconds. The set is CONFORMANCE_LLAMACPP_KERNELS (default avx2: x86-64-v3, the
+# same kernels on every x86 machine, so a bound measured here holds on CI);
+# avx512, sse42 and native are the others.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# avx2 where the CPU has x86-64-v3 (AVX2, FMA, F16C, BMI2), else sse42: an avx2
+# build on an older CPU would die with SIGILL on its first matmul
+default_kernels() {
+  local flags
+  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+  if [ -z "$flags" ]; then echo avx2; return; fi  # not Linux/x86: the build script picks ggml's own
+  for f in avx2 fma f16c bmi2; do
+    case " $flags " in *" $f "*) ;; *) echo sse42; return ;; esac
+  done
+  echo avx2
+}
+KERNELS=${CONFORMANCE_LLAMACPP_KERNELS:-$(default_kernels)}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
+fi
+marker=.venv/llamacpp-kernels
+if [ "$(cat "$marker" 2>/dev/null)" != "$KERNELS" ] || ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+  whl=$(PYTHON=.venv/bin/python bash scripts/build_llamacpp.sh "$KERNELS")
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$whl"
+  echo "$KERNELS" > "$marker"
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[llamacpp,dev]'

@@ -121,3 +121,12 @@ def assert_llamacpp_fails_first_at_q(st):
     assert st[("impl", "hf", 0, "q")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "fail"
+
+
+def finding(pol, family, candidate, reference, probe, overrides=None, layer=0, nmse=1e-6, layer_kind="attention"):
+    """``Policy.finding`` on the HF config the family builds with ``overrides`` (findings
+    match the reference's own config, never impl's feature tags)."""
+    from harness.families import get
+
+    config = get(family).make_config(dict(overrides or {}))
+    return pol.finding(family, candidate, reference, probe, layer_kind, config, layer=layer, nmse=nmse)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import all_statuses, assert_llamacpp_rotation_step_finding, run
+from conftest import all_statuses, assert_llamacpp_rotation_step_finding, finding, run
 from harness.mutants import applied, registry
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
@@ -59,14 +59,12 @@ def test_the_findings_need_their_settings():
     from harness.policy import load_policy
 
     pol = load_policy()
-    assert pol.finding("afmoe", "llamacpp", "hf", "layer_in", "attention", [], {"mup_enabled": False}, layer=0)
-    assert not pol.finding("afmoe", "llamacpp", "hf", "layer_in", "attention", [], {}, layer=0)
-    assert pol.finding("afmoe", "impl", "llamacpp", "q_rope", "attention", [], {"global_attn_every_n_layers": 2},
-                       layer=1)
-    assert not pol.finding("afmoe", "impl", "llamacpp", "q_rope", "attention", [], {}, layer=1)
+    assert finding(pol, "afmoe", "llamacpp", "hf", "layer_in", {"mup_enabled": False}, layer=0)
+    assert not finding(pol, "afmoe", "llamacpp", "hf", "layer_in", {}, layer=0)
+    assert finding(pol, "afmoe", "impl", "llamacpp", "q_rope", {"global_attn_every_n_layers": 2}, layer=1)
+    assert not finding(pol, "afmoe", "impl", "llamacpp", "q_rope", {}, layer=1)
     # before layer 1's rotation the setting excuses nothing
-    assert not pol.finding("afmoe", "impl", "llamacpp", "q_rope", "attention", [], {"global_attn_every_n_layers": 2},
-                           layer=0)
+    assert not finding(pol, "afmoe", "impl", "llamacpp", "q_rope", {"global_attn_every_n_layers": 2}, layer=0)
 
 
 def test_attention_bias_is_hf_only(policy):

@@ -81,14 +81,23 @@ def test_the_relu2_finding_needs_its_setting(policy, monkeypatch):
     activation of HF's model only, through the family's build.)"""
     from harness.families import get
 
+    from transformers.activations import ACT2FN
+
     fam = get("bitnet")
-    orig = fam.make_config
+    orig = fam.build_model
 
-    def relu2_inside(overrides=None):
-        c = orig(overrides)
-        c.hidden_act = "relu2"  # not an override the case carries
-        return c
+    def relu2_inside(config, seed, dtype="float32"):
+        m = orig(config, seed, dtype)
+        for layer in fam.decoder_layers(m):  # HF's model computes relu2; its config still says silu
+            layer.mlp.act_fn = ACT2FN["relu2"]
+        return m
 
-    monkeypatch.setattr(fam, "make_config", relu2_inside)
+    monkeypatch.setattr(fam, "build_model", relu2_inside)
+    # the patched model's captures are neither read from nor written to the shared cache
+    from harness import cache
+
+    load, store = cache.load, cache.store
+    monkeypatch.setattr(cache, "load", lambda kind, k: None if kind == "hf" else load(kind, k))
+    monkeypatch.setattr(cache, "store", lambda kind, k, *a, **kw: None if kind == "hf" else store(kind, k, *a, **kw))
     st = all_statuses(run(policy, family="bitnet", ref="all", seed=1))
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"

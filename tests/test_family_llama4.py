@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import all_statuses, assert_llamacpp_rotation_step_finding, case_run, run
+from conftest import all_statuses, assert_llamacpp_rotation_step_finding, case_run, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -104,10 +104,9 @@ def test_findings_need_their_settings():
 
     pol = load_policy()
     for probe in ("attn_probs", "q_rope"):
-        assert not pol.finding("llama4", "impl", "llamacpp", probe, "attention",
-                               ["chunked_window", "temperature"], {}, layer=0)
-    assert pol.finding("llama4", "impl", "llamacpp", "attn_probs", "attention", [], dict(CHUNK), layer=0)
-    assert pol.finding("llama4", "impl", "llamacpp", "q_rope", "attention", [], dict(TEMP), layer=3)
+        assert not finding(pol, "llama4", "impl", "llamacpp", probe, {}, layer=0)
+    assert finding(pol, "llama4", "impl", "llamacpp", "attn_probs", dict(CHUNK), layer=0)
+    assert finding(pol, "llama4", "impl", "llamacpp", "q_rope", dict(TEMP), layer=3)
     # ref vs ref: only downstream of where the setting first acts
-    assert not pol.finding("llama4", "llamacpp", "hf", "k_rope", "attention", [], dict(CHUNK), layer=0)
-    assert not pol.finding("llama4", "llamacpp", "hf", "attn_out", "attention", [], dict(TEMP), layer=2)
+    assert not finding(pol, "llama4", "llamacpp", "hf", "k_rope", dict(CHUNK), layer=0)
+    assert not finding(pol, "llama4", "llamacpp", "hf", "attn_out", dict(TEMP), layer=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import all_statuses, case_run, run
+from conftest import all_statuses, case_run, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -53,7 +53,7 @@ def test_hf_only_alibi_bias_max(policy):
     # without the setting the same disagreement is not excused
     from harness.policy import load_policy
 
-    assert not load_policy().finding("mpt", "impl", "llamacpp", "attn_probs", "attention", [], {}, layer=0)
+    assert not finding(load_policy(), "mpt", "impl", "llamacpp", "attn_probs", {}, layer=0)
 
 
 def test_hf_only_alibi_off(policy):
@@ -71,6 +71,6 @@ def test_mlp_finding_is_bounded():
     from harness.policy import load_policy
 
     pol = load_policy()
-    assert pol.finding("mpt", "llamacpp", "hf", "attn_probs", "attention", [], {}, layer=1, nmse=2e-8)
-    assert not pol.finding("mpt", "llamacpp", "hf", "attn_probs", "attention", [], {}, layer=1, nmse=0.1)
-    assert not pol.finding("mpt", "llamacpp", "hf", "attn_probs", "attention", [], {}, layer=0, nmse=2e-8)
+    assert finding(pol, "mpt", "llamacpp", "hf", "attn_probs", {}, layer=1, nmse=2e-8)
+    assert not finding(pol, "mpt", "llamacpp", "hf", "attn_probs", {}, layer=1, nmse=0.1)
+    assert not finding(pol, "mpt", "llamacpp", "hf", "attn_probs", {}, layer=0, nmse=2e-8)

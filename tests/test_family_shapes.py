@@ -15,6 +15,7 @@ import pytest
 
 from harness.mutants import Mutant, applied, registry
 from impl import Backend, LayerConfig, NormSpec, WindowSpec, make_rope
+from harness.schedule import chunk_sizes
 from impl.runner import load_layer, run_layer
 
 HIDDEN = 32
@@ -111,7 +112,8 @@ def impl_stack(inputs, cfgs, weights, backend, kv_mode, schedule):
     branches = []
     for cfg, w in zip(cfgs, weights):
         layer = load_layer(cfg, w, backend)
-        outs, _, _ = run_layer(layer, xs, kv_mode, schedule, page_size=2, trace=False)
+        outs, _, _ = run_layer(layer, xs, kv_mode, [chunk_sizes(schedule, len(x)) for x in xs], page_size=2,
+                               trace=False)
         branches.append(outs)
         xs = [x if o is None else x + o for x, o in zip(xs, outs)]
     return xs, branches
@@ -161,7 +163,7 @@ def test_stack_on_torch(kv_mode):
 # ----------------------------------------------------------------- broken on purpose
 SHAPE_MUTANTS = [
     Mutant("linear-layer-skips-its-norm", "linear_layer", "impl.attention",
-           'branch = _linear(xp, normed, w["wo"], w.get("bo"))', 'branch = _linear(xp, x, w["wo"], w.get("bo"))',
+           'branch = _linear(xp, normed, w["wo"], None)', 'branch = _linear(xp, x, w["wo"], None)',
            doc="the linear layer projects the raw residual instead of the normed row"),
     Mutant("absent-layer-runs-attention", "absent_layer", "impl.attention",
            'if cfg.shape == "absent":\n        # deci.cpp', 'if cfg.shape == "absent_":\n        # deci.cpp',

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import (all_statuses, assert_llamacpp_fails_first_at_q, assert_llamacpp_rotation_step_finding,
-                      run)
+                      finding, run)
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -41,9 +41,9 @@ def test_the_interval_finding_needs_its_setting(policy):
     from harness.policy import load_policy
 
     pol = load_policy()
-    assert pol.finding("smollm3", "impl", "llamacpp", "q_rope", "attention", [], {"no_rope_layer_interval": 2})
-    assert not pol.finding("smollm3", "impl", "llamacpp", "q_rope", "attention", [], {})
-    assert not pol.finding("smollm3", "impl", "llamacpp", "q_rope", "attention", [], {"no_rope_layer_interval": 4})
+    assert finding(pol, "smollm3", "impl", "llamacpp", "q_rope", {"no_rope_layer_interval": 2}, layer=1)
+    assert not finding(pol, "smollm3", "impl", "llamacpp", "q_rope", {}, layer=1)
+    assert not finding(pol, "smollm3", "impl", "llamacpp", "q_rope", {"no_rope_layer_interval": 4}, layer=1)
 
 
 def test_hf_only_sliding_window(policy):

@@ -99,8 +99,6 @@ def test_key_table_is_llama_cpps_own(llama_cpp_tree):
     """harness/families/_llamacpp_keys.py is what scripts/llamacpp_keys.py makes
     of the vendored llama.cpp's source -- and says what the issue found: llama.cpp
     reads clamp_kqv only for dbrx, mpt and olmo, attention.causal for every arch."""
-    from harness.families import _llamacpp_keys as keys
-
     tree = Path(llama_cpp_tree)
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "llamacpp_keys.py"), str(tree)],
                          capture_output=True, text=True, check=True).stdout
@@ -340,11 +338,11 @@ def test_a_moe_routing_flip_is_a_bounded_finding_and_impl_still_passes(policy):
     margin = (top[:, k - 1] - top[:, k]).tolist()
     assert margin.index(min(margin)) == flip_token and min(margin) * 5 < sorted(margin)[1]
     # a finding is bounded: ten times the disagreement is not excused
-    hit = policy.finding("deepseek_v3", "llamacpp", "hf", "layer_out", "moe", [], None, 1, nmse=jump["nmse"],
+    hit = policy.finding("deepseek_v3", "llamacpp", "hf", "layer_out", "moe", case.config, 1, nmse=jump["nmse"],
                          dtype="q8_0")
-    assert hit and not policy.finding("deepseek_v3", "llamacpp", "hf", "layer_out", "moe", [], None, 1,
+    assert hit and not policy.finding("deepseek_v3", "llamacpp", "hf", "layer_out", "moe", case.config, 1,
                                       nmse=10 * 0.1, dtype="q8_0")
-    assert not policy.finding("deepseek_v3", "llamacpp", "hf", "layer_out", "moe", [], None, 1,
+    assert not policy.finding("deepseek_v3", "llamacpp", "hf", "layer_out", "moe", case.config, 1,
                               nmse=jump["nmse"], dtype="float32")
     f32 = run(policy, family="deepseek_v3", ref="all", gguf_type="f32")
     assert not [r for r in f32 if r["status"] == "finding"]
@@ -370,9 +368,10 @@ def test_the_quantized_policy_still_catches_bugs():
     chosen = proc.stdout.strip().split(",")
     equivalent = {line.split(": ", 1)[1].split()[0] for line in proc.stderr.splitlines()
                   if line.startswith("equivalent on ")}
-    # the five the module docstring names; sink-dropped (say) is no-op nowhere
+    # the eight the module docstring names; sink-dropped (say) is no-op nowhere
     assert equivalent == {"o-bias-after-post-norm", "o-bias-escapes-residual-multiplier", "yarn-truncate-ignored",
-                          "post-norm-reads-input-norm-spec", "mla-yarn-magnitude-missing"}
+                          "post-norm-reads-input-norm-spec", "mla-yarn-magnitude-missing", "yarn-beta-fast-plus-one",
+                          "gate-bias-dropped", "q-bias-biases-the-gate"}
     assert "sink-dropped" in chosen and "o-scale-after-bias" in chosen and len(chosen) >= 30
     result = run_mutation(load_spec(str(spec)), select_mutants(",".join(chosen), None), 1, None,
                           mutant_cases=False, first_kill=True)

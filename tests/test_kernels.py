@@ -15,155 +15,33 @@ import pytest
 from impl import (Backend, LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec, alibi_slopes,
                   make_rope)
 from impl.attention import Layer
+from impl.config import ConfigError
 from impl.kv import ContiguousKv, Decode, KvError, Paged, PagedSeq, PagePool
 from impl.norms import normalize
 from impl.rope import cos_sin, rotate
 from impl.runner import run_layer
+from impl.trace import LAYER_PROBES
+
+from harness import specref
+from harness.mutants import applied
+from harness.mutants.features4 import SPEC_MUTANTS
+from harness.schedule import chunk_sizes
 
 RNG = np.random.default_rng(1234)
 
 
 # ----------------------------------------------------------------- formulas
-def ref_rms(x, w=None, eps=1e-6, plus1=False):
-    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
-    if w is None:
-        return y
-    return y * (1 + w) if plus1 else y * w
-
-
-def ref_layernorm(x, w, b, eps):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
-
-
-def ref_rope(x, pos, inv_freq, layout, rot):
-    """x[n, h, d]; rotation by complex multiplication, one pair at a time."""
-    out = x.copy()
-    half = rot // 2
-    for t in range(x.shape[0]):
-        for i in range(half):
-            z = np.exp(1j * pos[t] * inv_freq[i])
-            if layout == "neox":
-                a, b = x[t, :, i], x[t, :, i + half]
-            else:
-                a, b = x[t, :, 2 * i], x[t, :, 2 * i + 1]
-            c = (a + 1j * b) * z
-            if layout == "neox":
-                out[t, :, i], out[t, :, i + half] = c.real, c.imag
-            else:
-                out[t, :, 2 * i], out[t, :, 2 * i + 1] = c.real, c.imag
-    return out
-
-
-def ref_attention(q, k, v, scale, *, window=None, softcap=None, sinks=None, slopes=None):
-    """q[n, H, D], k[n, Hkv, D], v[n, Hkv, Dv], positions 0..n-1; loops, no vectorisation."""
-    n, H, _ = q.shape
-    hkv = k.shape[1]
-    out = np.zeros((n, H, v.shape[2]))
-    probs = np.zeros((H, n, n))
-    for h in range(H):
-        g = h // (H // hkv)
-        for t in range(n):
-            logits = []
-            for j in range(n):
-                visible = j <= t
-                if window is not None:
-                    lo = t - window.size + 1 if window.kind == "sliding" else (t // window.size) * window.size
-                    visible = visible and j >= lo
-                if not visible:
-                    logits.append(-math.inf)
-                    continue
-                s = float(q[t, h] @ k[j, g]) * scale
-                if softcap is not None and sinks is None:
-                    s = softcap * math.tanh(s / softcap)
-                if slopes is not None:
-                    s += slopes[h] * (j - t)
-                logits.append(s)
-            logits = np.array(logits)
-            m = logits.max() if sinks is None else max(logits.max(), sinks[h])
-            e = np.exp(logits - m)
-            denom = e.sum() + (0.0 if sinks is None else math.exp(sinks[h] - m))
-            p = e / denom
-            probs[h, t] = p
-            out[t, h] = p @ v[:, g]
-    return out, probs
-
-
-def sig(x):
-    return 1 / (1 + np.exp(-x))
+# The spec's formulas live in harness/specref.py (the fuzzer's oracle too).
+ref_rms, ref_layernorm, ref_rope, ref_attention, sig = (specref.rms, specref.layernorm, specref.rope,
+                                                         specref.attention, specref.sig)
 
 
 def ref_layer(cfg: LayerConfig, w: dict, x: np.ndarray):
-    """The whole attention half of one layer, in the spec's order, plainly."""
-    n = x.shape[0]
+    """``(branch, resid_mid)`` of the spec's layer (None, x for an absent one)."""
     if cfg.shape == "absent":
         return None, x
-    if cfg.input_norm.kind == "layer":
-        a = ref_layernorm(x, w["attn_norm"], w.get("attn_norm_b", 0.0), cfg.input_norm.eps)
-    elif cfg.input_norm.kind == "none":
-        a = x
-    else:
-        a = ref_rms(x, w.get("attn_norm"), cfg.input_norm.eps, cfg.input_norm.kind == "rms1p")
-    if cfg.shape == "linear":
-        return a @ w["wo"].T, x + a @ w["wo"].T
-    H, Hkv, D, Dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
-    q = a @ w["wq"].T + w.get("bq", 0.0)
-    k = a @ w["wk"].T + w.get("bk", 0.0)
-    v = a @ w["wv"].T + w.get("bv", 0.0)
-    gate = None
-    if cfg.q_gate == "interleaved":
-        qg = q.reshape(n, H, 2 * D)
-        q, gate = qg[..., :D].reshape(n, H * D), qg[..., D:].reshape(n, H * D)
-    if cfg.qkv_clamp is not None:
-        q, k, v = (np.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
-    q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, Dv)
-
-    def qk_norm(q, k):
-        s = cfg.qk_norm
-        if s.over == "head":
-            return (ref_rms(q, w.get("q_norm"), s.norm.eps, s.norm.kind == "rms1p"),
-                    ref_rms(k, w.get("k_norm"), s.norm.eps, s.norm.kind == "rms1p"))
-        return (ref_rms(q.reshape(n, -1), w.get("q_norm"), s.norm.eps).reshape(q.shape),
-                ref_rms(k.reshape(n, -1), w.get("k_norm"), s.norm.eps).reshape(k.shape))
-
-    pos = np.arange(n)
-    if cfg.qk_norm is not None and cfg.qk_norm.where == "pre_rope":
-        q, k = qk_norm(q, k)
-    if cfg.rope is not None:
-        f = np.array(cfg.rope.inv_freq)
-        q = ref_rope(q, pos, f, cfg.rope.layout, cfg.rope.rotary_dim)
-        k = ref_rope(k, pos, f, cfg.rope.layout, cfg.rope.rotary_dim)
-        r = cfg.rope.rotary_dim
-        q[..., :r] *= cfg.rope.attention_factor
-        k[..., :r] *= cfg.rope.attention_factor
-    if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":
-        q, k = qk_norm(q, k)
-    if cfg.temperature is not None:
-        t = cfg.temperature
-        q = q * (np.log1p(np.floor((pos + 1) / t.floor_scale)) * t.attn_scale + 1)[:, None, None]
-    slopes = alibi_slopes(H, cfg.alibi_max_bias) if cfg.alibi_max_bias is not None else None
-    heads, _ = ref_attention(q, k, v, cfg.softmax_scale, window=cfg.window, softcap=cfg.softcap,
-                             sinks=w.get("sinks"), slopes=slopes)
-    b = heads.reshape(n, H * Dv)
-    if gate is not None:
-        b = b * sig(gate)
-    if cfg.q_gate == "separate":
-        b = b * sig(a @ w["wg"].T)
-    if cfg.sub_norm is not None:
-        b = ref_rms(b, w["sub_norm"], cfg.sub_norm.eps)
-    o = b @ w["wo"].T
-    if cfg.o_scale is not None:
-        o = o * cfg.o_scale
-    if "bo" in w:
-        o = o + w["bo"]
-    if cfg.value_scale is not None:
-        o = o * cfg.value_scale
-    if cfg.post_norm is not None:
-        o = ref_rms(o, w["post_norm"], cfg.post_norm.eps, cfg.post_norm.kind == "rms1p")
-    if cfg.residual == "parallel":
-        return o, None
-    return o, x + o * cfg.residual_multiplier
+    p = specref.attn_layer(cfg, w, x)
+    return p["attn_out"], p.get("resid_mid")
 
 
 # ----------------------------------------------------------------- configs
@@ -171,14 +49,16 @@ def weights_for(cfg: LayerConfig, *, biases=False, qk=False, sinks=False, gate=F
                 post=False, rng=RNG):
     hid, H, Hkv, D, Dv = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
     s = 1 / math.sqrt(hid)
-    qw = H * D * (2 if cfg.q_gate == "interleaved" else 1)
+    qw = H * D * (2 if cfg.q_gate_interleaved else 1)
     w = {"attn_norm": 1 + 0.1 * rng.normal(size=hid), "wq": rng.normal(size=(qw, hid)) * s,
          "wk": rng.normal(size=(Hkv * D, hid)) * s, "wv": rng.normal(size=(Hkv * Dv, hid)) * s,
          "wo": rng.normal(size=(hid, H * Dv)) / math.sqrt(H * Dv)}
     if cfg.input_norm.kind == "layer":
         w["attn_norm_b"] = 0.1 * rng.normal(size=hid)
-    if biases:
-        w.update(bq=0.1 * rng.normal(size=qw), bk=0.1 * rng.normal(size=Hkv * D), bv=0.1 * rng.normal(size=Hkv * Dv))
+    if biases:  # Q's bias at the Q width (spec: after the gate split); the gate's own beside it
+        w.update(bq=0.1 * rng.normal(size=H * D), bk=0.1 * rng.normal(size=Hkv * D), bv=0.1 * rng.normal(size=Hkv * Dv))
+        if cfg.q_gate_interleaved:
+            w["bq_gate"] = 0.1 * rng.normal(size=H * D)
     if qk:
         width = (D, D) if cfg.qk_norm.over == "head" else (H * D, Hkv * D)
         w.update(q_norm=1 + 0.1 * rng.normal(size=width[0]), k_norm=1 + 0.1 * rng.normal(size=width[1]))
@@ -218,9 +98,12 @@ CASES = {
     "sinks-window": (LayerConfig(**BASE, rope=rope8(), window=WindowSpec("sliding", 4), softcap=3.0),
                      {"sinks": True}),
     "alibi-6-heads": (LayerConfig(**BASE, rope=None, alibi_max_bias=8.0, input_norm=NormSpec("layer", 1e-5)), {}),
-    "interleaved-gate": (LayerConfig(**BASE, rope=rope8(), q_gate="interleaved"), {}),
-    "output-gate-subnorm": (LayerConfig(**BASE, rope=rope8(), q_gate="separate", sub_norm=NormSpec("rms", 1e-5)),
+    "interleaved-gate": (LayerConfig(**BASE, rope=rope8(), q_gate_interleaved=True), {}),
+    "interleaved-gate-bias": (LayerConfig(**BASE, rope=rope8(), q_gate_interleaved=True), {"biases": True}),
+    "output-gate-subnorm": (LayerConfig(**BASE, rope=rope8(), output_gate=True, sub_norm=NormSpec("rms", 1e-5)),
                             {"gate": True, "sub": True}),
+    "both-gates-subnorm": (LayerConfig(**BASE, rope=rope8(), q_gate_interleaved=True, output_gate=True,
+                                       sub_norm=NormSpec("rms", 1e-5)), {"gate": True, "sub": True, "biases": True}),
     "obias-oscale-vscale-post": (LayerConfig(**BASE, rope=rope8(), o_scale=0.7, value_scale=1.3,
                                              post_norm=NormSpec("rms1p", 1e-6), residual_multiplier=0.5),
                                  {"obias": True, "post": True}),
@@ -239,12 +122,17 @@ def _layer(name, backend=Backend("numpy", "cpu", "float64")):
     return cfg, w, Layer.load(cfg, w, backend)
 
 
+def _run(layer, xs, kv="decode", sched="prefill", **kw):
+    """impl's runner with the case's schedule turned into chunk sizes (harness.schedule)."""
+    return run_layer(layer, xs, kv, [chunk_sizes(sched, len(x)) for x in xs], **kw)
+
+
 # ----------------------------------------------------------------- tests
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_layer_matches_plain_formula(name):
     cfg, w, layer = _layer(name)
     x = RNG.normal(size=(11, 48))
-    outs, traces, _ = run_layer(layer, [x], "decode", "prefill")
+    outs, traces, _ = _run(layer, [x], "decode", "prefill")
     want_branch, want_resid = ref_layer(cfg, w, x)
     if want_branch is None:
         assert outs[0] is None
@@ -258,7 +146,7 @@ def test_layer_matches_plain_formula(name):
 def test_attention_probs_match_formula():
     cfg, w, layer = _layer("sinks-window")
     x = RNG.normal(size=(9, 48))
-    _, traces, _ = run_layer(layer, [x], "decode", "decode")
+    _, traces, _ = _run(layer, [x], "decode", "decode")
     got = traces[0].assemble()
     # recompute the formula's probabilities from impl's own q_rope / k_rope
     _, probs = ref_attention(got["q_rope"], got["k_rope"], got["v"], cfg.softmax_scale, window=cfg.window,
@@ -307,42 +195,71 @@ def test_prefill_equals_decode_in_every_kv_mode(name, backend):
     be = Backend(backend[0], "cpu", backend[1])
     cfg, w, layer = _layer(name, be)
     xs = [RNG.normal(size=(13, 48)) for _ in range(2)]
-    base, _, _ = run_layer(layer, xs, "batched", "prefill")
+    base, _, _ = _run(layer, xs, "batched", "prefill")
     tol = 1e-12 if backend[1] == "float64" else 2e-5
     for kv in ("decode", "batched", "paged"):
         for sched in ("prefill", "decode", "mixed", "3,1,4,5"):
-            outs, _, _ = run_layer(layer, xs, kv, sched)
+            outs, _, _ = _run(layer, xs, kv, sched)
             for a, b in zip(outs, base):
                 np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{kv}/{sched}")
 
 
-@pytest.mark.parametrize("name", ["plain-gqa", "mqa-interleaved", "sinks-window", "v-width"])
+WINDOWED = ["sinks-window", "chunked", "sliding-softcap-scale"]
+
+
+@pytest.mark.parametrize("name", ["plain-gqa", "mqa-interleaved", "v-width", "both-gates-subnorm"] + WINDOWED)
 @pytest.mark.parametrize("backend", [("numpy", "float32"), ("torch", "float32"), ("torch", "bfloat16")])
 @pytest.mark.parametrize("sched", ["decode", "mixed"])
 def test_paged_equals_contiguous_bit_for_bit(name, backend, sched):
+    """Spec push_and_attend_row: paging changes where rows live and nothing else --
+    windowed layers included (sinks + window, chunked, sliding + softcap + scale),
+    because window eviction is a KV option that is off unless asked for."""
     be = Backend(backend[0], "cpu", backend[1])
     cfg, w, layer = _layer(name, be)
-    if cfg.window is not None:  # eviction changes the kernel's row count; see the windowed test below
-        layer = Layer.load(cfg.replace(window=None), w, be)
     xs = [RNG.normal(size=(10, 48)) for _ in range(3)]
-    a, ta, _ = run_layer(layer, xs, "batched", sched)
-    b, tb, _ = run_layer(layer, xs, "paged", sched, page_size=3)
+    a, ta, _ = _run(layer, xs, "batched", sched)
+    b, tb, _ = _run(layer, xs, "paged", sched, page_size=3)
     for x, y in zip(a, b):
-        assert np.array_equal(x, y)
+        assert np.array_equal(x, y), f"max |batched - paged| = {np.abs(x - y).max():.3g}"
     for x, y in zip(ta, tb):
         px, py = x.assemble(), y.assemble()
         assert all(np.array_equal(px[k], py[k]) for k in px)
 
 
+@pytest.mark.parametrize("name", WINDOWED)
+@pytest.mark.parametrize("backend,tol", [(("numpy", "float64"), 1e-13), (("numpy", "float32"), 2e-6),
+                                         (("torch", "float32"), 2e-6)])
+@pytest.mark.parametrize("kv", ["decode", "batched"])
+def test_eviction_on_equals_eviction_off_within_rounding(name, backend, tol, kv):
+    """spec evict_layer_kv drops only rows no later query reads: the same values
+    within rounding (the kernel reduces over fewer, masked, rows), and it did evict."""
+    be = Backend(backend[0], "cpu", backend[1])
+    cfg, w, layer = _layer(name, be)
+    xs = [RNG.normal(size=(13, 48)) for _ in range(1 if kv == "decode" else 2)]
+    off, _, steps_off = _run(layer, xs, kv, "decode")
+    on, _, steps_on = _run(layer, xs, kv, "decode", evict=True)
+    for x, y in zip(off, on):
+        np.testing.assert_allclose(y, x, rtol=tol, atol=tol)
+    assert steps_off[0].cache.rows == 13 and steps_on[0].cache.rows < 13
+
+
+def test_eviction_is_off_by_default_and_refused_on_paged():
+    cfg, w, layer = _layer("sliding-softcap-scale")
+    _, _, steps = _run(layer, [RNG.normal(size=(12, 48))], "decode", "decode")
+    assert steps[0].cache.rows == 12  # every row kept: the spec's evict_layer_kv is a no-op unless on
+    with pytest.raises(ConfigError, match="contiguous"):
+        _run(layer, [RNG.normal(size=(4, 48))], "paged", "decode", evict=True)
+
+
 def test_window_eviction_never_drops_a_row_still_read():
     cfg, w, layer = _layer("sliding-softcap-scale")
     x = [RNG.normal(size=(12, 48))]
-    full, _, _ = run_layer(Layer.load(cfg, w, layer.backend), x, "decode", "prefill")
-    dec, _, steps = run_layer(layer, x, "decode", "decode")
+    full, _, _ = _run(Layer.load(cfg, w, layer.backend), x, "decode", "prefill")
+    dec, _, steps = _run(layer, x, "decode", "decode", evict=True)
     np.testing.assert_allclose(dec[0], full[0], rtol=1e-12, atol=1e-12)
     # and it did evict: the cache holds only what the next query can see
     assert steps[0].cache.rows == cfg.window.size - 1
-    _, _, steps = run_layer(_layer("chunked")[2], x, "decode", "decode")
+    _, _, steps = _run(_layer("chunked")[2], x, "decode", "decode", evict=True)
     assert steps[0].cache.rows == 12 % 4  # the current chunk only
 
 
@@ -374,7 +291,7 @@ def test_numpy_and_torch_agree(name):
     for be in (Backend("numpy", "cpu", "float64"), Backend("torch", "cpu", "float64"),
                Backend("numpy", "cpu", "float32"), Backend("torch", "cpu", "float32")):
         _, _, layer = _layer(name, be)
-        res[be.label()] = run_layer(layer, xs, "paged", "mixed")[0][0]
+        res[be.label()] = _run(layer, xs, "paged", "mixed")[0][0]
     np.testing.assert_allclose(res["torch-cpu-float64"], res["numpy-cpu-float64"], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(res["torch-cpu-float32"], res["numpy-cpu-float64"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(res["numpy-cpu-float32"], res["numpy-cpu-float64"], rtol=1e-4, atol=1e-5)
@@ -385,7 +302,7 @@ def test_low_precision_is_rounding_not_a_bug(dtype):
     xs = [np.random.default_rng(6).normal(size=(9, 48))]
     _, _, l64 = _layer("sinks-window")
     _, _, llo = _layer("sinks-window", Backend("torch", "cpu", dtype))
-    a, b = run_layer(l64, xs, "decode", "mixed")[0][0], run_layer(llo, xs, "decode", "mixed")[0][0]
+    a, b = _run(l64, xs, "decode", "mixed")[0][0], _run(llo, xs, "decode", "mixed")[0][0]
     nmse = ((a - b) ** 2).sum() / (a ** 2).sum()
     assert nmse < (1e-5 if dtype == "float16" else 1e-3)
 
@@ -409,6 +326,97 @@ def test_gpu_matches_cpu(name):
     _, _, lcpu = _layer(name, Backend("torch", "cpu", "float32"))
     _, _, lgpu = _layer(name, Backend("torch", dev, "float32"))
     for kv in ("decode", "paged"):
-        a = run_layer(lcpu, xs, kv, "mixed")[0][0]
-        b = run_layer(lgpu, xs, kv, "mixed")[0][0]
+        a = _run(lcpu, xs, kv, "mixed")[0][0]
+        b = _run(lgpu, xs, kv, "mixed")[0][0]
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------- the spec's shapes, refused before arithmetic
+def test_linear_layer_is_wo_alone():
+    """spec AttnShape::Linear => o_proj.apply(normed): no bias; a bias given is refused,
+    not silently added."""
+    cfg, w, layer = _layer("linear")
+    x = RNG.normal(size=(5, 48))
+    out, _, _ = _run(layer, [x], "decode", "prefill")
+    want = specref.norm(x, cfg.input_norm, w["attn_norm"]) @ w["wo"].T
+    np.testing.assert_allclose(out[0], want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ConfigError, match="weight 'bo' does not apply"):
+        Layer.load(cfg, {**w, "bo": np.ones(48)}, layer.backend)
+
+
+def test_q_bias_is_at_the_q_width_after_the_gate_split():
+    """spec: split_interleaved_q_gate, THEN apply_qkv_bias_and_clamp at q_width =
+    n_heads * head_dim; a double-width bias (one that would bias the gate) is refused."""
+    cfg, w, layer = _layer("interleaved-gate-bias")
+    assert w["bq"].shape == (6 * 8,)
+    x = RNG.normal(size=(7, 48))
+    out, traces, _ = _run(layer, [x], "decode", "mixed")
+    want = specref.attn_layer(cfg, w, x)
+    np.testing.assert_allclose(traces[0].assemble()["q"], want["q"], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out[0], want["attn_out"], rtol=1e-10, atol=1e-10)
+    # the gate's bias is its own: Q does not move when it changes, the branch does
+    out2, traces2, _ = _run(Layer.load(cfg, {**w, "bq_gate": w["bq_gate"] + 1.0}, layer.backend), [x], "decode",
+                            "mixed")
+    assert np.array_equal(traces2[0].assemble()["q"], traces[0].assemble()["q"])
+    assert not np.allclose(out2[0], out[0])
+    with pytest.raises(ConfigError, match=r"weight bq has shape \(96,\), expected \(48,\)"):
+        Layer.load(cfg, {**w, "bq": np.zeros(96)}, layer.backend)
+
+
+def test_both_gates_apply_independently():
+    """spec attn_branch_rows: the interleaved Q gate and the output gate are two
+    Options, both applied when both are present."""
+    cfg, w, layer = _layer("both-gates-subnorm")
+    x = RNG.normal(size=(7, 48))
+    _, traces, _ = _run(layer, [x], "decode", "decode")
+    got = traces[0].assemble()
+    want = specref.attn_layer(cfg, w, x)
+    np.testing.assert_allclose(got["attn_branch"], want["attn_branch"], rtol=1e-10, atol=1e-12)
+    one = specref.attn_layer(cfg.replace(output_gate=False), {k: v for k, v in w.items() if k != "wg"}, x)
+    assert not np.allclose(got["attn_branch"], one["attn_branch"])  # the second gate acts
+
+
+@pytest.mark.parametrize("name,shape", [("bk", (17,)), ("bv", (3,)), ("sinks", (5,)), ("q_norm", (9,)),
+                                        ("k_norm", (16,)), ("sub_norm", (47,)), ("bo", (47,)),
+                                        ("attn_norm", (47,)), ("bg", (3,))])
+def test_every_weight_width_is_checked_before_arithmetic(name, shape):
+    """One line naming the weight, its shape and the expected one (config.py's promise)."""
+    cfg = LayerConfig(**BASE, rope=rope8(), output_gate=True, sub_norm=NormSpec("rms", 1e-5),
+                      qk_norm=QkNormSpec(NormSpec("rms", 1e-6), "head"))
+    w = weights_for(cfg, gate=True, sub=True, qk=True, sinks=True, biases=True, obias=True)
+    Layer.load(cfg, w, Backend())  # the right widths load
+    with pytest.raises(ConfigError, match=rf"^weight {name} has shape \({shape[0]},\), expected \(\d+,\)$"):
+        Layer.load(cfg, {**w, name: np.zeros(shape)}, Backend())
+
+
+def test_a_weight_of_a_switched_off_decoration_is_refused():
+    cfg, w, _ = _layer("plain-gqa")
+    for name, shape in (("q_norm", (8,)), ("sub_norm", (48,)), ("wg", (48, 48)), ("post_norm", (48,)),
+                        ("bq_gate", (48,))):
+        with pytest.raises(ConfigError, match=f"weight '{name}' does not apply"):
+            Layer.load(cfg, {**w, name: np.zeros(shape)}, Backend())
+
+
+def test_interleaved_gate_needs_v_as_wide_as_k():
+    """spec apply_interleaved_gate multiplies a head_dim-wide gate onto the V-width head output."""
+    with pytest.raises(ConfigError, match="v_head_dim=12.*valid: v_head_dim equal to head_dim"):
+        LayerConfig(**BASE, v_head_dim=12, rope=rope8(), q_gate_interleaved=True)
+    LayerConfig(**BASE, v_head_dim=12, rope=rope8(), output_gate=True)  # the output gate is V-wide: fine
+
+
+@pytest.mark.parametrize("mutant", SPEC_MUTANTS, ids=lambda m: m.name)
+def test_gate_order_mutants_are_caught_by_the_spec_formula(mutant):
+    """A layer with both gates and a sub-norm exists in no reference family: the spec's
+    formula judges it, and a break of the order is caught at its probe."""
+    cfg, w, layer = _layer("both-gates-subnorm")
+    x = RNG.normal(size=(7, 48))
+    want = specref.attn_layer(cfg, w, x)
+
+    def first_failure():
+        got = _run(Layer.load(cfg, w, layer.backend), [x], "decode", "mixed")[1][0].assemble()
+        return next((p for p in LAYER_PROBES if p in got and p in want
+                     and not np.allclose(got[p], want[p], rtol=1e-10, atol=1e-12)), None)
+
+    assert first_failure() is None
+    with applied(mutant):
+        assert first_failure() == mutant.first_probe

@@ -9,8 +9,9 @@ import pytest
 
 from harness.mutants import applied
 from harness.mutants.mla import GATE_MUTANTS
-from impl import Backend, MlaConfig, NormSpec, make_rope
+from impl import Backend, MlaConfig, MlaYarn, NormSpec, make_rope
 from impl.config import ConfigError
+from harness.schedule import chunk_sizes
 from impl.runner import load_layer, run_layer
 from impl.trace import LAYER_PROBES
 
@@ -19,10 +20,16 @@ SHARED_PROBES = ("attn_in", "q_latent", "q", "kv_latent", "q_pe", "k_pe", "q_rop
                  "attn_branch", "attn_out", "resid_mid")
 
 
+YARN_PARAMS = dict(factor=4.0, original_max_position_embeddings=128, mscale=1.0, mscale_all_dim=0.707,
+                   max_position_embeddings=512)
+
+
 def _rope():
-    return make_rope("yarn", 10000.0, ROPE, "interleaved",
-                     dict(factor=4.0, original_max_position_embeddings=128, mscale=1.0, mscale_all_dim=0.707,
-                          max_position_embeddings=512))
+    return make_rope("default", 10000.0, ROPE, "interleaved")
+
+
+def _yarn(mscale=1.07):
+    return MlaYarn.from_params(_rope(), YARN_PARAMS, mscale)
 
 
 def _weights(seed=0, gate=False):
@@ -42,7 +49,8 @@ def _weights(seed=0, gate=False):
 def _cfg(form="absorbed", gate=False, rope=True):
     return MlaConfig(hidden_size=HID, n_heads=H, kv_lora_rank=R, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
                      v_head_dim=V, q_lora_rank=QL, input_norm=NormSpec("rms", 1e-6),
-                     rope=_rope() if rope else None, softmax_mscale=1.07, form=form, use_output_gate=gate)
+                     rope=_rope() if rope else None, yarn=_yarn() if rope else None, form=form,
+                     use_output_gate=gate)
 
 
 def _inputs(n_seq, tokens=11, seed=1):
@@ -52,7 +60,8 @@ def _inputs(n_seq, tokens=11, seed=1):
 
 def _run(cfg, w, backend, kv="decode", schedule="prefill", n_seq=1):
     layer = load_layer(cfg, w, backend)
-    outs, traces, steps = run_layer(layer, _inputs(n_seq), kv, schedule)
+    inputs = _inputs(n_seq)
+    outs, traces, steps = run_layer(layer, inputs, kv, [chunk_sizes(schedule, len(x)) for x in inputs])
     return layer, outs, [t.assemble() for t in traces], steps
 
 
@@ -104,6 +113,7 @@ def test_the_cache_holds_what_the_form_says():
 def test_kq_scale_is_the_unabsorbed_width_with_mscale_squared():
     cfg = _cfg()
     assert cfg.kq_scale == pytest.approx(1.07**2 / np.sqrt(NOPE + ROPE))
+    assert cfg.replace(yarn=None).kq_scale == pytest.approx(1 / np.sqrt(NOPE + ROPE))
     assert cfg.features() == {"mla", "mla_absorbed", "mla_low_rank_q", "mla_rope", "mla_yarn"}
     assert _cfg("naive", gate=True, rope=False).features() == {"mla", "mla_naive", "mla_low_rank_q", "mla_gate"}
 
@@ -123,6 +133,15 @@ def test_refuses_impossible_layers():
                   v_head_dim=V, rope=_rope())
     with pytest.raises(ConfigError, match="valid: naive, absorbed"):
         _cfg("latent")
+    # the spec's MLA rotates in interleaved pairs only (rotate_pe: apply_rope_interleaved)
+    with pytest.raises(ConfigError, match="interleaved pairs.*got RoPE layout 'neox'"):
+        _cfg().replace(rope=make_rope("default", 10000.0, ROPE, "neox"))
+    # YaRN is ONE setting (spec `yarn` argument): not smuggled in through the rotation ...
+    with pytest.raises(ConfigError, match="YaRN is MlaConfig.yarn"):
+        _cfg().replace(rope=make_rope("yarn", 10000.0, ROPE, "interleaved", YARN_PARAMS), yarn=None)
+    # ... and never without the rotation it scales
+    with pytest.raises(ConfigError, match="YaRN without RoPE"):
+        _cfg(rope=False).replace(yarn=_yarn())
     w = _weights()
     del w["wk_b"]
     with pytest.raises(ConfigError, match="lacks weight 'wk_b'"):
@@ -188,3 +207,36 @@ def test_mla_cache_refuses_a_non_mla_family(tmp_path):
 
     with pytest.raises(UsageError, match="not an MLA family: llama"):
         mla_cache.run(tmp_path, ["llama"])
+
+
+# ---------------------------------------------------------------- YaRN, one setting
+
+def test_yarn_reaches_the_rotation_and_the_scale_together():
+    """Spec mla_forward_token's ``yarn``: the pe bands divided by its factors, q_pe /
+    k_pe multiplied by its magnitude after the rotation, the softmax scale its
+    kq_scale -- written here from the spec (complex rotation of interleaved pairs),
+    against impl's probes."""
+    be = Backend("numpy", "cpu", "float64")
+    yarn = _yarn()
+    _, _, tr, _ = _run(_cfg("absorbed"), _weights(), be, "decode", "mixed")
+    _, _, plain, _ = _run(_cfg("absorbed").replace(yarn=None), _weights(), be, "decode", "mixed")
+    p = plain[0]
+    # the unrotated slice, recovered from the plain run by rotating back at the plain bands
+    inv_plain = np.asarray(_rope().inv_freq)
+    inv_yarn = inv_plain / np.asarray(yarn.freq_factors)
+    pos = np.arange(p["k_pe"].shape[0])
+
+    def rot(x, inv, sign):
+        z = x[..., 0::2] + 1j * x[..., 1::2]
+        z = z * np.exp(sign * 1j * pos[:, None] * inv[None, :]).reshape((len(pos),) + (1,) * (x.ndim - 2) + (-1,))
+        out = np.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = z.real, z.imag
+        return out
+
+    raw_k = rot(p["k_pe"], inv_plain, -1)
+    want = rot(raw_k, inv_yarn, +1) * yarn.pe_magnitude
+    np.testing.assert_allclose(tr[0]["k_pe"], want, rtol=1e-10, atol=1e-12)
+    raw_q = rot(p["q_pe"], inv_plain, -1)
+    np.testing.assert_allclose(tr[0]["q_pe"], rot(raw_q, inv_yarn, +1) * yarn.pe_magnitude, rtol=1e-10, atol=1e-12)
+    assert _cfg().kq_scale == pytest.approx(yarn.mscale**2 / np.sqrt(NOPE + ROPE))
+    assert yarn.pe_magnitude != 1.0 and not np.allclose(yarn.freq_factors, 1.0)  # both halves act here

@@ -21,9 +21,10 @@ def _case(m):
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_mutant_is_caught_at_its_probe(policy, name):
     m = MUTANTS[name]
-    clean = run(policy, **_case(m))
+    clean = [r for r in run(policy, **_case(m)) if r["candidate"] == "impl"]
     # not-implemented: a layer kind impl does not claim (qwen3_next's delta-net layers)
-    assert all(r["status"] in ("pass", "not-exposed", "not-implemented") for r in clean if r["candidate"] == "impl"), \
+    assert clean and any(r["status"] == "pass" for r in clean), "the case compared nothing of impl"
+    assert all(r["status"] in ("pass", "not-exposed", "not-implemented") for r in clean), \
         "the case must pass without the mutant, or the test proves nothing"
     with applied(m):
         rows = run(policy, **_case(m))
@@ -64,4 +65,4 @@ def test_mutant_is_undone_on_exit(policy):
     with applied(m):
         pass
     rows = run(policy, family="llama", ref="hf", seed=3)
-    assert all(r["status"] == "pass" for r in rows)
+    assert len([r for r in rows if r["candidate"] == "impl"]) >= 20 and all(r["status"] == "pass" for r in rows)

@@ -19,8 +19,8 @@ LLAMA = ('name = "tiny"\nfamilies = ["llama"]\nvariants = "default"\nreferences 
 
 # an EQUIVALENT mutant: it changes impl's source, not what impl computes -- it must survive
 SURVIVOR = Mutant("test-equivalent", "qkv_bias", "impl.attention",
-                  'q = _linear(xp, normed, w["wq"], w.get("bq"))',
-                  'q = _linear(xp, normed, w["wq"], w.get("bq")) * 1.0',
+                  'q = q + w["bq"]',
+                  'q = (q + w["bq"]) * 1.0',
                   {"family": "qwen2"}, "q", doc="multiplies q by one")
 STALE = Mutant("test-stale", "gqa", "impl.attention", "this snippet is not in impl", "x", {"family": "llama"}, "q")
 

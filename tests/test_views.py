@@ -46,7 +46,8 @@ def test_case_status_and_worst_error():
     cs = views.cases(df).set_index("case_id")
     assert cs.at["llama/a", "status"] == "pass" and cs.at["llama/a", "findings"] == 1
     assert cs.at["llama/a", "worst_nmse"] == 1e-14  # a finding is reported as one, not as impl's error
-    assert cs.at["b", "status"] == "not-exposed"
+    # nothing of impl compared: not a pass, and not a quiet "not-exposed" either
+    assert cs.at["b", "status"] == "unguarded"
     assert cs.at["c", "status"] == "error" and cs.at["c", "first_fail"] == "impl vs hf, case: reference hf failed: boom"
 
 

@@ -27,6 +27,9 @@ def cmd_bisect(a) -> int:
     policy = load_policy(a.policy)
     case = case_from_args(a)
     case.validate()
+    if a.features and case.candidate.startswith("dump:"):
+        raise UsageError("--features switches features off and reruns the case; a dump holds one run -- "
+                         "bisect the engine's layers and probes without --features")
     if a.git:
         argv = _case_argv(sys.argv[2:] if len(sys.argv) > 2 else [], drop={"--git": 2, "--features": 0})
         try:
@@ -41,7 +44,9 @@ def cmd_bisect(a) -> int:
     run = CaseRun(case, policy, progress=lambda m: print(m, file=sys.stderr))
     _ = run.layer_cfgs
     rows = run.rows()
-    d = first_divergence(rows)
+    d = first_divergence(rows, candidate=run.candidate.name)
+    if case.candidate != "impl":
+        print(f"candidate: {run.candidate.name}")
     print(describe(d))
     for other in ("llamacpp",):
         r2r = first_divergence(rows, candidate=other)

@@ -3,8 +3,15 @@
 New failures, fixed cases, and the cases whose worst error grew by more than
 the policy's ``[regression] factor``; each case is counted under every
 feature it has, and the features whose every case regressed are named as the
-likely cause. Markdown on stdout; exit status 1 on any regression (a new
-failure, grown error, or a case of BASE that NEW no longer runs).
+likely cause. Markdown on stdout.
+
+A case of BASE that NEW did not run is *missing*: listed apart, never called a
+regression -- nothing about it got worse; it was not looked at. Exit status: 1
+on a regression (a new failure, or grown error); 0 otherwise, missing cases
+included, because judging a part of a matrix (a shard, a smoke run, one family)
+against a full baseline is an ordinary use. ``--fail-missing`` makes missing
+cases exit 1 too: for CI, whose NEW runs the whole spec the baseline ran, a
+case gone from it is coverage lost unnoticed (``.ci/run`` passes it).
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:  # pandas is imported where used: `conformance list` loads this module too
+    import pandas as pd
 
 # Below this fraction of its tolerance an error is rounding noise: growth is
 # measured from here, so 1e-30 -> 1e-28 in float64 is not a "100x regression".
@@ -29,6 +38,10 @@ def register(sub) -> None:
     p.add_argument("--policy", metavar="TOML", help="tolerance policy with [regression] factor (default fixtures/tolerance.toml)")
     p.add_argument("--factor", type=float, help="override the policy's growth factor")
     p.add_argument("--md", metavar="FILE", help="also write the markdown to FILE")
+    p.add_argument("--fail-missing", action="store_true",
+                   help="exit 1 when a case of BASE was not run in NEW (default: listed, exit 0 unless a regression)")
+    p.add_argument("--candidate", metavar="NAME",
+                   help="compare only the cases judging this candidate (default: every case, each its own)")
     p.set_defaults(fn=cmd_diff)
 
 
@@ -44,10 +57,13 @@ def _rows(d: str) -> pd.DataFrame:
 
 
 def _worst(df: pd.DataFrame) -> dict:
-    """``{(case_id, reference): (err, floor, where)}``: impl's worst judged error."""
-    from ..views import _err
+    """``{(case_id, reference): (err, floor, where)}``: the worst judged error of
+    each case's candidate (impl, or another engine)."""
+    import pandas as pd
 
-    impl = df[df["candidate"] == "impl"].assign(_e=lambda x: pd.to_numeric(_err(x), errors="coerce"))
+    from ..views import _err, is_candidate
+
+    impl = df[is_candidate(df)].assign(_e=lambda x: pd.to_numeric(_err(x), errors="coerce"))
     impl = impl[impl["_e"].notna()]
     out = {}
     for (cid, ref), g in impl.groupby(["case_id", "reference"], sort=False):
@@ -57,6 +73,18 @@ def _worst(df: pd.DataFrame) -> dict:
         where = f"L{r['layer']} {r['probe']}" if r["layer"] >= 0 else r["probe"]
         out[(cid, ref)] = (float(r["_e"]), floor, where)
     return out
+
+
+def _only(df: pd.DataFrame, candidate: str, where: str) -> pd.DataFrame:
+    """The rows of the cases of ``df`` that judge ``candidate``."""
+    from ..views import cases
+
+    cs = cases(df)
+    keep = set(cs.loc[cs["candidate"] == candidate, "case_id"])
+    if not keep:
+        have = sorted(set(cs["candidate"])) or ["none"]
+        raise UsageError(f"{where} has no case judging candidate {candidate!r}; its candidates: {', '.join(have)}")
+    return df[df["case_id"].isin(keep)]
 
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, factor: float) -> dict:
@@ -77,15 +105,15 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, factor: float) -> dict:
             g = e / max(b, floor) if max(b, floor) > 0 else (math.inf if e > 0 else 1.0)
             if g > factor and not (math.isinf(e) and math.isinf(b)):
                 grew.append({"case_id": key[0], "reference": key[1], "base": b, "new": e, "growth": g, "where": where})
-    regressed = set(new_fail) | {g["case_id"] for g in grew} | set(missing)
+    regressed = set(new_fail) | {g["case_id"] for g in grew}  # missing is not a regression: it was not run
     from ..views import feature_order
 
     per = {}
     for f in feature_order({t for ts in feats.values() for t in ts}):
-        have = [cid for cid, ts in feats.items() if f in ts and (cid in nc.index or cid in missing)]
+        have = [cid for cid, ts in feats.items() if f in ts and cid in nc.index]  # the cases judged
         per[f] = dict(cases=len(have), new_failures=sum(c in new_fail for c in have),
                       grew=len({g["case_id"] for g in grew if f in feats[g["case_id"]]}),
-                      missing=sum(c in missing for c in have), fixed=sum(c in fixed for c in have),
+                      missing=sum(f in feats[c] for c in missing), fixed=sum(c in fixed for c in have),
                       regressed=sum(c in regressed for c in have))
     hit = {f: p for f, p in per.items() if p["regressed"]}
     # The cause is most likely a feature ALL of whose cases regressed; among several,
@@ -103,10 +131,12 @@ def markdown(res: dict, base: str, new: str) -> str:
 
     reg = bool(res["regressed"])
     nc = res["new_cases"]
-    lines = [f"# Conformance diff: {'REGRESSION' if reg else 'no regression'}", "",
+    miss = f" ({len(res['missing'])} cases of base missing: not run in new)" if res["missing"] else ""
+    lines = [f"# Conformance diff: {'REGRESSION' if reg else 'no regression'}{miss}", "",
              f"base `{_md(base)}` → new `{_md(new)}` · growth factor {res['factor']:g}", "",
              f"- new failures: {len(res['new_failures'])}", f"- error grew > {res['factor']:g}x: {len(res['grew'])}",
-             f"- fixed: {len(res['fixed'])}", f"- in base but not run in new: {len(res['missing'])}",
+             f"- fixed: {len(res['fixed'])}",
+             f"- missing (in base, not run in new; not a regression): {len(res['missing'])}",
              f"- new cases (not in base): {len(res['added'])}"]
     if res["implicated"]:
         per = res["per_feature"]
@@ -128,7 +158,7 @@ def markdown(res: dict, base: str, new: str) -> str:
         for g in sorted(res["grew"], key=lambda g: -g["growth"])[:100]:
             lines.append(f"| `{_md(g['case_id'])}` | {_md(g['reference'])} | {_g(g['base'])} → {_g(g['new'])} | "
                          f"{_g(g['growth'])}x | {_md(g['where'])} |")
-    for title, key in (("Fixed", "fixed"), ("In base but not run in new", "missing")):
+    for title, key in (("Fixed", "fixed"), ("Missing: in base, not run in new", "missing")):
         if res[key]:
             lines += ["", f"## {title}", ""] + [f"- `{_md(c)}`" for c in res[key][:100]]
     return "\n".join(lines) + "\n"
@@ -140,9 +170,16 @@ def cmd_diff(a) -> int:
     factor = a.factor if a.factor is not None else load_policy(a.policy).regression_factor
     if not factor > 1:
         raise UsageError(f"the growth factor must be > 1, got {factor}")
-    res = compare(_rows(a.base), _rows(a.new), factor)
+    if a.md:
+        from ..report import check_writable
+
+        check_writable(Path(a.md), f"--md {a.md}", file=True)
+    base, new = _rows(a.base), _rows(a.new)
+    if a.candidate:
+        base, new = (_only(df, a.candidate, d) for df, d in ((base, a.base), (new, a.new)))
+    res = compare(base, new, factor)
     md = markdown(res, a.base, a.new)
     sys.stdout.write(md)
     if a.md:
         Path(a.md).write_text(md)
-    return 1 if res["regressed"] else 0
+    return 1 if res["regressed"] or (a.fail_missing and res["missing"]) else 0

@@ -16,6 +16,15 @@ from ..versions import ROOT
 DEFAULT_SPEC = ROOT / "fixtures" / "matrix" / "default.toml"
 
 
+def say_default(arg: str | None, spec, command: str) -> None:
+    """Without a SPEC a command runs the default matrix, the whole of it: said on
+    stderr with its size, once the input has passed every check."""
+    if arg is None:
+        print(f"conformance {command}: no SPEC given: the default matrix {DEFAULT_SPEC.relative_to(ROOT)} "
+              f"({len(spec.cases)} cases); give a SPEC (e.g. fixtures/matrix/smoke.toml) for fewer",
+              file=sys.stderr, flush=True)
+
+
 def register(sub) -> None:
     p = sub.add_parser("matrix", help="run a matrix spec (default fixtures/matrix/default.toml) into reports/<run-id>/")
     p.add_argument("spec", nargs="?", metavar="SPEC", help="matrix spec TOML (default fixtures/matrix/default.toml)")
@@ -27,11 +36,14 @@ def register(sub) -> None:
 
 
 def add_run_args(p) -> None:
-    p.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
+    p.add_argument("--out", metavar="DIR", help="run directory (default ./reports/<run-id>)")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                    help="worker processes (default: the CPU count; 1 runs in this process)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
     p.add_argument("--no-plots", action="store_true", help="skip the per-case PNG plots")
+    from ..cli import add_verbose
+
+    add_verbose(p)
 
 
 def cmd_matrix(a) -> int:
@@ -48,6 +60,7 @@ def cmd_matrix(a) -> int:
         spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
         sh = matrix.parse_shard(a.shard)
         if a.list:
+            say_default(a.spec, spec, "matrix")
             try:
                 for c in matrix.shard(spec.cases, *sh) if sh else spec.cases:
                     print(c.case_id())
@@ -55,14 +68,16 @@ def cmd_matrix(a) -> int:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         d = matrix.start(spec, a.out, sh, a.policy, a.jobs, sys.argv[1:])
+        say_default(a.spec, spec, "matrix")
     return run_dir(d, a.jobs, not a.no_plots)[0]
 
 
 def run_dir(d: Path, jobs: int, plots: bool):
     """Complete the run in ``d`` with a progress display; ``(exit status, rows)``."""
-    from .. import matrix, report
+    from .. import matrix, report, runlog
 
     run = matrix.read_run(d)
+    runlog.attach(Path(d) / runlog.LOG_NAME)
     total = len(run["cases"])
     held = matrix.Journal(d).records()
     ui = Progress(total, held)
@@ -73,8 +88,10 @@ def run_dir(d: Path, jobs: int, plots: bool):
         with ui:
             df, _ = matrix.complete(d, jobs, ui.start, ui.done, plots)
     except KeyboardInterrupt:
-        print(f"conformance: interrupted; finished cases are kept: conformance matrix --resume {d}", file=sys.stderr)
-        raise
+        # one message (main prints it): what is kept, and how to go on
+        n = len(matrix.Journal(d).records())
+        kept = (f"{n} of {total} cases finished and are kept" if n else "no case had finished")
+        raise KeyboardInterrupt(f"{kept}; conformance matrix --resume {d} completes the run") from None
     finally:
         signal.signal(signal.SIGTERM, old)
     c = report.counts(df)
@@ -104,6 +121,8 @@ class Progress:
         self.bar = None
 
     def __enter__(self):
+        if self.n:  # a resumed run
+            print(f"resuming: {self.n} of {self.total} cases already done", file=sys.stderr, flush=True)
         if self.tty:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -112,8 +131,6 @@ class Progress:
                                 TextColumn("{task.description}"), console=Console(stderr=True), transient=False)
             self.bar.__enter__()
             self.task = self.bar.add_task("", total=self.total, completed=self.n)
-        elif self.n:
-            print(f"resuming: {self.n} of {self.total} cases already done", file=sys.stderr)
         return self
 
     def __exit__(self, *exc):

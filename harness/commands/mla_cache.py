@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..schedule import chunk_sizes
 
 KV_MODES = ("decode", "batched", "paged")
 FORMS = ("naive", "absorbed")
@@ -34,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--family", action="append", help="only this MLA family (repeatable; default: every MLA family)")
     p.add_argument("--backend", default="numpy", help="numpy or torch (default numpy)")
     p.add_argument("--dtype", default="float32", help="the cache's dtype (default float32)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the rows (default 0)")
     p.set_defaults(fn=cmd_mla_cache)
 
 
@@ -71,8 +72,7 @@ def measure(family, tokens: int = 16, backend: str = "numpy", dtype: str = "floa
     from impl.mla import MlaConfig
     from impl.runner import load_layer, run_layer
 
-    if tokens < 1:
-        raise UsageError(f"--tokens must be a positive integer, got {tokens}")
+    _check_tokens(tokens)
     be = Backend(backend, "cpu", dtype)
     config = family.make_config({})
     model = family.build_model(config, seed)
@@ -88,7 +88,8 @@ def measure(family, tokens: int = 16, backend: str = "numpy", dtype: str = "floa
             held, formula = 0.0, 0
             for i, lc in mla:
                 layer = load_layer(lc, weights[i], be)
-                _, _, steps = run_layer(layer, inputs, kv, "mixed", trace=False, seed=seed)
+                plan = [chunk_sizes("mixed", len(x)) for x in inputs]
+                _, _, steps = run_layer(layer, inputs, kv, plan, trace=False, seed=seed)
                 if kv == "paged":
                     # one pool per layer, shared by the sequences: the bytes of one row
                     held += steps[0].pool.nbytes_per_row()
@@ -101,6 +102,11 @@ def measure(family, tokens: int = 16, backend: str = "numpy", dtype: str = "floa
                              bytes_per_token_per_layer=held / max(len(mla), 1),
                              formula_bytes_per_token=formula))
     return rows
+
+
+def _check_tokens(tokens: int) -> None:
+    if tokens < 1:
+        raise UsageError(f"--tokens must be a positive integer, got {tokens}")
 
 
 def _itemsize(dtype: str) -> int:
@@ -156,6 +162,7 @@ def run(out: Path, names: list[str] | None = None, tokens: int = 16, backend: st
         Backend(backend, "cpu", dtype)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    _check_tokens(tokens)  # before the directory is made: bad input leaves nothing behind
     fams = mla_families(names)
     if not fams:
         raise UsageError("no MLA family is registered")
@@ -172,7 +179,7 @@ def run(out: Path, names: list[str] | None = None, tokens: int = 16, backend: st
 def cmd_mla_cache(a) -> int:
     from .. import report
 
-    out = Path(a.out) if a.out else report.REPORTS / f"mla-cache-{report.new_run_id()}"
+    out = report.check_out(a.out, f"mla-cache-{report.new_run_id()}")
     rows = run(out, a.family, a.tokens, a.backend, a.dtype, a.seed)
     print(table(rows))
     print(f"written: {out / 'mla_cache.csv'} and {len({r['family'] for r in rows})} PNG(s) in {out}", file=sys.stderr)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import atomic
 from ..case import Case
 from ..errors import UsageError, suggest
 
@@ -49,14 +50,22 @@ class MutantCase(Case):
     whose id and dict carry the mutant's name."""
 
     mutant: str = ""
+    mutant_d: float | None = None  # a parametric mutant's perturbation (None: its default)
 
     def case_id(self) -> str:
-        return f"{self.mutant}::{super().case_id()}"
+        at = "" if self.mutant_d is None else f"@{self.mutant_d:.3g}"
+        return f"{self.mutant}{at}::{super().case_id()}"
 
     def plain(self) -> Case:
         d = self.to_dict()
         d.pop("mutant")
+        d.pop("mutant_d")
         return Case.from_dict(d)
+
+
+def slice_of(case: Case) -> str:
+    """The backend and dtype a case runs impl in: the mutation score is given per slice."""
+    return f"{case.backend}-{case.dtype}"
 
 
 def register(sub) -> None:
@@ -65,7 +74,10 @@ def register(sub) -> None:
     p = sub.add_parser("mutate", help="mutation self-test: run a matrix spec under every mutant; the score "
                                       "is killed / total")
     p.add_argument("spec", nargs="?", metavar="SPEC", help=SPEC_HELP)
-    p.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
+    p.add_argument("--out", metavar="DIR", help="run directory (default ./reports/<run-id>)")
+    from ..cli import add_verbose
+
+    add_verbose(p)
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                    help="worker processes (default: the CPU count; 1 runs in this process)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
@@ -77,7 +89,14 @@ def register(sub) -> None:
                    help="stop running a mutant's cases once one has killed it (faster; the failure counts "
                         "then cover only the cases run)")
     p.add_argument("--min-score", type=float, default=1.0, metavar="F",
-                   help="exit 1 when the mutation score is below F (default 1.0)")
+                   help="exit 1 when the mutation score (overall, or of any backend/dtype slice) is below F "
+                        "(default 1.0)")
+    p.add_argument("--candidate", default="impl", metavar="NAME",
+                   help="mutate the code this candidate runs (default impl; torch-sdpa-kernel runs impl's body "
+                        "with its own kernel): only the mutants that reach it count")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="for every parametric (subtle) mutant: the smallest relative perturbation of its parameter "
+                        "that the spec's cases still catch, per backend and dtype")
     p.set_defaults(fn=cmd_mutate)
 
 
@@ -90,11 +109,12 @@ def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) 
 
     d = dict(case_dict)
     name = d.pop("mutant")
-    cid = f"{name}::{Case.from_dict(d).case_id()}"
+    size = d.pop("mutant_d", None)
+    cid = MutantCase(**Case.from_dict(d).__dict__, mutant=name, mutant_d=size).case_id()
     t = time.perf_counter()
     try:
         # a mutant may well compute inf - inf: the NaN is judged (a fail), the warning is noise
-        with applied(registry()[name]), np.errstate(all="ignore"):
+        with applied(registry()[name], size), np.errstate(all="ignore"):
             rec = matrix.work(d, policy_path, None)
     except StaleMutant as e:
         return {"case_id": cid, "mutant": name, "stale": str(e)}
@@ -106,12 +126,14 @@ def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) 
 
 
 def verdict(rows: list[dict]) -> dict:
-    """Killed or not, and where: the first divergence of impl in dataflow order."""
+    """Killed or not, and where: the first divergence of the case's candidate in dataflow order."""
     from ..bisect import FAILING, first_divergence
+    from ..verdict import candidate_rows
 
-    impl = [r for r in rows if r["candidate"] == "impl"]
-    failing = [r for r in impl if r["status"] in FAILING]
-    return {"killed": bool(failing), "failing_rows": len(failing), "first": first_divergence(impl)}
+    mine = candidate_rows(rows)
+    failing = [r for r in mine if r["status"] in FAILING]
+    name = mine[0]["candidate"] if mine else "impl"
+    return {"killed": bool(failing), "failing_rows": len(failing), "first": first_divergence(mine, candidate=name)}
 
 
 # ---------------------------------------------------------------- the run
@@ -140,15 +162,61 @@ def select_mutants(names: str | None, decoration: str | None) -> list:
     return chosen
 
 
-def own_case(m) -> Case:
+def own_case(m, candidate: str = "impl") -> Case:
     kw = dict(m.case)
     kw.setdefault("ref", "hf")
     kw["overrides"] = tuple(tuple(x) for x in kw.get("overrides", ()))
+    kw["candidate"] = candidate
+    if candidate != "impl":
+        # a candidate's own limits (torch-sdpa-kernel runs on torch) shape the case
+        from .. import candidates
+
+        kw.update(candidates.get(candidate).mutant_case_fields())
     return Case(**kw)
 
 
+def applies(m, cand) -> str | None:
+    """Why mutant ``m`` does not reach candidate ``cand``'s code, or None: it must
+    lie in a module the candidate runs and not in a function it replaces."""
+    from ..mutants import _enclosing_def
+    import importlib
+    from pathlib import Path as _P
+
+    if not any(m.module == mod or m.module.startswith(mod + ".") for mod in cand.runs_modules):
+        return f"{cand.name} runs none of {m.module}'s code"
+    src = _P(importlib.import_module(m.module).__file__).read_text()
+    if src.count(m.old) != 1:
+        return None  # stale: reported as such by the run
+    owner, fname, _ = _enclosing_def(src, src.index(m.old))
+    where = f"{m.module}.{owner + '.' if owner else ''}{fname}"
+    if where in cand.replaces:
+        return f"{cand.name} replaces {where}"
+    return None
+
+
+def for_candidate(spec, candidate: str):
+    """``spec`` with every case judging ``candidate``."""
+    from dataclasses import replace
+
+    if candidate == "impl":
+        return spec
+    from .. import candidates
+
+    fields = candidates.get(candidate).mutant_case_fields()
+    cases = []
+    for c in spec.cases:
+        c = replace(c, candidate=candidate, **fields)
+        try:
+            c.validate()
+        except UsageError as e:
+            raise UsageError(f"matrix spec {spec.path}, case {c.case_id()}: {e}") from None
+        cases.append(c)
+    return replace(spec, cases=list({c.case_id(): c for c in cases}.values()))
+
+
 def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant_cases: bool = True,
-                 first_kill: bool = False, log=lambda msg: None, phase=lambda msg: None) -> dict:
+                 first_kill: bool = False, log=lambda msg: None, phase=lambda msg: None,
+                 candidate: str = "impl") -> dict:
     """Baseline, then every mutant on the cases that exercise it; the result as plain data.
     ``log``: one line per finished run; ``phase``: one line per phase."""
     from .. import matrix
@@ -168,7 +236,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     live = [m for m in mutants if m.name not in stale]
     own = {}
     for m in live if mutant_cases else []:
-        c = own_case(m)
+        c = own_case(m, candidate)
         try:
             c.validate()
         except UsageError as e:
@@ -183,8 +251,9 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     base: dict[str, dict] = {}
 
     def base_done(c, rec):
-        impl = [r for r in rec["rows"] if r["candidate"] == "impl"]
-        bad = [r for r in impl if r["status"] in FAILING]
+        from ..verdict import candidate_rows
+
+        bad = [r for r in candidate_rows(rec["rows"]) if r["status"] in FAILING]
         base[c.case_id()] = {"features": rec["info"].get("features", []), "clean": not bad,
                              "why": "" if not bad else f"{bad[0]['status']} at layer {bad[0]['layer']} "
                                                        f"{bad[0]['probe']} vs {bad[0]['reference']}"}
@@ -214,17 +283,18 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         tasks += [MutantCase(**by_id[cid].__dict__, mutant=m.name) for cid in cids]
 
     results: dict[str, dict] = {}
-    killed_names: set = set()
+    killed_in: set = set()  # (mutant, slice)
 
     def done(c, rec):
         if "rows" in rec:  # the worker died twice on this task: the matrix's crash row
             rec = {**verdict(rec["rows"]), "case_id": c.case_id(), "mutant": c.mutant, "crashed": True}
         results[c.case_id()] = rec
         if rec.get("killed"):
-            killed_names.add(c.mutant)
+            killed_in.add((c.mutant, slice_of(c)))
         log(f"[{len(results)}/{len(tasks)}] {'killed  ' if rec.get('killed') else 'survived'} {c.case_id()}")
 
-    skip = (lambda c: c.mutant in killed_names) if first_kill else None
+    # --first-kill stops a mutant once it is killed in a case's slice: the score is per slice
+    skip = (lambda c: (c.mutant, slice_of(c)) in killed_in) if first_kill else None
     tm = time.perf_counter()
     matrix.execute(tasks, jobs, policy_path, None, lambda c: None, done, task=work_mutant, skip=skip)
     mutants_s = time.perf_counter() - tm
@@ -271,6 +341,28 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
             entry.update(status="survived")
         out.append(entry)
 
+    # the score per backend and dtype: a mutant counts in a slice where some clean case of
+    # that slice exercises its decoration (any case, for a core mutant) and its break is
+    # visible at that precision (Mutant.dtypes); it is killed there when a case of that
+    # slice failed under it
+    slices: dict[str, dict] = {}
+    for m in live:
+        plan = plans[m.name]
+        if not plan["targeted"]:
+            continue
+        for cid in plan["cases"]:
+            c = by_id[cid]
+            sl = slice_of(c)
+            if not m.visible_at(c.dtype):
+                continue
+            e = slices.setdefault(sl, {"mutants": {}})
+            rec = results.get(f"{m.name}::{cid}")
+            e["mutants"][m.name] = e["mutants"].get(m.name, False) or bool(rec and rec.get("killed"))
+    for sl, e in slices.items():
+        k = sum(e["mutants"].values())
+        e.update(killed=k, total=len(e["mutants"]), score=k / len(e["mutants"]),
+                 survivors=sorted(n for n, v in e["mutants"].items() if not v))
+
     total = len(out)
     killed = sum(1 for e in out if e["status"] == "killed")
     by_spec = sum(1 for e in out if e.get("killed_by_spec"))
@@ -292,6 +384,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         "tasks": len(tasks), "tasks_run": len(results), "seconds": time.perf_counter() - t0,
         "mutants_seconds": mutants_s,
         "decorations_without_mutant": no_mutant,
+        "slices": {sl: {k: v for k, v in e.items() if k != "mutants"} for sl, e in sorted(slices.items())},
         "mutants": out,
         "rows": [{"mutant": r["mutant"], "case_id": cid.split("::", 1)[1], "killed": bool(r.get("killed")),
                   "failing_rows": r.get("failing_rows", 0), "stale": "stale" in r,
@@ -300,6 +393,116 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
                   "seconds": r.get("seconds")}
                  for cid, r in results.items()],
     }
+
+
+# ---------------------------------------------------------------- sensitivity
+LADDER = 13  # perturbations d = param * 10^-k, k = 0 .. LADDER-1
+CASES_PER_SLICE = 3
+
+
+def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log=lambda m: None,
+                    phase=lambda m: None) -> dict:
+    """Per parametric mutant and per backend/dtype slice: the smallest relative
+    perturbation ``d`` of its parameter (on the ladder ``param * 10^-k``) that a
+    clean case of the slice exercising its decoration still catches -- found by
+    bisecting the ladder, assuming (as the errors are smooth in ``d``) that a
+    larger perturbation is caught whenever a smaller one is."""
+    from .. import matrix
+    from ..bisect import FAILING
+
+    chosen = [m for m in mutants if m.param is not None]
+    if not chosen:
+        raise UsageError("--sensitivity needs parametric mutants (harness/mutants/subtle.py); none selected")
+    t0 = time.perf_counter()
+    by_id = {c.case_id(): c for c in matrix.nonempty(spec)}
+    for m in chosen:
+        by_id.setdefault(own_case(m).case_id(), own_case(m))
+    base: dict[str, dict] = {}
+
+    def base_done(c, rec):
+        from ..verdict import candidate_rows
+
+        impl = candidate_rows(rec["rows"])
+        base[c.case_id()] = {"features": rec["info"].get("features", []),
+                             "clean": bool(impl) and not any(r["status"] in FAILING for r in impl)}
+        log(f"baseline [{len(base)}/{len(by_id)}] {c.case_id()}")
+
+    matrix.execute(matrix.run_order(list(by_id.values())), jobs, policy_path, None, lambda c: None, base_done)
+    phase(f"sensitivity baseline: {len(by_id)} cases in {time.perf_counter() - t0:.0f} s")
+    # (mutant, slice) -> its cases (the mutant's own case first) and the bisection bounds
+    todo: dict[tuple[str, str], dict] = {}
+    for m in chosen:
+        own_id = own_case(m).case_id()
+        ids = [own_id] + [cid for cid in by_id if cid != own_id]
+        for cid in ids:
+            b = base[cid]
+            if not b["clean"] or not (m.core or m.decoration in b["features"]):
+                continue
+            st = todo.setdefault((m.name, slice_of(by_id[cid])), {"cases": [], "lo": -1, "hi": LADDER, "m": m})
+            if len(st["cases"]) < CASES_PER_SLICE:
+                st["cases"].append(cid)
+    rounds = 0
+    while True:
+        open_ = {k: st for k, st in todo.items() if st["hi"] - st["lo"] > 1 and st.get("done") is None}
+        if not open_:
+            break
+        rounds += 1
+        tasks, probe = [], {}
+        for key, st in open_.items():
+            k = 0 if st["lo"] < 0 and "tried0" not in st else (st["lo"] + st["hi"]) // 2
+            st["tried0"] = True
+            probe[key] = k
+            d = st["m"].param * 10.0 ** -k
+            tasks += [MutantCase(**by_id[cid].__dict__, mutant=key[0], mutant_d=d) for cid in st["cases"]]
+        hits: dict[tuple[str, str], bool] = {}
+
+        def done(c, rec, hits=hits):
+            key = (c.mutant, slice_of(c))
+            hits[key] = hits.get(key, False) or bool(rec.get("killed"))
+
+        matrix.execute(tasks, jobs, policy_path, None, lambda c: None, done, task=work_mutant)
+        for key, k in probe.items():
+            st = todo[key]
+            if hits.get(key):
+                st["lo"] = k
+            else:
+                st["hi"] = k
+                if k == 0:
+                    st["done"] = "not caught at the default perturbation"
+        phase(f"sensitivity round {rounds}: {len(tasks)} runs, {len(open_)} open")
+    out = []
+    for (name, sl), st in sorted(todo.items()):
+        m = st["m"]
+        out.append({"mutant": name, "decoration": m.decoration, "slice": sl, "param": m.param,
+                    "visible": m.visible_at(sl.rsplit("-", 1)[-1]),
+                    "smallest_caught": None if st["lo"] < 0 else m.param * 10.0 ** -st["lo"],
+                    "floor_of_ladder": st["lo"] == LADDER - 1, "cases": st["cases"]})
+    return {"spec": {"path": spec.path, "name": spec.name}, "rounds": rounds, "seconds": time.perf_counter() - t0,
+            "rows": out}
+
+
+def render_sensitivity(res: dict) -> str:
+    slices = sorted({r["slice"] for r in res["rows"]})
+    by = {}
+    for r in res["rows"]:
+        by.setdefault((r["decoration"], r["mutant"], r["param"]), {})[r["slice"]] = r
+    lines = [f"# Sensitivity: {res['spec']['name']} ({res['spec']['path']})", "",
+             "The smallest relative perturbation of each parameter the spec's cases still catch "
+             f"(ladder param x 10^-k, k < {LADDER}; '-': no case of that slice exercises it; "
+             "'not caught': not even the default perturbation).", "",
+             "| decoration | mutant | default | " + " | ".join(slices) + " |", "|---|---|---|" + "---|" * len(slices)]
+    for (dec, name, param), cells in sorted(by.items()):
+        vals = []
+        for sl in slices:
+            r = cells.get(sl)
+            if r is None:
+                vals.append("-")
+            elif r["smallest_caught"] is None:
+                vals.append("not caught" + ("" if r.get("visible", True) else " (below its rounding)"))
+            else:
+                vals.append(("<= " if r["floor_of_ladder"] else "") + f"{abs(r['smallest_caught']):.0e}")
+        lines.append(f"| {dec} | {name} | {abs(param):g} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- the report
@@ -319,6 +522,12 @@ def render(res: dict) -> str:
                  + f"; {res['tasks_run']} mutant x case runs"
                  + (" (each mutant stopped at its first kill)" if res["first_kill"] else "")
                  + f"; {res['seconds']:.0f} s (baseline {res['baseline']['seconds']:.0f} s).")
+    if res.get("slices"):
+        lines += ["", "Per backend and dtype (a mutant counts where a case of that slice exercises its decoration "
+                  "and its break is visible at that precision):", "", "| backend-dtype | killed / mutants | survivors |",
+                  "|---|---|---|"]
+        lines += [f"| {sl} | {e['killed']}/{e['total']} | {', '.join(e['survivors']) or '-'} |"
+                  for sl, e in res["slices"].items()]
     if res["baseline"]["failing"]:
         lines += ["", f"{len(res['baseline']['failing'])} case(s) fail WITHOUT any mutant and judge none:"]
         lines += [f"- `{cid}`: {why}" for cid, why in sorted(res["baseline"]["failing"].items())]
@@ -369,6 +578,9 @@ def table(res: dict) -> str:
         out.append(f"{e['name']:<{w}}  {e['decoration']:<20} {e['status']:<8} {how}")
     out.append(f"mutation score {res['killed']}/{res['total']} = {100 * res['score']:.1f}%"
                + (f" ({res['killed_by_spec_cases']} killed by spec cases)" if res["mutant_cases"] else ""))
+    for sl, e in res.get("slices", {}).items():
+        out.append(f"  {sl:<18} {e['killed']}/{e['total']}" + (f"  survivors: {', '.join(e['survivors'])}"
+                                                                if e["survivors"] else ""))
     return "\n".join(out)
 
 
@@ -376,14 +588,14 @@ def write(d: Path, res: dict) -> None:
     import pandas as pd
 
     d.mkdir(parents=True, exist_ok=True)
-    (d / "mutation.json").write_text(json.dumps(res, indent=1, default=str))
-    (d / "mutation.md").write_text(render(res))
+    atomic.write_text(d / "mutation.json", json.dumps(res, indent=1, default=str))
+    atomic.write_text(d / "mutation.md", render(res))
     pd.DataFrame(res["rows"]).to_parquet(d / "mutation_rows.parquet", index=False)
 
 
 def cmd_mutate(a) -> int:
     from .. import matrix, report
-    from .matrix import DEFAULT_SPEC
+    from .matrix import DEFAULT_SPEC, say_default
 
     if a.jobs < 1:
         raise UsageError(f"-j/--jobs must be at least 1, got {a.jobs}")
@@ -391,23 +603,62 @@ def cmd_mutate(a) -> int:
         raise UsageError(f"--min-score takes a fraction between 0 and 1, got {a.min_score}")
     spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
     mutants = select_mutants(a.mutants, a.decoration)
+    if a.candidate != "impl":
+        from .. import candidates
+
+        if a.sensitivity:
+            raise UsageError("--sensitivity measures impl's parameters; give no --candidate")
+        cand = candidates.get(a.candidate)
+        skipped = {m.name: why for m in mutants if (why := applies(m, cand))}
+        if len(skipped) == len(mutants):
+            raise UsageError(f"no selected mutant reaches candidate {a.candidate}: "
+                             f"{next(iter(skipped.values()))} (mutants change impl; see harness/mutants)")
+        for name, why in skipped.items():
+            print(f"mutant {name}: not applicable ({why})", file=sys.stderr)
+        mutants = [m for m in mutants if m.name not in skipped]
+        spec = for_candidate(spec, a.candidate)
     if a.policy:
         from ..policy import load_policy
 
         load_policy(a.policy)
+    matrix.nonempty(spec)
     run_id = report.new_run_id()
-    d = report.run_dir(a.out, run_id)
-    if d.exists() and any(d.iterdir()):
-        raise UsageError(f"run directory {d} is not empty; choose another --out")
+    d = report.check_out(a.out, run_id)
+    made = not d.exists()
+    d.mkdir(parents=True, exist_ok=True)  # now: the workers append to its log.txt
+    from .. import runlog
+
+    runlog.attach(d / runlog.LOG_NAME)
+
     def say(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    say_default(a.spec, spec, "mutate")
     quiet = not sys.stderr.isatty()  # CI logs get one line per phase, a terminal one per run
+    if a.sensitivity:
+        say(f"mutate --sensitivity: {sum(m.param is not None for m in mutants)} parametric mutants on {spec.path}")
+        res = run_sensitivity(spec, mutants, a.jobs, a.policy, log=(lambda m: None) if quiet else say, phase=say)
+        d.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(d / "sensitivity.json", json.dumps(res, indent=1, default=str))
+        md = render_sensitivity(res)
+        atomic.write_text(d / "sensitivity.md", md)
+        print(md)
+        print(f"report: {d} (sensitivity.md, sensitivity.json)")
+        # a perturbation below a precision's own rounding (Mutant.dtypes) is not expected to be caught there
+        return 0 if all(r["smallest_caught"] is not None for r in res["rows"] if r["visible"]) else 1
     say(f"mutate: {len(mutants)} mutants on {spec.path} ({len(spec.cases)} cases), -j {a.jobs}")
-    res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
-                       log=(lambda m: None) if quiet else say, phase=say)
-    res.update(run_id=run_id, argv=sys.argv[1:], min_score=a.min_score)
+    try:
+        res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
+                           log=(lambda m: None) if quiet else say, phase=say, candidate=a.candidate)
+    except UsageError:  # refused before any work (a mutant's own case): leave nothing behind
+        if made:
+            report.remove_partial(d)
+        else:
+            (d / runlog.LOG_NAME).unlink(missing_ok=True)
+        raise
+    res.update(run_id=run_id, argv=sys.argv[1:], min_score=a.min_score, candidate=a.candidate)
     write(d, res)
     print(table(res))
     print(f"report: {d} (mutation.md, mutation.json, mutation_rows.parquet)")
-    return 0 if res["score"] >= a.min_score and not res["stale"] else 1
+    low = [sl for sl, e in res.get("slices", {}).items() if e["score"] < a.min_score]
+    return 0 if res["score"] >= a.min_score and not res["stale"] and not low else 1

@@ -38,9 +38,11 @@ class HFConfig:
     }
 
     def config_class(self):
-        from transformers import AutoConfig
+        # the class itself, not type(an instance): HF's default Starcoder2Config
+        # (vocab 49152, bos/eos 50256) warns "got 50256" each time it is built
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-        return type(AutoConfig.for_model(self.hf_model_type))
+        return CONFIG_MAPPING[self.hf_model_type]
 
     def settable_keys(self) -> list[str]:
         cls = self.config_class()
@@ -53,27 +55,35 @@ class HFConfig:
         ``top``) applied to the config dict ``d`` in place; a key the family does
         not offer is refused. ``table_default(top)``: the table a ``top.sub`` key
         starts from where ``d`` has none (default: an empty one)."""
+        from .. import config_values
+
         valid = self.settable_keys()
+        tables = {}  # the family's own tables, before the overrides: what a dotted key is checked against
         for key, value in overrides.items():
             top, _, sub = key.partition(".")
             if top not in valid:
                 raise UsageError(f"unknown config key {key!r} for family {self.name}; {suggest(top, valid)}")
+            value = config_values.override_value(self, key, value)
             if sub:
                 base = d.get(top)
                 if base is None and table_default is not None:
                     base = table_default(top)
                 if base is not None and not isinstance(base, dict):
                     raise UsageError(f"config key {top!r} is not a table; set it as {top}=VALUE")
+                tables.setdefault(top, json.loads(json.dumps(base or {})))
                 base = dict(base or {})
                 base[sub] = value
                 d[top] = base
             else:
                 d[key] = value
+        config_values.check_tables(self, d, overrides, tables, table_default)
         return d
 
     def config_kwargs(self, overrides: dict) -> dict:
         kw = json.loads(json.dumps(self.tiny))  # deep copy
-        return self.apply_overrides(kw, overrides, lambda top: dict(getattr(self.config_class()(), top, None) or {}))
+        from ..config_values import default_table
+
+        return self.apply_overrides(kw, overrides, lambda top: default_table(self.config_class(), top))
 
     def make_config(self, overrides: dict | None = None):
         kw = self.config_kwargs(overrides or {})
@@ -85,10 +95,12 @@ class HFConfig:
         from transformers import AutoConfig
 
         self.validate(kw)
+        from ..config_values import hf_refusals, refusal
+
         try:
             config = AutoConfig.for_model(self.hf_model_type, **kw)
-        except (ValueError, TypeError, KeyError) as e:
-            raise UsageError(f"{refused}: {_one_line(e)}") from None
+        except hf_refusals() as e:  # huggingface_hub's strict-dataclass validation, HF's own checks
+            raise refusal(e, self, kw, refused) from None
         self.validate_config(config)
         return config
 

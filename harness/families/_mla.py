@@ -47,7 +47,8 @@ import math
 import numpy as np
 
 from impl import NormSpec, make_rope
-from impl.mla import MlaConfig
+from impl.config import ConfigError
+from impl.mla import MlaConfig, MlaYarn
 
 from ..errors import UsageError
 from .base import (Family, LcPoint, Point, gguf_moe_convert, gguf_size_params, gguf_yarn_params,
@@ -128,16 +129,36 @@ class MlaFamily(Family):
         return "interleaved"
 
     def mla_rope(self, config):
-        """impl RoPE of the decoupled slices from ``config.rope_parameters``: HF's
-        rotary embedding runs at ``dim = head_dim``, which the configs force to
-        ``qk_rope_head_dim`` (configuration_deepseek_v2.py ``__post_init__``);
-        YaRN's per-band ``inv_freq`` and ``attention_factor`` (its magnitude on
-        cos and sin) come from ``_compute_yarn_parameters``."""
+        """impl RoPE of the decoupled slices from ``config.rope_parameters``, at
+        their plain bands: HF's rotary embedding runs at ``dim = head_dim``, which
+        the configs force to ``qk_rope_head_dim`` (configuration_deepseek_v2.py
+        ``__post_init__``). YaRN is not here but in ``mla_yarn``."""
         rp = dict(config.rope_parameters or {})
         kind = rp.get("rope_type", "default")
-        if kind == "yarn":
-            rp.setdefault("max_position_embeddings", config.max_position_embeddings)
-        return make_rope(kind, rp["rope_theta"], config.qk_rope_head_dim, self.rope_layout(config), rp)
+        if kind not in ("default", "yarn", "linear"):
+            raise ConfigError(f"MLA RoPE scaling {kind!r} is not in the spec's MLA (plain RoPE at theta, or YaRN); "
+                              "valid rope_type: default, yarn (linear: the bisection's identity rotation)")
+        if kind == "linear" and rp.get("mscale_all_dim"):
+            # HF yarn_apply_mscale squares yarn_get_mscale into the softmax scale for ANY
+            # non-default type; the spec's kq_scale takes mscale from YaRN alone
+            raise ConfigError("mscale_all_dim scales MLA's softmax with YaRN only (spec kq_scale(yarn, ..)); "
+                              "valid with rope_type yarn")
+        params = {} if kind == "yarn" else rp
+        return make_rope("default" if kind == "yarn" else kind, rp["rope_theta"], config.qk_rope_head_dim,
+                         self.rope_layout(config), params)
+
+    def mla_yarn(self, config, rope) -> MlaYarn | None:
+        """The ONE YaRN setting of the layer (spec ``yarn`` argument): YaRN's per-band
+        divisors and its magnitude on the rotated channels (HF
+        ``_compute_yarn_parameters``: ``inv_freq`` and ``attention_factor``, the
+        magnitude on cos and sin), and the softmax half ``softmax_mscale``."""
+        if rope is None:
+            return None
+        rp = dict(config.rope_parameters or {})
+        if rp.get("rope_type", "default") != "yarn":
+            return None
+        rp.setdefault("max_position_embeddings", config.max_position_embeddings)
+        return MlaYarn.from_params(rope, rp, self.softmax_mscale(config))
 
     def softmax_mscale(self, config) -> float:
         """HF ``yarn_apply_mscale``: ``scaling *= yarn_get_mscale(factor,
@@ -167,7 +188,7 @@ class MlaFamily(Family):
             q_a_norm=NormSpec("rms", self.latent_norm_eps),
             kv_a_norm=NormSpec("rms", self.latent_norm_eps),
             rope=rope,
-            softmax_mscale=self.softmax_mscale(config) if rope is not None else 1.0,
+            yarn=self.mla_yarn(config, rope),
             form=variant,
         )
 

@@ -70,6 +70,8 @@ class Switches:
         sw: dict[str, dict] = {}
         if "kv_paged" in features:  # the same rows through a block table, or contiguous
             sw["kv_paged"] = {"kv": "batched"}
+        if "kv_evict" in features:  # every row kept (the spec's default)
+            sw["kv_evict"] = {"evict": False}
         return sw
 
     # HF module paths (relative to a decoder layer) of the norms a module switch
@@ -173,12 +175,12 @@ class Switches:
                                     swap=_plain_rms)
 
         def separate_gate(lc):
-            return isinstance(lc, LayerConfig) and lc.q_gate == "separate"
+            return isinstance(lc, LayerConfig) and lc.output_gate
 
         sw["output_gate"] = module_switch("the output gate held open (HF gate projection -> a constant 1e4, "
-                                          "sigmoid = 1; impl q_gate None)",
+                                          "sigmoid = 1; impl output_gate off)",
                                           lambda lc: ["output_gate"] if separate_gate(lc) else [],
-                                          lambda lc: lc.replace(q_gate=None) if separate_gate(lc) else lc,
+                                          lambda lc: lc.replace(output_gate=False) if separate_gate(lc) else lc,
                                           swap=_open_gate)
         return sw
 

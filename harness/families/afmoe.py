@@ -8,7 +8,7 @@ HF (``modeling_afmoe.py``):
 - ``AfmoeAttention.forward``: ``gate_states = gate_proj(hidden_states)`` -- the
   SAME normed input q/k/v_proj read -- and, after the attention,
   ``output = output * torch.sigmoid(gate_states)`` BEFORE ``o_proj`` (impl
-  ``LayerConfig.q_gate = "separate"``, weight ``wg``; spec ``attn_branch_rows``:
+  ``LayerConfig.output_gate``, weight ``wg``; spec ``attn_branch_rows``:
   ``layer.attn.output_gate``).
 - ``q_norm`` / ``k_norm``: ``AfmoeRMSNorm(head_dim)`` per head, before RoPE.
 - RoPE only ``if self.is_local_attention`` (``layer_types[i] ==
@@ -114,7 +114,7 @@ class Afmoe(LlamaLike):
 
     def layer_config(self, config, i: int):
         # AfmoeAttention.forward: output * sigmoid(gate_proj(hidden_states)) before o_proj
-        return super().layer_config(config, i).replace(q_gate="separate")
+        return super().layer_config(config, i).replace(output_gate=True)
 
     # ------------------------------------------------------------------ llama.cpp
     def lc_points_for(self, config, i: int):

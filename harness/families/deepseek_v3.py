@@ -19,10 +19,10 @@ What differs from deepseek_v2 on the attention side:
 Tiny config: as deepseek_v2's (hidden 64, 3 layers, 4 heads, q/kv lora 24,
 nope 12 / rope 8 / v 10, 4 experts), YaRN factor 4 over 128 positions.
 
-HF-only config: ``--set rope_interleave=false`` -- HF then rotates the raw
-slice with rotate-half (impl: layout ``neox``), while llama.cpp's deepseek2
-always rotates adjacent pairs (LLAMA_ROPE_TYPE_NORM) and the converter does not
-permute the rows: a real disagreement, recorded as a ``[[finding]]``.
+``--set rope_interleave=false`` (HF then rotates the raw slice with
+rotate-half) is refused: the spec's MLA rotates interleaved pairs only (mla.rs
+``rotate_pe``: ``apply_rope_interleaved``), as llama.cpp's deepseek2 always
+does (LLAMA_ROPE_TYPE_NORM), so impl has no such layer.
 """
 
 from __future__ import annotations

@@ -31,6 +31,13 @@ rope 8 / v 10, KDA 4 heads x 16 with a 4-tap conv, MoE from layer 1 (4
 experts, 2 used, 1 shared, sigmoid router). ``rms_norm_eps = 1e-6``: HF's
 latent norms and the KDA q/k L2 norm use a fixed 1e-6, llama.cpp
 ``rms_norm_eps`` (with 1e-5 the KDA layers differ by ~2e-2).
+
+HF-only setting: ``--set num_attention_heads=N`` other than the KDA layers'
+own head count (``linear_attn_config``, 4): HF sizes the MLA and KDA layers
+from separate settings, llama.cpp's kimi-linear sizes both from ``n_head``
+(kimi-linear.cpp: ``ssm_conv1d_q`` is ``n_embd_head_kda * n_head``) and refuses
+the file ("check_tensor_dims: tensor 'blk.0.ssm_conv1d_q.weight' has wrong
+shape"), an error row for ``--ref llamacpp``. Found by ``conformance fuzz``.
 """
 
 from __future__ import annotations

@@ -84,14 +84,25 @@ class GatedHybrid(NegExpALog, NormPlusOne, LlamaLike):
         if self.is_linear(config, i):
             return NotInImpl(self.linear_kind, self.linear_reason)
         # RoPE: partial rotary, int(head_dim * partial_rotary_factor) leading channels, neox
-        return super().layer_config(config, i).replace(q_gate="interleaved")
+        return super().layer_config(config, i).replace(q_gate_interleaved=True)
+
+    def layer_weights(self, model, config, i: int):
+        w = super().layer_weights(model, config, i)
+        if "bq" in w and not self.is_linear(config, i):
+            # HF q_proj's bias is as wide as q_proj: per head [q(D) | gate(D)]. impl (the
+            # spec) biases Q at the Q width after the split; the gate halves are the
+            # gate's own bias (added to the gate after the split, as HF's chunk does).
+            h, d = config.num_attention_heads, self.head_dim(config)
+            b = w["bq"].reshape(h, 2 * d)
+            w["bq"], w["bq_gate"] = b[:, :d].reshape(-1).copy(), b[:, d:].reshape(-1).copy()
+        return w
 
     # ------------------------------------------------------------------ probes
     def hf_points_for(self, config, i: int):
         return self.hf_linear_points if self.is_linear(config, i) else self.hf_points
 
     def hf_canonical(self, probe, arr, lc):
-        if probe == "q" and isinstance(lc, LayerConfig) and lc.q_gate == "interleaved":
+        if probe == "q" and isinstance(lc, LayerConfig) and lc.q_gate_interleaved:
             # q_proj's output carries [q, gate] per head; the canonical q is the
             # query half (the gate is not a probe of its own).
             s, t = arr.shape[:2]

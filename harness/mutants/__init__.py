@@ -50,11 +50,30 @@ class Mutant:
     # why feature bisection cannot name the decoration (a core mutant; a decoration
     # the HF reference cannot switch off); empty: it must name it
     bisect_note: str = ""
+    # wrong by a little (a parameter perturbed, one pair short) rather than a gross break
+    subtle: bool = False
+    # parametric: ``new`` holds the placeholder ``{d}``, a relative perturbation of the
+    # parameter it breaks, and this is its default size; ``conformance mutate
+    # --sensitivity`` searches the smallest ``d`` the matrix still catches
+    param: float | None = None
+    # the precisions whose rounding leaves it visible (empty: every one): a 1% error of a
+    # parameter is below bfloat16's own rounding, and the score per dtype says so
+    dtypes: tuple[str, ...] = ()
+
+    def text(self, d: float | None = None) -> str:
+        """The replacement snippet, with a parametric mutant's perturbation filled in."""
+        if self.param is None:
+            return self.new
+        return self.new.replace("{d}", repr(float(self.param if d is None else d)))
+
+    def visible_at(self, dtype: str) -> bool:
+        return not self.dtypes or dtype in self.dtypes
 
 
 @contextmanager
-def applied(m: Mutant):
-    """Apply ``m`` for the duration of the block.
+def applied(m: Mutant, d: float | None = None):
+    """Apply ``m`` for the duration of the block (a parametric mutant with its
+    perturbation ``d``, default ``m.param``).
 
     The ONE function (or method) whose source holds the snippet is recompiled
     with the snippet replaced, in the module's own globals, and bound where the
@@ -71,7 +90,7 @@ def applied(m: Mutant):
     lines = src.splitlines(keepends=True)
     first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
     seg = textwrap.dedent("".join(lines[first:node.end_lineno]))
-    new_seg = seg.replace(textwrap.dedent(m.old) if m.old not in seg else m.old, m.new, 1)
+    new_seg = seg.replace(textwrap.dedent(m.old) if m.old not in seg else m.old, m.text(d), 1)
     if new_seg == seg:
         raise StaleMutant(f"mutant {m.name}: could not place the snippet inside {fname}")
     ns: dict = {}

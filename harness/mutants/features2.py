@@ -6,6 +6,8 @@ that brings the decoration, at the probe where the break first acts."""
 from . import Mutant
 
 QWEN3_NEXT = {"family": "qwen3_next"}
+# HF-only: q_proj's bias is as wide as q_proj, per head [q | gate] (llama.cpp's qwen3next has no bias slots)
+QWEN3_NEXT_BIAS = {"family": "qwen3_next", "overrides": (("attention_bias", True),)}
 QWEN3_5 = {"family": "qwen3_5_text"}
 BITNET = {"family": "bitnet"}
 MIMO = {"family": "mimo_v2_flash"}
@@ -14,7 +16,7 @@ GATE_NOTE = ("the gate is half of q_proj's output in HF (Qwen3NextAttention: tor
 
 # impl.attention: from the interleaved gate's product to wo (the gate moves past wo)
 _GATE_TO_WO = '''        branch = branch * _sigmoid(xp, gate)
-    if cfg.q_gate == "separate":
+    if cfg.output_gate:
         # spec `output_gate`: a projection of the SAME normed input the QKV read.
         branch = branch * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))
     if cfg.sub_norm is not None:
@@ -61,6 +63,16 @@ MUTANTS = [
            doc="the sigmoid gate multiplies wo's output instead of the attention output entering wo "
                "(hidden_size == n_heads * head_dim in the tiny config, so the shapes still fit)",
            bisect_note=GATE_NOTE),
+    # --- the Q bias and the gate's own bias, after the split (qwen3_next + attention_bias) ---
+    Mutant("gate-bias-dropped", "qkv_bias", "impl.attention",
+           'gate = gate + w["bq_gate"]', "gate = gate",
+           QWEN3_NEXT_BIAS, "attn_branch",
+           doc="the gate halves of HF's double-width q_proj bias are never added: Q is right, the gate is not"),
+    Mutant("q-bias-biases-the-gate", "qkv_bias", "impl.attention",
+           'gate = gate + w["bq_gate"]', 'gate = gate + w["bq"]',
+           QWEN3_NEXT_BIAS, "attn_branch",
+           doc="the Q bias (Q width) is added to the gate in place of the gate's own bias -- the mix-up a bias "
+               "applied before the split, at the wrong width, makes"),
     # --- the sub-norm (bitnet) ---
     Mutant("sub-norm-per-head", "sub_norm", "impl.attention",
            'branch = normalize(xp, branch, cfg.sub_norm, w.get("sub_norm"), None, be.acc_dtype)',

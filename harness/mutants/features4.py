@@ -41,7 +41,7 @@ MUTANTS = [
     Mutant("output-gate-after-wo", "output_gate", "impl.attention",
            _GATE_TO_WO,
            _GATE_TO_WO.replace(f"        {_GATE}\n", "        pass\n")
-           + '    if cfg.q_gate == "separate":  # the gate applied to wo\'s output\n'
+           + '    if cfg.output_gate:  # the gate applied to wo\'s output\n'
            + '        out = out * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))\n',
            AFMOE, "attn_branch",
            doc="the sigmoid gate multiplies wo's output instead of the heads entering wo "
@@ -64,4 +64,29 @@ MUTANTS = [
            WO_SCALE_BIAS, "attn_out",
            doc="the bias is added before the scale (build_attn: build_lora_mm(wo, cur, wo_s), THEN wo_b), "
                "so the bias is scaled too"),
+]
+
+
+# Both gates on one layer (spec attn_branch_rows: the interleaved Q gate, then the
+# output gate, then the sub-norm) are in no reference family (qwen3_next has the
+# first, afmoe the second, bitnet the sub-norm), so these are not in the
+# registry's reference-checked MUTANTS: tests/test_kernels.py checks them against
+# the spec's formulas (harness/specref.py), at the probe named here.
+_OUTPUT_GATE = '''    if cfg.output_gate:
+        # spec `output_gate`: a projection of the SAME normed input the QKV read.
+        branch = branch * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))
+'''
+_SUB_NORM = '''    if cfg.sub_norm is not None:
+        # bitnet.cpp / HF BitNetAttention `attn_sub_norm`: RMS over the concatenated
+        # heads of one row, before wo.
+        branch = normalize(xp, branch, cfg.sub_norm, w.get("sub_norm"), None, be.acc_dtype)
+'''
+SPEC_MUTANTS = [
+    Mutant("one-gate-per-layer", "output_gate", "impl.attention",
+           "    if cfg.output_gate:\n        # spec `output_gate`",
+           "    if cfg.output_gate and gate is None:\n        # spec `output_gate`",
+           {}, "attn_branch", doc="a layer with both gates applies only the interleaved one (the gates as one enum)"),
+    Mutant("output-gate-after-sub-norm", "output_gate", "impl.attention",
+           _OUTPUT_GATE + _SUB_NORM, _SUB_NORM + _OUTPUT_GATE,
+           {}, "attn_branch", doc="the output gate multiplies the sub-normed branch instead of the heads before it"),
 ]

@@ -14,15 +14,15 @@ GLM_YARN = {"family": "glm_moe_dsa", "overrides": (
 
 MUTANTS = [
     Mutant("mla-kq-scale-absorbed-width", "mla", "impl.mla",
-           "return self.softmax_mscale**2 / math.sqrt(self.qk_head_dim)",
-           "return self.softmax_mscale**2 / math.sqrt(self.latent_width)",
+           "return mscale**2 / math.sqrt(self.qk_head_dim)",
+           "return mscale**2 / math.sqrt(self.latent_width)",
            DSV2, "attn_probs",
            doc="the absorbed form scales by its own dot-product width (kv_lora_rank + rope) instead of the "
                "unabsorbed head width (nope + rope) llama.cpp's kq_scale and HF's scaling use",
            bisect_note="kq_scale is shared by both forms, so the mutant acts on the naive form too (tagged mla, "
                        "not mla_absorbed): switching the form does not fix it; mla is listed as unswitchable"),
     Mutant("mla-kq-scale-without-mscale", "mla_yarn", "impl.mla",
-           "return self.softmax_mscale**2 / math.sqrt(self.qk_head_dim)",
+           "return mscale**2 / math.sqrt(self.qk_head_dim)",
            "return 1.0 / math.sqrt(self.qk_head_dim)",
            DSV2, "attn_probs", doc="YaRN's mscale(mscale_all_dim)^2 is not folded into the softmax scale"),
     Mutant("mla-k-rot-chunk-position", "mla_rope", "impl.mla",
@@ -45,6 +45,13 @@ MUTANTS = [
            "    d = rope.rotary_dim\n    rope = replace(rope, layout=\"neox\")\n",
            {"family": "deepseek_v3"}, "q_pe",
            doc="the decoupled slices rotated rotate-half instead of in interleaved pairs"),
+    Mutant("mla-yarn-bands-missing", "mla_yarn", "impl.mla",
+           "rope = replace(rope, inv_freq=tuple(f / y for f, y in zip(rope.inv_freq, yarn.freq_factors)))",
+           "pass",
+           DSV2, "q_pe",
+           doc="the rotation runs at the plain bands although the file declares YaRN: the magnitude and the "
+               "softmax mscale are applied, the per-band divisors forgotten (the half of YaRN a caller that "
+               "threads two settings can drop)"),
     Mutant("mla-yarn-magnitude-missing", "mla_yarn", "impl.mla",
            "q_pe, k_pe = q_pe * mag, k_pe * mag", "q_pe, k_pe = q_pe, k_pe",
            GLM_YARN, "q_pe", doc="YaRN's magnitude is not applied to the rotated channels"),

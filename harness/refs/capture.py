@@ -17,3 +17,4 @@ class RefCapture:
     meta: dict = field(default_factory=dict)
     seconds: float = 0.0
     cached: bool = False
+    key: str = ""  # the cache key it was stored under (an oracle forced by it keys on it)

@@ -99,10 +99,12 @@ def _param_shapes(config) -> dict[str, tuple]:
 
 def _apply_overrides(family, config, overrides: dict, path):
     d = family.apply_overrides(config.to_dict(), overrides)
+    from ..config_values import hf_refusals, refusal
+
     try:
         new = type(config).from_dict(d)
-    except (ValueError, TypeError, KeyError) as e:
-        raise UsageError(f"family {family.name}: the HF config refused these settings: {' '.join(str(e).split())}") from None
+    except hf_refusals() as e:
+        raise refusal(e, family, d, f"family {family.name}: the HF config refused these settings") from None
     before, after = _param_shapes(config), _param_shapes(new)
     if before != after:
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import cache
+from ..atomic import atomic_path
 
 WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0")
 EXPORT_SCHEMA = 1
@@ -88,8 +89,6 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0, varia
     """Write (or reuse) the GGUF for ``model`` and return its path. ``source``
     names where weights that are not the family's seeded ones came from (an
     ``--hf-model`` checkpoint's path and file stamp): part of the cache key."""
-    import gguf
-
     from ..versions import versions
 
     src = cache.source_hash(*cache.family_sources(family), Path(__file__), Path(__file__).parent.parent / "families" / "base.py")
@@ -100,8 +99,16 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0, varia
     out = cache.cache_dir() / "gguf" / f"{family.name}{'-' + variant if variant else ''}-{k}.gguf"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
+    with atomic_path(out, suffix=".gguf") as tmp:
+        _write(family, model, config, weight_type, variant, tmp)
+    return out
+
+
+def _write(family, model, config, weight_type: str, variant: str | None, tmp: Path) -> None:
+    # Under a temporary name unique to this writer (harness/atomic.py): two workers
+    # exporting the same key at once each write their own file, and the rename that
+    # lands last wins -- a fixed ".tmp" name let one rename the other's file away.
+    import gguf
 
     w = gguf.GGUFWriter(str(tmp), family.gguf_arch)
     family.gguf_params(w, config, variant)
@@ -129,5 +136,3 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0, varia
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    tmp.replace(out)
-    return out

@@ -20,11 +20,11 @@ against the other.
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from ..atomic import atomic_path
 from ..errors import UsageError
 from ..versions import ROOT
 from . import ggml_types
@@ -40,18 +40,18 @@ def quantize(src: Path, weight_type: str) -> Path:
     out = src.with_name(f"{src.stem}.{weight_type}.v{QUANTIZE_SCHEMA}.gguf")
     if out.exists():
         return out
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
     code = ("import ctypes, sys, llama_cpp as l\n"
             "p = l.llama_model_quantize_default_params()\n"
             f"p.ftype = {ftype}\np.nthread = 2\n"
             "sys.exit(l.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp)], capture_output=True, text=True,
-                          timeout=600, cwd=str(ROOT))
-    if proc.returncode != 0 or not tmp.exists():
-        tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-3:] if line.strip())
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"llama_model_quantize to {weight_type} failed (exit {proc.returncode}): {tail}")
-    tmp.replace(out)
+    # under a temporary name unique to this writer, renamed into place (harness/atomic.py):
+    # two workers quantizing one key never see each other's half-written file
+    with atomic_path(out, suffix=".gguf") as tmp:
+        proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp)], capture_output=True, text=True,
+                              timeout=600, cwd=str(ROOT))
+        if proc.returncode != 0 or not tmp.exists() or tmp.stat().st_size == 0:
+            tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-3:] if line.strip())
+            raise RuntimeError(f"llama_model_quantize to {weight_type} failed (exit {proc.returncode}): {tail}")
     return out
 
 

@@ -92,8 +92,9 @@ def tokenize(gguf_path, text: str) -> list[int]:
 def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[int, int, int]]]:
     """The decode calls: ``[[(token, pos, seq), ...], ...]``, sequences in
     ascending order inside every call (llama.cpp splits a ubatch into one
-    stream per sequence in that order)."""
-    from impl.runner import chunk_sizes
+    stream per sequence in that order). The schedule is the case's
+    (``harness.schedule``), the same chunk sizes impl's runner is handed."""
+    from ..schedule import chunk_sizes
 
     n_seq, n_tok = tokens.shape
     sizes = chunk_sizes(schedule, n_tok)
@@ -112,8 +113,11 @@ def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[in
     return calls
 
 
-def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S):
-    """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message."""
+def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S,
+               engine: dict | None = None):
+    """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message.
+    ``engine``: context settings other than the reference's (``flash_attn``,
+    ``type_k``, ``type_v``; the llamacpp-fa candidates)."""
     n_tok = max(p for call in calls for (_, p, _) in call) + 1
     n_batch = max(len(c) for c in calls)
     req = {
@@ -121,6 +125,7 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
         # one stream per sequence, each holding every position (swa_full)
         "n_ctx": n_seq * max(256, -(-n_tok // 256) * 256), "n_batch": max(n_batch, 1),
         "names": sorted(names), "threads": int(os.environ.get("CONFORMANCE_LLAMACPP_THREADS", "2")),
+        **(engine or {}),
     }
     with tempfile.TemporaryDirectory(prefix="conformance-lc-") as d:
         rp, op = Path(d) / "req.json", Path(d) / "out.npz"
@@ -236,8 +241,10 @@ def derive_attn_out(probes: dict, layer_cfgs) -> dict[str, str]:
     return derived
 
 
-def capture_for_case(run):
-    """The llama.cpp capture for a ``harness.case.CaseRun``."""
+def capture_for_case(run, engine: dict | None = None, capture_name: str = "llamacpp"):
+    """The llama.cpp capture for a ``harness.case.CaseRun``. ``engine``: context
+    settings other than the reference's (flash attention, KV cache types), for a
+    candidate that is llama.cpp run differently; ``capture_name`` names the capture."""
     from ..families.base import NotInImpl
     from .capture import RefCapture
 
@@ -263,12 +270,12 @@ def capture_for_case(run):
     src = cache.source_hash(*cache.family_sources(fam), Path(__file__), Path(__file__).with_name("llamacpp_worker.py"),
                             Path(__file__).parent.parent / "families" / "base.py")
     k = cache.key("llamacpp", CAPTURE_SCHEMA, fam.name, str(file_stamp), run.variant, calls, versions().get("llama_cpp_python"),
-                  src)
+                  versions().get("llama_cpp_kernels"), src, *((sorted(engine.items()),) if engine else ()))
     hit = cache.load("llamacpp", k)
     if hit is not None:
-        return RefCapture("llamacpp", "float32", hit[0], meta=hit[1], cached=True)
+        return RefCapture(capture_name, "float32", hit[0], meta=hit[1], cached=True)
 
-    arrays, index = run_worker(gguf_path, calls, n_seq, names)
+    arrays, index = run_worker(gguf_path, calls, n_seq, names, engine=engine)
     probes: dict[str, np.ndarray] = {}
     for mname, pt in fam.lc_model_points.items():
         a = assemble(arrays, index, calls, n_seq, n_tok, pt.name, pt)
@@ -293,6 +300,7 @@ def capture_for_case(run):
         if a is not None:
             probes[f"L{i}.layer_in"] = a
     derived = derive_attn_out(probes, layer_cfgs)
-    meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived}
+    meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived,
+            **({"engine": engine} if engine else {})}
     cache.store("llamacpp", k, probes, meta)
-    return RefCapture("llamacpp", "float32", probes, meta=meta)
+    return RefCapture(capture_name, "float32", probes, meta=meta)

@@ -19,7 +19,10 @@ Settings that make the capture comparable: flash attention OFF (so
 ``kq_soft_max`` exists), an F32 KV cache (the default F16 cache would round
 every K and V), logits requested for every token (so the last layer keeps all
 rows instead of ``ggml_get_rows(out_ids)``), full-size SWA cache (cells are
-never reused, so a cell index is a position), one stream per sequence.
+never reused, so a cell index is a position), one stream per sequence. The
+request may turn flash attention on and name other KV cache types
+(``flash_attn``, ``type_k`` / ``type_v`` as ggml type names): the
+``llamacpp-fa*`` candidates (harness/candidates/llamacpp_fa.py).
 """
 
 from __future__ import annotations
@@ -90,8 +93,11 @@ def main(req_path: str, out_path: str) -> int:
     cparams.n_ubatch = int(req["n_batch"])
     cparams.n_seq_max = n_seq
     cparams.n_threads = cparams.n_threads_batch = int(req.get("threads", 2))
-    cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cparams.type_k = cparams.type_v = 0  # GGML_TYPE_F32
+    fa = bool(req.get("flash_attn", False))
+    cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ggml_types = {"f32": 0, "f16": 1, "q8_0": 8}  # enum ggml_type (ggml/include/ggml.h)
+    cparams.type_k = ggml_types[req.get("type_k", "f32")]
+    cparams.type_v = ggml_types[req.get("type_v", "f32")]
     cparams.cb_eval = on_eval
     cparams.cb_eval_user_data = None
     cparams.swa_full = True

@@ -30,14 +30,31 @@ def max_diff(a, b) -> float:
 def assert_fp16_gelu_explains_layer_out(lc_probes, ffn_half, exact_act) -> None:
     """HF's own FFN half ``ffn_half(x, act)`` (the residual included), run on
     llama.cpp's layer-0 ``resid_mid``, reproduces llama.cpp's ``layer_out`` with
-    ggml's fp16 GELU table and does not with HF's exact activation ``exact_act``."""
+    ggml's fp16 GELU table and does not with HF's exact activation ``exact_act``.
+
+    "Reproduces" up to rare single-step table flips, on every CPU ggml supports:
+    the gate feeding the table is a float32 matmul whose last bits depend on the
+    kernel ggml picked for the CPU (AVX-512, AVX2, SSE: a different summation
+    order), so a gate value that sits within that rounding of an fp16 rounding
+    boundary rounds to the neighbouring fp16 -- a 1-ulp-of-fp16 table step
+    (measured up to 2.0e-5 in layer_out with the AVX-512 kernels, 1.9e-6 with
+    AVX2). So the test compares the two explanations by their size, not one
+    element against a fixed bound: the table's NMSE must be 1000x below the
+    exact GELU's, and at most 1% of the elements may differ by more than 1e-5
+    (the exact GELU: most of them). Measured, AVX2 kernels: exact NMSE 1.3e-9
+    (97% of elements off), table NMSE 1.8e-15 (none off)."""
     import torch
 
     with torch.no_grad():
         x = torch.as_tensor(lc_probes["L0.resid_mid"], dtype=torch.float32)
-        exact = max_diff(ffn_half(x, exact_act).numpy(), lc_probes["L0.layer_out"])
-        table = max_diff(ffn_half(x, gelu_fp16_table).numpy(), lc_probes["L0.layer_out"])
-    assert exact > 1e-4 and table < 1e-5, (exact, table)
+        want = np.asarray(lc_probes["L0.layer_out"], np.float64)
+        exact = np.asarray(ffn_half(x, exact_act).numpy(), np.float64) - want
+        table = np.asarray(ffn_half(x, gelu_fp16_table).numpy(), np.float64) - want
+    norm = float((want * want).sum())
+    exact_nmse, table_nmse = float((exact * exact).sum()) / norm, float((table * table).sum()) / norm
+    exact_off, table_off = float((np.abs(exact) > 1e-5).mean()), float((np.abs(table) > 1e-5).mean())
+    assert exact_nmse > 1e-11 and exact_off > 0.5, ("the exact GELU already reproduces llama.cpp", exact_nmse)
+    assert table_nmse < 1e-3 * exact_nmse and table_off <= 0.01, (table_nmse, exact_nmse, table_off)
 
 
 def gemma_ffn_half(layer):

@@ -1,0 +1,118 @@
+"""Candidates that run impl's own body: ``impl`` itself (the default), and
+``torch-sdpa-kernel`` -- impl with its attention kernel swapped for
+``torch.nn.functional.scaled_dot_product_attention``, what an engine author
+does first, and what that swap silently breaks."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+
+from .api import LayerCall, LayerCandidate, NotExposed
+
+
+class ImplCandidate(LayerCandidate):
+    description = "impl/: the implementation under test (the default candidate)"
+    runs_modules = ("impl",)
+
+    def backend(self, call: LayerCall):
+        from impl import Backend
+
+        return Backend(call.backend, call.device, call.dtype)
+
+    def run_layer(self, call: LayerCall) -> dict:
+        from impl.runner import load_layer, run_layer
+
+        from ..refs.ggml_matmul import installed
+
+        layer = load_layer(call.config, call.weights, self.backend(call))
+        # against llama.cpp on quantized weights, the projections' inputs rounded as ggml's
+        # CPU quantizes activations (LayerCall.ggml_act; impl's code is not changed)
+        with installed(layer, call.ggml_act) as met:
+            # the case's schedule, the same chunks for every sequence (harness/schedule.py)
+            _, traces, _ = run_layer(layer, call.inputs, call.kv, [list(call.chunks)] * len(call.inputs),
+                                     page_size=call.page_size, seed=call.seed, evict=call.evict)
+        # a weight the layer's form makes no product with (the absorbed MLA's wkv_b) has
+        # nothing to round
+        call.ggml_met.update(met | (set(call.ggml_act) - set(layer.w)))
+        per_seq = [t.assemble() for t in traces]
+        return {probe: np.stack([p[probe] for p in per_seq]) for probe in per_seq[0]}
+
+
+# ---------------------------------------------------------------- torch-sdpa-kernel
+KERNEL = "impl.attention.attend"
+# what the swapped kernel drops, by the keyword of impl's kernel that carries it:
+# SDPA takes q, k, v, a mask, a scale and GQA -- none of these
+DROPPED = {"window": "sliding / chunked windows", "softcap": "softcap", "sinks": "sinks", "slopes": "ALiBi"}
+
+
+def sdpa_attend(be, q, k, v, q_pos, k_pos, *, scale, head_map, window=None, softcap=None, sinks=None,
+                slopes=None):
+    """impl's kernel signature (``impl.attention.attend``) over
+    ``torch.nn.functional.scaled_dot_product_attention``, the way an engine
+    author swaps it in: the causal mask from the positions (a decode row sees
+    every cached key; ``is_causal`` would align the mask top-left), the scale,
+    GQA by gathering each query head's KV head. ``window``, ``softcap``,
+    ``sinks`` and ``slopes`` (ALiBi) have no SDPA parameter and are dropped --
+    silently, as such a swap does; the harness is what notices. SDPA returns no
+    probabilities, so ``attn_probs`` is not exposed."""
+    import torch
+
+    xp = be.xp
+    hm = be.index(head_map)
+    kh = xp.permute_dims(xp.take(k, hm, axis=1), (1, 0, 2))  # [H, L, D]
+    vh = xp.permute_dims(xp.take(v, hm, axis=1), (1, 0, 2))  # [H, L, Dv]
+    qh = xp.permute_dims(q, (1, 0, 2))  # [H, n, D]
+    visible = be.mask(k_pos[None, :] <= q_pos[:, None])
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, scale=scale)
+    return xp.permute_dims(out, (1, 0, 2)), None
+
+
+@contextmanager
+def swapped_kernel():
+    """impl's attention kernel replaced by ``sdpa_attend`` wherever it is bound by
+    name (impl.attention, impl.mla, impl) for the duration of the block; the
+    trace tolerates the missing probabilities. impl's files are not touched."""
+    import impl.attention
+    import impl.runner
+    from impl.trace import Trace
+
+    from ..mutants import _rebind
+
+    class _NoProbsTrace(Trace):
+        def put_probs(self, probs, q_pos, k_pos):
+            if probs is not None:
+                super().put_probs(probs, q_pos, k_pos)
+
+    original = impl.attention.attend
+    rebound = _rebind(original, sdpa_attend)
+    impl.runner.Trace = _NoProbsTrace
+    try:
+        yield
+    finally:
+        impl.runner.Trace = Trace
+        for mod, attr in rebound:
+            setattr(mod, attr, original)
+
+
+class TorchSdpaKernel(ImplCandidate):
+    description = ("impl's body with impl.attention.attend swapped for torch's scaled_dot_product_attention "
+                   "(windows, softcap, sinks and ALiBi dropped: SDPA has no parameter for them)")
+    replaces = (KERNEL,)
+
+    def validate(self, case) -> None:
+        from ..errors import UsageError
+
+        if case.backend != "torch":
+            raise UsageError(f"candidate {self.name} calls torch's scaled_dot_product_attention on impl's torch "
+                             "backend; use --backend torch")
+
+    def mutant_case_fields(self) -> dict:
+        return {"backend": "torch"}
+
+    def run_layer(self, call: LayerCall) -> dict:
+        with swapped_kernel():
+            out = super().run_layer(call)
+        out["attn_probs"] = NotExposed("scaled_dot_product_attention returns no probabilities")
+        return out

@@ -1,0 +1,58 @@
+"""``conformance export-case`` and ``conformance judge``: a case for an engine
+outside Python, and that engine's dump judged like any other candidate
+(the format: harness/candidates/dump.py; README "Testing your own engine")."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    from ..cli import _add_case_args
+
+    p = sub.add_parser("export-case", help="write a case for an outside engine: config, weights (safetensors, "
+                                           "GGUF), tokens, each reference's layer inputs")
+    _add_case_args(p)
+    p.add_argument("--out", metavar="DIR", required=True, help="the directory to write (must not exist or be empty)")
+    p.set_defaults(fn=cmd_export)
+    j = sub.add_parser("judge", help="judge an engine's dump directory like any other candidate")
+    j.add_argument("dump", metavar="DUMP_DIR", help="a dump: manifest.json + <run>/L{i}.safetensors")
+    j.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
+    j.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
+    j.set_defaults(fn=cmd_judge)
+
+
+def cmd_export(a) -> int:
+    from ..candidates.dump import export_case
+    from ..case import CaseRun
+    from ..cli import case_from_args
+    from ..errors import UsageError
+    from ..policy import load_policy
+    from ..report import remove_partial
+
+    if a.candidate != "impl":
+        raise UsageError("export-case writes the inputs of a case, whatever engine runs it; give no --candidate")
+    out = Path(a.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} exists and is not an empty directory")
+    case = case_from_args(a)
+    case.validate()
+    run = CaseRun(case, load_policy(a.policy), progress=lambda m: print(m, file=sys.stderr))
+    _ = run.layer_cfgs
+    try:
+        data = export_case(run, out)
+    except BaseException:
+        remove_partial(out)  # nothing half-written is left behind
+        raise
+    print(f"case {data['case_id']}: {len(data['layers'])} layers, references {', '.join(data['references'])}")
+    print(f"exported: {out} (case.json, hf/, layers.safetensors{', model.gguf' if 'gguf' in data['weights'] else ''}, "
+          + ", ".join(r['inputs'] for r in data["references"].values()) + ")")
+    return 0
+
+
+def cmd_judge(a) -> int:
+    from ..candidates.dump import case_of
+    from ..cli import cmd_run_case
+
+    return cmd_run_case(lambda: case_of(Path(a.dump)), a.policy, a.out, command="judge")

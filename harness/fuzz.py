@@ -1,0 +1,756 @@
+"""Generated conformance cases: hypothesis strategies over each family's config
+space, run three-way (impl, HF, llama.cpp), shrunk to the smallest config that
+still fails.
+
+Two kinds of example, each labelled in every report line:
+
+- ``three-way``: a ``harness.case.Case`` of a registered family -- head counts
+  and GQA ratios, head widths, RoPE scaling kinds and their parameters,
+  partial rotary, windows and their sizes relative to the sequence, softcap,
+  biases, MLA ranks and YaRN, the KV backing and its schedule, sequence count
+  and length, eviction. Only what the family's references can express is
+  drawn: every config goes through the family's own HF config validation
+  (``Family.make_config``, which also builds impl's layers) and a draw it
+  refuses is discarded, and each knob is offered only to the families whose
+  llama.cpp graph reads the GGUF key it becomes (``SPACES`` says which, citing
+  the converter / graph); a setting only HF can express (``hf_only``) runs
+  against HF alone.
+- ``spec``: one layer outside what any reference family can say (both gates on
+  one layer, a sub-norm after a gate, a linear or absent layer, ALiBi with a
+  window, the MLA gate, ...), impl (float64) against the spec's own formulas
+  (``harness.specref``), independent of impl.
+
+``conformance fuzz`` (``harness.commands.fuzz``) drives ``hunt``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .case import Case
+
+# ---------------------------------------------------------------- the three-way space
+# Per family: the knobs the fuzzer may turn, each a name the drawing code below
+# knows. A family not listed gets the generic LlamaLike knobs its settable keys
+# allow. Knobs a reference cannot express are not offered (or are hf_only).
+#   heads:      num_attention_heads / num_key_value_heads (any divisor: GQA, MQA, MHA)
+#   head_dim:   an explicit head_dim (families whose HF attention reads it)
+#   bias:       attention_bias (llama.cpp: bq/bk/bv/bo tensors where the arch creates them)
+#   rope:       RoPE scaling kinds the converter writes for the arch (TextModel:
+#               linear / yarn keys; llama: llama3 through rope_freqs)
+#   theta:      rope_theta
+#   window:     sliding_window size relative to the sequence
+#   softcap:    attn_logit_softcapping (gemma2.cpp reads attn_logit_softcapping)
+#   partial:    partial_rotary_factor (the arch's rope dimension count)
+#   mla:        MLA ranks and widths (deepseek2.cpp reads q_lora_rank, kv_lora_rank,
+#               key/value lengths _mla), YaRN on/off
+SPACES: dict[str, dict] = {
+    "llama": {"knobs": ("heads", "head_dim", "bias", "rope", "theta"), "rope": ("default", "linear", "yarn", "llama3")},
+    "qwen2": {"knobs": ("heads", "theta", "window")},
+    "qwen3": {"knobs": ("heads", "head_dim", "theta")},
+    "olmo": {"knobs": ("heads", "theta")},
+    "olmo2": {"knobs": ("heads", "theta")},
+    "granite": {"knobs": ("heads", "theta")},
+    "bitnet": {"knobs": ("heads", "theta")},
+    # NoPE layer patterns: llama.cpp's smollm3 / llama4 fix the step at 4 (n_no_rope_layer_step, no
+    # GGUF key), so another interval is HF-only
+    "smollm3": {"knobs": ("heads", "theta", "nope_interval"), "hf_only": ("nope_interval",)},
+    "starcoder2": {"knobs": ("heads", "theta", "window")},
+    "gemma2": {"knobs": ("heads", "head_dim", "window", "softcap")},
+    "gemma3": {"knobs": ("heads", "head_dim", "window")},
+    "cohere2": {"knobs": ("heads", "theta", "window")},
+    "afmoe": {"knobs": ("heads", "head_dim", "window")},
+    "gpt_oss": {"knobs": ("heads", "head_dim", "window", "yarn_params")},
+    "mimo_v2_flash": {"knobs": ("heads", "window")},
+    # llama4.cpp hard-codes the chunk size (n_swa = 8192, no GGUF key): a chunk size HF honours is HF-only
+    "llama4": {"knobs": ("heads", "head_dim", "chunk", "nope_interval"), "hf_only": ("chunk", "nope_interval")},
+    "qwen3_next": {"knobs": ("heads", "head_dim", "partial", "bias"), "hf_only": ("bias",)},
+    "qwen3_5_text": {"knobs": ("heads",)},
+    "bloom": {"knobs": ("heads_hidden",)},
+    "mpt": {"knobs": ()},
+    "deepseek_v2": {"knobs": ("mla", "mla_yarn")},
+    "deepseek_v3": {"knobs": ("mla", "mla_yarn")},
+    "glm_moe_dsa": {"knobs": ("mla",)},
+    # kimi-linear.cpp sizes the KDA layers from n_head (ssm_conv1d_q: n_embd_head_kda * n_head)
+    # while HF's take linear_attn_config's heads: an MLA head count other than the KDA's is HF-only
+    "kimi_linear": {"knobs": ("mla_nope", "kimi_heads"), "hf_only": ("kimi_heads",)},
+}
+
+
+@dataclass(frozen=True)
+class SpecExample:
+    """One layer outside the references, judged against the spec's formulas."""
+
+    cfg: object  # impl LayerConfig or MlaConfig
+    weight_seed: int
+    opts: tuple  # weight options ((name, True), ...)
+    kv: str
+    lengths: tuple
+    chunks: tuple  # one tuple of chunk sizes per sequence
+    page_size: int = 4
+    evict: bool = False
+    backend: str = "numpy"
+
+    def label(self) -> str:
+        return f"spec/{_cfg_label(self.cfg)}/{self.kv}/seqs{len(self.lengths)}x{max(self.lengths)}"
+
+
+def _cfg_label(cfg) -> str:
+    from .features import layer_features
+
+    return "+".join(sorted(layer_features(cfg, {}))) or "plain"
+
+
+# ---------------------------------------------------------------- drawing
+def strategies():
+    """Import hypothesis lazily: the rest of the harness runs without it."""
+    from hypothesis import strategies as st
+
+    return st
+
+
+def case_strategy(family_names: list[str], ref: str = "all"):
+    """A hypothesis strategy of three-way ``Case``s over ``family_names``."""
+    st = strategies()
+
+    @st.composite
+    def draw_case(draw):
+        from . import families
+
+        name = draw(st.sampled_from(family_names))
+        fam = families.get(name)
+        space = SPACES.get(name, {"knobs": ("heads",)})
+        tokens = draw(st.integers(1, 20))
+        ov: dict = {}
+        hf_only = False
+        keys = set(fam.settable_keys())
+        for knob in space["knobs"]:
+            before = dict(ov)
+            _draw_knob(draw, st, knob, fam, space, tokens, ov, keys)
+            # a setting llama.cpp's graph cannot read for this arch: run against HF alone
+            if knob in space.get("hf_only", ()) and any(v not in (None, False) for k, v in ov.items()
+                                                         if before.get(k, object()) != v):
+                hf_only = True
+        kv = draw(st.sampled_from(("decode", "batched", "paged")))
+        seqs = 1 if kv == "decode" else draw(st.integers(1, 3))
+        schedule = draw(_schedule(st, tokens))
+        variant = draw(st.sampled_from(fam.variants)) if fam.variants else None
+        evict = kv != "paged" and draw(st.booleans())
+        page_size = draw(st.integers(1, 6)) if kv == "paged" else 4
+        seed = draw(st.integers(0, 3))
+        backend = draw(st.sampled_from(("numpy", "torch")))
+        r = "hf" if hf_only else ref
+        if variant == "naive" and getattr(fam, "lc_naive_unsupported", None):
+            r = "hf"  # llama.cpp has no graph for this form of the arch (the family says why)
+        return Case(family=name, ref=r, backend=backend, kv=kv, schedule=schedule, seed=seed, tokens=tokens,
+                    seqs=None if kv == "decode" else seqs, overrides=tuple(sorted(ov.items())), variant=variant,
+                    page_size=page_size, evict=evict)
+
+    return draw_case()
+
+
+def _schedule(st, tokens: int):
+    named = st.sampled_from(("prefill", "decode", "mixed"))
+    if tokens < 2:
+        return named
+
+    @st.composite
+    def chunks(draw):
+        cuts = sorted(draw(st.sets(st.integers(1, tokens - 1), min_size=1, max_size=4)))
+        sizes = [b - a for a, b in zip([0] + cuts, cuts + [tokens])]
+        return ",".join(map(str, sizes))
+
+    return st.one_of(named, chunks())
+
+
+def _divisor(draw, st, n: int) -> int:
+    return draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
+
+
+def _draw_knob(draw, st, knob, fam, space, tokens, ov, keys) -> None:
+    t = fam.tiny
+    if knob == "heads":
+        h = draw(st.sampled_from((1, 2, 4, 8)))
+        if "head_dim" not in t and "head_dim" not in space["knobs"]:
+            h = min(h, 4)  # hidden 64 / heads: the head width stays >= 16 (and even)
+        ov["num_attention_heads"] = h
+        if "num_key_value_heads" in keys:
+            ov["num_key_value_heads"] = _divisor(draw, st, h)
+    elif knob == "heads_hidden":  # bloom: n_head divides hidden_size; head width even
+        ov["n_head"] = draw(st.sampled_from((1, 2, 4, 8)))
+    elif knob == "head_dim" and "head_dim" in keys:
+        ov["head_dim"] = draw(st.sampled_from((8, 16, 32)))
+    elif knob == "bias" and "attention_bias" in keys:
+        ov["attention_bias"] = draw(st.booleans())
+    elif knob == "theta":
+        ov["rope_parameters.rope_theta"] = draw(st.sampled_from((100.0, 10000.0, 500000.0)))
+    elif knob == "rope":
+        kind = draw(st.sampled_from(space.get("rope", ("default",))))
+        ov["rope_parameters.rope_type"] = kind
+        if kind != "default":
+            ov["rope_parameters.factor"] = draw(st.sampled_from((2.0, 4.0, 8.0)))
+        if kind in ("yarn", "llama3"):
+            ov["rope_parameters.original_max_position_embeddings"] = draw(st.sampled_from((8, 32, 64)))
+        if kind == "llama3":
+            ov["rope_parameters.low_freq_factor"] = 1.0
+            ov["rope_parameters.high_freq_factor"] = draw(st.sampled_from((2.0, 4.0)))
+    elif knob == "yarn_params":
+        ov["rope_parameters.factor"] = draw(st.sampled_from((2.0, 8.0, 32.0)))
+        ov["rope_parameters.beta_fast"] = draw(st.sampled_from((8.0, 32.0)))
+    elif knob == "window":
+        size = draw(st.integers(1, tokens + 2))  # shorter than, equal to, longer than the sequence
+        if fam.name == "qwen2":
+            ov.update(use_sliding_window=True, sliding_window=size, max_window_layers=draw(st.integers(0, 2)))
+        elif "sliding_window" in keys:
+            ov["sliding_window"] = size
+    elif knob == "kimi_heads":
+        h = draw(st.sampled_from((4, 1, 2)))  # 4: the KDA layers' own (the tiny config's)
+        if h != 4:
+            ov.update(num_attention_heads=h, num_key_value_heads=h)
+    elif knob == "nope_interval":
+        if draw(st.booleans()):  # off: the family's own pattern (every 4th layer NoPE)
+            ov["no_rope_layer_interval"] = draw(st.sampled_from((1, 2, 3)))
+    elif knob == "chunk":
+        ov["attention_chunk_size"] = draw(st.integers(1, tokens + 2))
+    elif knob == "softcap":
+        # never None: conversion/gemma.py Gemma2Model writes add_attn_logit_softcapping(hparams[...]),
+        # which a None refuses, so no GGUF of a softcap-free gemma2 exists
+        ov["attn_logit_softcapping"] = draw(st.sampled_from((1.0, 5.0, 50.0)))
+    elif knob == "partial":
+        ov["rope_parameters.partial_rotary_factor"] = draw(st.sampled_from((0.25, 0.5, 1.0)))
+    elif knob in ("mla", "mla_nope"):
+        if knob == "mla":
+            h = draw(st.sampled_from((1, 2, 4)))
+            ov.update(num_attention_heads=h, num_key_value_heads=h)
+        ov.update(kv_lora_rank=draw(st.sampled_from((8, 16, 32))),
+                  qk_nope_head_dim=draw(st.sampled_from((4, 8, 16))),
+                  v_head_dim=draw(st.sampled_from((4, 8, 12))))
+        if knob == "mla":
+            ov["qk_rope_head_dim"] = draw(st.sampled_from((4, 8)))
+            if "q_lora_rank" in keys:
+                ov["q_lora_rank"] = draw(st.sampled_from((None, 8, 24)))
+    elif knob == "mla_yarn":
+        if draw(st.booleans()):
+            ov["rope_parameters.rope_type"] = "default"  # the YaRN keys stay; a default RoPE reads none
+        else:
+            # mscale == mscale_all_dim: llama.cpp's deepseek2 reads one YaRN multiplier
+            # (yarn_log_multiplier = 0.1 * mscale_all_dim) and assumes a rope magnitude of
+            # 1 (llama-context.cpp); a file cannot say mscale != mscale_all_dim (the
+            # policy's deepseek_v2 finding measures what HF then does differently)
+            m = draw(st.sampled_from((0.707, 1.0)))
+            ov["rope_parameters.factor"] = draw(st.sampled_from((2.0, 4.0, 16.0)))
+            ov["rope_parameters.mscale_all_dim"] = m
+            ov["rope_parameters.mscale"] = m
+
+
+# ---------------------------------------------------------------- the spec space
+def spec_strategy():
+    """A hypothesis strategy of ``SpecExample``s: every decoration of the spec,
+    in any combination the spec's types allow."""
+    st = strategies()
+
+    @st.composite
+    def draw_example(draw):
+        from impl import LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec, make_rope
+        from impl.config import ConfigError
+
+        n = draw(st.integers(1, 12))
+        shape = draw(st.sampled_from(("gqa",) * 8 + ("linear", "absent")))
+        hid = draw(st.sampled_from((8, 16, 24)))
+        norm_kinds = ("rms", "rms1p", "layer", "none")
+        opts: dict = {}
+        # every decoration's "on" is away from where hypothesis shrinks (0, False, the
+        # first choice), so a shrunk failure keeps only the decorations it needs
+        if draw(st.integers(0, 9)) == 9:  # MLA, the spec's second half (its gate has no HF family)
+            cfg = draw(_mla_cfg(st, hid))
+            opts["mla"] = True
+        elif shape != "gqa":
+            cfg = LayerConfig(hidden_size=hid, shape=shape, input_norm=NormSpec(draw(st.sampled_from(norm_kinds)), 1e-5))
+        else:
+            h = draw(st.integers(1, 6))
+            hkv = _divisor(draw, st, h)
+            d = draw(st.sampled_from((2, 4, 6, 8)))
+            gate_i = draw(st.booleans())
+            dv = None if gate_i else draw(st.sampled_from((None, 2, 4, 6)))
+            rope = None
+            alibi = None
+            if draw(st.integers(0, 4)) == 4:
+                alibi = draw(st.sampled_from((8.0, 4.0)))
+            elif draw(st.integers(0, 5)):
+                rot = draw(st.sampled_from([r for r in (2, 4, 6, 8) if r <= d]))
+                kind = draw(st.sampled_from(("default", "linear", "llama3", "yarn")))
+                p = {}
+                if kind != "default":
+                    p["factor"] = draw(st.sampled_from((2.0, 4.0)))
+                if kind in ("llama3", "yarn"):
+                    p["original_max_position_embeddings"] = 16
+                if kind == "llama3":
+                    p.update(low_freq_factor=1.0, high_freq_factor=4.0)
+                rope = make_rope(kind, draw(st.sampled_from((100.0, 10000.0))), rot,
+                                 draw(st.sampled_from(("neox", "interleaved"))), p)
+            window = None
+            if draw(st.booleans()):
+                window = WindowSpec(draw(st.sampled_from(("sliding", "chunked"))), draw(st.integers(1, n + 2)))
+            qk = None
+            if draw(st.booleans()):
+                where = draw(st.sampled_from(("pre_rope", "post_rope")))
+                kind = "l2" if where == "post_rope" and draw(st.booleans()) else draw(st.sampled_from(("rms", "rms1p")))
+                qk = QkNormSpec(NormSpec(kind, 1e-6), draw(st.sampled_from(("head", "row"))), where)
+            try:
+                cfg = LayerConfig(
+                    hidden_size=hid, n_heads=h, n_kv_heads=hkv, head_dim=d, v_head_dim=dv,
+                    input_norm=NormSpec(draw(st.sampled_from(norm_kinds)), 1e-5),
+                    qkv_clamp=draw(st.sampled_from((None, None, 0.5))), qk_norm=qk, rope=rope,
+                    scale=draw(st.sampled_from((None, None, 0.3))),
+                    temperature=TemperatureSpec(2.0, 0.3) if draw(st.integers(0, 4)) == 4 else None,
+                    window=window, softcap=draw(st.sampled_from((None, None, 1.5, 20.0))), alibi_max_bias=alibi,
+                    q_gate_interleaved=gate_i, output_gate=draw(st.booleans()),
+                    sub_norm=NormSpec("rms", 1e-5) if draw(st.booleans()) else None,
+                    o_scale=draw(st.sampled_from((None, 0.5))), value_scale=draw(st.sampled_from((None, 1.5))),
+                    post_norm=NormSpec(draw(st.sampled_from(("rms", "rms1p"))), 1e-6) if draw(st.booleans()) else None,
+                    residual=draw(st.sampled_from(("sequential", "parallel"))),
+                    residual_multiplier=draw(st.sampled_from((1.0, 1.0, 0.5))))
+            except ConfigError:
+                from hypothesis import assume
+
+                assume(False)
+            opts.update(biases=draw(st.booleans()), sinks=draw(st.booleans()), obias=draw(st.booleans()),
+                        gate_bias=draw(st.booleans()))
+        kv = draw(st.sampled_from(("decode", "batched", "paged")))
+        n_seq = 1 if kv == "decode" else draw(st.integers(1, 3))
+        lengths = tuple(draw(st.integers(max(1, n - 3), n)) for _ in range(n_seq))
+        chunks = tuple(tuple(_split(draw, st, t)) for t in lengths)
+        return SpecExample(cfg=cfg, weight_seed=draw(st.integers(0, 2**16)), opts=tuple(sorted(opts.items())), kv=kv,
+                           lengths=lengths, chunks=chunks, page_size=draw(st.integers(1, 5)),
+                           evict=kv != "paged" and draw(st.booleans()),
+                           backend=draw(st.sampled_from(("numpy", "torch"))))
+
+    return draw_example()
+
+
+def _split(draw, st, t: int) -> list[int]:
+    if t < 2:
+        return [t]
+    cuts = sorted(draw(st.sets(st.integers(1, t - 1), max_size=t - 1)))
+    return [b - a for a, b in zip([0] + cuts, cuts + [t])]
+
+
+def _mla_cfg(st, hid: int):
+    @st.composite
+    def draw(draw):
+        from impl import MlaConfig, MlaYarn, NormSpec, make_rope
+
+        h = draw(st.integers(1, 4))
+        rd = draw(st.sampled_from((0, 2, 4)))
+        rope = make_rope("default", 10000.0, rd, "interleaved") if rd else None
+        yarn = None
+        if rope is not None and draw(st.booleans()):
+            yarn = MlaYarn.from_params(rope, {"factor": 4.0, "original_max_position_embeddings": 16,
+                                              "max_position_embeddings": 64, "mscale": 1.0,
+                                              "mscale_all_dim": draw(st.sampled_from((0.707, 1.0)))},
+                                       draw(st.sampled_from((1.0, 1.1))))
+        return MlaConfig(hidden_size=hid, n_heads=h, kv_lora_rank=draw(st.sampled_from((4, 8))),
+                         qk_nope_head_dim=draw(st.sampled_from((2, 4))), qk_rope_head_dim=rd,
+                         v_head_dim=draw(st.sampled_from((2, 4, 6))), q_lora_rank=draw(st.sampled_from((None, 4))),
+                         input_norm=NormSpec("rms", 1e-6), rope=rope, yarn=yarn,
+                         form=draw(st.sampled_from(("naive", "absorbed"))), use_output_gate=draw(st.booleans()),
+                         residual=draw(st.sampled_from(("sequential", "parallel"))))
+
+    return draw()
+
+
+def spec_weights(ex: SpecExample) -> dict:
+    """Seeded float64 weights for the example's layer, every optional one the
+    options switch on (the tensor decides, as in the spec)."""
+    cfg, opts = ex.cfg, dict(ex.opts)
+    rng = np.random.default_rng(ex.weight_seed)
+    hid = cfg.hidden_size
+
+    def mat(o, i):
+        return rng.standard_normal((o, i)) / math.sqrt(i)
+
+    def vec(k, around=0.0, s=0.1):
+        return around + s * rng.standard_normal(k)
+
+    w = {}
+    if opts.get("mla"):
+        h, r, nope, rd, dv = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        w.update(attn_norm=vec(hid, 1.0), wkv_a=mat(r + rd, hid), kv_a_norm=vec(r, 1.0), wo=mat(hid, h * dv))
+        if cfg.q_lora_rank is None:
+            w["wq"] = mat(h * (nope + rd), hid)
+        else:
+            w.update(wq_a=mat(cfg.q_lora_rank, hid), q_a_norm=vec(cfg.q_lora_rank, 1.0),
+                     wq_b=mat(h * (nope + rd), cfg.q_lora_rank))
+        kvb = mat(h * (nope + dv), r)
+        if cfg.form == "naive":
+            w["wkv_b"] = kvb
+        else:
+            kv3 = kvb.reshape(h, nope + dv, r)
+            w.update(wk_b=np.ascontiguousarray(kv3[:, :nope].transpose(0, 2, 1)), wv_b=np.ascontiguousarray(kv3[:, nope:]))
+        if cfg.use_output_gate:
+            w["wg"] = mat(h * dv, hid)
+        return w
+    if cfg.shape == "absent":
+        return w
+    if cfg.input_norm.kind != "none":
+        w["attn_norm"] = vec(hid, 1.0)
+        if cfg.input_norm.kind == "layer":
+            w["attn_norm_b"] = vec(hid)
+    if cfg.shape == "linear":
+        w["wo"] = mat(hid, hid)
+        return w
+    h, hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
+    w.update(wq=mat(h * d * (2 if cfg.q_gate_interleaved else 1), hid), wk=mat(hkv * d, hid), wv=mat(hkv * dv, hid),
+             wo=mat(hid, h * dv))
+    if opts.get("biases"):
+        w.update(bq=vec(h * d), bk=vec(hkv * d), bv=vec(hkv * dv))
+        if cfg.q_gate_interleaved:
+            w["bq_gate"] = vec(h * d)
+    if opts.get("sinks"):
+        w["sinks"] = vec(h, 0.0, 1.0)
+    if opts.get("obias"):
+        w["bo"] = vec(hid)
+    if cfg.output_gate:
+        w["wg"] = mat(h * dv, hid)
+        if opts.get("gate_bias"):
+            w["bg"] = vec(h * dv)
+    if cfg.qk_norm is not None and cfg.qk_norm.norm.kind != "l2":
+        row = cfg.qk_norm.over == "row"
+        around = 0.0 if cfg.qk_norm.norm.kind == "rms1p" else 1.0
+        w.update(q_norm=vec(h * d if row else d, around), k_norm=vec(hkv * d if row else d, around))
+    if cfg.sub_norm is not None:
+        w["sub_norm"] = vec(h * dv, 1.0)
+    if cfg.post_norm is not None:
+        w["post_norm"] = vec(hid, 0.0 if cfg.post_norm.kind == "rms1p" else 1.0)
+    return w
+
+
+# ---------------------------------------------------------------- judging
+SPEC_RTOL = 1e-9  # float64 impl against float64 formulas: rounding is ~1e-15 relative
+
+
+@dataclass
+class Outcome:
+    kind: str  # "three-way" or "spec"
+    label: str
+    failed: bool
+    why: str = ""
+    features: tuple = ()
+    rows: list = field(default_factory=list)
+    seconds: float = 0.0
+    # what kind of failure (family, comparison, probe, status): hypothesis shrinks a
+    # failure only into examples with the same signature, so two bugs stay two
+    signature: str = ""
+
+
+def run_spec(ex: SpecExample) -> Outcome:
+    """impl (float64) against ``harness.specref`` on every probe both name."""
+    from impl import Backend
+    from impl.runner import load_layer, run_layer
+
+    from . import specref
+    from .features import layer_features
+
+    t0 = time.perf_counter()
+    w = spec_weights(ex)
+    rng = np.random.default_rng(ex.weight_seed + 1)
+    xs = [rng.standard_normal((t, ex.cfg.hidden_size)) for t in ex.lengths]
+    feats = set(layer_features(ex.cfg, w)) | {f"kv_{ex.kv}"} | ({"kv_evict"} if ex.evict else set())
+    label = ex.label()
+    try:
+        layer = load_layer(ex.cfg, w, Backend(ex.backend, "cpu", "float64"))
+        _, traces, _ = run_layer(layer, xs, ex.kv, [list(c) for c in ex.chunks], page_size=ex.page_size,
+                                 evict=ex.evict)
+    except Exception as e:
+        return Outcome("spec", label, True, f"impl raised {type(e).__name__}: {e}", tuple(sorted(feats)),
+                       seconds=time.perf_counter() - t0, signature=f"raised {type(e).__name__}")
+    for s, x in enumerate(xs):
+        got, want = traces[s].assemble(), specref.layer(ex.cfg, w, x)
+        for probe in want:
+            if probe not in got:
+                continue
+            a, b = np.asarray(got[probe]), np.asarray(want[probe])
+            if a.shape != b.shape:
+                return Outcome("spec", label, True, f"seq {s} {probe}: shape {a.shape} vs the spec's {b.shape}",
+                               tuple(sorted(feats)), seconds=time.perf_counter() - t0, signature=f"shape {probe}")
+            err = float(np.abs(a - b).max(initial=0.0))
+            scale = max(1.0, float(np.abs(b).max(initial=0.0)))
+            if not err <= SPEC_RTOL * scale:
+                return Outcome("spec", label, True, f"seq {s} {probe}: max|impl - spec| = {err:.3g} "
+                               f"(> {SPEC_RTOL:g} x {scale:.3g})", tuple(sorted(feats)),
+                               seconds=time.perf_counter() - t0, signature=f"differs {probe}")
+    return Outcome("spec", label, False, "", tuple(sorted(feats)), seconds=time.perf_counter() - t0)
+
+
+def run_three_way(case: Case, policy) -> Outcome:
+    """One generated case end to end; failed when any comparison fails or errors
+    (a known, bounded finding of the policy is not a failure)."""
+    from .case import CaseRun
+    from .errors import UsageError
+
+    t0 = time.perf_counter()
+    try:
+        case.validate()
+        run = CaseRun(case, policy)
+        _ = run.layer_cfgs
+        rows = run.rows()
+        feats = tuple(run.features)
+    except UsageError as e:
+        # the family refused the draw (HF config validation, the family's own shape
+        # rules): not a case the references can express
+        return Outcome("three-way", case.case_id(), False, f"refused: {e}", seconds=time.perf_counter() - t0,
+                       rows=[{"refused": True}])
+    except Exception as e:
+        return Outcome("three-way", case.case_id(), True, f"crashed: {type(e).__name__}: {e}",
+                       seconds=time.perf_counter() - t0, signature=f"{case.family} crashed {type(e).__name__}")
+    bad = [r for r in rows if r["status"] in ("fail", "error")]
+    why, d, who = "", None, "impl"
+    if bad:
+        from .bisect import first_divergence
+
+        d, who = first_divergence(rows), "impl"
+        if d is None:
+            d, who = first_divergence(rows, candidate="llamacpp"), "llamacpp"
+        r = bad[0] if d is None else {**d, "candidate": who}
+        why = (f"{len(bad)} failing rows; first: {r.get('candidate')} vs {r.get('reference')} L{r.get('layer')} "
+               f"{r.get('probe')}: {r.get('status')} {str(r.get('reason', ''))[:200]}")
+    compared = any(r["status"] in ("pass", "finding") for r in rows)
+    if not bad and not compared:
+        bad, why = rows, "nothing was compared"
+    sig = ""
+    if bad:
+        r = bad[0] if d is None else {**d, "candidate": who}
+        sig = f"{case.family} {r.get('candidate')}-{r.get('reference')} {r.get('probe')} {r.get('status')}"
+    return Outcome("three-way", case.case_id(), bool(bad), why, feats, rows, time.perf_counter() - t0, sig)
+
+
+def is_refused(o: Outcome) -> bool:
+    return bool(o.rows) and o.rows[0].get("refused", False) is True
+
+
+# ---------------------------------------------------------------- reproduce, record
+def repro_command(case: Case) -> str:
+    """The exact ``conformance run`` command of a case."""
+    parts = ["conformance run", f"--family {case.family}", f"--ref {case.ref}", f"--backend {case.backend}",
+             f"--dtype {case.dtype}", f"--kv {case.kv}", f"--schedule {case.schedule}", f"--seed {case.seed}",
+             f"--tokens {case.tokens}"]
+    if case.seqs is not None:
+        parts.append(f"--seqs {case.seqs}")
+    if case.kv == "paged":
+        parts.append(f"--page-size {case.page_size}")
+    if case.variant:
+        parts.append(f"--variant {case.variant}")
+    if case.evict:
+        parts.append("--kv-evict")
+    for k, v in case.overrides:
+        parts.append(f"--set {k}={json.dumps(v) if not isinstance(v, str) else v}")
+    return " ".join(parts)
+
+
+def spec_repro(ex: SpecExample) -> str:
+    return "conformance fuzz --replay-spec '" + json.dumps(spec_to_dict(ex)) + "'"
+
+
+def spec_to_dict(ex: SpecExample) -> dict:
+    from dataclasses import asdict
+
+    d = asdict(ex)
+    d["cfg_type"] = type(ex.cfg).__name__
+    return d
+
+
+def spec_from_dict(d: dict) -> SpecExample:
+    from impl import LayerConfig, MlaConfig, MlaYarn, NormSpec, QkNormSpec, RopeSpec, TemperatureSpec, WindowSpec
+
+    d = dict(d)
+    c = dict(d.pop("cfg"))
+    kind = d.pop("cfg_type", "LayerConfig")
+
+    def norm(v):
+        return None if v is None else NormSpec(**v)
+
+    for k in ("input_norm", "sub_norm", "post_norm", "q_a_norm", "kv_a_norm"):
+        if k in c:
+            c[k] = norm(c[k])
+    if c.get("rope") is not None:
+        c["rope"] = RopeSpec(**{**c["rope"], "inv_freq": tuple(c["rope"]["inv_freq"])})
+    if kind == "MlaConfig":
+        if c.get("yarn") is not None:
+            c["yarn"] = MlaYarn(**{**c["yarn"], "freq_factors": tuple(c["yarn"]["freq_factors"])})
+        cfg = MlaConfig(**c)
+    else:
+        if c.get("qk_norm") is not None:
+            c["qk_norm"] = QkNormSpec(**{**c["qk_norm"], "norm": NormSpec(**c["qk_norm"]["norm"])})
+        if c.get("window") is not None:
+            c["window"] = WindowSpec(**c["window"])
+        if c.get("temperature") is not None:
+            c["temperature"] = TemperatureSpec(**c["temperature"])
+        cfg = LayerConfig(**c)
+    return SpecExample(cfg=cfg, weight_seed=d["weight_seed"], opts=tuple(tuple(o) for o in d["opts"]), kv=d["kv"],
+                       lengths=tuple(d["lengths"]), chunks=tuple(tuple(c) for c in d["chunks"]),
+                       page_size=d["page_size"], evict=d["evict"], backend=d["backend"])
+
+
+def regression_group(case: Case, why: str, n: int) -> str:
+    """One ``[[group]]`` of a matrix spec that runs exactly this case."""
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return '"null"' if v is None else json.dumps(v)  # TOML has no null (harness.matrix)
+
+    ov = ", ".join(f"{json.dumps(k)} = {val(v)}" for k, v in case.overrides)
+    lines = [f"# {why[:300]}", "# reproduce: " + repro_command(case), "[[group]]",
+             f'name = "fuzz-{n}"', f'families = ["{case.family}"]',
+             f'variants = ["{case.variant}"]' if case.variant else 'variants = "default"',
+             f'references = ["{case.ref}"]', f'backends = ["{case.backend}"]', f'dtypes = ["{case.dtype}"]',
+             f'kv_modes = ["{case.kv}"]', f'schedules = ["{case.schedule}"]', f"seeds = [{case.seed}]",
+             f"tokens = [{case.tokens}]", f"page_sizes = [{case.page_size}]", f"kv_evict = [{val(case.evict)}]"]
+    if case.seqs is not None:
+        lines.append(f"seqs = [{case.seqs}]")
+    lines.append(f"overrides = [{{ {ov} }}]" if ov else "overrides = [{}]")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- coverage
+def feature_pairs(features) -> set[tuple[str, str]]:
+    """Pairs of decorations exercised together (the KV backing counts as one)."""
+    from .features import SPEC_DECORATIONS
+
+    tags = sorted(t for t in set(features) if t in SPEC_DECORATIONS)
+    return set(itertools.combinations(tags, 2))
+
+
+def all_pairs() -> int:
+    from .features import SPEC_DECORATIONS
+
+    return len(SPEC_DECORATIONS) * (len(SPEC_DECORATIONS) - 1) // 2
+
+
+# ---------------------------------------------------------------- the hunt
+class FuzzFailure(AssertionError):
+    """A generated example failed: hypothesis shrinks on it."""
+
+
+_FAILURE_TYPES: dict[str, type] = {}
+
+
+def _failure(signature: str) -> type:
+    """One exception type per failure signature: hypothesis tells bugs apart by the
+    exception's type and place, so a shrink never trades one bug for another."""
+    if signature not in _FAILURE_TYPES:
+        _FAILURE_TYPES[signature] = type(f"FuzzFailure[{signature}]", (FuzzFailure,), {})
+    return _FAILURE_TYPES[signature]
+
+
+class _Stop(BaseException):
+    """The budget is spent. A BaseException, so hypothesis lets it through at once
+    instead of shrinking on it as it would on a failure."""
+
+
+@dataclass
+class HuntStats:
+    started: float = field(default_factory=time.monotonic)
+    examples: int = 0
+    by_kind: dict = field(default_factory=dict)
+    seconds_by_kind: dict = field(default_factory=dict)
+    refused: int = 0
+    pairs: set = field(default_factory=set)
+    pairs_by_kind: dict = field(default_factory=dict)
+    by_family: dict = field(default_factory=dict)  # three-way examples per family
+    failures: list = field(default_factory=list)  # (outcome, smallest failing example)
+    shrink_runs: int = 0
+
+
+def hunt(kind: str, strategy, check, budget_s: float, seed: int, stats: HuntStats, db_dir=None,
+         shrink_s: float | None = None, log=print):
+    """Draw examples from ``strategy`` and ``check`` each (-> Outcome) until
+    ``budget_s`` ends; on a failure let hypothesis shrink it (at most
+    ``shrink_s`` more seconds), record the smallest failing example and go on
+    with the remaining budget under the next seed. A draw the family refuses
+    (``is_refused``) is discarded (``assume``), never shrunk into."""
+    from hypothesis import HealthCheck, Phase, assume, given, settings
+    from hypothesis import seed as hseed
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    from hypothesis.errors import Flaky, Unsatisfiable
+
+    deadline = time.monotonic() + budget_s
+    shrink_s = max(30.0, budget_s / 2) if shrink_s is None else shrink_s
+    round_ = 0
+    while time.monotonic() < deadline:
+        memo: dict = {}
+        state = {"failing": None, "shrink_until": None}
+
+        @settings(max_examples=10_000, deadline=None, database=None if db_dir is None else
+                  DirectoryBasedExampleDatabase(str(db_dir / kind)), derandomize=False, report_multiple_bugs=False,
+                  suppress_health_check=list(HealthCheck),
+                  # the saved failures are replayed once, first; later rounds look for new ones
+                  phases=((Phase.reuse,) if round_ == 0 else ()) + (Phase.generate, Phase.shrink),
+                  print_blob=False)
+        @hseed(seed * 1000 + round_)
+        @given(strategy)
+        def prop(ex):
+            key = repr(ex)
+            if key in memo:
+                out = memo[key]
+            else:
+                now = time.monotonic()
+                if (state["shrink_until"] is None and now > deadline) or (
+                        state["shrink_until"] is not None and now > state["shrink_until"]):
+                    raise _Stop
+                out = memo[key] = check(ex)
+                if state["shrink_until"] is not None:
+                    stats.shrink_runs += 1
+                elif is_refused(out):
+                    stats.refused += 1
+                else:
+                    stats.examples += 1
+                    stats.by_kind[kind] = stats.by_kind.get(kind, 0) + 1
+                    stats.seconds_by_kind[kind] = stats.seconds_by_kind.get(kind, 0.0) + out.seconds
+                    stats.pairs |= feature_pairs(out.features)
+                    stats.pairs_by_kind.setdefault(kind, set()).update(feature_pairs(out.features))
+                    if kind != "spec":
+                        fam = out.label.split("/", 1)[0]
+                        stats.by_family[fam] = stats.by_family.get(fam, 0) + 1
+                    if kind != "spec" or out.failed or now - state.get("said", 0.0) > 30:
+                        state["said"] = now  # quick examples (spec) are summarised, not listed
+                        log(f"  [{kind}] #{stats.by_kind[kind]} {'FAIL' if out.failed else 'ok  '} {out.seconds:5.1f}s "
+                            f"{out.label}" + (f" -- {out.why}" if out.failed else ""))
+            assume(not is_refused(out))
+            if out.failed:
+                if state["shrink_until"] is None:
+                    state["shrink_until"] = time.monotonic() + shrink_s
+                    log(f"  [{kind}] shrinking (at most {shrink_s:.0f}s)...")
+                state["failing"] = (ex, out)
+                raise _failure(out.signature)(out.why)
+
+        seen = {repr(ex) for _, ex in stats.failures}
+        try:
+            prop()
+        except FuzzFailure:
+            ex, out = state["failing"]
+            if repr(ex) in seen:
+                # a later round shrank to a failure already recorded (hypothesis starts every
+                # round from the strategy's simplest example): this space has nothing new
+                # before that failure is fixed; the rest of the budget goes elsewhere
+                log(f"  [{kind}] shrank again to the failure recorded above; this hunt ends")
+                break
+            stats.failures.append((out, ex))
+            log(f"  [{kind}] smallest failing example: {out.label} -- {out.why}")
+        except _Stop:
+            if state["failing"] is not None:  # shrinking cut short: the smallest failure found so far
+                ex, out = state["failing"]
+                stats.failures.append((replace(out, why=f"{out.why} (shrinking stopped at its time limit)"), ex))
+                log(f"  [{kind}] smallest failing example so far: {out.label} -- {out.why}")
+        except Flaky as e:  # the failure did not reproduce: recorded as such, never dropped
+            ex, out = state["failing"]
+            stats.failures.append((replace(out, why=f"{out.why} (flaky on replay: {type(e).__name__})"), ex))
+        except Unsatisfiable:
+            break
+        round_ += 1
+    return stats

@@ -1,0 +1,131 @@
+"""What a case's rows must show before the case may pass (DESIGN.md: "A pass
+must mean a check"), in one place: the statuses and which of them fail, the
+probes each layer kind must emit, and the guard over a case's rows.
+
+The rules (README "Verdict rules"):
+
+1. A row's status says what its comparison showed: ``pass`` / ``fail`` under
+   the tolerance, ``finding`` (a known, bounded disagreement of the
+   references), ``not-exposed`` / ``not-implemented`` (nothing was compared --
+   never a pass), ``error`` (a reference or the candidate crashed),
+   ``skipped``.
+2. ``missing``: a probe the layer's kind must emit (``expected_probes``, read
+   from the layer's description, not from what the candidate chose to record)
+   that the candidate did not emit. It fails: a probe that silently stops
+   being recorded would otherwise just stop being checked.
+3. ``unguarded``: a finding excuses the candidate against one reference only
+   where ANOTHER reference passes the candidate at the same probe; a finding
+   with no such guard becomes ``unguarded``. And every layer the candidate
+   implements needs a passing comparison of its last attention probe
+   (``attn_out``: everything the layer's attention computes flows into it)
+   against some reference; a layer without one gets an ``unguarded`` row, and
+   so does a case in which no layer at all was compared. Reference-vs-
+   reference rows guard nothing.
+4. A case's status is the first of ``CASE_ORDER`` its rows have: one failing
+   row fails the case; ``unguarded`` is listed first.
+"""
+
+from __future__ import annotations
+
+# every status a row may carry
+STATUSES = ("pass", "fail", "error", "unguarded", "missing", "finding", "not-exposed", "not-implemented", "skipped")
+# the statuses that fail a case (and a run: exit status 1)
+FAILING = ("unguarded", "missing", "error", "fail")
+# a case's status is the first of these its rows have
+CASE_ORDER = ("unguarded", "missing", "error", "fail", "pass", "finding", "not-implemented", "not-exposed", "skipped")
+
+
+# the references: a row whose candidate is one of these compares two references
+REFERENCE_NAMES = ("hf", "llamacpp")
+
+
+def candidate_rows(rows) -> list[dict]:
+    """The rows that judge a case's candidate (not the references against each
+    other). Every case has one candidate; rows made before candidates were a
+    choice name impl."""
+    return [r for r in rows if r["candidate"] not in REFERENCE_NAMES]
+
+
+def expected_probes(lc) -> list[str]:
+    """The probes a layer of this description must emit (after ``layer_in``), in
+    dataflow order -- from the layer's kind and shape, independent of the
+    candidate. ``[]`` for a layer the candidate does not implement."""
+    from impl import LayerConfig, MlaConfig
+
+    seq = ["resid_mid"] if getattr(lc, "residual", "sequential") == "sequential" else []
+    if isinstance(lc, MlaConfig):
+        out = ["attn_in"] + (["q_latent"] if lc.q_lora_rank is not None else []) + ["q", "kv_latent"]
+        out += ["q_pe", "k_pe"] if lc.qk_rope_head_dim else []
+        out += ["q_rope"] + (["k_rope"] if lc.form == "naive" else ["q_absorbed"])
+        return out + ["attn_probs", "attn_heads", "attn_branch", "attn_out"] + seq
+    if isinstance(lc, LayerConfig):
+        if lc.shape == "absent":
+            return ["resid_mid"]
+        if lc.shape == "linear":
+            return ["attn_in", "attn_out"] + seq
+        return ["attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_branch",
+                "attn_out"] + seq
+    return []
+
+
+def guard_probe(lc) -> str | None:
+    """The probe whose passing comparison guards the layer: its last attention
+    probe (an absent layer's residual)."""
+    probes = expected_probes(lc)
+    if not probes:
+        return None
+    attn = [p for p in probes if p != "resid_mid"]
+    return attn[-1] if attn else "resid_mid"
+
+
+def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str | None = None) -> list[dict]:
+    """Apply rule 3 to one case's rows (in place where a finding loses its guard;
+    the unguarded layer rows appended). ``make_row(layer, probe, reason)`` builds
+    an ``unguarded`` row for this case. ``fallback``: for a free-running candidate
+    whose engine names no tensor for a layer's guard probe (``not-exposed`` against
+    every reference), a passing ``fallback`` probe of that layer guards it instead
+    (``layer_out``: the layer's attention flows into it, and into the next layer's
+    input, which is judged too)."""
+    mine = [r for r in rows if r["candidate"] == candidate]
+    passing = {(r["layer"], r["probe"], r["reference"]) for r in mine if r["status"] == "pass"}
+    hidden = {(r["layer"], r["probe"], r["reference"]) for r in mine if r["status"] == "not-exposed"}
+    last = {i: guard_probe(lc) for i, lc in enumerate(layer_cfgs)}
+    for r in mine:
+        if r["status"] != "finding":
+            continue
+        i, probe = r["layer"], r["probe"]
+        # guarded: another reference passes the candidate at this probe -- or, where that
+        # reference cannot expose this probe (MLA's absorbed query: HF computes the naive
+        # form), at the layer's last attention probe, which everything here flows into
+        others = [ref for (layer, p, ref) in passing if layer == i and ref != r["reference"]
+                  and (p == probe or ((i, probe, ref) in hidden and p == last.get(i)))]
+        if not others:
+            seen = sorted({f"{x['reference']}: {x['status']}" for x in mine if x["layer"] == r["layer"]
+                           and x["probe"] == r["probe"] and x["reference"] != r["reference"]})
+            r["status"] = "unguarded"
+            r["reason"] = (f"{r['reason']} -- but no other reference passes {candidate} at this probe "
+                           f"({'; '.join(seen) or 'no other reference in this case'}), so nothing checks it here")
+    out = list(rows)
+    if any(r["status"] in ("error", "skipped") for r in mine):
+        return out  # a crash (or a device absent) already decides the case and says why
+    layers = [(i, guard_probe(lc)) for i, lc in enumerate(layer_cfgs)]
+    layers = [(i, p) for i, p in layers if p is not None]
+    if not layers:
+        out.append(make_row(None, "*", f"no layer of this case is implemented by {candidate}: only the references "
+                                       "were compared with each other, which checks nothing of the candidate"))
+        return out
+    refs = {r["reference"] for r in mine}
+    judged_bad = {(r["layer"], r["probe"]) for r in mine if r["status"] in ("fail", "error", "missing")}
+    for i, probe in layers:
+        if any((i, probe, ref) in passing for ref in refs):
+            continue
+        if fallback and all((i, probe, ref) in hidden for ref in refs) and \
+                any((i, fallback, ref) in passing for ref in refs):
+            continue
+        if (i, probe) in judged_bad:
+            continue  # it was checked, and failed: that row already says where and by how much
+        seen = sorted({f"{x['reference']}: {x['status']}" for x in mine
+                       if x["layer"] == i and x["probe"] in (probe, "*", "layer_in")})
+        out.append(make_row(i, probe, f"no reference passed {candidate}'s {probe} on this layer "
+                                      f"({'; '.join(seen) or 'nothing compared'}): the layer is unchecked"))
+    return out

@@ -1,0 +1,110 @@
+"""``conformance fuzz``: the generator draws valid cases, a failure is shrunk and
+reproduced by the command it prints, the regression files it writes are cases
+the matrix (and this file) run, and the spec examples catch a broken impl."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import fuzz
+from harness.case import Case
+from harness.cli import build_parser, case_from_args, main
+from harness.matrix import parse_spec
+from harness.mutants import applied, registry
+from harness.mutants.features4 import SPEC_MUTANTS
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fuzz.case_strategy(["llama", "qwen2", "gemma2", "deepseek_v2", "qwen3_next", "llama4", "smollm3"]))
+def test_drawn_cases_are_valid_and_their_command_reproduces_them(case):
+    case.validate()
+    argv = fuzz.repro_command(case).split()[1:]  # drop "conformance"
+    again = case_from_args(build_parser().parse_args(argv))
+    assert again.case_id() == case.case_id()
+    # and the regression group the fuzzer would write runs exactly this case
+    spec = parse_spec(fuzz.regression_group(case, "why", 1), "fuzz-test")
+    assert [c.case_id() for c in spec.cases] == [case.case_id()]
+
+
+def test_spec_examples_pass_clean_and_a_mutant_is_caught_and_shrunk():
+    stats = fuzz.HuntStats()
+    fuzz.hunt("spec", fuzz.spec_strategy(), fuzz.run_spec, 4, 0, stats, None, log=lambda m: None)
+    assert stats.examples > 20 and not stats.failures, [o.why for o, _ in stats.failures]
+    m = SPEC_MUTANTS[0]  # a layer with both gates applies only one
+    stats = fuzz.HuntStats()
+    with applied(m):
+        fuzz.hunt("spec", fuzz.spec_strategy(), fuzz.run_spec, 15, 0, stats, None, shrink_s=15, log=lambda m: None)
+        assert stats.failures, "the spec examples did not catch a layer applying one of its two gates"
+        out, ex = stats.failures[0]
+        assert ex.cfg.q_gate_interleaved and ex.cfg.output_gate and "attn_branch" in out.why
+        # shrunk: the decorations the failure does not need are off
+        assert ex.cfg.window is None and ex.cfg.sub_norm is None and len(ex.lengths) == 1
+        # the printed command replays it: failing under the mutant ...
+        cmd = fuzz.spec_repro(ex)
+        payload = cmd.split("--replay-spec ", 1)[1].strip("'")
+        assert main(["fuzz", "--replay-spec", payload]) == 1
+    # ... and passing without it
+    assert main(["fuzz", "--replay-spec", payload]) == 0
+
+
+def test_a_three_way_failure_is_reported_with_its_command():
+    """A mutant in impl makes a generated llama case fail; the outcome names the
+    first divergence and the command reproduces the case."""
+    from harness.policy import load_policy
+
+    case = Case(family="llama", ref="hf", kv="paged", schedule="3,1", tokens=4, seqs=2, page_size=2,
+                overrides=(("num_attention_heads", 4), ("num_key_value_heads", 2)))
+    assert not fuzz.run_three_way(case, load_policy()).failed
+    with applied(registry()["gqa-head-map"]):
+        out = fuzz.run_three_way(case, load_policy())
+    assert out.failed and "attn_probs" in out.why
+    assert "--kv paged --schedule 3,1" in fuzz.repro_command(case) and "--set num_key_value_heads=2" in \
+        fuzz.repro_command(case)
+
+
+def test_fuzz_cli_reports_throughput_and_pair_coverage(tmp_path, capsys):
+    rc = main(["fuzz", "--budget", "3s", "--spec-share", "1", "--no-record", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "cases/min" in out and "feature-pair coverage" in out
+    res = json.loads((tmp_path / "fuzz.json").read_text())
+    assert res["examples"] > 0 and len(res["pairs"]) > 50 and res["failures"] == []
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["fuzz", "--budget", "ten"], "is not a duration"),
+    (["fuzz", "--family", "lama"], "unknown family 'lama'"),
+    (["fuzz", "--ref", "both"], "unknown reference"),
+    (["fuzz", "--replay-spec", "{}"], "not a spec example"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, msg, capsys, tmp_path):
+    assert main(argv + ["--no-record", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+SPEC_REGRESSIONS = ROOT / "fixtures" / "matrix" / "fuzz_spec_regressions.jsonl"
+
+
+@pytest.mark.parametrize("line", SPEC_REGRESSIONS.read_text().splitlines() if SPEC_REGRESSIONS.exists() else [])
+def test_recorded_spec_regressions_pass(line):
+    ex = fuzz.spec_from_dict(json.loads(line)["example"])
+    out = fuzz.run_spec(ex)
+    assert not out.failed, out.why
+
+
+def test_recorded_three_way_regressions_parse():
+    p = ROOT / "fixtures" / "matrix" / "fuzz_regressions.toml"
+    if not p.exists():
+        pytest.skip("no three-way regression recorded yet")
+    spec = parse_spec(p.read_text(), str(p))
+    assert len(spec.cases) == p.read_text().count("[[group]]")

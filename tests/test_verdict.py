@@ -1,0 +1,160 @@
+"""The verdict rules (README "Verdict rules", harness/verdict.py): every guard
+fires where it should -- an unguarded finding, a layer nobody checked, a case
+with no impl layer, a finding past its measured size, a probe impl stopped
+emitting, a bug at bfloat16, a non-finite oracle -- and float64 means float64."""
+
+from __future__ import annotations
+
+import tomllib
+
+import numpy as np
+import pytest
+
+from conftest import all_statuses, run
+from harness.compare import judge_against_oracle, metrics
+from harness.errors import UsageError
+from harness.mutants import applied, registry
+from harness.policy import DEFAULT_POLICY, load_policy
+from harness.verdict import FAILING, expected_probes, guard
+
+
+def _case_status(rows):
+    from harness.views import case_status
+
+    return case_status(r["status"] for r in rows)
+
+
+def test_a_finding_with_no_other_reference_is_unguarded(policy, need_llamacpp):
+    """gemma3's query_pre_attn_scalar finding excuses impl vs llama.cpp; with HF in the
+    case it is a finding (HF passes impl there), against llama.cpp alone it guards nothing."""
+    over = (("query_pre_attn_scalar", 256),)
+    both = all_statuses(run(policy, family="gemma3", ref="all", overrides=over))
+    assert both[("impl", "llamacpp", 0, "attn_probs")] == "finding"
+    assert both[("impl", "hf", 0, "attn_probs")] == "pass"
+    alone = run(policy, family="gemma3", ref="llamacpp", overrides=over)
+    st = all_statuses(alone)
+    assert st[("impl", "llamacpp", 0, "attn_probs")] == "unguarded"
+    assert st[("impl", "llamacpp", 0, "q_rope")] == "pass"  # before the scale they agree: nothing to excuse
+    assert st[("impl", "-", 0, "attn_out")] == "unguarded"  # and the layer itself is unchecked
+    assert _case_status(alone) == "unguarded"
+
+
+def test_a_case_with_no_impl_layer_is_unguarded(policy, need_llamacpp):
+    """glm-dsa with index_topk below the length: impl has no indexer, every layer is
+    not-implemented, and passing HF-vs-llama.cpp rows must not make the case pass."""
+    rows = run(policy, family="glm_moe_dsa", ref="all", kv="paged", overrides=(("index_topk", 8),))
+    assert any(r["candidate"] == "llamacpp" and r["status"] == "pass" for r in rows)
+    assert not any(r["candidate"] == "impl" and r["status"] == "pass" for r in rows)
+    assert [r for r in rows if r["status"] == "unguarded" and r["probe"] == "*"]
+    assert _case_status(rows) == "unguarded"
+
+
+def test_a_finding_past_its_measured_size_fails(policy, need_llamacpp, tmp_path):
+    """The same disagreement, but the finding's max_nmse below what it measures: not excused."""
+    text = DEFAULT_POLICY.read_text()
+    findings = tomllib.loads(text)["finding"]
+    n = next(i for i, f in enumerate(findings) if f["family"] == "gemma3" and f["candidate"] == "impl")
+    blocks = text.split("\n[[finding]]\n")
+    blocks[n + 1] = blocks[n + 1].replace(f"max_nmse = {findings[n]['max_nmse']:g}", "max_nmse = 1e-3", 1)
+    assert "max_nmse = 1e-3" in blocks[n + 1]
+    p = tmp_path / "tight.toml"
+    p.write_text("\n[[finding]]\n".join(blocks))
+    st = all_statuses(run(load_policy(p), family="gemma3", ref="all", overrides=(("query_pre_attn_scalar", 256),)))
+    assert st[("impl", "llamacpp", 0, "attn_probs")] == "fail"  # nmse ~0.14 > 1e-3
+    assert st[("impl", "llamacpp", 0, "q_rope")] == "pass"
+
+
+def test_an_impl_finding_must_be_bounded(tmp_path):
+    text = DEFAULT_POLICY.read_text() + '''
+[[finding]]
+family = "llama"
+candidate = "impl"
+reference = "llamacpp"
+probes = ["q"]
+reason = "no measured size"
+'''
+    p = tmp_path / "unbounded.toml"
+    p.write_text(text)
+    with pytest.raises(UsageError, match="needs config .*probes and max_nmse"):
+        load_policy(p)
+
+
+def test_a_probe_impl_stops_emitting_is_missing(policy, monkeypatch):
+    from impl import trace
+
+    put = trace.Trace.put
+    monkeypatch.setattr(trace.Trace, "put", lambda self, name, a: None if name == "attn_heads" else put(self, name, a))
+    rows = run(policy, family="llama", ref="hf")
+    st = all_statuses(rows)
+    assert st[("impl", "hf", 0, "attn_heads")] == "missing" and st[("impl", "hf", 1, "attn_heads")] == "missing"
+    assert st[("impl", "hf", 0, "attn_out")] == "pass"
+    assert _case_status(rows) == "missing"
+
+
+def test_expected_probes_follow_the_layer_kind():
+    from harness.case import Case, CaseRun
+
+    lcs = CaseRun(Case(family="deepseek_v2", variant="absorbed"), load_policy()).layer_cfgs
+    ps = expected_probes(lcs[0])
+    assert {"q_latent", "kv_latent", "q_pe", "k_pe", "q_absorbed", "attn_out", "resid_mid"} <= set(ps)
+    assert "k_rope" not in ps  # the absorbed form has no per-head key
+    lcs = CaseRun(Case(family="cohere2"), load_policy()).layer_cfgs
+    assert "resid_mid" not in expected_probes(lcs[0])  # a parallel block has no residual between
+
+
+@pytest.mark.parametrize("name", ["scale-squared", "gqa-head-map", "rope-layout-swapped"])
+def test_a_bug_at_bfloat16_fails_against_the_hf_oracle(policy, name):
+    """At bfloat16 impl is judged against HF's own float64 run (not an impl oracle, which
+    would share the bug): a gross bug fails there."""
+    m = registry()[name]
+    kw = dict(m.case, ref="hf", backend="torch", dtype="bfloat16")
+    clean = run(policy, **kw)
+    assert not [r for r in clean if r["status"] in FAILING]
+    with applied(m):
+        rows = run(policy, **kw)
+    bad = [r for r in rows if r["candidate"] == "impl" and r["status"] in FAILING]
+    assert bad and all(r.get("nmse_ref_oracle") is not None for r in bad if r["status"] == "fail")
+
+
+def test_float64_means_float64(policy):
+    """impl at float64 against HF at float64: judged at float64 (HF's float32 side paths
+    promoted), so a norm epsilon of 1e-5 for 1e-6 fails -- and it fails at float32
+    too, through the oracle."""
+    rows = run(policy, family="llama", ref="hf", dtype="float64")
+    impl = [r for r in rows if r["candidate"] == "impl" and r.get("nmse") is not None]
+    assert impl and {r["cmp_dtype"] for r in impl} == {"float64"}
+    assert max(r["nmse"] for r in impl) < 1e-26  # measured ~4e-31
+    eps = registry()["norm-eps-tenfold"]
+    for dtype in ("float64", "float32"):
+        with applied(eps):
+            bad = [r for r in run(policy, family="llama", ref="hf", dtype=dtype) if r["status"] == "fail"]
+        assert bad and bad[0]["probe"] in ("attn_in", "q", "k", "v"), dtype
+
+
+def test_the_oracle_path_fails_a_non_finite_reference_and_reports_its_bound():
+    tol = {"ratio": 4.0, "nmse_floor": 1e-5, "nmse": 1e-2, "atol": 1.0}
+    good = np.ones((2, 3))
+    ref = good.copy()
+    ref[0, 1] = np.nan
+    status, reason, allowed = judge_against_oracle(metrics(good, good), metrics(ref, good), tol)
+    assert status == "fail" and "reference" in reason
+    status, _, allowed = judge_against_oracle(metrics(good, good), metrics(good * 1.001, good), tol)
+    assert status == "pass" and allowed == 4.0 * max(1e-6, 1e-5)
+    # the dtype's own bound caps the ratio: a reference far off does not widen the allowance past it
+    status, reason, allowed = judge_against_oracle(metrics(good * 1.5, good), metrics(good * 1.4, good), tol)
+    assert status == "fail" and allowed == 1e-2 and "the dtype's bound" in reason
+
+
+def test_guard_is_per_candidate_and_reference_rows_guard_nothing():
+    from impl import LayerConfig
+
+    lc = LayerConfig(hidden_size=8, n_heads=2, n_kv_heads=1, head_dim=4)
+
+    def row(cand, ref, probe, status):
+        return {"candidate": cand, "reference": ref, "layer": 0, "probe": probe, "status": status, "reason": "r"}
+
+    rows = [row("llamacpp", "hf", "attn_out", "pass"), row("impl", "hf", "attn_out", "not-exposed")]
+    out = guard(rows, [lc], "impl", lambda layer, probe, reason: row("impl", "-", probe, "unguarded"))
+    assert out[-1]["status"] == "unguarded"
+    out = guard([row("impl", "hf", "attn_out", "pass")], [lc], "impl", lambda *a: pytest.fail("guarded"))
+    assert len(out) == 1
