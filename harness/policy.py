@@ -10,7 +10,7 @@ from pathlib import Path
 from .errors import UsageError, suggest
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "tolerance.toml"
-PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "q8_0", "q8_1", "q8_k")
+PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "kv_q8_0", "q8_0", "q8_1", "q8_k")
 _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
@@ -80,7 +80,7 @@ def comparison_dtype(a: str, b: str) -> str:
     # llama.cpp -- float32 summation order is what is left, coarser than float32 only just
     rank = {"float64": 0, "float32": 1, "f32": 1, "ggml_f16": 1.5, "ggml_bf16": 1.5, "ggml_q8_0": 1.5,
             "ggml_q8_1": 1.5, "ggml_q8_k": 1.5,
-            "bfloat16": 2, "float16": 2, "bf16": 2, "f16": 2, "q8_0": 3, "q8_1": 3, "q8_k": 4}
+            "bfloat16": 2, "float16": 2, "bf16": 2, "f16": 2, "kv_q8_0": 3, "q8_0": 3, "q8_1": 3, "q8_k": 4}
     norm = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
     a, b = norm.get(a, a), norm.get(b, b)
     return a if rank[a] >= rank[b] else b

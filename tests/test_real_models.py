@@ -342,7 +342,7 @@ def test_own_export_q8_0(policy):
     model = fam.build_model(config, CKPT_SEED)
     path = gguf_export.export(fam, model, config, "q8_0", CKPT_SEED)
     src = gguf_import.load(str(path))
-    assert src.weight_type == "q8_0" and {"Q8_0", "F32"} <= set(src.tensor_types.values())
+    assert src.weight_type == "q8_0" and {"q8_0", "f32"} <= set(src.tensor_types.values())
     _assert_recovered(src, model, config, exact=False)
     rows = run(policy, family="", gguf=str(path), ref="llamacpp", kv="batched")
     assert not bad_rows(rows, ok=("pass", "not-exposed")) and any(r["status"] == "pass" for r in rows)

@@ -90,9 +90,10 @@ class LayerCall:
     that weight to (harness/refs/ggml_matmul.py). A candidate that rounds those
     activations the same way adds to ``ggml_met`` the names of the weights it did
     so for, and of those it makes no product with (a form of the layer that does
-    not use them: the absorbed MLA's ``wkv_b``); the layer is then judged at ``ggml_<act>`` (only summation order
-    left), else at the activation type's own, wider bound. Optional: a candidate
-    that ignores both is judged at the wider bound."""
+    not use them: the absorbed MLA's ``wkv_b``); the layer is then judged at
+    ``ggml_<act>`` (only summation order left), else at the activation type's
+    own, wider bound. Optional: a candidate that ignores both is judged at the
+    wider bound."""
 
     layer: int
     config: object  # impl.LayerConfig | impl.MlaConfig
