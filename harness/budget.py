@@ -1,29 +1,56 @@
-"""What a case needs before it runs: positions the model has, memory the
-machine has. Checked before any work, so an impossible case is one line and
-exit status 2 instead of a crash (or a swap storm) halfway through.
+"""What a case needs before it runs -- positions the model has, memory the
+machine has -- checked before any work, so an impossible case is one line and
+exit status 2 instead of a crash (or a swap storm) halfway through (issue 16
+item 4); and what the run does about memory (issue 13, "Memory that fits real
+models").
 
-``estimate`` is the one memory estimate of a case (issue 13 extends it); it is
-a LOWER bound, made of parts that are certainly held at once:
+``check`` is the one gate (the CLI's run and the matrix's spec check call it):
+the position limit (``max_positions``), then the memory plan. One function
+estimates memory (``estimate``); one decides (``plan``). The estimate
+is a sum of parts, each named, so a refusal can say what is big:
 
-- attention probabilities: every captured reference keeps ``attn_probs`` of
-  every layer as float64 (``[seqs, heads, tokens, tokens]``), and impl's
-  teacher-forced run keeps its own for the reference it is compared with --
-  so ``(references + 1) x layers x seqs x heads x tokens^2 x 8`` bytes;
-- weights: the float32 model every reference and impl take their weights from
-  (embeddings, the attention projections each layer config implies and the
-  dense FFN; MoE experts beyond one are left out, so it stays a lower bound).
+- ``weights``: the model every reference and impl take their weights from,
+  float32 (tied embeddings counted once), from the HF config on torch's meta
+  device (no memory, every family's own parameter shapes); a bfloat16 /
+  float16 case adds its copy in that type;
+- ``float64 module``: HF in float64 (a float64 case's reference, the float64
+  oracle of a lower-precision one) is computed module by module
+  (refs/hf_float64.py ``promoted``): its cost is the largest decoder layer,
+  embedding or output head in float64, not the model;
+- ``forward``: HF's activations of one layer in the compute type, the eager
+  attention's ``heads x tokens x tokens`` scores, probabilities and their
+  copy, and the logits (``seqs x tokens x vocab``, read back in float64);
+- ``layer probes``: what one layer's comparison holds (the probes are on
+  disk, harness/store.py, and compared layer by layer): impl's probes of the
+  layer in float64 plus the largest probe's metric temporaries, with
+  ``attn_probs`` at ``heads x tokens x tokens``;
+- ``llama.cpp``: its worker process, alive while the parent holds the
+  weights: the GGUF (memory-mapped), its float32 KV cache and the compute
+  buffer of its largest call.
+
+The phases of a case run one after the other (build, GGUF export, each
+capture, the comparisons), so the peak is the weights plus the largest phase.
+
+The budget is ``CONFORMANCE_MEMORY_GB`` when set, else what the machine has
+available now (``MemAvailable``). ``plan`` then decides, in this order:
+everything as asked; without the float64 oracle (impl judged against HF
+directly at the float32 bound scaled to the case, harness/scaling.py); for a
+float64 case, HF computed in float32 (and judged so); or a refusal -- one line,
+exit status 2, before any work -- naming the estimate, its largest parts and
+what would make it fit (``--layers``, ``--probes``, fewer ``--tokens``).
+Every fallback is said in the rows' reasons and in meta.json.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .errors import UsageError
+from .refs.ggml_types import is_quantized
 
+GB = 2**30
 # the config keys families name their position limit by, in the order they are read
 POSITION_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "model_max_length", "seq_length")
-GiB = 1024**3
 
 
 def max_positions(config) -> tuple[str, int] | None:
@@ -36,60 +63,178 @@ def max_positions(config) -> tuple[str, int] | None:
     return None
 
 
+def check(run) -> None:
+    """Refuse (UsageError, exit 2) a case its model cannot hold or this machine
+    cannot fit, before any work. ``run``: a ``CaseRun``; its ``plan`` (the memory
+    decision, cached on the run) is made here."""
+    from .errors import UsageError
+
+    case = run.case
+    lim = max_positions(run.config)
+    if lim and case.tokens > lim[1]:
+        key, n = lim
+        raise UsageError(f"--tokens {case.tokens} is past family {run.family.name}'s {key}={n}; use at most {n} "
+                         f"tokens, or --set {key}=N")
+    _ = run.plan  # raises when even the smallest plan does not fit
+_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
 @dataclass(frozen=True)
+class ParamCounts:
+    """A model's parameter counts, from its config alone."""
+
+    total: int  # every distinct parameter tensor once (tied embeddings once)
+    largest_module: int  # the largest decoder layer / embedding / output head
+    largest_tensor: int
+    gguf_bytes: int  # the float32 GGUF the llama.cpp reference loads (approximately: every tensor)
+
+
+_COUNTS: dict = {}
+
+
+def param_counts(family, config) -> ParamCounts:
+    """``ParamCounts`` of the family's HF model for ``config``, built on torch's meta
+    device (no memory is allocated, every family's own shapes count)."""
+    key = (family.name, config.to_json_string(use_diff=False))
+    if key in _COUNTS:
+        return _COUNTS[key]
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kw = {} if family.experts_implementation is None else {"experts_implementation": family.experts_implementation}
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(config, **kw)
+    seen, total, largest_tensor = set(), 0, 0
+    for p in m.parameters():  # parameters() yields a tied tensor once
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+            largest_tensor = max(largest_tensor, p.numel())
+    modules = list(family.decoder_layers(m))
+    modules += [x for x in (m.get_input_embeddings(), m.get_output_embeddings()) if x is not None]
+    largest = max((sum(p.numel() for p in mod.parameters()) for mod in modules), default=0)
+    # the GGUF writes an output matrix only where the HF model has an untied one
+    out = _COUNTS[key] = ParamCounts(total, largest, largest_tensor, total * 4)
+    return out
+
+
+# the parts held from the model's build to the end of the case
+HELD = ("weights", "weights copy", "dequantized copy")
+
+
+@dataclass
 class Estimate:
-    probs_bytes: int
-    weights_bytes: int
-    copies: int
-    layers: int
-    heads: int
-    tokens: int
-    seqs: int
+    """Bytes by part; ``peak``: the weights held the whole case (``HELD``) plus the
+    largest phase."""
+
+    parts: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)
+    disk: int = 0  # the probes written to disk (every capture)
 
     @property
-    def total(self) -> int:
-        return self.probs_bytes + self.weights_bytes
+    def peak(self) -> int:
+        return sum(self.parts.get(k, 0) for k in HELD) + max(self.phases.values(), default=0)
 
-    def describe(self) -> str:
-        return (f"at least {_gib(self.total)} (attention probabilities {self.copies} copies x {self.layers} layers x "
-                f"{self.seqs} seqs x {self.heads} heads x {self.tokens}^2 x 8 B = {_gib(self.probs_bytes)}; "
-                f"weights {_gib(self.weights_bytes)})")
-
-
-def _gib(n: float) -> str:
-    return f"{n / GiB:.3g} GiB"
+    def describe(self, n: int = 3) -> str:
+        big = sorted(((v, k) for k, v in self.parts.items() if v > 0), reverse=True)[:n]
+        return ", ".join(f"{k} {_gb(v)}" for v, k in big)
 
 
-def _attn_params(lc) -> int:
+def _gb(b: float) -> str:
+    return f"{b / GB:.2f} GB" if b < 10 * GB else f"{b / GB:.0f} GB"
+
+
+def _layer_dims(lc) -> tuple[int, int, int, int, int]:
+    """(hidden, query heads, kv heads, query/key width, value width) of a layer description."""
     hidden = int(getattr(lc, "hidden_size", 0) or 0)
-    nh = int(getattr(lc, "n_heads", 0) or 0)
-    if hasattr(lc, "kv_lora_rank"):  # MLA (impl.mla.MlaConfig)
-        qk = lc.qk_nope_head_dim + lc.qk_rope_head_dim
-        q = hidden * nh * qk if not lc.q_lora_rank else hidden * lc.q_lora_rank + lc.q_lora_rank * nh * qk
-        kv = hidden * (lc.kv_lora_rank + lc.qk_rope_head_dim) + lc.kv_lora_rank * nh * (lc.qk_nope_head_dim + lc.v_head_dim)
-        return q + kv + nh * lc.v_head_dim * hidden
-    hd = int(getattr(lc, "head_dim", 0) or 0)
-    nkv = int(getattr(lc, "n_kv_heads", 0) or 0)
-    dv = getattr(lc, "v_head_dim", None) or hd
-    return hidden * (nh * hd + nkv * hd + nkv * dv) + nh * dv * hidden
+    h = int(getattr(lc, "n_heads", 0) or 0)
+    if hasattr(lc, "kv_lora_rank"):  # MLA: per-head keys in the naive form, one latent row in the absorbed
+        d = int(lc.qk_nope_head_dim + lc.qk_rope_head_dim)
+        return hidden, h, h, max(d, int(lc.kv_lora_rank) + int(lc.qk_rope_head_dim)), int(lc.v_head_dim)
+    hkv = int(getattr(lc, "n_kv_heads", 0) or h)
+    d = int(getattr(lc, "head_dim", 0) or 0)
+    dv = int(getattr(lc, "dv", d) or d)
+    return hidden, h, hkv, d, dv
 
 
-def estimate(config, layer_cfgs, tokens: int, seqs: int, references: int) -> Estimate:
-    """The lower bound of what one case holds at once (see the module doc)."""
-    heads = max((int(getattr(lc, "n_heads", 0) or 0) for lc in layer_cfgs), default=0)
-    layers = sum(1 for lc in layer_cfgs if getattr(lc, "n_heads", 0))
-    copies = references + 1
-    probs = copies * layers * seqs * heads * tokens * tokens * 8
-    hidden = max((int(getattr(lc, "hidden_size", 0) or 0) for lc in layer_cfgs), default=0)
+def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs: list[str],
+             hf_dtype: str | None = None, oracle: bool = True, selection=None, gguf_type: str = "f32") -> Estimate:
+    """What one case will hold: ``Estimate.parts`` (bytes) and the peak.
+    ``hf_dtype``: what HF computes in (default: the case's dtype); ``oracle``: the
+    float64 oracle runs (a comparison against HF below float64); ``selection``: the
+    ``harness.select.Selection`` (None: every layer and probe)."""
+    pc = param_counts(family, config)
+    hf_dtype = hf_dtype or dtype
+    s, t = int(seqs), int(tokens)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    ffn = int(getattr(config, "intermediate_size", 0) or 0) * hidden * 3
-    params = vocab * hidden * (1 if tied else 2) + sum(_attn_params(lc) + ffn for lc in layer_cfgs)
-    return Estimate(probs, params * 4, copies, layers, heads, tokens, seqs)
+    layers = [i for i in range(len(layer_cfgs)) if selection is None or selection.layer(i)]
+    dims = [_layer_dims(layer_cfgs[i]) for i in range(len(layer_cfgs))]
+    inter = int(getattr(config, "intermediate_size", 0) or 0) or 4 * max((d[0] for d in dims), default=0)
+    hmax = max((d[1] for d in dims), default=0)
+    probs = s * hmax * t * t  # elements of one layer's attn_probs
+
+    def rows(i):  # elements of one layer's row probes (attn_in, q, k, v, ropes, heads, branch, out, resid, layer_out)
+        hidden, h, hkv, d, dv = dims[i]
+        return s * t * (6 * hidden + 3 * h * d + 3 * hkv * d + 2 * h * dv)
+
+    keep_probs = selection is None or selection.probe("attn_probs")
+    layer_probe = max((rows(i) + (probs if keep_probs else 0) for i in layers), default=0)
+    largest_probe = max([probs if keep_probs else 0] + [s * t * dims[i][0] for i in layers] + [0])
+
+    parts: dict[str, int] = {"weights": pc.total * 4}
+    if dtype in ("bfloat16", "float16"):
+        parts["weights copy"] = pc.total * _BYTES[dtype]
+    if family.gguf_arch and is_quantized(gguf_type):
+        # every side computes on the quantized file's weights, dequantized into a float32
+        # copy of the model held beside the float one it was exported from (CaseRun.base_model)
+        parts["dequantized copy"] = pc.total * 4
+    f64 = hf_dtype == "float64" or (oracle and "hf" in refs)
+    parts["float64 module"] = pc.largest_module * 8 if f64 else 0
+
+    def forward(b):  # one layer's activations, the eager attention, and the logits read back
+        hidden = max((d[0] for d in dims), default=0)
+        return s * t * (4 * hidden + 3 * inter) * b + 3 * probs * b
+
+    want_logits = selection is None or selection.probe("logits")
+    logits = s * t * vocab * (4 + 8) if want_logits else 0
+    parts["forward"] = forward(_BYTES.get(hf_dtype, 4)) if "hf" in refs else 0
+    parts["logits"] = logits
+    # impl's layer probes (float64) + the references' probe of the moment + the metric temporaries
+    parts["layer probes"] = 8 * layer_probe + 6 * 8 * min(largest_probe, _CHUNK)
+    lc_bytes = 0
+    if "llamacpp" in refs:
+        n_ctx = max(256, -(-t // 256) * 256)
+        kv = s * n_ctx * sum(d[2] * (d[3] + d[4]) for d in dims) * 4
+        compute = 4 * (s * hmax * (t // 2 + 1) * n_ctx * 2 + s * t * vocab)
+        gguf = pc.gguf_bytes if gguf_type == "f32" else pc.gguf_bytes // 2
+        lc_bytes = gguf + kv + compute
+    parts["llama.cpp"] = lc_bytes
+    phases = {
+        "build": pc.largest_tensor * 8 * 2,
+        "gguf export": pc.largest_tensor * 4 * 2 if "llamacpp" in refs else 0,
+        "llama.cpp capture": lc_bytes,
+        "hf capture": parts["forward"] + logits,
+        "hf float64": parts["float64 module"] + (forward(8) if f64 else 0),
+        "compare": parts["layer probes"],
+    }
+    disk_per_ref = sum(rows(i) + (probs if keep_probs else 0) for i in layers) * 4 + (s * t * vocab * 4 if want_logits else 0)
+    n_caps = len(refs) + (1 if f64 else 0)
+    return Estimate(parts, phases, disk_per_ref * n_caps)
 
 
-def available_bytes() -> int | None:
-    """Memory the kernel says is available now (``MemAvailable``), else free pages."""
+_CHUNK = 1 << 22  # elements per block of the chunked metrics (harness/compare.py)
+
+
+def available() -> int:
+    """The memory budget in bytes: ``CONFORMANCE_MEMORY_GB`` or MemAvailable."""
+    env = os.environ.get("CONFORMANCE_MEMORY_GB")
+    if env:
+        try:
+            return int(float(env) * GB)
+        except ValueError:
+            from .errors import UsageError
+
+            raise UsageError(f"CONFORMANCE_MEMORY_GB must be a number of gigabytes, got {env!r}") from None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -97,23 +242,67 @@ def available_bytes() -> int | None:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))  # where /proc is missing
 
 
-def check(run) -> None:
-    """Refuse (UsageError) a case its model cannot hold or this machine cannot fit.
-    ``run``: a ``CaseRun`` (its config and layer configs are all this reads)."""
-    case = run.case
-    lim = max_positions(run.config)
-    if lim and case.tokens > lim[1]:
-        key, n = lim
-        raise UsageError(f"--tokens {case.tokens} is past family {run.family.name}'s {key}={n}; use at most {n} "
-                         f"tokens, or --set {key}=N")
-    est = estimate(run.config, run.layer_cfgs, case.tokens, case.n_seqs, len(case.refs))
-    avail = available_bytes()
-    if avail is not None and est.total > avail:
-        raise UsageError(f"--tokens {case.tokens} with --seqs {case.n_seqs} needs {est.describe()}; this machine has "
-                         f"{_gib(avail)} available; use fewer tokens or sequences")
+@dataclass(frozen=True)
+class Plan:
+    """What a case runs: HF's compute type, whether the float64 oracle runs, and why
+    (``notes``: said in the rows and meta.json)."""
+
+    hf_dtype: str
+    oracle: bool
+    estimate: Estimate
+    budget: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def skips_oracle(self) -> bool:
+        """A fallback dropped the float64 oracle for memory (said in ``notes``)."""
+        return not self.oracle and bool(self.notes)
+
+    def meta(self) -> dict:
+        return {"hf_dtype": self.hf_dtype, "oracle": self.oracle, "budget_gb": round(self.budget / GB, 2),
+                "estimate_gb": round(self.estimate.peak / GB, 2),
+                "estimate_parts_gb": {k: round(v / GB, 3) for k, v in self.estimate.parts.items()},
+                "disk_gb": round(self.estimate.disk / GB, 2), "notes": list(self.notes)}
+
+
+def plan(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs: list[str], selection=None,
+         gguf_type: str = "f32", budget: int | None = None) -> Plan:
+    """The fullest run that fits ``budget`` (default ``available()``), or a
+    ``UsageError`` (exit 2) when even the smallest does not."""
+    from .errors import UsageError
+
+    budget = available() if budget is None else budget
+    kw = dict(tokens=tokens, seqs=seqs, dtype=dtype, refs=refs, selection=selection, gguf_type=gguf_type)
+    wants_oracle = "hf" in refs and dtype != "float64"
+    tries = [(dtype, wants_oracle, ())]
+    if wants_oracle:
+        tries.append((dtype, False, ("the float64 oracle was skipped: HF's float64 run of one module would not fit "
+                                     "in memory; impl is judged against HF directly at the float32 bound scaled to "
+                                     "the case",)))
+    if dtype == "float64" and "hf" in refs:
+        tries.append(("float32", False, ("HF ran in float32, not float64: its float64 run of one module would not "
+                                         "fit in memory; impl is judged against it at the float32 bound scaled to "
+                                         "the case",)))
+    est = None
+    for hf_dtype, oracle, notes in tries:
+        est = estimate(family, config, layer_cfgs, hf_dtype=hf_dtype, oracle=oracle, **kw)
+        if est.peak <= budget:
+            return Plan(hf_dtype, oracle, est, budget, notes)
+    raise UsageError(
+        f"this case needs about {_gb(est.peak)} of memory ({est.describe()}) but {_gb(budget)} is available "
+        f"(CONFORMANCE_MEMORY_GB or the machine's MemAvailable); capture less with --layers 0,-1, "
+        f"--probes (e.g. without attn_probs: {tokens} tokens cost heads x tokens x tokens per layer) or fewer --tokens")
+
+
+def usage() -> dict:
+    """What this process (and the workers it waited for: llama.cpp) used so far:
+    peak resident memory in GB and CPU seconds -- meta.json's ``resources``, what
+    scripts/bench_real_size.py reports against the estimate."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"peak_rss_gb": round(me.ru_maxrss * 1024 / GB, 3), "peak_rss_children_gb": round(kids.ru_maxrss * 1024 / GB, 3),
+            "cpu_s": round(me.ru_utime + me.ru_stime, 1), "cpu_children_s": round(kids.ru_utime + kids.ru_stime, 1)}

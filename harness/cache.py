@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import weakref
 from pathlib import Path
 
-import numpy as np
-
-from .atomic import atomic_path
+from .store import META, ProbeStore, StoreWriter
 from .versions import ROOT
 
 
@@ -53,25 +53,50 @@ def family_sources(family) -> list[Path]:
     return files
 
 
-def load(kind: str, k: str) -> tuple[dict, dict] | None:
-    p = cache_dir() / kind / f"{k}.npz"
-    if not p.exists():
+def load(kind: str, k: str) -> tuple[ProbeStore, dict] | None:
+    """A stored capture as ``(probes, meta)``: the probes a ``ProbeStore`` read
+    memory-mapped, one at a time (harness/store.py); None when there is none."""
+    d = cache_dir() / kind / k
+    if not (d / META).is_file():
         return None
+    st = ProbeStore(d)
+    return st, st.meta
+
+
+def writer(kind: str, k: str, keep=None) -> StoreWriter:
+    """A capture written probe by probe as the reference computes it, under a
+    temporary name beside its place in the cache (``commit`` moves it there whole;
+    ``finish`` decides whether it stays)."""
+    return StoreWriter(cache_dir() / kind / k, keep=keep)
+
+
+def max_bytes() -> int:
+    """The largest capture kept in the cache (``CONFORMANCE_CACHE_MAX_GB``, default
+    2): a real-size capture (a 1B model's attention probabilities at 2048 tokens are
+    8 GB per reference) is used by its run and then removed, not left to fill the
+    disk."""
     try:
-        with np.load(p, allow_pickle=False) as z:
-            arrays = {n: z[n] for n in z.files if n != "__meta__"}
-            meta = json.loads(bytes(z["__meta__"]).decode()) if "__meta__" in z.files else {}
-        return arrays, meta
-    except (OSError, ValueError):
-        return None
+        return int(float(os.environ.get("CONFORMANCE_CACHE_MAX_GB", "2")) * 2**30)
+    except ValueError:
+        return 2 * 2**30
 
 
-def store(kind: str, k: str, arrays: dict, meta: dict | None = None) -> None:
-    d = cache_dir() / kind
-    d.mkdir(parents=True, exist_ok=True)
-    payload = dict(arrays)
-    payload["__meta__"] = np.frombuffer(json.dumps(meta or {}).encode(), dtype=np.uint8)
-    # a name unique to this writer, renamed into place: parallel workers (and shards
-    # sharing one cache directory) never read half a file or rename another's away
-    with atomic_path(d / f"{k}.npz", suffix=".npz") as tmp:
-        np.savez(tmp, **payload)
+def finish(w: StoreWriter, meta: dict | None = None) -> ProbeStore:
+    """Commit ``w``: into the cache when it is at most ``max_bytes()``, else into a
+    scratch folder removed when the store is dropped (or the process ends)."""
+    size = sum(f.stat().st_size for f in w.tmp.iterdir())
+    if size <= max_bytes():
+        return w.commit(meta)
+    scratch = cache_dir() / "scratch" / f"{os.getpid()}-{w.dest.name}"
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    w.dest = scratch
+    st = w.commit(dict(meta or {}, uncached=f"{size / 2**30:.1f} GB > the cache's {max_bytes() / 2**30:.1f} GB"))
+    weakref.finalize(st, shutil.rmtree, str(scratch), True)
+    return st
+
+
+def store(kind: str, k: str, arrays: dict, meta: dict | None = None) -> ProbeStore:
+    """Store ``arrays`` whole (a capture made in memory)."""
+    with writer(kind, k) as w:
+        w.update(arrays)
+        return finish(w, meta)

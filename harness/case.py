@@ -24,8 +24,8 @@ from impl.config import ConfigError
 from impl.kv import KV_MODES
 from impl.trace import LAYER_PROBES
 
-from . import cache, families, scaling, verdict
-from .compare import judge, judge_against_oracle, metrics
+from . import budget, cache, families, scaling, verdict
+from .compare import absmax, all_finite, judge, judge_against_oracle, metrics
 from .errors import UsageError, suggest
 from .families.base import NotInImpl
 from .features import model_features
@@ -33,13 +33,14 @@ from .policy import Policy, comparison_dtype, dataflow_position
 from .refs.capture import RefCapture  # noqa: F401 (re-exported: harness.case.RefCapture)
 from .refs.checkpoint import checkpoint_stamp as _checkpoint_stamp
 from .refs.ggml_types import GGUF_TYPES, is_quantized  # f32 / f16 / bf16 exports, llama_model_quantize's types
+from .select import Selection, parse_layers, parse_probes
 from .schedule import SCHEDULES, chunk_sizes
 from .versions import versions
 
 REFERENCES = ("hf", "llamacpp")
 REF_CHOICES = REFERENCES + ("all",)
 STATUSES = verdict.STATUSES
-CAPTURE_SCHEMA = 1  # bump when the meaning of a stored capture changes
+CAPTURE_SCHEMA = 2  # bump when the meaning of a stored capture changes (2: a directory of .npy, harness/store.py)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class Case:
     prompt: str | None = None
     # features switched off in the seeded model itself (Family.model_switches; feature bisection)
     switch_off: tuple = ()
+    layers: str | None = None  # "0,5,-1": capture and compare only these layers (harness/select.py)
+    probes: str | None = None  # "q_rope,attn_out": only these probes (plus what a pass needs)
     # impl's contiguous KV drops the rows a windowed layer can no longer read (spec
     # evict_layer_kv, FRINK_KV_WINDOW); off by default, as in the spec
     evict: bool = False
@@ -102,6 +105,10 @@ class Case:
             parts.append("off=" + "+".join(self.switch_off))
         if self.prompt is not None:
             parts.append(f"prompt={cache.key(self.prompt)[:8]}")
+        if self.layers is not None:
+            parts.append(f"layers={self.layers}")
+        if self.probes is not None:
+            parts.append(f"probes={self.probes}")
         if self.hf_model:
             parts.append(f"hf-model={Path(self.hf_model).name}")
         if self.gguf:
@@ -152,6 +159,8 @@ class Case:
             raise UsageError("kv mode decode holds one sequence; use --kv batched or paged for several")
         if self.page_size < 1:
             raise UsageError(f"--page-size must be a positive integer, got {self.page_size}")
+        parse_layers(self.layers)
+        parse_probes(self.probes)
         if not isinstance(self.evict, bool):
             raise UsageError(f"kv eviction is true or false, got {self.evict!r}")
         if self.evict and self.kv == "paged":
@@ -266,11 +275,11 @@ class CaseRun:
         if self.source is None and self.family.gguf_arch and is_quantized(self.case.gguf_type):
             from .refs.gguf_weights import dequantized_model
 
-            t = time.perf_counter()
             try:
-                path = self.gguf_path
+                path = self.gguf_path  # its own timing: gguf_export
             except RuntimeError:  # no file for llama.cpp (its capture reports why): the float weights
                 return m
+            t = time.perf_counter()
             m, self.hf_types = dequantized_model(self.family, m, self.config, path, self.variant)
             self.timings["dequantize"] = time.perf_counter() - t
         return m
@@ -289,8 +298,12 @@ class CaseRun:
         stamp = [self.case.hf_model, _checkpoint_stamp(self.case.hf_model)] if self.case.hf_model else None
         if self.case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
             stamp = [stamp, ["switch_off", list(self.case.switch_off)]]
-        return export_for_case(self.family, self.float_model, self.config, self.case.gguf_type, self.case.seed,
-                               self.variant, source=stamp)
+        model = self.float_model
+        t = time.perf_counter()
+        path = export_for_case(self.family, model, self.config, self.case.gguf_type, self.case.seed, self.variant,
+                               source=stamp)
+        self.timings["gguf_export"] = time.perf_counter() - t  # a cached file: the time to find it
+        return path
 
     @cached_property
     def weight_dtype(self) -> str:
@@ -331,13 +344,32 @@ class CaseRun:
         return m
 
     def model_in(self, dtype: str):
+        """The model with its weights held in ``dtype``: the float32 base model (also
+        for float64, which HF computes module by module on it: refs/hf_float64.py
+        ``promoted``), or ONE copy in bfloat16 / float16 made once per case."""
         import copy
 
         import torch
 
-        if dtype == "float32":
+        if dtype in ("float32", "float64"):
             return self.base_model
-        return copy.deepcopy(self.base_model).to(getattr(torch, dtype))
+        key = f"_model_{dtype}"
+        if key not in self.__dict__:
+            self.__dict__[key] = copy.deepcopy(self.base_model).to(getattr(torch, dtype))
+        return self.__dict__[key]
+
+    @cached_property
+    def selection(self) -> Selection:
+        """The layers and probes this case captures and compares (``--layers``, ``--probes``)."""
+        return Selection.of(self.case.layers, self.case.probes, len(self.layer_cfgs))
+
+    @cached_property
+    def plan(self) -> budget.Plan:
+        """What this case runs within the memory it has (harness/budget.py), decided
+        from the config before any work: a refusal is a UsageError (exit 2)."""
+        c = self.case
+        return budget.plan(self.family, self.config, self.layer_cfgs, tokens=c.tokens, seqs=c.n_seqs, dtype=c.dtype,
+                           refs=c.refs, selection=self.selection, gguf_type=c.gguf_type)
 
     @cached_property
     def tokens(self) -> np.ndarray:
@@ -364,28 +396,30 @@ class CaseRun:
                 for s in range(self.case.n_seqs)]
         return np.stack(rows).astype(np.int64)
 
+    def layer_weights_for(self, dtype: str, i: int) -> dict:
+        """impl's weights of layer ``i``, as the reference computing in ``dtype`` holds
+        them -- made when asked and not kept: at real sizes all layers' weights in
+        float64 would be a second model."""
+        lc = self.layer_cfgs[i]
+        if isinstance(lc, NotInImpl):
+            return {}
+        if self.source is not None:
+            w = self.source.layer_weights[i]
+        else:
+            model = self.model_in(dtype if dtype in ("float16", "bfloat16") else "float32")
+            w = self.family.layer_weights(model, self.config, i)
+        # a named variant may store the same function in other weights (llama's
+        # wo_scale: wo / s, with s as the {1} companion)
+        return self.family.variant_weights(w, self.config, i, self.variant)
+
     def weights_for(self, dtype: str) -> list[dict]:
-        """impl's weights, as the reference computing in ``dtype`` holds them."""
-        key = f"_weights_{dtype}"
-        if key not in self.__dict__:
-            if self.source is not None:
-                ws = self.source.layer_weights
-            else:
-                model = self.model_in(dtype if dtype in ("float16", "bfloat16") else "float32")
-                ws = [
-                    {} if isinstance(lc, NotInImpl) else self.family.layer_weights(model, self.config, i)
-                    for i, lc in enumerate(self.layer_cfgs)
-                ]
-            # a named variant may store the same function in other weights (llama's
-            # wo_scale: wo / s, with s as the {1} companion)
-            self.__dict__[key] = [w if isinstance(lc, NotInImpl) else
-                                  self.family.variant_weights(w, self.config, i, self.variant)
-                                  for i, (lc, w) in enumerate(zip(self.layer_cfgs, ws))]
-        return self.__dict__[key]
+        """Every layer's ``layer_weights_for`` (small models; a real-size run takes them one layer at a time)."""
+        return [self.layer_weights_for(dtype, i) for i in range(len(self.layer_cfgs))]
 
     @cached_property
     def features(self) -> list[str]:
-        f = model_features(self.layer_cfgs, self.weights_for("float32"))
+        # one layer's weights at a time (their names decide the features)
+        f = model_features(self.layer_cfgs, (self.layer_weights_for("float32", i) for i in range(len(self.layer_cfgs))))
         f |= set(self.family.declared_features)
         f.add(f"kv_{self.case.kv}")
         if self.case.evict:
@@ -421,8 +455,9 @@ class CaseRun:
         eager; the hf-sdpa / hf-flex candidates, harness/candidates/hf_attn.py)."""
         from .refs import hf
 
-        dtype = dtype or self.case.dtype
+        dtype = dtype or self.plan.hf_dtype
         weights = weights or dtype
+        sel = self.selection
         src = cache.source_hash(*cache.family_sources(self.family), Path(hf.__file__),
                                 Path(hf.__file__).with_name("hf_float64.py"),
                                 Path(__file__).parent / "families" / "base.py")
@@ -434,26 +469,30 @@ class CaseRun:
                       *self._weights_stamp(),
                       *((["weights", weights],) if weights != dtype else ()),
                       *((["forced_by", force.key],) if force is not None else ()),
+                      *((["selection", sel.label()],) if sel.label() else ()),
                       *((["attn_implementation", attn_implementation],) if attn_implementation != "eager" else ()))
         hit = cache.load("hf", k)
         if hit is not None:
             return RefCapture("hf", dtype, hit[0], meta=hit[1], cached=True, key=k)
+        # the weights as held (float32, or the case's bfloat16 / float16 copy); a float64
+        # run computes on them module by module with every float32 side path of HF's
+        # modeling code promoted (refs/hf_float64.py), so it is judged at float64
         model, how = self._hf_model(weights)
-        if weights != dtype or attn_implementation != "eager":
+        if attn_implementation != "eager":  # a candidate's attention path, on a copy: the reference stays eager
             import copy
 
-            import torch
-
-            model = copy.deepcopy(model).to(getattr(torch, dtype))
-            if attn_implementation != "eager":
-                model.set_attn_implementation(attn_implementation)
-        # a float64 model computes every float32 side path of HF's modeling code in
-        # float64 too (refs/hf_float64.py), so a float64 capture is judged at float64
+            model = copy.deepcopy(model)
+            model.set_attn_implementation(attn_implementation)
         meta = {"family": self.family.name, "dtype": dtype, "weights": weights, **({"built_by": how} if how else {})}
-        forced = None if force is None else {k2: v for k2, v in force.probes.items() if k2.endswith(".layer_in")}
-        probes = hf.capture(self.family, model, self.config, self.layer_cfgs, self.tokens, meta, force_inputs=forced,
-                            attn_implementation=attn_implementation)
-        cache.store("hf", k, probes, meta)
+        forced = None if force is None else {k2: force.probes[k2] for k2 in force.probes if k2.endswith(".layer_in")}
+        # each probe goes to disk as HF computes it (harness/store.py); the oracle stops
+        # after the last layer it is asked for
+        with cache.writer("hf", k, keep=sel.key) as w:
+            hf.capture(self.family, model, self.config, self.layer_cfgs, self.tokens, meta, force_inputs=forced,
+                       sink=w, layers=sel.layers, probes=sel.probes, float64=dtype == "float64",
+                       model_probes=force is None and sel.model_probes,
+                       attn_implementation=attn_implementation)
+            probes = cache.finish(w, meta)
         return RefCapture("hf", dtype, probes, meta=meta, key=k)
 
     def _weights_stamp(self) -> list:
@@ -478,19 +517,24 @@ class CaseRun:
         return transformers_reference(self.source)
 
     def _hf_model(self, weights: str):
-        """The HF reference model with its weights held in ``weights`` and, for a
-        GGUF, how its weights were built (the caller copies before changing it)."""
+        """The HF reference model with its weights held in ``weights`` (as
+        ``model_in``: float32 also for float64, which HF computes module by module
+        on it) and, for a GGUF, how its weights were built (the caller copies
+        before changing it)."""
         if self.source is None:
             return self.model_in(weights), None
         model, how = self._gguf_hf
         if model is None:
             return self.model_in(weights), how
-        if weights != "float32":
-            import copy
+        if weights not in ("float32", "float64"):
+            key = f"_gguf_hf_{weights}"
+            if key not in self.__dict__:  # ONE copy per case, as model_in makes
+                import copy
 
-            import torch
+                import torch
 
-            model = copy.deepcopy(model).to(getattr(torch, weights))
+                self.__dict__[key] = copy.deepcopy(model).to(getattr(torch, weights))
+            model = self.__dict__[key]
         return model, how
 
     def hf_oracle(self, rc: RefCapture) -> RefCapture:
@@ -573,6 +617,7 @@ class CaseRun:
         why = cand.unsupported(self)
         if why:  # a limit of the engine, said in the row: nothing compared, never a pass
             return [self._row(name, "-", None, "*", "skipped", why)]
+        _ = self.plan  # decided before any capture: a case that cannot fit is refused here
         caps = [self.capture(r) for r in case.refs]
         rows: list[dict] = []
         for rc in caps:
@@ -589,12 +634,14 @@ class CaseRun:
             self.timings[f"{name}_vs_{rc.name}"] = time.perf_counter() - t
         good = [rc for rc in caps if not rc.error]
         if len(good) >= 2:
+            t = time.perf_counter()
             rows += self._compare_refs(good[1], good[0])
+            self.timings["refs_compare"] = time.perf_counter() - t
         # a pass must mean the candidate was checked (harness/verdict.py): findings need a
         # guard, every implemented layer a passing attn_out against some reference
         return verdict.guard(rows, self.layer_cfgs, name,
                              lambda layer, probe, reason: self._row(name, "-", layer, probe, "unguarded", reason),
-                             fallback=None if cand.teacher_forced else "layer_out")
+                             fallback=None if cand.teacher_forced else "layer_out", layers=self.selection.layers)
 
     def oracle_for(self, rc: RefCapture) -> RefCapture | None:
         """The float64 oracle the candidate is judged through against ``rc``, or None
@@ -602,10 +649,14 @@ class CaseRun:
         ``hf_oracle`` (HF in float64 fed ``rc``'s own layer inputs). A free-running
         candidate (it runs from the tokens, as the references do): HF in float64,
         free-running too, on the weights the case's HF run holds -- against either
-        reference, where the comparison dtype's table has an oracle rule."""
+        reference, where the comparison dtype's table has an oracle rule. None too
+        where the memory plan skipped the oracle (harness/budget.py; every row
+        against HF says so)."""
+        if self.plan.skips_oracle and not (rc.name == "hf" and rc.dtype == "float64"):
+            return None
         if self.candidate.teacher_forced:
             return self.hf_oracle(rc) if rc.name == "hf" and rc.dtype != "float64" else None
-        if self.case.dtype == "float64" and rc.name == "hf":
+        if rc.dtype == "float64" and rc.name == "hf":
             return rc  # the reference is itself float64 and runs free from the same tokens
         key = "_free_oracle"
         if key not in self.__dict__:
@@ -633,25 +684,34 @@ class CaseRun:
         A teacher-forced candidate is given ``rc``'s own layer inputs, layer by
         layer; a free-running one is compared at every probe both sides hold,
         ``layer_in`` and the model-level probes included."""
+        from .candidates import CandidateCapture, LayerCandidate
+
         cand = self.candidate
         name, forced = cand.name, cand.teacher_forced
+        sel = self.selection
+        # a candidate that computes one layer at a time is run and compared layer by
+        # layer, its probes of a layer dropped once compared: a real-size run holds one
+        # layer beyond the weights (issue 13); any other candidate captures once
+        by_layer = isinstance(cand, LayerCandidate)
         try:
-            cap = cand.capture(self, rc)
+            whole = CandidateCapture(name, cand.dtype(self)) if by_layer else cand.capture(self, rc)
         except UsageError:
             raise
         except Exception as e:  # the candidate crashed as a whole: one error row, the run goes on
             return [self._row(name, rc.name, None, "*", "error",
                               f"{name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")]
-        if cap.note and cap.note not in self.notes:
-            self.notes.append(cap.note)
-        cdt = comparison_dtype(cap.dtype, rc.dtype)
+        cdt = comparison_dtype(whole.dtype, rc.dtype)
         if rc.name == "llamacpp":
             cdt = comparison_dtype(cdt, self.weight_dtype)
         if oracle is not None and "ratio" not in self.policy.tolerance(cdt, "default")[0]:
             oracle = None  # no oracle rule at this precision: judged directly
+        # what the memory plan gave up (harness/budget.py), said in every row against HF
+        plan_note = "; ".join(self.plan.notes) if rc.name == "hf" else ""
         rows = []
 
-        def compare(layer, probe, expected):
+        def compare(cap, layer, probe, expected):
+            if cap.note and cap.note not in self.notes:
+                self.notes.append(cap.note)
             key = f"L{layer}.{probe}" if layer is not None else probe
             if key not in cap.probes:
                 hidden = cap.hidden(key)
@@ -682,11 +742,14 @@ class CaseRun:
             row = self._judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc)
             if cap.note and not row.get("tol_reason"):
                 row["tol_reason"] = cap.note  # why the bound is this dtype's
+            if plan_note:
+                row["reason"] = "; ".join(x for x in (row["reason"], plan_note) if x)
             rows.append(row)
 
-        if not forced:
-            compare(None, "embeddings", "embeddings" in rc.probes)
-        for i, lc in enumerate(self.layer_cfgs):
+        if not forced and sel.probe("embeddings"):
+            compare(whole, None, "embeddings", "embeddings" in rc.probes)
+        for i in sel.layers:
+            lc = self.layer_cfgs[i]
             if forced and isinstance(lc, NotInImpl):
                 rows.append(self._row(name, rc.name, i, "*", "not-implemented",
                                       f"not implemented in {name}: {lc.kind} ({lc.reason})", layer_kind=lc.kind))
@@ -695,6 +758,12 @@ class CaseRun:
                 rows.append(self._row(name, rc.name, i, "layer_in", "not-exposed",
                                       f"{rc.name} does not expose this layer's input; the layer cannot be teacher-forced"))
                 continue
+            cap = whole
+            if by_layer:
+                t = time.perf_counter()
+                cap = cand.capture_layer(self, rc, i)
+                self.timings[f"{name}_run_{rc.name}"] = (self.timings.get(f"{name}_run_{rc.name}", 0.0)
+                                                         + time.perf_counter() - t)
             if i in cap.errors:
                 rows.append(self._row(name, rc.name, i, "*", "error", cap.errors[i]))
                 continue
@@ -702,12 +771,14 @@ class CaseRun:
             if not forced:  # the engine's graph: what the reference holds, it must hold or say why not
                 expected |= {p for p in LAYER_PROBES if f"L{i}.{p}" in rc.probes}
             for probe in LAYER_PROBES:
-                if probe == "layer_in" and forced:
+                if (probe == "layer_in" and forced) or not sel.probe(probe):
                     continue
-                compare(i, probe, probe in expected)
+                compare(cap, i, probe, probe in expected)
+            del cap
         if not forced:
             for probe in ("final_norm", "logits"):
-                compare(None, probe, probe in rc.probes)
+                if sel.probe(probe):
+                    compare(whole, None, probe, probe in rc.probes)
         return rows
 
     def _compare_refs(self, cand: RefCapture, ref: RefCapture) -> list[dict]:
@@ -736,12 +807,11 @@ class CaseRun:
         # the bound at this case's size: RoPE reach and the values' scale (harness/scaling.py);
         # angles are float32 in every reference below float64 (llama.cpp always)
         rope = self._rope_reach(cand_name, layer, probe)
-        scale_of = b if oracle is None else oracle
-        ref_scale = float(np.nanmax(np.abs(scale_of))) if np.size(scale_of) else 0.0
+        ref_scale = absmax(b if oracle is None else oracle)
         tol = scaling.scaled(base, rope, "float64" if cdt == "float64" else "float32", ref_scale)
         if oracle is not None:
             cm, rm = metrics(a, oracle, probe), metrics(b, oracle, probe)
-            status, reason, allowed = judge_against_oracle(cm, rm, tol, bool(np.isfinite(oracle).all()))
+            status, reason, allowed = judge_against_oracle(cm, rm, tol, all_finite(oracle))
             extra = {"nmse_cand_oracle": cm["nmse"], "nmse_ref_oracle": rm["nmse"],
                      "err_ratio": max(_over(cm["nmse"], allowed), _over(cm["max_abs"], tol["atol"]))}
             tol = dict(tol, nmse=allowed)  # the bound actually applied is what the row reports
@@ -817,8 +887,9 @@ def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dic
     case.validate()
     run = CaseRun(case, policy, progress)
     _ = run.layer_cfgs  # shape errors surface as UsageError before any capture
+    _ = run.plan  # so does a case that cannot fit in memory (harness/budget.py)
     t = time.perf_counter()
     rows = run.rows()
     run.timings["total"] = time.perf_counter() - t
     return rows, {"case": run.case.to_dict(), "case_id": run.case.case_id(), "features": run.features,
-                  "timings": run.timings, "family": run.family.name, **run.meta_extra()}
+                  "timings": run.timings, "family": run.family.name, "plan": run.plan.meta(), **run.meta_extra()}

@@ -81,6 +81,10 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", help="a family's named variant (MLA families: absorbed, naive)")
     p.add_argument("--prompt", metavar="TEXT", help="token ids from this text, tokenized by llama.cpp with the "
                                                     "GGUF's own vocabulary (default: seeded random ids)")
+    p.add_argument("--layers", metavar="I,J,...", help="capture and compare only these layers (0,5,-1; negative "
+                   "from the end) -- HF, llama.cpp, impl and the float64 oracle alike")
+    p.add_argument("--probes", metavar="P,Q,...", help="capture and compare only these probes (q_rope,attn_probs; "
+                   "layer_in, attn_out and resid_mid always come too: a pass needs them)")
     p.add_argument("--candidate", default="impl", metavar="NAME",
                    help="the engine judged (default impl; `conformance list` names the installed ones; dump:DIR)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
@@ -105,7 +109,8 @@ def case_from_args(a):
     return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
-                variant=a.variant, prompt=a.prompt, evict=a.kv_evict, candidate=a.candidate)
+                variant=a.variant, prompt=a.prompt, layers=a.layers,
+                probes=a.probes, evict=a.kv_evict, candidate=a.candidate)
 
 
 def _require_device(case) -> None:
@@ -147,7 +152,7 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     report.write_meta(d, {"run_id": run_id, "command": command, "argv": sys.argv[1:], "case": case.to_dict(),
                           "candidate": run.candidate.name, "notes": run.notes,
                           "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
-                          **run.meta_extra()})
+                          "plan": run.plan.meta(), "resources": budget.usage(), **run.meta_extra()})
     print(report.case_table(df))
     for note in run.notes:
         print(f"note: {note}")

@@ -74,7 +74,11 @@ AXES = {
     "backends": ("backend", ["numpy"]),
     "devices": ("device", ["cpu"]),
     "dtypes": ("dtype", ["float32"]),
+    # a subset of layers / probes ("0,5,-1", "q_rope,attn_probs"; harness/select.py): real sizes
+    "layers": ("layers", [None]),
+    "probes": ("probes", [None]),
 }
+_ALL_AXES = {"layers", "probes"}  # None (TOML has no null): every layer / probe
 _INT_AXES = {"seeds", "tokens", "seqs", "page_sizes"}
 _BOOL_AXES = {"kv_evict"}
 TOP_KEYS = {"name", "description", "group", "exclude"} | set(AXES)
@@ -155,7 +159,7 @@ def _values(axis: str, raw, where: str) -> list:
     if not vals:
         raise UsageError(f"{where}: axis {axis!r} is empty; give at least one value")
     for v in vals:
-        if axis == "seqs" and v is None:  # the default: 1 for decode, 2 otherwise (TOML has no null)
+        if (axis == "seqs" or axis in _ALL_AXES) and v is None:  # the default (TOML has no null)
             continue
         if axis in _INT_AXES and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
             raise UsageError(f"{where}: {axis} takes non-negative integers, got {v!r}")
@@ -209,21 +213,26 @@ def _expand(axes: dict, where: str) -> list[Case]:
 def _check_configs(cases: list[Case], where: str) -> None:
     """Config keys and layer shapes, once per distinct model, and what each case
     needs of it (positions, memory: ``budget.check``), before anything runs."""
-    from dataclasses import replace
-
     from . import budget
     from .case import CaseRun
 
-    runs: dict = {}
+    seen: dict = {}
+    planned = set()
     for c in cases:
         k = (c.family, c.variant, repr(c.overrides))
         try:
-            if k not in runs:
-                runs[k] = CaseRun(c, None)
-                _ = runs[k].layer_cfgs
-            run = runs[k]
-            run.case = replace(run.case, tokens=c.tokens, seqs=c.seqs, kv=c.kv, ref=c.ref)
-            budget.check(run)
+            if k not in seen:
+                seen[k] = CaseRun(c, None)
+                _ = seen[k].layer_cfgs
+            # positions, the selection's range and the memory plan (a case that cannot
+            # fit even alone is refused here, before anything runs; harness/budget.py)
+            p = (k, c.layers, c.probes, c.tokens, c.n_seqs, c.dtype, c.ref, c.gguf_type)
+            if p not in planned:
+                planned.add(p)
+                r = CaseRun(c, None)
+                r.__dict__["layer_cfgs"] = seen[k].layer_cfgs
+                r.__dict__["config"] = seen[k].config
+                budget.check(r)
         except UsageError as e:
             raise UsageError(f"{where}: {e}") from None
 

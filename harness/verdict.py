@@ -78,14 +78,16 @@ def guard_probe(lc) -> str | None:
     return attn[-1] if attn else "resid_mid"
 
 
-def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str | None = None) -> list[dict]:
+def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str | None = None,
+          layers=None) -> list[dict]:
     """Apply rule 3 to one case's rows (in place where a finding loses its guard;
     the unguarded layer rows appended). ``make_row(layer, probe, reason)`` builds
     an ``unguarded`` row for this case. ``fallback``: for a free-running candidate
     whose engine names no tensor for a layer's guard probe (``not-exposed`` against
     every reference), a passing ``fallback`` probe of that layer guards it instead
     (``layer_out``: the layer's attention flows into it, and into the next layer's
-    input, which is judged too)."""
+    input, which is judged too). ``layers``: the layer indices the case compared
+    (``--layers``; None: all) -- each of them needs its guard."""
     mine = [r for r in rows if r["candidate"] == candidate]
     passing = {(r["layer"], r["probe"], r["reference"]) for r in mine if r["status"] == "pass"}
     hidden = {(r["layer"], r["probe"], r["reference"]) for r in mine if r["status"] == "not-exposed"}
@@ -108,7 +110,8 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
     out = list(rows)
     if any(r["status"] in ("error", "skipped") for r in mine):
         return out  # a crash (or a device absent) already decides the case and says why
-    layers = [(i, guard_probe(lc)) for i, lc in enumerate(layer_cfgs)]
+    chosen = set(range(len(layer_cfgs))) if layers is None else set(layers)
+    layers = [(i, guard_probe(lc)) for i, lc in enumerate(layer_cfgs) if i in chosen]
     layers = [(i, p) for i, p in layers if p is not None]
     if not layers:
         out.append(make_row(None, "*", f"no layer of this case is implemented by {candidate}: only the references "

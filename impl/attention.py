@@ -231,7 +231,8 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     k_all, v_all, k_pos = kvmod.push_and_read(kv, k, v)
     heads, probs = attend(be, q, k_all, v_all, pos, k_pos, scale=cfg.softmax_scale,
                           head_map=np.arange(cfg.n_heads) // cfg.n_rep, window=cfg.window,
-                          softcap=cfg.softcap, sinks=w.get("sinks"), slopes=layer.slopes)
+                          softcap=cfg.softcap, sinks=w.get("sinks"), slopes=layer.slopes,
+                          want_probs=trace is not None)
     if trace is not None:
         trace.put_probs(probs, pos, k_pos)
     if cfg.window is not None:
@@ -270,7 +271,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
 
 
 def attend(be: Backend, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray, *, scale: float, head_map,
-           window=None, softcap: float | None = None, sinks=None, slopes=None):
+           window=None, softcap: float | None = None, sinks=None, slopes=None, want_probs: bool = True):
     """The one kernel: plain, windowed, softcapped, ALiBi'd and sink-bearing --
     and MLA's (``impl.mla``: per-head K/V in the naive form, one latent KV head in
     the absorbed form), so every body attends through the same arithmetic.
@@ -278,15 +279,63 @@ def attend(be: Backend, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray, *, scale:
     ``q[n, H, D]`` against the sequence's ``k[L, Hkv, D]``, ``v[L, Hkv, Dv]``;
     query head ``h`` reads KV head ``head_map[h]`` (GQA: ``h // (H / Hkv)``, HF
     ``repeat_kv``, ggml's broadcast in ``mul_mat``). Returns
-    ``(heads[n, H, Dv], probs[H, n, L])``.
+    ``(heads[n, H, Dv], probs[H, n, L])`` (``probs`` None unless ``want_probs``).
+
+    Query rows go in blocks of about ``BLOCK`` score elements, each against the
+    span of keys some row of the block can see: every row's softmax is whole
+    inside its block, and a key no row of the block sees would only add exact
+    zeros (its probability is ``exp(-inf) = 0``). So the explicit softmax's
+    ``[H, rows, keys]`` temporaries stay in cache, a causal prefill skips the
+    masked half, a windowed layer the keys behind its window, and a long prefill
+    never holds several ``[H, n, L]`` arrays at once (a 512-token prefill of 32
+    heads ran 1.5x HF's fused softmax unblocked; scripts/bench_real_size.py).
     """
     xp = be.xp
-    acc = be.acc_dtype
     head_map = be.index(head_map)
-    kh = xp.permute_dims(xp.take(k, head_map, axis=1), (1, 2, 0))  # [H, D, L]
-    vh = xp.permute_dims(xp.take(v, head_map, axis=1), (1, 0, 2))  # [H, L, Dv]
+    # gathered head-major (the gather's result is laid out [H, D, L] / [H, L, Dv], so
+    # each block's product reads it as it is, not through a strided view)
+    kh = xp.take(xp.permute_dims(k, (1, 2, 0)), head_map, axis=0)  # [H, D, L]
+    vh = xp.take(xp.permute_dims(v, (1, 0, 2)), head_map, axis=0)  # [H, L, Dv]
+
+    # Causal, and inside the layer's window as a function of the query position
+    # (spec `layer_window_for_query`); the same rule decides what may be evicted.
+    visible = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        visible &= k_pos[None, :] >= window.lowest_visible(q_pos)[:, None]
+
+    n, n_heads, n_keys = q.shape[0], q.shape[1], kh.shape[-1]
+    rows = max(1, BLOCK // max(1, n_heads * n_keys))
+    heads, probs = [], []
+    for a in range(0, n, rows):
+        vis = visible[a:a + rows]
+        seen = np.flatnonzero(vis.any(axis=0))
+        lo, hi = (int(seen[0]), int(seen[-1]) + 1) if seen.size else (0, n_keys)
+        h, p = _attend_rows(be, q[a:a + rows], kh[:, :, lo:hi], vh[:, lo:hi], q_pos[a:a + rows], k_pos[lo:hi],
+                            vis[:, lo:hi], scale, softcap, sinks, slopes)
+        heads.append(h)
+        if want_probs:
+            if (lo, hi) != (0, n_keys):  # the keys the block does not see: probability exactly 0
+                z = (n_heads, p.shape[1])
+                p = xp.concat([xp.zeros((*z, lo), dtype=p.dtype, **_dev(be)), p,
+                               xp.zeros((*z, n_keys - hi), dtype=p.dtype, **_dev(be))], axis=-1)
+            probs.append(p)
+    one = len(heads) == 1
+    return (heads[0] if one else xp.concat(heads, axis=0),
+            None if not want_probs else probs[0] if one else xp.concat(probs, axis=1))
+
+
+BLOCK = 1 << 19  # score elements per block of query rows (attend): 2 MB of float32
+
+
+def _attend_rows(be: Backend, q, kh, vh, q_pos: np.ndarray, k_pos: np.ndarray, visible: np.ndarray, scale,
+                 softcap, sinks, slopes):
+    """``attend`` for a block of query rows ``q[rows, H, D]`` against the gathered
+    keys ``kh[H, D, L]`` and values ``vh[H, L, Dv]``, ``visible[rows, L]``."""
+    xp = be.xp
+    acc = be.acc_dtype
     qh = xp.permute_dims(q, (1, 0, 2))  # [H, n, D]
-    scores = xp.astype(xp.matmul(qh, kh), acc) * scale
+    # copy=False: no pass over the [H, n, L] scores where the type is already right
+    scores = xp.astype(xp.matmul(qh, kh), acc, copy=False) * scale
 
     # "The sink arm carries no softcap, matching llama.cpp's" (spec push_and_attend_row).
     if softcap is not None and sinks is None:
@@ -297,11 +346,6 @@ def attend(be: Backend, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray, *, scale:
         rel = be.asarray((k_pos[None, :] - q_pos[:, None]).astype(np.float64), acc)
         scores = scores + slopes[:, None, None] * rel[None, :, :]
 
-    # Causal, and inside the layer's window as a function of the query position
-    # (spec `layer_window_for_query`); the same rule decides what may be evicted.
-    visible = k_pos[None, :] <= q_pos[:, None]
-    if window is not None:
-        visible &= k_pos[None, :] >= window.lowest_visible(q_pos)[:, None]
     neg_inf = xp.asarray(-np.inf, dtype=acc, **_dev(be))
     scores = xp.where(be.mask(visible)[None, :, :], scores, neg_inf)
 
@@ -316,7 +360,7 @@ def attend(be: Backend, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray, *, scale:
     else:
         e = xp.exp(scores - m)
         probs = e / xp.sum(e, axis=-1, keepdims=True)
-    out = xp.matmul(xp.astype(probs, v.dtype), vh)  # [H, n, Dv]
+    out = xp.matmul(xp.astype(probs, vh.dtype, copy=False), vh)  # [H, n, Dv]
     return xp.permute_dims(out, (1, 0, 2)), probs
 
 

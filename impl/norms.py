@@ -19,16 +19,17 @@ def normalize(xp, x, spec: NormSpec, weight=None, bias=None, acc_dtype=None):
     if spec.kind == "none":
         return x
     in_dtype = x.dtype
-    xf = x if acc_dtype is None else xp.astype(x, acc_dtype)
+    # copy=False throughout: an astype to the type the array has is no pass over it
+    xf = x if acc_dtype is None else xp.astype(x, acc_dtype, copy=False)
     if spec.kind == "layer":
         mean = xp.mean(xf, axis=-1, keepdims=True)
         xf = xf - mean
     var = xp.mean(xf * xf, axis=-1, keepdims=True)
     y = xf / xp.sqrt(var + spec.eps)
     if spec.kind == "rms1p":
-        w = weight if acc_dtype is None else xp.astype(weight, acc_dtype)
-        return xp.astype(y * (1.0 + w), in_dtype)
-    y = xp.astype(y, in_dtype)
+        w = weight if acc_dtype is None else xp.astype(weight, acc_dtype, copy=False)
+        return xp.astype(y * (1.0 + w), in_dtype, copy=False)
+    y = xp.astype(y, in_dtype, copy=False)
     if spec.kind == "l2":
         return y
     if weight is not None:

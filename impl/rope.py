@@ -146,8 +146,13 @@ def rotate(xp, x, cos, sin, layout: str, rotary_dim: int):
     c = cos[:, None, :]
     s = sin[:, None, :]
     if layout == "neox":
+        # HF's form (``q * cos + rotate_half(q) * sin``, full-width tables): per element
+        # the same products summed in the same order as ``[x1 c - x2 s, x2 c + x1 s]``
+        # (``a - b`` is ``a + (-b)`` exactly), in fewer passes over strided halves
         x1, x2 = x[..., :half], x[..., half:rotary_dim]
-        rot = xp.concat([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+        c2, s2 = xp.concat([c, c], axis=-1), xp.concat([s, s], axis=-1)
+        xr = x if rotary_dim == x.shape[-1] else x[..., :rotary_dim]
+        rot = xr * c2 + xp.concat([-x2, x1], axis=-1) * s2
     else:
         xe, xo = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
         pairs = xp.stack([xe * c - xo * s, xo * c + xe * s], axis=-1)

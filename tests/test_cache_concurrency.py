@@ -61,9 +61,14 @@ def _read(cache_dir: str, barrier, q) -> None:
     os.environ["CONFORMANCE_CACHE"] = cache_dir
     from harness import cache
 
+    import time
+
     barrier.wait(timeout=120)
     seen, torn = 0, []
-    for _ in range(400):
+    # a store is a folder renamed into place (harness/store.py): read until well after
+    # the first writer's lands (a miss costs one stat, so a count of tries ends too soon)
+    end = time.monotonic() + 60
+    while time.monotonic() < end and seen < 200:
         hit = cache.load("race", "onekey")
         if hit is None:
             continue

@@ -192,34 +192,48 @@ class LayerCandidate(Candidate):
         ``PROBE_SHAPES``); raise to report an error for this layer."""
 
     def capture(self, run, rc) -> CandidateCapture:
+        """Every selected layer's ``capture_layer``, gathered (the harness itself
+        compares one layer at a time and never holds them all)."""
+        cap = CandidateCapture(self.name, self.dtype(run))
+        for i in run.selection.layers:
+            one = self.capture_layer(run, rc, i)
+            cap.probes.update(one.probes)
+            cap.not_exposed.update(one.not_exposed)
+            cap.errors.update(one.errors)
+            cap.layer_dtypes.update(one.layer_dtypes)
+        return cap
+
+    def capture_layer(self, run, rc, i: int) -> CandidateCapture:
+        """Layer ``i`` alone, fed ``rc``'s own input to it, on that layer's weights
+        only (made when asked: a real-size run never holds every layer's); empty
+        for a layer with no description (``NotInImpl``) or no input in ``rc``."""
         from ..families.base import NotInImpl
         from ..schedule import chunk_sizes
 
         case = run.case
         cap = CandidateCapture(self.name, self.dtype(run))
-        weights = run.weights_for(run.weights_dtype(rc))
-        for i, lc in enumerate(run.layer_cfgs):
-            key = f"L{i}.layer_in"
-            if isinstance(lc, NotInImpl) or key not in rc.probes:
-                continue
+        lc = run.layer_cfgs[i]
+        key = f"L{i}.layer_in"
+        if isinstance(lc, NotInImpl) or key not in rc.probes:
+            return cap
+        try:
             x = rc.probes[key]
-            inputs = [x[s] for s in range(x.shape[0])]
-            call = LayerCall(i, lc, weights[i], inputs, case.kv, tuple(chunk_sizes(case.schedule, x.shape[1])),
-                             case.page_size, case.seed, case.evict, case.backend, case.device, case.dtype,
-                             run.family.name, run.ggml_act_types(rc, i))
-            try:
-                got = self.run_layer(call)
-            except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
-                cap.errors[i] = f"{self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
-                continue
-            ldt = run.ggml_layer_dtype(rc, call)
-            if ldt:
-                cap.layer_dtypes[i] = ldt
-            for probe, arr in got.items():
-                if isinstance(arr, NotExposed):
-                    cap.not_exposed[f"L{i}.{probe}"] = arr.reason
-                else:
-                    cap.probes[f"L{i}.{probe}"] = np.asarray(arr)
+            inputs = [np.asarray(x[s]) for s in range(x.shape[0])]
+            call = LayerCall(i, lc, run.layer_weights_for(run.weights_dtype(rc), i), inputs, case.kv,
+                             tuple(chunk_sizes(case.schedule, x.shape[1])), case.page_size, case.seed, case.evict,
+                             case.backend, case.device, case.dtype, run.family.name, run.ggml_act_types(rc, i))
+            got = self.run_layer(call)
+        except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
+            cap.errors[i] = f"{self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            return cap
+        ldt = run.ggml_layer_dtype(rc, call)  # after run_layer: it reads what the candidate met (call.ggml_met)
+        if ldt:
+            cap.layer_dtypes[i] = ldt
+        for probe, arr in got.items():
+            if isinstance(arr, NotExposed):
+                cap.not_exposed[f"L{i}.{probe}"] = arr.reason
+            elif run.selection.probe(probe):
+                cap.probes[f"L{i}.{probe}"] = np.asarray(arr)
         return cap
 
 

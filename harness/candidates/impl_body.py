@@ -48,7 +48,7 @@ DROPPED = {"window": "sliding / chunked windows", "softcap": "softcap", "sinks":
 
 
 def sdpa_attend(be, q, k, v, q_pos, k_pos, *, scale, head_map, window=None, softcap=None, sinks=None,
-                slopes=None):
+                slopes=None, want_probs=True):
     """impl's kernel signature (``impl.attention.attend``) over
     ``torch.nn.functional.scaled_dot_product_attention``, the way an engine
     author swaps it in: the causal mask from the positions (a decode row sees

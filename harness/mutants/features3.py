@@ -28,7 +28,7 @@ MUTANTS = [
            {"family": "olmo2"}, "attn_out",
            doc="the post-attention norm follows the input norm's spec (none for olmo2) instead of its own"),
     Mutant("rms1p-drops-the-one", "rms1p", "impl.norms",
-           "return xp.astype(y * (1.0 + w), in_dtype)", "return xp.astype(y * w, in_dtype)",
+           "return xp.astype(y * (1.0 + w), in_dtype, copy=False)", "return xp.astype(y * w, in_dtype, copy=False)",
            {"family": "gemma3"}, "attn_in", doc="gemma's (1 + w) norm multiplies by w alone"),
     Mutant("rope-theta-ignored", "per_layer_theta", "impl.rope",
            "base_inv = 1.0 / (float(theta) ** exponents)", "base_inv = 1.0 / (10000.0 ** exponents)",

@@ -6,6 +6,23 @@ family's HF class and then run through the same comparison as a tiny model --
 HF captured with hooks, the same weights exported to GGUF for llama.cpp,
 impl's weights taken with the family's ``layer_weights``.
 
+Real checkpoints come in more shapes than ``save_pretrained`` of a text model
+makes, and each is read as it is (issue 13):
+
+- sharded safetensors with ``model.safetensors.index.json``, and weights
+  stored in bfloat16 / float16 (loaded as float32: every value exact);
+- a multimodal checkpoint whose ``config.json`` nests the text model's config
+  under ``text_config`` (Gemma 3 4B+ ``gemma3``, Llama 4 ``llama4``, Qwen3.5
+  ``qwen3_5``): the family is the text config's model type, the text model is
+  built from ``get_text_config()``, and its weights are found under whatever
+  prefix the checkpoint keeps them (``language_model.model.`` as
+  ``save_pretrained`` writes them, ``model.language_model.`` as the modeling
+  code names them: ``text_key_mapping`` reads the prefix from the file's own
+  tensor names); the vision tower's tensors are not read;
+- tied input and output embeddings (``tie_word_embeddings``): the checkpoint
+  holds one matrix, HF ties the head to it, and the GGUF export writes what
+  the converter writes for a tied model.
+
 Safety: local files only (``HF_HUB_OFFLINE=1``, ``local_files_only=True``),
 ``use_safetensors=True`` and ``trust_remote_code=False`` -- no download, no
 pickle, no code from the checkpoint. A directory with only pickle weights
@@ -29,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from ..errors import UsageError, suggest
@@ -68,12 +86,21 @@ def _config_json(p: Path) -> dict:
     return d
 
 
+def model_type(d: dict):
+    """The text model's type: config.json's ``model_type``, or its ``text_config``'s
+    for a multimodal checkpoint."""
+    tc = d.get("text_config")
+    if isinstance(tc, dict) and tc.get("model_type"):
+        return tc["model_type"]
+    return d.get("model_type")
+
+
 def family_of(path) -> str:
-    """The family whose ``hf_model_type`` is config.json's ``model_type``."""
+    """The family whose ``hf_model_type`` is the checkpoint's text model type."""
     from .. import families
 
     p = check_dir(path)
-    mt = _config_json(p).get("model_type")
+    mt = model_type(_config_json(p))
     reg = families.registry()
     cands = [f for f in reg.values() if f.hf_model_type == mt]
     if not cands:
@@ -118,7 +145,7 @@ def load_config(path, family, overrides: dict | None = None):
     """The checkpoint's HF config (with ``overrides`` that change no weight shape),
     validated through the family's layer configs."""
     p = check_dir(path)
-    mt = _config_json(p).get("model_type")
+    mt = model_type(_config_json(p))
     if mt != family.hf_model_type:
         raise UsageError(f"--hf-model {path} holds model_type {mt!r}; family {family.name} reads "
                          f"{family.hf_model_type!r}")
@@ -127,6 +154,8 @@ def load_config(path, family, overrides: dict | None = None):
 
     try:
         config = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
+        if config.model_type != family.hf_model_type:  # a multimodal checkpoint: its text model
+            config = config.get_text_config(decoder=True)
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise UsageError(f"--hf-model {path}: config.json refused by HF: {' '.join(str(e).split())[:300]}") from None
     if overrides:
@@ -143,10 +172,14 @@ def load_model(path, family, config):
 
     p = check_dir(path)
     _offline()
+    kw = {} if family.experts_implementation is None else {"experts_implementation": family.experts_implementation}
+    mapping = text_key_mapping(list(_param_shapes(config)), checkpoint_keys(p))
+    if mapping:
+        kw["key_mapping"] = mapping
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(p), config=config, dtype=torch.float32, attn_implementation="eager", use_safetensors=True,
-            local_files_only=True, trust_remote_code=False, output_loading_info=True)
+            local_files_only=True, trust_remote_code=False, output_loading_info=True, **kw)
     except (OSError, ValueError, RuntimeError) as e:
         raise UsageError(f"--hf-model {path}: HF could not load the weights: {' '.join(str(e).split())[:300]}") from None
     # a parameter the checkpoint does not hold would be filled with random values
@@ -167,3 +200,61 @@ def checkpoint_stamp(path: str | None):
         return None
     p = Path(path)
     return sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.iterdir() if f.is_file())
+
+
+def checkpoint_keys(p: Path) -> list[str]:
+    """Every tensor name of the checkpoint: the index's ``weight_map`` of a sharded
+    one, else each safetensors file's header (no tensor is read)."""
+    index = sorted(p.glob("*.safetensors.index.json"))
+    if index:
+        try:
+            return sorted(json.loads(index[0].read_text())["weight_map"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"--hf-model {p}: {index[0].name} is not a safetensors index "
+                             f"({' '.join(str(e).split())[:200]})") from None
+    from safetensors import safe_open
+
+    keys = []
+    for f in sorted(p.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            keys += list(st.keys())
+    return sorted(keys)
+
+
+def text_key_mapping(expected: list[str], found: list[str]) -> dict[str, str]:
+    """``from_pretrained``'s ``key_mapping`` (regex -> replacement) that finds the
+    text model's tensors in a checkpoint storing them under another prefix, read
+    from the names themselves: for each top-level part of the text model
+    (``model``, ``lm_head``) the one prefix under which the checkpoint holds ALL
+    of its tensors -- ``language_model.model.layers.0...`` for
+    ``model.layers.0...`` (the checkpoint keeps the part's own name after a
+    prefix) or ``model.language_model.layers.0...`` (it replaces the name). A
+    vision tower's ``encoder.layers.0...`` matches some names, never all. Empty
+    when the names already match; a part found under no single prefix is left
+    to the loader, which reports it missing."""
+    have = set(found)
+    mapping: dict[str, str] = {}
+    for root in sorted({e.split(".", 1)[0] for e in expected if "." in e}):
+        mine = [e for e in expected if e.startswith(root + ".")]
+        if all(e in have for e in mine):
+            continue
+        for whole in (True, False):  # the part's name kept behind a prefix, or replaced by one
+            common = None
+            for e in mine:
+                tail = e if whole else e[len(root) + 1:]
+                cands = {f[: len(f) - len(tail)] for f in _ends(found, tail)}
+                if not cands:
+                    continue  # a tied head, or a tensor the loader will report missing
+                common = cands if common is None else common & cands
+            if common and len(common) == 1:
+                prefix = common.pop()
+                if whole and prefix:
+                    mapping["^" + re.escape(prefix) + re.escape(root + ".")] = root + "."
+                elif not whole and prefix != root + ".":
+                    mapping["^" + re.escape(prefix)] = root + "."
+                break
+    return mapping
+
+
+def _ends(found: list[str], tail: str) -> list[str]:
+    return [f for f in found if f == tail or f.endswith("." + tail)]

@@ -74,7 +74,7 @@ def _quantize(data: np.ndarray, weight_type: str):
     import gguf
 
     if weight_type == "f32" or data.ndim < 2:
-        return data.astype(np.float32), None
+        return data.astype(np.float32, copy=False), None  # a float32 weight is written from the model's own memory
     if weight_type == "f16":
         return data.astype(np.float16), None
     qt = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[weight_type]
@@ -110,7 +110,9 @@ def _write(family, model, config, weight_type: str, variant: str | None, tmp: Pa
     # lands last wins -- a fixed ".tmp" name let one rename the other's file away.
     import gguf
 
-    w = gguf.GGUFWriter(str(tmp), family.gguf_arch)
+    # use_temp_file: each tensor is spooled to disk as it is added (gguf's writer holds
+    # every added array until the end otherwise: a second copy of a real model)
+    w = gguf.GGUFWriter(str(tmp), family.gguf_arch, use_temp_file=True)
     family.gguf_params(w, config, variant)
     ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[weight_type]

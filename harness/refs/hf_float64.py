@@ -142,16 +142,17 @@ class Float64Paths:
     _done_mods: set
 
 
-def _rebuild_rotary(model) -> int:
+def _rebuild_rotary(model) -> list[tuple[object, str, object]]:
     """Re-create every rotary embedding under the promoted initialisers: its
     ``inv_freq`` buffers were computed in float32 when the model was built, and
     ``.to(torch.float64)`` only widens the rounded values. Every rotary class in
-    transformers 5 is constructed from the config alone (``XRotaryEmbedding(config)``)."""
+    transformers 5 is constructed from the config alone (``XRotaryEmbedding(config)``).
+    Returns ``(parent, attribute, original)`` for each, to put back."""
     import torch
 
     from ..families._gguf_import import apply_freq_factors
 
-    n = 0
+    replaced = []
     for name, mod in list(model.named_modules()):
         if "RotaryEmbedding" not in type(mod).__name__ or not hasattr(mod, "config"):
             continue
@@ -160,24 +161,126 @@ def _rebuild_rotary(model) -> int:
         # a GGUF's rope_freqs (--gguf), which no HF RoPE type computes from the config:
         # divided in again, now in float64 (_gguf_import.apply_freq_factors)
         apply_freq_factors(fresh, mod.config)
-        setattr(parent, name.rpartition(".")[2], fresh)
-        n += 1
-    return n
+        attr = name.rpartition(".")[2]
+        replaced.append((parent, attr, mod))
+        setattr(parent, attr, fresh)
+    return replaced
+
+
+def _float_tensors(module, recurse: bool):
+    """``(owner, kind, name, tensor)`` for the floating parameters and buffers of
+    ``module`` (its own only, or its whole subtree)."""
+    mods = module.modules() if recurse else (module,)
+    for m in mods:
+        for kind, table in (("p", m._parameters), ("b", m._buffers)):
+            for name, t in table.items():
+                if t is not None and t.is_floating_point():
+                    yield m, kind, name, t
+
+
+class _Retyped:
+    """Floating tensors changed to another dtype in place and changed back exactly
+    (float32 / bfloat16 / float16 -> float64 -> the same type is the identity)."""
+
+    def __init__(self):
+        self.saved: list[tuple[object, str, str, object]] = []  # (owner, kind, name, original dtype)
+
+    def widen(self, items, dtype) -> None:
+        seen = set()
+        for m, kind, name, t in items:
+            if id(t) in seen or t.dtype == dtype:
+                continue
+            seen.add(id(t))  # a tied weight is one tensor, changed once
+            self.saved.append((m, kind, name, t.dtype))
+            _set(m, kind, name, t.to(dtype))
+
+    def restore(self) -> None:
+        done = set()
+        for m, kind, name, dtype in reversed(self.saved):
+            t = m._parameters[name] if kind == "p" else m._buffers[name]
+            if id(t) not in done:
+                done.add(id(t))
+                _set(m, kind, name, t.to(dtype))
+        self.saved.clear()
+
+
+def _set(m, kind: str, name: str, value) -> None:
+    if kind == "p":
+        m._parameters[name].data = value  # the Parameter object stays (hooks, ties)
+    else:
+        m._buffers[name] = value
 
 
 @contextmanager
-def float64_paths(model):
+def promoted(model, family):
+    """Within the block, ``model`` -- held in float32, bfloat16 or float16, or
+    already float64 -- computes in float64 with every float32 side path of its
+    modeling code promoted, as ``model.to(torch.float64)`` under
+    ``float64_paths`` would, at the cost of ONE module's float64 copy: each
+    decoder layer, the input embeddings and the output head are widened in place
+    just before their forward and narrowed back right after (exactly: every value
+    of the narrower type is a float64), the small rest of the model (norms,
+    rotary tables, biases) for the whole block. A 1B-class model in float64 is
+    7 GB; one of its layers is 360 MB. Yields the ``Float64Paths`` record."""
+    import torch
+
+    f64 = torch.float64
+    big = list(family.decoder_layers(model))
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        m = getattr(model, get, lambda: None)()
+        if m is not None:
+            big.append(m)
+    in_big = {id(t) for m in big for _, _, _, t in _float_tensors(m, True)}
+    rest = _Retyped()
+    handles, rotary = [], []
+    jit: dict[int, _Retyped] = {}
+
+    def widen(mod, args, kwargs):
+        r = jit.setdefault(id(mod), _Retyped())
+        r.widen(_float_tensors(mod, True), f64)
+
+    def narrow(mod, args, kwargs, out):
+        r = jit.get(id(mod))
+        if r is not None:
+            r.restore()
+
+    with float64_paths(model, rebuild=False) as fp:
+        try:
+            rotary = _rebuild_rotary(model)
+            rest.widen((x for mod in model.modules() for x in _float_tensors(mod, False) if id(x[3]) not in in_big),
+                       f64)
+            for m in big:
+                handles.append(m.register_forward_pre_hook(widen, with_kwargs=True, prepend=True))
+                handles.append(m.register_forward_hook(narrow, with_kwargs=True, always_call=True))
+            yield fp
+        finally:
+            for h in handles:
+                h.remove()
+            for r in jit.values():
+                r.restore()
+            rest.restore()
+            for parent, attr, orig in reversed(rotary):
+                setattr(parent, attr, orig)
+
+
+@contextmanager
+def float64_paths(model, rebuild: bool = True):
     """Within the block, ``model`` (already in float64) computes every float32 side
     path of its modeling code in float64. Yields the ``Float64Paths`` record
-    (``kept_float32``: what could not be promoted)."""
+    (``kept_float32``: what could not be promoted). ``rebuild``: re-create the
+    rotary embeddings (put back on exit)."""
     fp = Float64Paths()
     fp._done, fp._done_mods = set(), set()
+    rotary = []
     try:
         fp.patch_rope_inits()
         for m in model.modules():
             fp.patch_class(type(m))
             fp.patch_module_functions(type(m).__module__)
-        _rebuild_rotary(model)
+        if rebuild:
+            rotary = _rebuild_rotary(model)
         yield fp
     finally:
+        for parent, attr, orig in reversed(rotary):
+            setattr(parent, attr, orig)
         fp.restore()

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -113,13 +114,46 @@ def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[in
     return calls
 
 
-def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S,
+class _Dumped(dict):
+    """The worker's tensors, read from its folder when asked (memory-mapped)."""
+
+    def __init__(self, d: Path):
+        super().__init__()
+        self.d = d
+
+    def __getitem__(self, key):
+        return np.load(self.d / f"{key}.npy", mmap_mode="r", allow_pickle=False)
+
+
+def worker_timeout(gguf_path: Path, calls) -> int:
+    """How long the worker may take before it counts as hung: ``TIMEOUT_S``, plus
+    for a real model the time of reading its weights once per call and of its
+    rows' arithmetic at a pace far below any CPU's (2 s per GB per call, 0.5 s per
+    GB per row; ``CONFORMANCE_LLAMACPP_TIMEOUT`` overrides). A 1B model's 129
+    calls of a mixed schedule took 200 s on two loaded cores; a fixed 300 s was a
+    false error at real sizes."""
+    env = os.environ.get("CONFORMANCE_LLAMACPP_TIMEOUT")
+    if env:
+        return int(float(env))
+    try:
+        gb = gguf_path.stat().st_size / 2**30
+    except OSError:
+        gb = 0.0
+    rows = sum(len(c) for c in calls)
+    return int(TIMEOUT_S + gb * (2 * len(calls) + 0.5 * rows))
+
+
+def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None,
                engine: dict | None = None):
     """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message.
+    The worker writes each tensor to ``out_dir`` as it reads it (default: a
+    temporary folder, read into memory before it goes); ``arrays`` reads them from there.
     ``engine``: context settings other than the reference's (``flash_attn``,
     ``type_k``, ``type_v``; the llamacpp-fa candidates)."""
     n_tok = max(p for call in calls for (_, p, _) in call) + 1
     n_batch = max(len(c) for c in calls)
+    if timeout == TIMEOUT_S:
+        timeout = worker_timeout(Path(gguf_path), calls)
     req = {
         "gguf": str(gguf_path), "calls": calls, "n_seq": n_seq,
         # one stream per sequence, each holding every position (swa_full)
@@ -128,7 +162,7 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
         **(engine or {}),
     }
     with tempfile.TemporaryDirectory(prefix="conformance-lc-") as d:
-        rp, op = Path(d) / "req.json", Path(d) / "out.npz"
+        rp, op = Path(d) / "req.json", Path(out_dir) if out_dir is not None else Path(d) / "out"
         rp.write_text(json.dumps(req))
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -141,9 +175,10 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
             tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-6:] if line.strip())
             how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
             raise RuntimeError(f"llama.cpp worker {how}: {tail or '(no message)'}")
-        with np.load(op, allow_pickle=False) as z:
-            index = json.loads(bytes(z["__index__"]).decode())
-            arrays = {k: z[k] for k in z.files if k != "__index__"}
+        index = json.loads((op / "index.json").read_text())
+        arrays = _Dumped(op)
+        if out_dir is None:  # the folder goes with this block: read it now
+            arrays = {rec["key"]: np.array(arrays[rec["key"]]) for rec in index if "error" not in rec}
     return arrays, index
 
 
@@ -236,7 +271,7 @@ def derive_attn_out(probes: dict, layer_cfgs) -> dict[str, str]:
         if resid is None or x is None or resid.shape != x.shape:
             continue
         m = float(getattr(lc, "residual_multiplier", 1.0))
-        probes[key] = (resid - x) / m
+        probes[key] = (np.asarray(resid, dtype=np.float64) - np.asarray(x, dtype=np.float64)) / m
         derived[key] = "derived as ffn_inp - layer_in" + (f", over the residual multiplier {m:g}" if m != 1.0 else "")
     return derived
 
@@ -261,46 +296,73 @@ def capture_for_case(run, engine: dict | None = None, capture_name: str = "llama
     calls = plan_calls(run.tokens, case.kv, case.schedule)
     n_seq, n_tok = run.tokens.shape
     layer_cfgs = run.layer_cfgs
+    sel = run.selection
 
-    points = {i: fam.lc_points_for(config, i) for i in range(len(layer_cfgs))}
-    names = {p.name for pts in points.values() for p in pts.values()}
-    names |= {p.name for p in fam.lc_model_points.values()}
-    names |= {fam.lc_layer_input(config, i)[1].name for i in range(len(layer_cfgs))}
+    # the callback keeps only the tensors of the layers and probes selected (--layers,
+    # --probes): a base name ("Qcur") keeps it in every layer, a full one ("Qcur-5") in one
+    points = {i: {p: pt for p, pt in fam.lc_points_for(config, i).items() if sel.probe(p)} for i in sel.layers}
+    model_points = {m: pt for m, pt in fam.lc_model_points.items() if sel.probe(m)}
+    inputs = {i: fam.lc_layer_input(config, i) for i in sel.layers}
+
+    def input_name(i):
+        src_key, pt = inputs[i]
+        return pt.name if src_key == "embeddings" else f"{pt.name}-{i - 1}"
+
+    if sel.every_layer:
+        names = {p.name for pts in points.values() for p in pts.values()} | {pt.name for _, pt in inputs.values()}
+    else:
+        names = {f"{p.name}-{i}" for i, pts in points.items() for p in pts.values()}
+        names |= {input_name(i) for i in sel.layers}
+        # a name the graph gives without a layer number (bloom's inp_norm-0 is per model)
+        names |= {p.name for pts in points.values() for p in pts.values() if "-" in p.name}
+    names |= {p.name for p in model_points.values()}
 
     src = cache.source_hash(*cache.family_sources(fam), Path(__file__), Path(__file__).with_name("llamacpp_worker.py"),
                             Path(__file__).parent.parent / "families" / "base.py")
     k = cache.key("llamacpp", CAPTURE_SCHEMA, fam.name, str(file_stamp), run.variant, calls, versions().get("llama_cpp_python"),
-                  versions().get("llama_cpp_kernels"), src, *((sorted(engine.items()),) if engine else ()))
+                  versions().get("llama_cpp_kernels"), src, *((["selection", sel.label()],) if sel.label() else ()),
+                  *((sorted(engine.items()),) if engine else ()))
     hit = cache.load("llamacpp", k)
     if hit is not None:
         return RefCapture(capture_name, "float32", hit[0], meta=hit[1], cached=True)
 
-    arrays, index = run_worker(gguf_path, calls, n_seq, names, engine=engine)
-    probes: dict[str, np.ndarray] = {}
-    for mname, pt in fam.lc_model_points.items():
-        a = assemble(arrays, index, calls, n_seq, n_tok, pt.name, pt)
-        if a is not None:
-            probes[mname] = a
-    for i, lc in enumerate(layer_cfgs):
-        for probe, pt in points[i].items():
-            a = assemble(arrays, index, calls, n_seq, n_tok, f"{pt.name}-{i}", pt)
-            if a is None:
-                continue
-            if not isinstance(lc, NotInImpl):
-                # None: the tensor under that name is not this probe in this layer's
-                # form (MLA: `Kcur` is the per-head key in the naive graph, the latent
-                # row in the absorbed one), so the probe stays absent (not exposed)
-                a = fam.lc_canonical(probe, a, lc, config)
+    with cache.writer("llamacpp", k, keep=sel.key) as probes, \
+            tempfile.TemporaryDirectory(prefix="conformance-lc-", dir=cache.cache_dir()) as dump:
+        t = time.perf_counter()
+        arrays, index = run_worker(gguf_path, calls, n_seq, names, out_dir=Path(dump) / "t", engine=engine)
+        run.timings["llamacpp_worker"] = time.perf_counter() - t
+        by_name: dict[str, list] = {}
+        for rec in index:
+            by_name.setdefault(rec["name"], []).append(rec)
+
+        def one(name, pt):
+            return assemble(arrays, by_name.get(name, []), calls, n_seq, n_tok, name, pt)
+
+        # one probe at a time: assembled, made canonical, written, dropped
+        for mname, pt in model_points.items():
+            a = one(pt.name, pt)
+            if a is not None:
+                probes.put(mname, a)
+        for i in sel.layers:
+            lc = layer_cfgs[i]
+            for probe, pt in points[i].items():
+                a = one(f"{pt.name}-{i}", pt)
                 if a is None:
                     continue
-            probes[f"L{i}.{probe}"] = a
-        src_key, pt = fam.lc_layer_input(config, i)
-        name = pt.name if src_key == "embeddings" else f"{pt.name}-{i - 1}"
-        a = assemble(arrays, index, calls, n_seq, n_tok, name, pt)
-        if a is not None:
-            probes[f"L{i}.layer_in"] = a
-    derived = derive_attn_out(probes, layer_cfgs)
-    meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived,
-            **({"engine": engine} if engine else {})}
-    cache.store("llamacpp", k, probes, meta)
-    return RefCapture(capture_name, "float32", probes, meta=meta)
+                if not isinstance(lc, NotInImpl):
+                    # None: the tensor under that name is not this probe in this layer's
+                    # form (MLA: `Kcur` is the per-head key in the naive graph, the latent
+                    # row in the absorbed one), so the probe stays absent (not exposed)
+                    a = fam.lc_canonical(probe, a, lc, config)
+                    if a is None:
+                        continue
+                probes.put(f"L{i}.{probe}", a)
+            a = one(input_name(i), inputs[i][1])
+            if a is not None:
+                probes.put(f"L{i}.layer_in", a)
+        derived = derive_attn_out(probes, layer_cfgs)
+        meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived,
+                **({"engine": engine} if engine else {})}
+        store = cache.finish(probes, meta)
+    run.timings["llamacpp_assemble"] = time.perf_counter() - t - run.timings["llamacpp_worker"]
+    return RefCapture(capture_name, "float32", store, meta=meta)

@@ -1,6 +1,6 @@
 """llama.cpp capture, run in its own process.
 
-``python -m harness.refs.llamacpp_worker REQUEST.json OUT.npz``
+``python -m harness.refs.llamacpp_worker REQUEST.json OUT_DIR``
 
 The parent (``harness.refs.llamacpp``) runs this in a subprocess so that an
 abort or a segfault inside llama.cpp ends THIS process, and becomes an error
@@ -13,7 +13,9 @@ call we answer yes for the names we want, on the "data" call we read the
 tensor (``ggml_ctypes.Ggml.read``). A name may occur several times in one graph
 (``Qcur-0`` after the projection, after the bias, after the reshape, after
 RoPE); every occurrence is kept in graph order with its op, so the parent can
-choose by meaning, not by position.
+choose by meaning, not by position. Each tensor is written to ``OUT_DIR`` the
+moment it is read (``<n>.npy``; ``index.json`` at the end lists them), so the
+worker holds one tensor at a time, whatever the model's size and length.
 
 Settings that make the capture comparable: flash attention OFF (so
 ``kq_soft_max`` exists), an F32 KV cache (the default F16 cache would round
@@ -34,7 +36,7 @@ import sys
 import numpy as np
 
 
-def main(req_path: str, out_path: str) -> int:
+def main(req_path: str, out_dir: str) -> int:
     req = json.loads(open(req_path).read())
     import llama_cpp as lc
 
@@ -53,7 +55,10 @@ def main(req_path: str, out_path: str) -> int:
         lc.llama_log_set(_quiet, None)
     lc.llama_backend_init()
 
-    captured: dict[str, np.ndarray] = {}
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     index: list[dict] = []
     state = {"call": 0, "occ": {}}
 
@@ -70,9 +75,9 @@ def main(req_path: str, out_path: str) -> int:
         hdr = ggml.header(t)
         occ = state["occ"].get(name, 0)
         state["occ"][name] = occ + 1
-        key = f"c{state['call']}|{name}|{occ}"
+        key = str(len(index))
         try:
-            captured[key] = ggml.read(t)
+            np.save(out / f"{key}.npy", ggml.read(t), allow_pickle=False)
             index.append({"key": key, "call": state["call"], "name": name, "occ": occ, "op": ggml.op_name(hdr),
                           "ne": [int(hdr.ne[i]) for i in range(4)]})
         except TypeError as e:
@@ -98,8 +103,9 @@ def main(req_path: str, out_path: str) -> int:
     ggml_types = {"f32": 0, "f16": 1, "q8_0": 8}  # enum ggml_type (ggml/include/ggml.h)
     cparams.type_k = ggml_types[req.get("type_k", "f32")]
     cparams.type_v = ggml_types[req.get("type_v", "f32")]
-    cparams.cb_eval = on_eval
-    cparams.cb_eval_user_data = None
+    if not req.get("plain"):  # plain: no callback at all (scripts/bench_real_size.py: what the capture costs)
+        cparams.cb_eval = on_eval
+        cparams.cb_eval_user_data = None
     cparams.swa_full = True
     cparams.kv_unified = bool(req.get("kv_unified", False))
     cparams.no_perf = True
@@ -130,9 +136,7 @@ def main(req_path: str, out_path: str) -> int:
     lc.llama_free(ctx)
     lc.llama_model_free(model)
 
-    payload = dict(captured)
-    payload["__index__"] = np.frombuffer(json.dumps(index).encode(), dtype=np.uint8)
-    np.savez(out_path, **payload)
+    (out / "index.json").write_text(json.dumps(index))
     return 0
 
 

@@ -1,0 +1,355 @@
+"""Real sizes, measured (issue 13): time, memory and tolerance headroom of the
+harness on a 270M-class and a 1B-class model, and where the time goes.
+
+    python scripts/bench_real_size.py [--sections cases,layer,llamacpp,tolerance] [--kv decode,batched,paged]
+                                      [--out DIR]
+
+Sections (each prints its table; all of them go to OUT/bench.json and OUT/bench.md):
+
+- ``cases``: ``conformance run --ref all`` on the two real-size configs, in a
+  fresh cache for the first KV mode (cold: model build, GGUF export, every
+  capture) and the same cache for the others: wall time, peak resident memory
+  of the harness and of its llama.cpp worker (each process's own peak; their
+  sum bounds what the two held at once), CPU seconds, the status counts, and
+  where the time went (meta.json's timings: model build, GGUF export, each
+  capture, impl's runs, each comparison). The goals: the 270M-class config at
+  128 tokens in 3 minutes and 4 GB, the 1B-class at 256 tokens in 6 minutes
+  and 8 GB, on this 2-core machine;
+- ``layer``: impl's torch float32 prefill of one 1B-class layer (hidden 2048,
+  32 heads, 8 KV heads, head_dim 64, 512 tokens) against HF's eager attention
+  half of the same layer on the same weights (its input norm, attention and
+  residual), arms interleaved, the fastest round of each counted: wall time
+  on the machine's threads and CPU time on one thread (the load of other
+  processes moves wall time by 2x; the goal: at most 1.2x);
+- ``llamacpp``: the llama.cpp capture through the eval callback against a
+  plain llama.cpp decode of the same calls on the same GGUF (the 1B-class
+  config's, 256 tokens, the mixed schedule of ``--kv decode``), alternated,
+  fastest of each (the goal: at most 3x);
+- ``tolerance``: the worst err/tol ratio per probe and comparison (the row's
+  ``err_ratio``: > 1 fails) of the tiny default llama case, the 1B-class
+  config at 256 tokens (from ``cases``) and at 2048 tokens (``--layers 0,-1``,
+  prefill: what 16 layers of attention probabilities at 2048 tokens would
+  cost on disk is not needed to see the bound).
+
+The machine is shared: compare ratios within one run, and read the load
+average printed with each section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Gemma 3 270M's shape (random weights): google/gemma-3-270m config.json
+GEMMA_270M = dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+                  num_key_value_heads=1, head_dim=256, vocab_size=262144, sliding_window=512,
+                  sliding_window_pattern=6, query_pre_attn_scalar=256, max_position_embeddings=32768)
+# a 1B-class llama (Llama 3.2 1B's attention: hidden 2048, 32 heads, 8 KV heads, head_dim 64;
+# 16 layers; TinyLlama's MLP width and vocabulary, so the model is 0.85B parameters)
+# max_position_embeddings 4096: the long tolerance run's 2048 tokens are within the model's
+# positions (the run refuses tokens past them, harness/budget.py); plain RoPE does not read it
+LLAMA_1B = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=16,
+                intermediate_size=5632, vocab_size=32000, max_position_embeddings=4096)
+CONFIGS = {
+    "270M": dict(family="gemma3", overrides=GEMMA_270M, tokens=128, goal_s=180, goal_gb=4.0),
+    "1B": dict(family="llama", overrides=LLAMA_1B, tokens=256, goal_s=360, goal_gb=8.0),
+}
+LAYER_GOAL, LC_GOAL = 1.2, 3.0
+
+
+LOG: list[str] = []
+
+
+def say(text: str) -> None:
+    """Print and keep for OUT/bench.md."""
+    print(text, flush=True)
+    LOG.append(text)
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def sets(overrides: dict) -> list[str]:
+    out = []
+    for k, v in overrides.items():
+        out += ["--set", f"{k}={v}"]
+    return out
+
+
+def run_case(family, overrides, tokens, kv, out: Path, cache: Path, extra=()) -> dict:
+    """One ``conformance run`` in its own process: its meta.json, rows and wall time."""
+    env = dict(os.environ, CONFORMANCE_CACHE=str(cache))
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--family", family, "--ref", "all", "--tokens", str(tokens),
+           "--kv", kv, *sets(overrides), "--out", str(out), *extra]
+    la = load()
+    t = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if not (out / "meta.json").exists():
+        raise SystemExit(f"bench: {' '.join(cmd[3:])} wrote no report (exit {p.returncode}): {p.stderr[-600:]}")
+    import pandas as pd
+
+    meta = json.loads((out / "meta.json").read_text())
+    rows = pd.read_parquet(out / "rows.parquet")
+    return {"wall_s": wall, "exit": p.returncode, "load_before": la, "load_after": load(), "meta": meta,
+            "statuses": rows.status.value_counts().to_dict(), "rows": rows}
+
+
+# ---------------------------------------------------------------- cases
+def section_cases(args, out: Path) -> dict:
+    res = {}
+    for name in args.configs:
+        c = CONFIGS[name]
+        cache = Path(tempfile.mkdtemp(prefix=f"bench-{name}-", dir=args.scratch))
+        try:
+            for n, kv in enumerate(args.kv):
+                r = run_case(c["family"], c["overrides"], c["tokens"], kv, out / f"{name}-{kv}", cache)
+                m = r["meta"]
+                res_key = f"{name}/{kv}"
+                res[res_key] = {
+                    "config": name, "kv": kv, "tokens": c["tokens"], "cold": n == 0, "wall_s": round(r["wall_s"], 1),
+                    "exit": r["exit"], "statuses": r["statuses"], "timings": m.get("timings", {}),
+                    "resources": m.get("resources", {}), "plan": m.get("plan", {}), "load": [r["load_before"], r["load_after"]],
+                    "goal_s": c["goal_s"], "goal_gb": c["goal_gb"],
+                }
+                if name == "1B" and kv == "decode":
+                    res[res_key]["ratios"] = worst_ratios(r["rows"])
+                say(case_line(res_key, res[res_key]))
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    return res
+
+
+def case_line(key, r) -> str:
+    rs = r["resources"]
+    peak, worker = rs.get("peak_rss_gb", float("nan")), rs.get("peak_rss_children_gb", float("nan"))
+    st = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+    t = r["timings"]
+    where = ", ".join(f"{k} {v:.0f}s" for k, v in t.items() if isinstance(v, (int, float)) and v >= 0.5 and k != "total")
+    ok_t = "ok" if r["wall_s"] <= r["goal_s"] else "OVER"
+    ok_m = "ok" if max(peak, worker) <= r["goal_gb"] else "OVER"
+    return (f"{key:<14} {'cold' if r['cold'] else 'warm'} {r['wall_s']:7.1f} s (goal {r['goal_s']} s: {ok_t})  "
+            f"peak RSS {peak:.2f} GB harness, {worker:.2f} GB llama.cpp worker, sum {peak + worker:.2f} "
+            f"(goal {r['goal_gb']:.0f} GB each: {ok_m}; estimate {r['plan'].get('estimate_gb')} GB)  "
+            f"cpu {rs.get('cpu_s', 0) + rs.get('cpu_children_s', 0):.0f} s  load {r['load'][0]}  exit {r['exit']}  "
+            f"[{st}]\n{'':<14} where: {where}")
+
+
+# ---------------------------------------------------------------- one layer
+def section_layer(args) -> dict:
+    import torch
+
+    from harness.case import Case, CaseRun
+    from impl import Backend
+    from impl.runner import load_layer, run_layer
+
+    n = args.layer_tokens
+    ov = {**LLAMA_1B, "num_hidden_layers": 1, "intermediate_size": 64, "vocab_size": 256}
+    r = CaseRun(Case(family="llama", tokens=n, overrides=tuple(ov.items())), None)
+    m = r.base_model
+    lay = r.family.decoder_layers(m)[0]
+    x = torch.randn(1, n, ov["hidden_size"], generator=torch.Generator().manual_seed(0))
+    pe = m.model.rotary_emb(x, torch.arange(n)[None])
+    mask = torch.full((n, n), float("-inf")).triu(1)[None, None]  # what HF's forward makes once per model call
+    be = Backend("torch", "cpu", "float32")
+    layer = load_layer(r.layer_cfgs[0], r.layer_weights_for("float32", 0), be)
+    xn = x[0].numpy().astype(np.float64)
+
+    def hf():
+        with torch.no_grad():
+            return x + lay.self_attn(lay.input_layernorm(x), position_embeddings=pe, attention_mask=mask)[0]
+
+    def impl():
+        return run_layer(layer, [xn], "decode", None, trace=False)  # one call: prefill
+
+    a, b = (hf() - x)[0].numpy(), impl()[0][0]
+    nmse = float(((a - b) ** 2).sum() / (a * a).sum())
+    out = {"tokens": n, "nmse_impl_hf": nmse}
+    threads = torch.get_num_threads()
+    for label, clock, nthreads in (("wall", time.perf_counter, threads), ("cpu, 1 thread", time.process_time, 1)):
+        torch.set_num_threads(nthreads)
+        best = {"hf": float("inf"), "impl": float("inf")}
+        for _ in range(args.rounds):
+            for arm, fn in (("hf", hf), ("impl", impl)):
+                t = clock()
+                fn()
+                best[arm] = min(best[arm], clock() - t)
+        out[label] = {"hf_ms": best["hf"] * 1e3, "impl_ms": best["impl"] * 1e3, "ratio": best["impl"] / best["hf"],
+                      "threads": nthreads, "load": load()}
+        say(f"layer {label:<14} ({nthreads} threads): HF eager {best['hf'] * 1e3:7.1f} ms, impl {best['impl'] * 1e3:7.1f} ms, "
+              f"impl/HF {best['impl'] / best['hf']:.2f} (goal {LAYER_GOAL}: "
+              f"{'ok' if best['impl'] / best['hf'] <= LAYER_GOAL else 'OVER'})  load {load()}")
+    torch.set_num_threads(threads)
+    say(f"layer outputs agree: NMSE {nmse:.2e}")
+    return out
+
+
+# ---------------------------------------------------------------- llama.cpp callback
+def section_llamacpp(args) -> dict:
+    from harness.case import Case, CaseRun
+    from harness.refs import gguf_export, llamacpp
+
+    c = CONFIGS["1B"]
+    cache = Path(tempfile.mkdtemp(prefix="bench-lc-", dir=args.scratch))
+    os.environ["CONFORMANCE_CACHE"] = str(cache)
+    try:
+        r = CaseRun(Case(family=c["family"], ref="llamacpp", tokens=c["tokens"], overrides=tuple(c["overrides"].items())),
+                    None)
+        t = time.perf_counter()
+        path = gguf_export.export(r.family, r.base_model, r.config, "f32", 0, r.variant)
+        export_s = time.perf_counter() - t
+        calls = llamacpp.plan_calls(r.tokens, "decode", "mixed")
+        fam = r.family
+        names = {p.name for p in fam.lc_points.values()} | {p.name for p in fam.lc_model_points.values()} | {"l_out"}
+        best = {"plain": float("inf"), "callback": float("inf")}
+        for _ in range(args.lc_rounds):
+            for arm in best:
+                with tempfile.TemporaryDirectory(dir=cache) as d:
+                    t = time.perf_counter()
+                    _worker(path, calls, names, Path(d), plain=arm == "plain")
+                    best[arm] = min(best[arm], time.perf_counter() - t)
+        ratio = best["callback"] / best["plain"]
+        say(f"llama.cpp {len(calls)} calls, {c['tokens']} tokens: plain decode {best['plain']:.1f} s, capture through "
+              f"the eval callback {best['callback']:.1f} s, ratio {ratio:.2f} (goal {LC_GOAL}: "
+              f"{'ok' if ratio <= LC_GOAL else 'OVER'})  GGUF export {export_s:.0f} s  load {load()}")
+        return {"calls": len(calls), "plain_s": best["plain"], "callback_s": best["callback"], "ratio": ratio,
+                "gguf_export_s": export_s, "load": load()}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _worker(path, calls, names, d: Path, plain: bool) -> None:
+    n_tok = max(p for call in calls for (_, p, _) in call) + 1
+    req = {"gguf": str(path), "calls": calls, "n_seq": 1, "n_ctx": max(256, -(-n_tok // 256) * 256),
+           "n_batch": max(len(c) for c in calls), "names": sorted(names), "threads": 2, "plain": plain}
+    (d / "req.json").write_text(json.dumps(req))
+    p = subprocess.run([sys.executable, "-m", "harness.refs.llamacpp_worker", str(d / "req.json"), str(d / "out")],
+                       cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"bench: llama.cpp worker failed: {p.stderr[-400:]}")
+
+
+# ---------------------------------------------------------------- tolerance headroom
+def worst_ratios(rows) -> dict:
+    """``{"impl vs hf": {probe: worst err_ratio}, ...}`` over the rows that were judged."""
+    judged = rows[rows.status.isin(["pass", "fail", "finding"]) & rows.err_ratio.notna()]
+    out = {}
+    for (cand, ref), g in judged.groupby(["candidate", "reference"]):
+        out[f"{cand} vs {ref}"] = {p: float(v) for p, v in g.groupby("probe").err_ratio.max().items()}
+    return out
+
+
+def section_tolerance(args, out: Path, cases: dict) -> dict:
+    runs = {}
+    cache = Path(tempfile.mkdtemp(prefix="bench-tol-", dir=args.scratch))
+    try:
+        tiny = run_case("llama", {}, 16, "decode", out / "tiny", cache)
+        runs["tiny (llama default, 16 tokens)"] = worst_ratios(tiny["rows"])
+        got = cases.get("1B/decode", {}).get("ratios")
+        if got is None:
+            r = run_case("llama", LLAMA_1B, 256, "decode", out / "1B-256", cache)
+            got = worst_ratios(r["rows"])
+        runs["1B, 256 tokens"] = got
+        r = run_case("llama", LLAMA_1B, args.long_tokens, "decode", out / f"1B-{args.long_tokens}", cache,
+                     extra=("--layers", "0,-1", "--schedule", "prefill"))
+        runs[f"1B, {args.long_tokens} tokens (layers 0, 15)"] = worst_ratios(r["rows"])
+        runs["_statuses"] = {"tiny": tiny["statuses"], f"1B-{args.long_tokens}": r["statuses"],
+                             f"1B-{args.long_tokens} wall_s": round(r["wall_s"], 1)}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    say(tolerance_table(runs))
+    return runs
+
+
+def tolerance_table(runs: dict) -> str:
+    cols = [k for k in runs if not k.startswith("_")]
+    pairs = sorted({pair for k in cols for pair in runs[k]})
+    lines = ["worst err/tol per probe (> 1 fails):",
+             f"{'comparison':<20} {'probe':<12} " + " ".join(f"{c[:26]:>27}" for c in cols)]
+    for pair in pairs:
+        probes = sorted({p for k in cols for p in runs[k].get(pair, {})},
+                        key=lambda p: _order().get(p, 99))
+        for p in probes:
+            vals = [runs[k].get(pair, {}).get(p) for k in cols]
+            lines.append(f"{pair:<20} {p:<12} " + " ".join(f"{'-' if v is None else f'{v:.3f}':>27}" for v in vals))
+    return "\n".join(lines)
+
+
+def _order():
+    from impl.trace import LAYER_PROBES, MODEL_PROBES
+
+    return {p: i for i, p in enumerate(("embeddings",) + LAYER_PROBES + MODEL_PROBES[1:])}
+
+
+# ---------------------------------------------------------------- main
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sections", default="cases,layer,llamacpp,tolerance")
+    p.add_argument("--configs", default="270M,1B", help="of: " + ", ".join(CONFIGS))
+    p.add_argument("--kv", default="decode,batched,paged", help="KV modes of the cases section")
+    p.add_argument("--layer-tokens", type=int, default=512)
+    p.add_argument("--rounds", type=int, default=8, help="rounds of the layer section (fastest counts)")
+    p.add_argument("--lc-rounds", type=int, default=2, help="rounds of the llama.cpp section")
+    p.add_argument("--long-tokens", type=int, default=2048)
+    p.add_argument("--scratch", default=None, help="where the benchmark's caches go (default: the system's temp)")
+    p.add_argument("--out", default=None, help="folder for bench.json, bench.md and the runs' reports")
+    args = p.parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    bad = [s for s in sections if s not in ("cases", "layer", "llamacpp", "tolerance")]
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    args.kv = [k.strip() for k in args.kv.split(",") if k.strip()]
+    if bad or [c for c in args.configs if c not in CONFIGS]:
+        print(f"bench: unknown section or config {bad or args.configs}; sections: cases, layer, llamacpp, tolerance; "
+              f"configs: {', '.join(CONFIGS)}", file=sys.stderr)
+        return 2
+    out = Path(args.out or ROOT / "reports" / f"bench-real-size-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    out.mkdir(parents=True, exist_ok=True)
+    info = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(), "load_start": load()}
+    say(f"bench_real_size {info['date']} on {info['machine']}  load {info['load_start']}")
+    res: dict = {"info": info}
+    if "cases" in sections:
+        res["cases"] = section_cases(args, out)
+    if "layer" in sections:
+        res["layer"] = section_layer(args)
+    if "llamacpp" in sections:
+        res["llamacpp"] = section_llamacpp(args)
+    if "tolerance" in sections:
+        res["tolerance"] = section_tolerance(args, out, res.get("cases", {}))
+    (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "bench.md").write_text("\n".join(LOG) + "\n")
+    print(f"written: {out / 'bench.json'}")
+    return 0
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
+        mem_s = f", {mem / 2**20:.0f} GB"
+    except (OSError, StopIteration):
+        mem_s = ""
+    return f"{os.cpu_count()} x {cpu}{mem_s}, {platform.system()} {platform.release()}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
