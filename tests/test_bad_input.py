@@ -276,7 +276,8 @@ def test_report_html_embeds_its_plots_and_lists_families_as_rows(tmp_path):
     views.write_all(tmp_path, df, {"spec": {"name": "t"}})
     page = (tmp_path / "report.html").read_text()
     assert "plots/" not in page and '"llama/a":"data:image/png;base64,iVBORw0KGgo' in page
-    heat = page.split("<table class='heat'>")[1].split("</table>")[0]
+    # the families x features table (after the candidates table, which has families as columns)
+    heat = page.split("<h2>Families × features</h2>")[1].split("<table class='heat'>")[1].split("</table>")[0]
     assert "<tr><th>llama</th>" in heat and "<tr><th>qwen2</th>" in heat  # a row per family
     assert "<span>qkv_bias</span>" in heat  # a (narrow) column per feature
 

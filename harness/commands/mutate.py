@@ -242,9 +242,29 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         except UsageError as e:
             raise UsageError(f"mutant {m.name}: its declared case is invalid: {e}") from None
         own[m.name] = c
+    # The score is given per backend/dtype slice, and a decoration tag is coarser than a
+    # mutant's code path (a q bias without a gate never reaches the gate's bias): the
+    # mutant's own case -- the configuration where it is known to act -- also runs in
+    # every slice the spec runs where its break is visible, so each slice is scored on a
+    # case that reaches the mutated line.
+    from dataclasses import replace as _replace
+
+    spec_slices = sorted({(c.backend, c.dtype) for c in spec_cases})
+    own_more: dict[str, list] = {}
+    for name, c in own.items():
+        m = next(x for x in live if x.name == name)
+        for b, d in spec_slices:
+            if (b, d) == (c.backend, c.dtype) or not m.visible_at(d):
+                continue
+            v = _replace(c, backend=b, dtype=d)
+            try:
+                v.validate()
+            except UsageError:
+                continue  # a slice this configuration cannot run in (the family on that backend)
+            own_more.setdefault(name, []).append(v)
     spec_ids = [c.case_id() for c in spec_cases]
     by_id = {c.case_id(): c for c in spec_cases}
-    for c in own.values():
+    for c in [*own.values(), *(v for vs in own_more.values() for v in vs)]:
         by_id.setdefault(c.case_id(), c)
 
     # 1. the baseline: every case, no mutant
@@ -277,6 +297,8 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         if own_id is not None and own_id not in cids:
             if base[own_id]["clean"]:
                 cids = cids + [own_id]
+        cids = cids + [v.case_id() for v in own_more.get(m.name, [])
+                       if v.case_id() not in cids and base[v.case_id()]["clean"]]
         plans[m.name] = {"targeted": bool(targeted), "cases": cids, "own_case": own_id,
                          "own_case_clean": None if own_id is None else base[own_id]["clean"],
                          "should_catch": targeted + ([own_id] if own_id and own_id not in targeted else [])}
