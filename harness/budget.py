@@ -46,6 +46,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .refs.ggml_types import is_quantized
+
 GB = 2**30
 # the config keys families name their position limit by, in the order they are read
 POSITION_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "model_max_length", "seq_length")
@@ -116,9 +118,14 @@ def param_counts(family, config) -> ParamCounts:
     return out
 
 
+# the parts held from the model's build to the end of the case
+HELD = ("weights", "weights copy", "dequantized copy")
+
+
 @dataclass
 class Estimate:
-    """Bytes by part; ``peak``: the weights plus the largest phase."""
+    """Bytes by part; ``peak``: the weights held the whole case (``HELD``) plus the
+    largest phase."""
 
     parts: dict = field(default_factory=dict)
     phases: dict = field(default_factory=dict)
@@ -126,7 +133,7 @@ class Estimate:
 
     @property
     def peak(self) -> int:
-        return self.parts.get("weights", 0) + self.parts.get("weights copy", 0) + max(self.phases.values(), default=0)
+        return sum(self.parts.get(k, 0) for k in HELD) + max(self.phases.values(), default=0)
 
     def describe(self, n: int = 3) -> str:
         big = sorted(((v, k) for k, v in self.parts.items() if v > 0), reverse=True)[:n]
@@ -177,6 +184,10 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
     parts: dict[str, int] = {"weights": pc.total * 4}
     if dtype in ("bfloat16", "float16"):
         parts["weights copy"] = pc.total * _BYTES[dtype]
+    if family.gguf_arch and is_quantized(gguf_type):
+        # every side computes on the quantized file's weights, dequantized into a float32
+        # copy of the model held beside the float one it was exported from (CaseRun.base_model)
+        parts["dequantized copy"] = pc.total * 4
     f64 = hf_dtype == "float64" or (oracle and "hf" in refs)
     parts["float64 module"] = pc.largest_module * 8 if f64 else 0
 

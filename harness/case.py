@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from pathlib import Path
 
@@ -30,13 +30,15 @@ from .errors import UsageError, suggest
 from .families.base import NotInImpl
 from .features import model_features
 from .policy import Policy, comparison_dtype, dataflow_position
+from .refs.capture import RefCapture  # noqa: F401 (re-exported: harness.case.RefCapture)
+from .refs.checkpoint import checkpoint_stamp as _checkpoint_stamp
+from .refs.ggml_types import GGUF_TYPES, is_quantized  # f32 / f16 / bf16 exports, llama_model_quantize's types
 from .select import Selection, parse_layers, parse_probes
 from .schedule import SCHEDULES, chunk_sizes
 from .versions import versions
 
 REFERENCES = ("hf", "llamacpp")
 REF_CHOICES = REFERENCES + ("all",)
-GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 STATUSES = verdict.STATUSES
 CAPTURE_SCHEMA = 2  # bump when the meaning of a stored capture changes (2: a directory of .npy, harness/store.py)
 
@@ -59,6 +61,9 @@ class Case:
     gguf: str | None = None
     page_size: int = 4
     variant: str | None = None  # a family's named variant (MLA: naive / absorbed)
+    # text for the token ids (tokenized with the GGUF's own vocabulary by llama.cpp);
+    # None: seeded random ids
+    prompt: str | None = None
     # features switched off in the seeded model itself (Family.model_switches; feature bisection)
     switch_off: tuple = ()
     layers: str | None = None  # "0,5,-1": capture and compare only these layers (harness/select.py)
@@ -98,6 +103,8 @@ class Case:
             parts.append(f"{k}={v}")
         if self.switch_off:
             parts.append("off=" + "+".join(self.switch_off))
+        if self.prompt is not None:
+            parts.append(f"prompt={cache.key(self.prompt)[:8]}")
         if self.layers is not None:
             parts.append(f"layers={self.layers}")
         if self.probes is not None:
@@ -132,8 +139,16 @@ class Case:
             raise UsageError(f"unknown reference {self.ref!r}; {suggest(self.ref, REF_CHOICES)}")
         if self.kv not in KV_MODES:
             raise UsageError(f"unknown kv mode {self.kv!r}; {suggest(self.kv, KV_MODES)}")
-        if self.gguf_type not in GGUF_TYPES:
+        if self.gguf is None and self.gguf_type not in GGUF_TYPES:
             raise UsageError(f"unknown GGUF weight type {self.gguf_type!r}; {suggest(self.gguf_type, GGUF_TYPES)}")
+        if self.gguf is None:
+            from .refs.gguf_weights import check_weight_type
+
+            check_weight_type(self.gguf_type)
+        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt.strip()):
+            raise UsageError("--prompt must be non-empty text")
+        if self.prompt is not None and "," in self.schedule:
+            raise UsageError("--prompt sets the length: use the prefill, decode or mixed schedule, not chunk sizes")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise UsageError(f"--seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.tokens, int) or self.tokens < 1:
@@ -162,28 +177,15 @@ class Case:
             raise UsageError(f"--hf-model {self.hf_model!r} is not a directory (expected config.json + *.safetensors)")
         if self.gguf and not Path(self.gguf).is_file():
             raise UsageError(f"--gguf {self.gguf!r} is not a file")
-        if self.gguf and self.ref not in ("llamacpp",):
-            raise UsageError("--gguf compares impl against llama.cpp on the file; use --ref llamacpp")
         if self.gguf and self.switch_off:
             raise UsageError("switch_off does not apply to --gguf: the file's weights are compared as they are")
-        if self.gguf and (self.hf_model or self.overrides or self.gguf_type != "f32"):
-            what = "--hf-model" if self.hf_model else "--set" if self.overrides else "--gguf-type"
+        if self.gguf and (self.hf_model or self.overrides or self.gguf_type != "f32" or self.variant):
+            what = ("--hf-model" if self.hf_model else "--set" if self.overrides else "--gguf-type"
+                    if self.gguf_type != "f32" else "--variant")
             raise UsageError(f"{what} does not apply to --gguf: the file's metadata and tensor types are its config")
         from . import candidates
 
         candidates.get(self.candidate).validate(self)
-
-
-@dataclass
-class RefCapture:
-    name: str
-    dtype: str  # the precision the reference computed in
-    probes: dict = field(default_factory=dict)
-    error: str | None = None
-    meta: dict = field(default_factory=dict)
-    seconds: float = 0.0
-    cached: bool = False
-    key: str = ""  # the cache key it was stored under (an oracle forced by it keys on it)
 
 
 class CaseRun:
@@ -198,20 +200,28 @@ class CaseRun:
         self.switched: dict[str, int] = {}  # switch_off tag -> tensors / modules it changed
         self.source = None  # set for --gguf / --hf-model
         self.notes: list[str] = []  # what a candidate says about how it was judged (printed, in meta.json)
+        self.hf_types: dict = {}  # quantized weights: HF tensor -> the GGUF types it came from
         if case.gguf:
             from .refs import gguf_import
 
             t = time.perf_counter()
             self.source = gguf_import.load(case.gguf, case.family or None)
+            self.hf_types = self.source.hf_types
             self.timings["gguf_import"] = time.perf_counter() - t
             self.family = self.source.family
             # the file decides the family and the weight type the case is judged at
             from dataclasses import replace
 
-            self.case = case = replace(case, family=self.family.name, gguf_type=self.source.weight_type)
+            self.case = case = replace(case, family=self.family.name, gguf_type=self.source.weight_type,
+                                       variant=self.source.variant)
         else:
             self.family = families.get(case.family)
         self.variant = case.variant or (self.family.variants[0] if self.family.variants else None)
+
+    def meta_extra(self) -> dict:
+        """What the run's meta.json records beyond the case: for a GGUF, the file
+        (its weight types, the metadata keys llama.cpp does not read for its arch)."""
+        return {"gguf": self.source.summary()} if self.source is not None else {}
 
     # ------------------------------------------------------------ model & weights
     @cached_property
@@ -257,7 +267,66 @@ class CaseRun:
 
     @cached_property
     def base_model(self):
-        """The float32 model every reference and impl take their weights from."""
+        """The float32 model every reference and impl take their weights from: with
+        a quantized ``gguf_type``, the weights of the quantized file llama.cpp runs,
+        dequantized (harness/refs/gguf_weights.py) -- every side computes with the
+        same numbers."""
+        m = self.float_model
+        if self.source is None and self.family.gguf_arch and is_quantized(self.case.gguf_type):
+            from .refs.gguf_weights import dequantized_model
+
+            try:
+                path = self.gguf_path  # its own timing: gguf_export
+            except RuntimeError:  # no file for llama.cpp (its capture reports why): the float weights
+                return m
+            t = time.perf_counter()
+            m, self.hf_types = dequantized_model(self.family, m, self.config, path, self.variant)
+            self.timings["dequantize"] = time.perf_counter() - t
+        return m
+
+    @cached_property
+    def gguf_path(self) -> Path:
+        """The GGUF llama.cpp runs: the user's file, or the export of ``float_model``
+        at the case's weight type (quantized by llama.cpp itself)."""
+        if self.source is not None:
+            return Path(self.source.path)
+        if not self.family.gguf_arch:
+            raise RuntimeError(f"family {self.family.name} has no GGUF export (llama.cpp arch unknown)")
+        from .refs.gguf_weights import export_for_case
+
+        # --hf-model: the checkpoint's files shape the GGUF as much as its config does
+        stamp = [self.case.hf_model, _checkpoint_stamp(self.case.hf_model)] if self.case.hf_model else None
+        if self.case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
+            stamp = [stamp, ["switch_off", list(self.case.switch_off)]]
+        model = self.float_model
+        t = time.perf_counter()
+        path = export_for_case(self.family, model, self.config, self.case.gguf_type, self.case.seed, self.variant,
+                               source=stamp)
+        self.timings["gguf_export"] = time.perf_counter() - t  # a cached file: the time to find it
+        return path
+
+    @cached_property
+    def weight_dtype(self) -> str:
+        """What llama.cpp's weights make of a comparison with it: the export's float
+        type, or -- for quantized weights, which every side holds dequantized --
+        the type ggml's CPU quantizes the ACTIVATIONS to before it multiplies
+        them (vec_dot_type, harness/refs/ggml_types.py), the coarsest over the
+        file's quantized tensors."""
+        if not is_quantized(self.case.gguf_type):
+            return self.case.gguf_type
+        from .refs.ggml_types import activation_dtype
+        from .refs.gguf_weights import file_tensors
+
+        try:
+            types = self.source.tensor_types if self.source is not None else file_tensors(self.gguf_path)[1]
+        except RuntimeError:  # no file: llama.cpp is an error row, nothing is compared with it
+            return "float32"
+        return activation_dtype(types.values()) or "float32"
+
+    @cached_property
+    def float_model(self):
+        """The model as built: the family's seeded one, a checkpoint, or the
+        user's GGUF read back (its weights already those llama.cpp runs)."""
         if self.source is not None:  # --gguf: the HF model gguf_import rebuilt from the file
             return self.source.model
         t = time.perf_counter()
@@ -304,6 +373,24 @@ class CaseRun:
 
     @cached_property
     def tokens(self) -> np.ndarray:
+        """The token ids ``[seqs, tokens]``: seeded random ids, or ``--prompt``
+        tokenized with the GGUF's own vocabulary (the user's file, or the export)
+        by llama.cpp -- the same ids for every sequence and every side."""
+        if self.case.prompt is not None:
+            from dataclasses import replace
+
+            from .refs.llamacpp import tokenize
+
+            try:
+                ids = tokenize(self.gguf_path, self.case.prompt)
+            except RuntimeError as e:
+                raise UsageError(f"--prompt: {e}") from None
+            bad = [i for i in ids if not 0 <= i < int(self.config.vocab_size)]
+            if bad:
+                raise UsageError(f"--prompt: token ids {bad[:4]} lie outside the model's {self.config.vocab_size} "
+                                 "embedding rows")
+            self.case = replace(self.case, tokens=len(ids))
+            return np.tile(np.asarray(ids, dtype=np.int64), (self.case.n_seqs, 1))
         vocab = int(self.config.vocab_size)
         rows = [np.random.default_rng([self.case.seed, s, 7]).integers(0, vocab, self.case.tokens)
                 for s in range(self.case.n_seqs)]
@@ -379,6 +466,7 @@ class CaseRun:
                       _checkpoint_stamp(self.case.hf_model), versions().get("torch"),
                       versions().get("transformers"), src,
                       *((["switch_off", list(self.case.switch_off)],) if self.case.switch_off else ()),
+                      *self._weights_stamp(),
                       *((["weights", weights],) if weights != dtype else ()),
                       *((["forced_by", force.key],) if force is not None else ()),
                       *((["selection", sel.label()],) if sel.label() else ()),
@@ -389,13 +477,13 @@ class CaseRun:
         # the weights as held (float32, or the case's bfloat16 / float16 copy); a float64
         # run computes on them module by module with every float32 side path of HF's
         # modeling code promoted (refs/hf_float64.py), so it is judged at float64
-        model = self.model_in(weights)
+        model, how = self._hf_model(weights)
         if attn_implementation != "eager":  # a candidate's attention path, on a copy: the reference stays eager
             import copy
 
             model = copy.deepcopy(model)
             model.set_attn_implementation(attn_implementation)
-        meta = {"family": self.family.name, "dtype": dtype, "weights": weights}
+        meta = {"family": self.family.name, "dtype": dtype, "weights": weights, **({"built_by": how} if how else {})}
         forced = None if force is None else {k2: force.probes[k2] for k2 in force.probes if k2.endswith(".layer_in")}
         # each probe goes to disk as HF computes it (harness/store.py); the oracle stops
         # after the last layer it is asked for
@@ -406,6 +494,48 @@ class CaseRun:
                        attn_implementation=attn_implementation)
             probes = cache.finish(w, meta)
         return RefCapture("hf", dtype, probes, meta=meta, key=k)
+
+    def _weights_stamp(self) -> list:
+        """What, beyond the config and seed, decides the weights HF runs: the
+        user's GGUF (its stamp), or the quantized file whose weights it holds."""
+        if self.source is not None:
+            p = Path(self.source.path)
+            return [["gguf", str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]]
+        if self.family.gguf_arch and is_quantized(self.case.gguf_type):
+            try:
+                return [["quantized", self.gguf_path.name]]
+            except RuntimeError:
+                return [["quantized", None]]
+        return []
+
+    @cached_property
+    def _gguf_hf(self):
+        """``(model, how)`` of transformers' own GGUF loader on the user's file
+        (``(None, why not)`` where it does not read the arch); built once."""
+        from .refs.gguf_weights import transformers_reference
+
+        return transformers_reference(self.source)
+
+    def _hf_model(self, weights: str):
+        """The HF reference model with its weights held in ``weights`` (as
+        ``model_in``: float32 also for float64, which HF computes module by module
+        on it) and, for a GGUF, how its weights were built (the caller copies
+        before changing it)."""
+        if self.source is None:
+            return self.model_in(weights), None
+        model, how = self._gguf_hf
+        if model is None:
+            return self.model_in(weights), how
+        if weights not in ("float32", "float64"):
+            key = f"_gguf_hf_{weights}"
+            if key not in self.__dict__:  # ONE copy per case, as model_in makes
+                import copy
+
+                import torch
+
+                self.__dict__[key] = copy.deepcopy(model).to(getattr(torch, weights))
+            model = self.__dict__[key]
+        return model, how
 
     def hf_oracle(self, rc: RefCapture) -> RefCapture:
         """The float64 oracle of a comparison against HF below float64: HF's own
@@ -438,6 +568,40 @@ class CaseRun:
         else float32."""
         low = self.case.dtype in ("float16", "bfloat16")
         return self.case.dtype if low and rc.name == "hf" else "float32"
+
+    # ------------------------------------------------------------ ggml's activation rounding
+    def _emulates(self, rc: RefCapture) -> bool:
+        # quantized weights only: a float file's comparison keeps its float16 / bfloat16 policy
+        return rc.name == "llamacpp" and bool(self.hf_types) and is_quantized(self.case.gguf_type)
+
+    def ggml_act_types(self, rc: RefCapture, i: int) -> dict[str, str]:
+        """Against llama.cpp on quantized weights: layer ``i``'s impl weight name ->
+        the type ggml's CPU quantizes the activations multiplied by it to
+        (harness/refs/ggml_matmul.py), which a candidate may reproduce
+        (``LayerCall.ggml_act``); else empty."""
+        if not self._emulates(rc):
+            return {}
+        from .refs.ggml_matmul import layer_act_types
+
+        by_layer = self.__dict__.setdefault("_act_types_by_layer", {})
+        if i not in by_layer:
+            by_layer[i] = layer_act_types(self.family, self.base_model, self.config, i, self.hf_types)
+        return by_layer[i]
+
+    def ggml_layer_dtype(self, rc: RefCapture, call) -> str | None:
+        """A layer's comparison dtype against llama.cpp on quantized weights:
+        ``ggml_<act>`` where the candidate reproduced ggml's activation rounding for
+        every quantized matmul of the layer (``call.ggml_met``; what is left is
+        float32 summation order), else the activation type's own (the rounding
+        left in). None: not such a comparison."""
+        if not self._emulates(rc):
+            return None
+        acts = {n: t for n, t in call.ggml_act.items() if n in call.weights}
+        if acts and set(acts) <= call.ggml_met:
+            from .refs.ggml_types import coarsest_activation
+
+            return "ggml_" + coarsest_activation(acts.values())
+        return self.weight_dtype
 
     # ------------------------------------------------------------ rows
     def rows(self) -> list[dict]:
@@ -522,7 +686,7 @@ class CaseRun:
         ``layer_in`` and the model-level probes included."""
         from .candidates import CandidateCapture, LayerCandidate
 
-        case, cand = self.case, self.candidate
+        cand = self.candidate
         name, forced = cand.name, cand.teacher_forced
         sel = self.selection
         # a candidate that computes one layer at a time is run and compared layer by
@@ -538,7 +702,7 @@ class CaseRun:
                               f"{name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")]
         cdt = comparison_dtype(whole.dtype, rc.dtype)
         if rc.name == "llamacpp":
-            cdt = comparison_dtype(cdt, case.gguf_type)
+            cdt = comparison_dtype(cdt, self.weight_dtype)
         if oracle is not None and "ratio" not in self.policy.tolerance(cdt, "default")[0]:
             oracle = None  # no oracle rule at this precision: judged directly
         # what the memory plan gave up (harness/budget.py), said in every row against HF
@@ -571,7 +735,11 @@ class CaseRun:
                 rows.append(self._row(name, rc.name, layer, probe, "error",
                                       f"the float64 oracle of {rc.name} has no {probe} here"))
                 return
-            row = self._judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], cdt, orc)
+            # a layer whose quantized matmuls the candidate rounded as ggml does is judged at
+            # ggml_<act> (CaseRun.ggml_layer_dtype)
+            ldt = (comparison_dtype(comparison_dtype(cap.dtype, rc.dtype), cap.layer_dtypes[layer])
+                   if layer in cap.layer_dtypes else cdt)
+            row = self._judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc)
             if cap.note and not row.get("tol_reason"):
                 row["tol_reason"] = cap.note  # why the bound is this dtype's
             if plan_note:
@@ -614,7 +782,7 @@ class CaseRun:
         return rows
 
     def _compare_refs(self, cand: RefCapture, ref: RefCapture) -> list[dict]:
-        cdt = comparison_dtype(comparison_dtype(cand.dtype, ref.dtype), self.case.gguf_type)
+        cdt = comparison_dtype(comparison_dtype(cand.dtype, ref.dtype), self.weight_dtype)
         rows = []
         keys = [k for k in ref.probes if k in cand.probes]
         order = {p: n for n, p in enumerate(LAYER_PROBES)}
@@ -655,7 +823,7 @@ class CaseRun:
             # from its keys), never on what impl was told to compute
             lc = self.layer_cfgs[layer] if layer is not None else None
             known = self.policy.finding(self.family.name, cand_name, ref_name, probe, _layer_kind(lc), self.config,
-                                        layer=layer, nmse=m["nmse"])
+                                        layer=layer, nmse=m["nmse"], dtype=cdt)
             if known:
                 status, reason = "finding", f"{reason} -- known disagreement: {known}"
         key = f"L{layer}.{probe}" if layer is not None else probe
@@ -714,13 +882,6 @@ def _layer_kind(lc) -> str:
     return getattr(lc, "kind", None) or ("attention" if getattr(lc, "shape", "gqa") == "gqa" else lc.shape)
 
 
-def _checkpoint_stamp(path: str | None):
-    if not path:
-        return None
-    p = Path(path)
-    return sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.iterdir() if f.is_file())
-
-
 def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dict]:
     """Validate, run, and return ``(rows, info)``. UsageError propagates (exit 2)."""
     case.validate()
@@ -731,4 +892,4 @@ def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dic
     rows = run.rows()
     run.timings["total"] = time.perf_counter() - t
     return rows, {"case": run.case.to_dict(), "case_id": run.case.case_id(), "features": run.features,
-                  "timings": run.timings, "family": run.family.name, "plan": run.plan.meta()}
+                  "timings": run.timings, "family": run.family.name, "plan": run.plan.meta(), **run.meta_extra()}

@@ -71,10 +71,16 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-evict", dest="kv_evict", action="store_true",
                    help="impl's contiguous KV (decode, batched) drops the rows a windowed layer can no longer read "
                         "(the spec's evict_layer_kv; off by default)")
-    p.add_argument("--gguf-type", default="f32", help="GGUF weight type for llama.cpp: f32, f16, bf16, q8_0")
+    p.add_argument("--gguf-type", default="f32",
+                   help="weight type of the GGUF the family's export is written as: f32, f16, bf16, or any "
+                        "llama_model_quantize type (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m, q4_k_m, q5_k_m, "
+                        "q6_k, iq4_xs, iq4_nl ...; see harness/refs/ggml_types.py); HF and impl then run on "
+                        "the file's dequantized weights")
     p.add_argument("--hf-model", metavar="PATH", help="a local HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--gguf", metavar="PATH", help="a GGUF file: compare impl against llama.cpp on it")
     p.add_argument("--variant", help="a family's named variant (MLA families: absorbed, naive)")
+    p.add_argument("--prompt", metavar="TEXT", help="token ids from this text, tokenized by llama.cpp with the "
+                                                    "GGUF's own vocabulary (default: seeded random ids)")
     p.add_argument("--layers", metavar="I,J,...", help="capture and compare only these layers (0,5,-1; negative "
                    "from the end) -- HF, llama.cpp, impl and the float64 oracle alike")
     p.add_argument("--probes", metavar="P,Q,...", help="capture and compare only these probes (q_rope,attn_probs; "
@@ -103,7 +109,8 @@ def case_from_args(a):
     return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
-                variant=a.variant, layers=a.layers, probes=a.probes, evict=a.kv_evict, candidate=a.candidate)
+                variant=a.variant, prompt=a.prompt, layers=a.layers,
+                probes=a.probes, evict=a.kv_evict, candidate=a.candidate)
 
 
 def _require_device(case) -> None:
@@ -145,7 +152,7 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     report.write_meta(d, {"run_id": run_id, "command": command, "argv": sys.argv[1:], "case": case.to_dict(),
                           "candidate": run.candidate.name, "notes": run.notes,
                           "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
-                          "plan": run.plan.meta(), "resources": budget.usage()})
+                          "plan": run.plan.meta(), "resources": budget.usage(), **run.meta_extra()})
     print(report.case_table(df))
     for note in run.notes:
         print(f"note: {note}")

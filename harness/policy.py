@@ -10,11 +10,11 @@ from pathlib import Path
 from .errors import UsageError, suggest
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "tolerance.toml"
-PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "q8_0")
+PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "kv_q8_0", "q8_0", "q8_1", "q8_k")
 _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
-                 "max_nmse", "reason"}
+                 "max_nmse", "dtypes", "reason"}
 _MISSING = object()
 
 
@@ -74,7 +74,13 @@ def _parse_point(text: str) -> tuple:
 def comparison_dtype(a: str, b: str) -> str:
     """The less precise of two sides (f16 and bf16 count as equally coarse; a
     quantized weight type is coarser than both)."""
-    rank = {"float64": 0, "float32": 1, "f32": 1, "bfloat16": 2, "float16": 2, "bf16": 2, "f16": 2, "q8_0": 3}
+    # quantized weights: the type ggml quantizes the activations to (harness/refs/ggml_types.py
+    # activation_dtype); a 256-wide Q8_K block is coarser than a 32-wide Q8_0 / Q8_1 one
+    # ggml_<act>: impl with ggml's activation rounding reproduced (the oracle) against
+    # llama.cpp -- float32 summation order is what is left, coarser than float32 only just
+    rank = {"float64": 0, "float32": 1, "f32": 1, "ggml_f16": 1.5, "ggml_bf16": 1.5, "ggml_q8_0": 1.5,
+            "ggml_q8_1": 1.5, "ggml_q8_k": 1.5,
+            "bfloat16": 2, "float16": 2, "bf16": 2, "f16": 2, "kv_q8_0": 3, "q8_0": 3, "q8_1": 3, "q8_k": 4}
     norm = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
     a, b = norm.get(a, a), norm.get(b, b)
     return a if rank[a] >= rank[b] else b
@@ -89,7 +95,8 @@ class Policy:
     findings: list = field(default_factory=list)
 
     def finding(self, family: str, candidate: str, reference: str, probe: str, layer_kind: str,
-                config=None, layer: int | None = None, nmse: float | None = None, bounded: bool = True) -> str | None:
+                config=None, layer: int | None = None, nmse: float | None = None, bounded: bool = True,
+                dtype: str | None = None) -> str | None:
         """The written reason when a failing comparison is a KNOWN disagreement of
         the references (a finding, reported as such), else None. Matched on the
         reference's own ``config`` (the HF config the case built, or read back from a
@@ -106,6 +113,10 @@ class Policy:
             if f.get("layer_kind", layer_kind) != layer_kind:
                 continue
             if "config" in f and (config is None or not config_matches(config, f["config"])):
+                continue
+            # dtypes: the comparison dtypes it is known at (e.g. q8_k: quantized weights
+            # only -- a disagreement the float comparison of the same case does not have)
+            if "dtypes" in f and dtype not in f["dtypes"]:
                 continue
             # downstream_of: "L0.layer_out" -- the disagreement starts there and is carried
             # by every later probe of a free-running reference (e.g. an FFN difference)

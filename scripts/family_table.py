@@ -1,6 +1,7 @@
 """Print the README's table of families and features from a matrix run.
 
     .venv/bin/python scripts/family_table.py [RUN_DIR]   (default: fixtures/baselines/default)
+    .venv/bin/python scripts/family_table.py --gguf      (what --gguf reads, per family)
 
 One row per family: its HF model type and llama.cpp arch, the decorations its
 cases exercise (feature tags derived from impl's configs), and per comparison
@@ -19,6 +20,30 @@ from harness import families  # noqa: E402
 from harness.report import read_rows  # noqa: E402
 
 PAIRS = (("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf"))
+
+
+def gguf_table() -> int:
+    """Per family: the metadata ``--gguf`` reads -- llama.cpp's own reading of the
+    arch (harness/families/_llamacpp_keys.py: ``load_hparams``' keys for every
+    arch, plus the arch's ``load_arch_hparams``), the ``.scale`` tensors its graph
+    applies, and where the HF reference's weights come from."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    from harness.families._llamacpp_keys import BY_ARCH, SCALES
+
+    print("| family | llama.cpp arch | keys `load_arch_hparams` reads (beyond `load_hparams`') "
+          "| `.scale` tensors its graph applies | HF reference for `--gguf` |")
+    print("|---|---|---|---|---|")
+    for name, fam in families.registry().items():
+        arch = fam.gguf_arch
+        keys = sorted(BY_ARCH.get(arch, ())) if arch else []
+        scales = sorted(SCALES.get(arch, ())) if arch else []
+        hf = ("transformers' GGUF loader (where it agrees with llama.cpp's reading)"
+              if arch in GGUF_SUPPORTED_ARCHITECTURES or (arch or "").replace("-", "_") in GGUF_SUPPORTED_ARCHITECTURES
+              else "the harness's reverse map")
+        print(f"| {name} | {arch or '-'} | {', '.join(f'`{k}`' for k in keys) or '-'} | "
+              f"{', '.join(scales) or '-'} | {hf} |")
+    return 0
 
 
 def main(run_dir: str) -> int:
@@ -49,4 +74,6 @@ def main(run_dir: str) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--gguf"]:
+        sys.exit(gguf_table())
     sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "fixtures" / "baselines" / "default")))

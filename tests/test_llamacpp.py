@@ -41,12 +41,16 @@ def test_multi_sequence_batches_and_token_by_token(policy, schedule):
 @pytest.mark.parametrize("gguf_type", ["f16", "bf16", "q8_0"])
 def test_weight_types(policy, gguf_type):
     rows = run(policy, family="llama", ref="llamacpp", gguf_type=gguf_type)
+    # q8_0: every side holds the file's dequantized weights, and impl's projections see
+    # their inputs rounded as ggml quantizes activations (harness/refs/ggml_matmul.py)
     assert {r["cmp_dtype"] for r in rows if "cmp_dtype" in r} == {"float16" if gguf_type == "f16" else
-                                                                    "bfloat16" if gguf_type == "bf16" else "q8_0"}
+                                                                    "bfloat16" if gguf_type == "bf16" else "ggml_q8_0"}
     assert all(s == "pass" for s in statuses(rows).values())
-    # and the quantisation is real: the error is far above float32 rounding
     worst = max(r["nmse"] for r in rows if r["probe"] == "attn_out")
-    assert worst > 1e-9
+    if gguf_type == "q8_0":  # what is left is float32 summation order (tests/test_gguf_files.py: without
+        assert worst < 1e-9  # the rounding the same comparison misses by orders of magnitude)
+    else:  # the rounding of the weights is real: the error is far above float32 rounding
+        assert worst > 1e-9
 
 
 def test_broken_qk_permutation_fails_at_q(policy, monkeypatch):

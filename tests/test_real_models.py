@@ -161,13 +161,14 @@ def test_hf_model_bad_input_is_one_line_exit_2(checkpoints, tmp_path, capsys):
 # ---------------------------------------------------------------- llama.cpp's converter
 
 def _llama_cpp_tree(tools: Path) -> Path:
-    """convert_hf_to_gguf.py + conversion/ + gguf-py/ of the llama.cpp that the
-    installed llama-cpp-python vendors (its sdist, from PyPI, unpacked once)."""
+    """convert_hf_to_gguf.py + conversion/ + gguf-py/ (and src/, which
+    scripts/llamacpp_keys.py reads) of the llama.cpp that the installed
+    llama-cpp-python vendors (its sdist, from PyPI, unpacked once)."""
     env = os.environ.get("CONFORMANCE_LLAMA_CPP_SRC")
     if env:
         return Path(env)
     version = importlib.metadata.version("llama_cpp_python")
-    tree = tools / f"llama.cpp-{version}"
+    tree = tools / f"llama.cpp-{version}-src"
     if (tree / "convert_hf_to_gguf.py").is_file():
         return tree
     dl = tools / f"download-{os.getpid()}"  # per process: parallel workers never share a half-written file
@@ -175,7 +176,7 @@ def _llama_cpp_tree(tools: Path) -> Path:
                     f"llama-cpp-python=={version}", "-d", str(dl)], check=True, timeout=900)
     sdist = next(dl.glob(f"llama_cpp_python-{version}.tar.gz"))
     tmp = tools / f"tmp-{os.getpid()}"
-    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "src/")
     with tarfile.open(sdist) as tf:
         members = []
         for m in tf.getmembers():
@@ -316,8 +317,8 @@ def test_cli_gguf_runs_llamacpp_by_default(converted, tmp_path, capsys):
 
 @pytest.mark.usefixtures("need_llamacpp")
 def test_converter_gguf_q8_0(policy, converted):
-    """The converter's own Q8_0: dequantized (gguf.quants) into impl's weights,
-    judged at q8_0."""
+    """The converter's own Q8_0: dequantized (gguf.quants) into impl's weights;
+    impl, with ggml's activation quantization reproduced, judged at ggml_q8_0."""
     from harness.refs import gguf_import
 
     path, model, config = converted[("llama", "q8_0")]
@@ -326,7 +327,7 @@ def test_converter_gguf_q8_0(policy, converted):
     _assert_recovered(src, model, config, exact=False)
     rows = run(policy, family="", gguf=str(path), ref="llamacpp", kv="paged")
     assert not bad_rows(rows, ok=("pass", "not-exposed"))
-    assert {r["cmp_dtype"] for r in rows if r.get("cmp_dtype")} == {"q8_0"}
+    assert {r["cmp_dtype"] for r in rows if r.get("cmp_dtype")} == {"ggml_q8_0"}
     assert {r["gguf_type"] for r in rows} == {"q8_0"}
 
 
@@ -341,7 +342,7 @@ def test_own_export_q8_0(policy):
     model = fam.build_model(config, CKPT_SEED)
     path = gguf_export.export(fam, model, config, "q8_0", CKPT_SEED)
     src = gguf_import.load(str(path))
-    assert src.weight_type == "q8_0" and {"Q8_0", "F32"} <= set(src.tensor_types.values())
+    assert src.weight_type == "q8_0" and {"q8_0", "f32"} <= set(src.tensor_types.values())
     _assert_recovered(src, model, config, exact=False)
     rows = run(policy, family="", gguf=str(path), ref="llamacpp", kv="batched")
     assert not bad_rows(rows, ok=("pass", "not-exposed")) and any(r["status"] == "pass" for r in rows)
@@ -376,13 +377,13 @@ def test_own_export_round_trips(policy, setting):
 
 # ---------------------------------------------------------------- --gguf refusals
 
-def _write_gguf(path: Path, family: str, extra_kv=None, extra_tensor=None, arch=None):
+def _write_gguf(path: Path, family: str, extra_kv=None, extra_tensor=None, arch=None, overrides=None):
     import gguf
 
     from harness import families
 
     fam = families.get(family)
-    config = fam.make_config({})
+    config = fam.make_config(overrides or {})
     model = fam.build_model(config, 0)
     w = gguf.GGUFWriter(str(path), arch or fam.gguf_arch)
     fam.gguf_params(w, config)
@@ -405,13 +406,15 @@ def test_gguf_refusals_are_one_line_exit_2(tmp_path, capsys):
     cases = [
         (_write_gguf(tmp_path / "bert.gguf", "llama", arch="bert"), [], "unknown GGUF architecture 'bert'; valid:"),
         (not_gguf, [], "not a readable GGUF file"),
-        (_write_gguf(tmp_path / "swa.gguf", "llama", extra_kv=lambda w: w.add_sliding_window(4)), [],
-         "llama.attention.sliding_window"),
-        (_write_gguf(tmp_path / "freqs.gguf", "llama", extra_tensor="rope_freqs.weight"), [], "rope_freqs.weight"),
+        # a key llama.cpp reads for llama, with a value nothing here can express
+        (_write_gguf(tmp_path / "causal.gguf", "llama", extra_kv=lambda w: w.add_causal_attention(False)), [],
+         "llama.attention.causal = False: non-causal attention is not expressible"),
+        (_write_gguf(tmp_path / "extra.gguf", "llama", extra_tensor="blk.0.attn_sinks.weight"), [],
+         "tensors with no counterpart in family llama's HF model: blk.0.attn_sinks.weight"),
         (_write_gguf(tmp_path / "ok.gguf", "llama"), ["--family", "qwen2"], "the file's architecture is 'llama'"),
-        (tmp_path / "ok.gguf", ["--ref", "hf"], "use --ref llamacpp"),
         (tmp_path / "ok.gguf", ["--set", "rms_norm_eps=1e-3"], "--set does not apply to --gguf"),
         (tmp_path / "ok.gguf", ["--gguf-type", "q8_0"], "--gguf-type does not apply to --gguf"),
+        (tmp_path / "ok.gguf", ["--variant", "wo_scale"], "--variant does not apply to --gguf"),
     ]
     for path, args, message in cases:
         out = tmp_path / "report"
@@ -424,30 +427,12 @@ def test_gguf_refusals_are_one_line_exit_2(tmp_path, capsys):
     assert all(a in err for a in ("llama", "qwen2", "qwen3"))
 
 
-def test_families_without_a_reverse_are_refused():
-    """A family whose export is more than the generic rename + transform gets a
-    clear refusal until it writes the reverse hook, never a wrong reading."""
+def test_every_family_with_an_arch_reads_its_files():
+    """--gguf reads every family with a llama.cpp arch (the reverse is the export
+    traced backwards, one body for all); a family with no arch is refused."""
+    from harness import families
     from harness.families.base import LlamaLike
-    from harness.families.llama import Llama
 
-    class CustomParams(LlamaLike):
-        name, gguf_arch = "custom", "llama"
-
-        def gguf_params(self, w, config, variant=None):
-            super().gguf_params(w, config, variant)
-
-    class CustomTransform(LlamaLike):
-        name, gguf_arch = "custom", "llama"
-
-        def gguf_transform(self, name, data, config):
-            return data
-
-    class WithReverse(CustomParams):
-        def config_from_gguf(self, meta, shapes):
-            return super().config_from_gguf(meta, shapes)
-
-    assert "config_from_gguf" in CustomParams().gguf_import_unsupported()
-    assert "gguf_untransform" in CustomTransform().gguf_import_unsupported()
-    assert WithReverse().gguf_import_unsupported() is None
-    assert Llama().gguf_import_unsupported() is None  # gguf_transform and its inverse, side by side
+    assert all(f.gguf_import_unsupported() is None for f in families.registry().values() if f.gguf_arch)
+    assert len([f for f in families.registry().values() if f.gguf_arch]) == len(families.registry())
     assert "no GGUF export" in LlamaLike().gguf_import_unsupported()

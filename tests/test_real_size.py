@@ -250,6 +250,23 @@ def test_estimate_grows_with_tokens_and_shrinks_with_a_selection():
     assert fewer.disk < long.disk / 2
 
 
+@pytest.mark.usefixtures("need_llamacpp")
+def test_quantized_weights_count_their_dequantized_copy():
+    """A quantized --gguf-type holds the float model AND the quantized file's weights
+    dequantized into a float32 copy (CaseRun.base_model): the plan counts both."""
+    from harness import budget
+
+    r = _case_run("llama", gguf_type="q4_k_m")
+    est = lambda t: budget.estimate(r.family, r.config, r.layer_cfgs, tokens=16, seqs=1, dtype="float32",
+                                    refs=["hf"], gguf_type=t)  # noqa: E731
+    f32, q4 = est("f32"), est("q4_k_m")
+    assert "dequantized copy" not in f32.parts
+    assert q4.parts["dequantized copy"] == q4.parts["weights"] > 0
+    assert q4.peak == f32.peak + q4.parts["dequantized copy"]
+    # what it counts is what the case holds: two models, not one
+    assert r.base_model is not r.float_model
+
+
 def test_oracle_skipped_when_it_does_not_fit_and_said_so(policy, monkeypatch, tmp_path):
     e = _estimates()
     assert e[("float32", False)] < e[("float32", True)]

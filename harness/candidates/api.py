@@ -83,7 +83,17 @@ class LayerCall:
     of each per step) or ``paged`` (as batched, over one shared page pool of
     ``page_size`` rows a page); ``evict``: a contiguous cache drops the rows a
     windowed layer can no longer read. ``dtype``: the precision to compute in;
-    ``backend`` / ``device``: impl's array backend (a candidate may ignore them)."""
+    ``backend`` / ``device``: impl's array backend (a candidate may ignore them).
+
+    ``ggml_act`` (against llama.cpp on quantized weights only, else empty): impl
+    weight name -> the type ggml's CPU quantizes the activations multiplied by
+    that weight to (harness/refs/ggml_matmul.py). A candidate that rounds those
+    activations the same way adds to ``ggml_met`` the names of the weights it did
+    so for, and of those it makes no product with (a form of the layer that does
+    not use them: the absorbed MLA's ``wkv_b``); the layer is then judged at
+    ``ggml_<act>`` (only summation order left), else at the activation type's
+    own, wider bound. Optional: a candidate that ignores both is judged at the
+    wider bound."""
 
     layer: int
     config: object  # impl.LayerConfig | impl.MlaConfig
@@ -98,6 +108,8 @@ class LayerCall:
     device: str
     dtype: str
     family: str
+    ggml_act: dict = field(default_factory=dict)
+    ggml_met: set = field(default_factory=set, compare=False)
 
 
 @dataclass
@@ -119,6 +131,9 @@ class CandidateCapture:
     errors: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     note: str = ""  # how it is judged, where that is not plain (a precision coarser than the case's)
+    # layer -> the comparison precision of that layer where it is not ``dtype``'s (against
+    # llama.cpp on quantized weights: ggml_<act> or the activation type, LayerCall.ggml_act)
+    layer_dtypes: dict = field(default_factory=dict)
 
     def hidden(self, key: str) -> str | None:
         """Why ``key`` ("L3.attn_probs") is not exposed, or None."""
@@ -185,6 +200,7 @@ class LayerCandidate(Candidate):
             cap.probes.update(one.probes)
             cap.not_exposed.update(one.not_exposed)
             cap.errors.update(one.errors)
+            cap.layer_dtypes.update(one.layer_dtypes)
         return cap
 
     def capture_layer(self, run, rc, i: int) -> CandidateCapture:
@@ -205,11 +221,14 @@ class LayerCandidate(Candidate):
             inputs = [np.asarray(x[s]) for s in range(x.shape[0])]
             call = LayerCall(i, lc, run.layer_weights_for(run.weights_dtype(rc), i), inputs, case.kv,
                              tuple(chunk_sizes(case.schedule, x.shape[1])), case.page_size, case.seed, case.evict,
-                             case.backend, case.device, case.dtype, run.family.name)
+                             case.backend, case.device, case.dtype, run.family.name, run.ggml_act_types(rc, i))
             got = self.run_layer(call)
         except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
             cap.errors[i] = f"{self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
             return cap
+        ldt = run.ggml_layer_dtype(rc, call)  # after run_layer: it reads what the candidate met (call.ggml_met)
+        if ldt:
+            cap.layer_dtypes[i] = ldt
         for probe, arr in got.items():
             if isinstance(arr, NotExposed):
                 cap.not_exposed[f"L{i}.{probe}"] = arr.reason

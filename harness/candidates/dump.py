@@ -107,11 +107,9 @@ def export_case(run, out: Path) -> dict:
         from ..refs import llamacpp
 
         if llamacpp.available():
-            from ..refs import gguf_export
-
-            src = gguf_export.export(run.family, run.base_model, run.config, case.gguf_type, case.seed, run.variant) \
-                if run.source is None else Path(run.source.path)
-            shutil.copyfile(src, out / "model.gguf")
+            # the file llama.cpp runs: the user's, or the export at the case's weight type
+            # (quantized by llama_model_quantize; run.base_model then holds its weights)
+            shutil.copyfile(run.gguf_path, out / "model.gguf")
             gguf = "model.gguf"
     refs = {}
     for ref in case.refs:

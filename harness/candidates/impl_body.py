@@ -24,10 +24,18 @@ class ImplCandidate(LayerCandidate):
     def run_layer(self, call: LayerCall) -> dict:
         from impl.runner import load_layer, run_layer
 
+        from ..refs.ggml_matmul import installed
+
         layer = load_layer(call.config, call.weights, self.backend(call))
-        # the case's schedule, the same chunks for every sequence (harness/schedule.py)
-        _, traces, _ = run_layer(layer, call.inputs, call.kv, [list(call.chunks)] * len(call.inputs),
-                                 page_size=call.page_size, seed=call.seed, evict=call.evict)
+        # against llama.cpp on quantized weights, the projections' inputs rounded as ggml's
+        # CPU quantizes activations (LayerCall.ggml_act; impl's code is not changed)
+        with installed(layer, call.ggml_act) as met:
+            # the case's schedule, the same chunks for every sequence (harness/schedule.py)
+            _, traces, _ = run_layer(layer, call.inputs, call.kv, [list(call.chunks)] * len(call.inputs),
+                                     page_size=call.page_size, seed=call.seed, evict=call.evict)
+        # a weight the layer's form makes no product with (the absorbed MLA's wkv_b) has
+        # nothing to round
+        call.ggml_met.update(met | (set(call.ggml_act) - set(layer.w)))
         per_seq = [t.assemble() for t in traces]
         return {probe: np.stack([p[probe] for p in per_seq]) for probe in per_seq[0]}
 

@@ -21,7 +21,7 @@ and accumulates V in F16 (ggml/src/ggml-cpu/ops.cpp
 ``VKQ16``, ``ggml_vec_mad_f16``). Measured (llama, 16 tokens): the F32-cache
 and F16-cache flash paths are bit-identical, and differ from the plain path by
 NMSE 2.6e-7 at attn_heads -- 7e-8 at 1024 tokens; a Q8_0 cache is judged at
-q8_0's. ``attn_probs`` is not exposed: the fused kernel materialises no
+kv_q8_0's. ``attn_probs`` is not exposed: the fused kernel materialises no
 probabilities (no ``kq_soft_max`` node).
 """
 
@@ -30,7 +30,9 @@ from __future__ import annotations
 from .api import Candidate, CandidateCapture
 
 BLOCK = {"q8_0": 32}  # ggml block sizes of the quantized cache types (ggml/src/ggml.c type_traits)
-PRECISION = {"f32": "float16", "f16": "float16", "q8_0": "q8_0"}
+# kv_q8_0: a Q8_0 cache's own table (fixtures/tolerance.toml), apart from q8_0 -- the
+# activation rounding of quantized WEIGHTS, against which HF vs llama.cpp is judged
+PRECISION = {"f32": "float16", "f16": "float16", "q8_0": "kv_q8_0"}
 
 
 class FlashAttn(Candidate):
@@ -81,7 +83,7 @@ class FlashAttn(Candidate):
         run.derived.update({(self.name, k): how for k, how in (c.meta.get("derived") or {}).items()})
         from ..policy import comparison_dtype
 
-        precision = comparison_dtype(PRECISION[self.kv_type], run.case.gguf_type)
+        precision = comparison_dtype(PRECISION[self.kv_type], run.weight_dtype)
         cap = CandidateCapture(self.name, precision, dict(c.probes), meta=dict(c.meta), note=(
             f"{self.name} is judged at {precision}: "
             + ("the flash-attention graph casts an F32 KV cache to F16 (src/llama-graph.cpp build_attn_mha: "

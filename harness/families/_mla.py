@@ -299,6 +299,107 @@ class MlaFamily(Family):
             return arr.reshape(s, t, lc.n_heads, lc.v_head_dim)
         return arr
 
+    # ------------------------------------------------------------------ GGUF import
+    def gguf_variant_of(self, shapes):
+        # deepseek2.cpp load_arch_tensors: attn_k_b / attn_v_b when is_mla() (the
+        # absorbed form the converter writes today), attn_kv_b otherwise (legacy)
+        return "naive" if any(n.endswith("attn_kv_b.weight") for n in shapes) else "absorbed"
+
+    def mla_sizes(self, meta, hp) -> dict:
+        """The MLA head sizes as llama.cpp derives them (llama_hparams::is_mla:
+        both ``_mla`` lengths present): absorbed -- key_length ``r + rope``,
+        value_length ``r``, one KV head, the head sizes in the ``_mla`` keys;
+        legacy -- key_length ``nope + rope``, value_length ``v``, a KV head per
+        head. HF expands K/V to every head either way."""
+        r = int(meta.get("attention.kv_lora_rank"))
+        k_mla, v_mla = meta.get("attention.key_length_mla", None), meta.get("attention.value_length_mla", None)
+        rope = hp.n_rot
+        if k_mla and v_mla:
+            qk, v = int(k_mla), int(v_mla)
+            if (hp.n_embd_head_k, hp.n_embd_head_v) != (r + rope, r):
+                meta.refuse("attention.key_length", hp.n_embd_head_k, f"an MLA file's cache row is kv_lora_rank + "
+                                                                      f"rope = {r + rope} (value {r})")
+            if hp.head_kv != 1:
+                meta.refuse("attention.head_count_kv", hp.head_kv, "an MLA file (the _mla keys) has one KV head")
+        else:
+            qk, v = hp.n_embd_head_k, hp.n_embd_head_v
+            if hp.head_kv != hp.head:
+                meta.refuse("attention.head_count_kv", hp.head_kv, f"the legacy MLA file has a KV head per head "
+                                                                   f"({hp.head})")
+        if not 0 < rope < qk:
+            meta.refuse("rope.dimension_count", rope, f"the rope slice must lie inside the {qk}-wide head")
+        return dict(num_attention_heads=hp.head, num_key_value_heads=hp.head, kv_lora_rank=r,
+                    qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v)
+
+    def mla_rope_parameters(self, meta, hp, log_mul: float = 0.0) -> dict:
+        """HF YaRN parameters for what deepseek2.cpp / glm-dsa.cpp compute: the
+        rotated channels' magnitude ``a`` (llama-context.cpp: ``get_mscale(f)``, or
+        ``get_mscale(f, m) / get_mscale(f, log_mul)`` with ``m = log_mul`` for
+        deepseek2 when it is not 1, times ``rope.scaling.attn_factor``) and the
+        softmax scale ``(a * (1 + 0.1 log_mul ln f))^2 / sqrt(d)`` (the graphs'
+        ``kq_scale``), which HF takes as ``get_mscale(f, mscale_all_dim)^2``."""
+        from ._gguf_import import get_mscale, hf_rope
+
+        if hp.rope_scaling_type != "yarn" or hp.rope_freq_scale == 1.0:
+            return hf_rope(meta, hp)
+        f = float(np.float32(1.0 / hp.rope_freq_scale))
+        if log_mul:
+            m = log_mul if self.gguf_arch == "deepseek2" and log_mul != 1.0 else 1.0
+            a = get_mscale(f, m) / get_mscale(f, log_mul)
+        else:
+            a = get_mscale(f)
+        a *= hp.rope_attn_factor
+        kq_mscale = a * (1.0 + 0.1 * log_mul * math.log(f))
+        return {"rope_type": "yarn", "rope_theta": hp.rope_freq_base, "factor": f,
+                "original_max_position_embeddings": hp.n_ctx_orig_yarn, "beta_fast": 32.0, "beta_slow": 1.0,
+                "attention_factor": a, "mscale_all_dim": (kq_mscale - 1.0) / (0.1 * math.log(f))}
+
+    def mla_router(self, meta, hp) -> dict:
+        """The HF router keys from the file's gating keys (a family per router)."""
+        raise NotImplementedError
+
+    def mla_common(self, meta, shapes, hp) -> dict:
+        """What deepseek2.cpp and glm-dsa.cpp read alike: the sizes, the RMS eps,
+        the leading dense layers, the experts (width, shared count), the tied
+        head, the vocabulary."""
+        from ._gguf_import import experts, one_per_layer, special_tokens, vocab_of
+
+        vocab = vocab_of(meta, shapes)
+        n_exp, n_used = experts(meta, hp, self.name, groups=True)
+        return dict(
+            num_hidden_layers=hp.n_layer, max_position_embeddings=hp.n_ctx_train, hidden_size=hp.n_embd,
+            intermediate_size=hp.ff, vocab_size=vocab, tie_word_embeddings="output.weight" not in shapes,
+            rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
+            first_k_dense_replace=int(meta.get("leading_dense_block_count", 0)),
+            n_routed_experts=n_exp, num_experts_per_tok=n_used,
+            moe_intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer),
+            n_shared_experts=int(meta.get("expert_shared_count")),
+            **self.mla_sizes(meta, hp), **special_tokens(meta, vocab))
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """deepseek2.cpp load_arch_hparams: the common MLA keys, the Q rank
+        (required unless the layer count makes it a "lite" model; 0 means a direct
+        ``wq``), the experts' weights' scale / norm / gating function (the
+        family's router), the YaRN log multiplier (written as ``0.1 *
+        mscale_all_dim``: divided back), and the mistral-large temperature
+        (refused)."""
+        from ._gguf_import import read_hparams
+
+        hp = read_hparams(meta)
+        kw = self.mla_common(meta, shapes, hp)
+        lite = hp.n_layer in (26, 27) or (hp.n_layer == 48 and kw["vocab_size"] == 128256)
+        if lite:
+            meta.skip("attention.q_lora_rank", "deepseek2.cpp reads it only when the model is not 'lite' (26 / 27 "
+                                               "layers): a direct wq")
+        q_rank = 0 if lite else int(meta.get("attention.q_lora_rank"))
+        for key in ("attention.temperature_scale", "attention.temperature_length"):
+            if meta.get(key, 0):
+                meta.refuse(key, meta.get(key), "attention temperature tuning (mistral-large) is not expressible "
+                                                "in impl's MLA")
+        log_mul = meta.get_f32("rope.scaling.yarn_log_multiplier", 0.0) / 0.1
+        return dict(kw, q_lora_rank=q_rank or None, rope_parameters=self.mla_rope_parameters(meta, hp, log_mul),
+                    **self.mla_router(meta, hp))
+
     # ------------------------------------------------------------------ GGUF
     def check_lc_variant(self, variant: str | None) -> None:
         if variant == "naive" and self.lc_naive_unsupported:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from impl import NormSpec, QkNormSpec
 
+from ._gguf_import import experts, llama_like_config, one_per_layer, one_theta, read_hparams, swa_pattern
 from .base import (LcPoint, LlamaLike, gguf_moe_convert, lc_unrotated, post_norm_points,
                    text_model_gguf_params)
 
@@ -163,6 +164,45 @@ class Afmoe(LlamaLike):
         # gate/up/down (torch.stack(datas, dim=0)) into ffn_{gate,up,down}_exps
         # ModelBase.modify_tensors otherwise: the plain rename, no Q/K permutation (NEOX RoPE)
         yield from gguf_moe_convert(name, data) or [(name, data)]
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """afmoe.cpp load_arch_hparams: the RMS eps, the leading dense layers, the
+        experts' width and shared count (required), the gating function (default
+        sigmoid), the routed weights' scale and norm, and -- when the window is
+        > 0 -- ``load_swa_pattern(ml, 4)`` and ``rope.freq_base_swa``. The graph
+        rotates every layer but each 4th (``n_no_rope_layer_step``, no key) and
+        always scales the input by sqrt(n_embd); HF Afmoe rotates exactly its
+        sliding layers, scales with ``mup_enabled``, and routes by sigmoid with
+        renormalised top-k weights -- a file that says otherwise is refused."""
+        hp = read_hparams(meta)
+        n_swa = int(meta.get("attention.sliding_window", 0))
+        if n_swa > 0:
+            swa = swa_pattern(meta, hp, 4)
+            one_theta(meta, hp, swa)
+        else:
+            swa = [False] * hp.n_layer
+            for key in ("attention.sliding_window_pattern", "rope.freq_base_swa"):
+                meta.skip(key, "afmoe.cpp reads it only when attention.sliding_window > 0")
+        if swa != [(il + 1) % 4 != 0 for il in range(hp.n_layer)]:
+            meta.refuse("attention.sliding_window_pattern", swa, "llama.cpp rotates every layer but each 4th "
+                        "(n_no_rope_layer_step 4), HF Afmoe exactly its sliding layers: they must coincide")
+        kw = llama_like_config(self, meta, shapes, hp, swa=True, moe=True)
+        n_exp, n_used = experts(meta, hp, self.name)
+        if int(meta.get("expert_gating_func", 2)) != 2:
+            meta.refuse("expert_gating_func", meta.get("expert_gating_func"), "HF Afmoe routes by sigmoid (2)")
+        if not meta.get("expert_weights_norm", False):
+            meta.refuse("expert_weights_norm", meta.get("expert_weights_norm", False),
+                        "unnormalised top-k weights; HF AfmoeTokenChoiceRouter always renormalises them")
+        kw.update(rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"), num_experts=n_exp,
+                  num_experts_per_tok=n_used, moe_intermediate_size=one_per_layer(meta, "expert_feed_forward_length",
+                                                                                  hp.n_layer),
+                  num_shared_experts=int(meta.get("expert_shared_count")),
+                  num_dense_layers=int(meta.get("leading_dense_block_count", 0)),
+                  route_scale=meta.get_f32("expert_weights_scale", 0.0) or 1.0, route_norm=True,
+                  sliding_window=n_swa, global_attn_every_n_layers=4, mup_enabled=True,
+                  layer_types=["sliding_attention" if s else "full_attention" for s in swa])
+        return kw
 
 
 FAMILY = Afmoe()

@@ -124,4 +124,13 @@ class BitNet(LlamaLike):
         yield name, data
 
 
+    def config_from_gguf(self, meta, shapes, tensors):
+        # bitnet.cpp load_arch_hparams: the RMS eps (the default reverse); the graph's
+        # FFN is SiLU-gated whatever HF's config says (build_ffn LLM_FFN_SILU) and the
+        # head is always token_embd
+        kw = super().config_from_gguf(meta, shapes, tensors)
+        kw.update(hidden_act="silu", tie_word_embeddings=True)
+        return kw
+
+
 FAMILY = BitNet()

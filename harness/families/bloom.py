@@ -51,6 +51,7 @@ import numpy as np
 from impl import LayerConfig, NormSpec
 from impl.config import ConfigError
 
+from ._gguf_import import alibi_config, read_hparams
 from .base import FUSED_QKV_NOPE_LC_POINTS, Family, LcPoint, Point, tensor
 
 # HF _get_alibi_slopes: base 2 ** (-(2 ** -(log2(cp2) - 3))) = 2 ** (-8 / cp2), i.e. max bias 8
@@ -168,8 +169,6 @@ class Bloom(Family):
         w.add_layer_norm_eps(config.layer_norm_epsilon)
 
     def gguf_convert(self, name, data, config, variant=None):
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            return  # save_pretrained drops the tied copy; llama.cpp falls back to token_embd
         n_head, n_embed = config.n_head, config.hidden_size
         name = re.sub(r"transformer\.", "", name)  # BloomModel.modify_tensors
         if self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.weight", name):
@@ -180,6 +179,18 @@ class Bloom(Family):
             q = data.reshape(n_head, 3, n_embed // n_head)
             data = np.concatenate([q[:, j].reshape(n_embed) for j in range(3)], axis=0)
         yield name, np.ascontiguousarray(data)
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        # bloom.cpp load_arch_hparams: layer_norm_eps; ALiBi's max bias is fixed at 8 (no
+        # key); HF BloomMLP is 4 * hidden wide
+        hp = read_hparams(meta)
+        kw = alibi_config(self, meta, shapes, hp)
+        if hp.ff != 4 * hp.n_embd:
+            meta.refuse("feed_forward_length", hp.ff, f"HF BloomMLP is 4 * hidden_size = {4 * hp.n_embd} wide")
+        kw.update(hidden_size=hp.n_embd, n_layer=hp.n_layer, n_head=hp.head,
+                  layer_norm_epsilon=meta.get_f32("attention.layer_norm_epsilon"))
+        return kw
 
 
 FAMILY = Bloom()

@@ -35,6 +35,9 @@ Default config: 4 layers, pattern 2 (sliding, full, sliding, full), window 4.
 
 from __future__ import annotations
 
+import numpy as np
+
+from ._gguf_import import hf_rope, llama_like_config, read_hparams, swa_pattern
 from .base import LlamaLike, lc_unrotated
 
 
@@ -98,17 +101,34 @@ class Cohere2(LlamaLike):
             w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
 
     def gguf_transform(self, name, data, config):
-        # cohere2.cpp: output is always token_embd (TENSOR_DUPLICATED); a tied HF
-        # checkpoint carries no lm_head tensor for the converter to see.
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            return None
-        if name.endswith(".bias"):
+        # (cohere2.cpp: output is always token_embd; a tied head is never exported)
+        if name.endswith(".bias") and np.issubdtype(data.dtype, np.floating):
+            # a check on VALUES (the traced import passes element indices: there the
+            # bias is one more tensor the file may carry)
             # command_r.py Cohere2Model.modify_tensors: all-zero biases are dropped,
             # any other bias is refused
             if (data != 0).any():
                 raise ValueError(f"cohere2: bias tensor {name!r} is not zero; the converter refuses it")
             return None
         return data
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """cohere2.cpp load_arch_hparams: ``load_swa_pattern(ml, 4)``,
+        ``rope.freq_base_swa`` (default: the main base, with its scaling),
+        the window, the logit scale, the LayerNorm eps -- all required but the
+        base. Only the sliding layers rotate (cohere2.cpp ``if (is_swa)``), so
+        HF's one theta is the sliding layers' base."""
+        hp = read_hparams(meta)
+        swa = swa_pattern(meta, hp, 4)
+        kw = llama_like_config(self, meta, shapes, hp, swa=any(swa))
+        kw.update(rope_parameters=hf_rope(meta, hp, theta=meta.get_f32("rope.freq_base_swa", hp.rope_freq_base)),
+                  sliding_window=int(meta.get("attention.sliding_window")),
+                  logit_scale=meta.get_f32("logit_scale"),
+                  layer_norm_eps=meta.get_f32("attention.layer_norm_epsilon"),
+                  layer_types=["sliding_attention" if s else "full_attention" for s in swa],
+                  tie_word_embeddings=True)  # cohere2.cpp: output is always token_embd
+        return kw
 
 
 FAMILY = Cohere2()

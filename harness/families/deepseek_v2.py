@@ -71,4 +71,21 @@ class DeepseekV2(MlaFamily):
         self.deepseek_params(w, config, variant or self.variants[0])
 
 
+    def mla_router(self, meta, hp):
+        # HF DeepseekV2Moe (topk_method "greedy"): softmax scores, top-k, never
+        # renormalised, times routed_scaling_factor; llama.cpp's default gating for
+        # deepseek2 is softmax (deepseek2.cpp), its grouped selection DeepSeek V3's
+        # top-2 sums, which V2's group_limited_greedy (group max) is not
+        gating = int(meta.get("expert_gating_func", 0))
+        if gating not in (0, 1):
+            meta.refuse("expert_gating_func", gating, "HF DeepseekV2 routes by softmax (1)")
+        if meta.get("expert_weights_norm", False):
+            meta.refuse("expert_weights_norm", True, "HF DeepseekV2's router never renormalises its top-k weights")
+        if hp.n_expert_groups > 1:
+            meta.refuse("expert_group_count", hp.n_expert_groups, "llama.cpp selects groups by their top-2 sum "
+                        "(DeepSeek V3), HF DeepseekV2's group_limited_greedy by their maximum")
+        return dict(topk_method="greedy", norm_topk_prob=False,
+                    routed_scaling_factor=meta.get_f32("expert_weights_scale", 0.0) or 1.0)
+
+
 FAMILY = DeepseekV2()

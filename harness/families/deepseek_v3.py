@@ -66,4 +66,19 @@ class DeepseekV3(MlaFamily):
         self.deepseek_params(w, config, variant or self.variants[0])
 
 
+    def mla_router(self, meta, hp):
+        # HF DeepseekV3TopkRouter: sigmoid scores plus e_score_correction_bias for the
+        # choice, groups by their top-2 sums (llama.cpp build_moe_ffn's too), weights
+        # renormalised when norm_topk_prob, times routed_scaling_factor; llama.cpp's
+        # deepseek2 defaults to softmax when the file names no gating
+        gating = int(meta.get("expert_gating_func", 0))
+        if gating != 2:
+            meta.refuse("expert_gating_func", gating, "HF DeepseekV3 routes by sigmoid (2); llama.cpp's default "
+                                                      "for deepseek2 is softmax")
+        return dict(topk_method="noaux_tc", scoring_func="sigmoid", rope_interleave=True,
+                    norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
+                    n_group=max(hp.n_expert_groups, 1), topk_group=max(hp.n_group_used, 1),
+                    routed_scaling_factor=meta.get_f32("expert_weights_scale", 0.0) or 1.0)
+
+
 FAMILY = DeepseekV3()

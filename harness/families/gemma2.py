@@ -46,6 +46,8 @@ from __future__ import annotations
 
 from impl import LayerConfig
 
+from ._gguf_export import NormPlusOne
+from ._gguf_import import llama_like_config, one_theta, read_hparams, swa_pattern
 from .base import LcPoint, LlamaLike, post_norm_points
 
 QPAS_24 = (("query_pre_attn_scalar", 24),)  # the HF-only scale config, as overrides
@@ -54,7 +56,7 @@ THETA_1E5 = (("rope_parameters.rope_theta", 100000),)  # the HF-only RoPE base c
 SWAPPED_LAYERS = (("layer_types", ["full_attention", "sliding_attention"]),)  # HF-only layer pattern
 
 
-class Gemma2(LlamaLike):
+class Gemma2(NormPlusOne, LlamaLike):
     name = "gemma2"
     hf_model_type = "gemma2"
     description = "logit softcap, post-attention norm, query_pre_attn_scalar, alternating window, (1+w) norms"
@@ -105,9 +107,29 @@ class Gemma2(LlamaLike):
     def gguf_transform(self, name, data, config):
         if name == "lm_head.weight":  # Gemma2Model.filter_tensors: skipped
             return None
-        if name.endswith("norm.weight"):  # Gemma2Model.modify_tensors: data_torch + 1
-            return data + 1
-        return data
+        return data  # Gemma2Model.modify_tensors: norms + 1 (NormPlusOne)
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """gemma2.cpp load_arch_hparams: window 4096 unless the key says otherwise,
+        ``load_swa_pattern(ml, 2)`` (every layer has a pattern slot: gemma2 always
+        slides its even layers unless the file's array says otherwise),
+        ``rope.freq_base_swa`` defaulting to the main base (HF has one theta: a
+        different one is refused), the RMS eps, the softcaps (defaults 50 and 30,
+        llama_hparams) and the scale ``1/sqrt(head_dim)`` (``n_embd / n_head`` for
+        the 46-layer 27B) as ``query_pre_attn_scalar``."""
+        hp = read_hparams(meta)
+        swa = swa_pattern(meta, hp, 2)
+        one_theta(meta, hp, swa)
+        kw = llama_like_config(self, meta, shapes, hp, swa=any(swa))
+        kw.update(rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
+                  sliding_window=int(meta.get("attention.sliding_window", 4096)),
+                  attn_logit_softcapping=meta.get_f32("attn_logit_softcapping", 50.0),
+                  final_logit_softcapping=meta.get_f32("final_logit_softcapping", 30.0),
+                  layer_types=["sliding_attention" if s else "full_attention" for s in swa],
+                  query_pre_attn_scalar=hp.n_embd // hp.head if hp.n_layer == 46 else hp.n_embd_head_k,
+                  tie_word_embeddings=True)  # gemma2.cpp: output is always token_embd
+        return kw
 
 
 FAMILY = Gemma2()

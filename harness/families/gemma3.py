@@ -49,10 +49,12 @@ from __future__ import annotations
 
 from impl import NormSpec, QkNormSpec
 
+from ._gguf_export import NormPlusOne
+from ._gguf_import import llama_like_config, read_hparams, swa_pattern
 from .base import LcPoint, LlamaLike, post_norm_points
 
 
-class Gemma3(LlamaLike):
+class Gemma3(NormPlusOne, LlamaLike):
     name = "gemma3"
     hf_model_type = "gemma3_text"
     description = "local/global theta and window, (1+w) QK norm, post norm, query_pre_attn_scalar"
@@ -118,14 +120,37 @@ class Gemma3(LlamaLike):
         if self.write_swa_pattern:
             w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
 
-    def gguf_transform(self, name, data, config):
-        # conversion/gemma.py Gemma3Model.modify_tensors / norm_shift: "*norm.weight" + 1
-        if name.endswith("norm.weight"):
-            return data + 1.0
-        # a tied checkpoint holds no lm_head; gemma3.cpp falls back to token_embd
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            return None
-        return data
+    # conversion/gemma.py Gemma3Model.modify_tensors / norm_shift: "*norm.weight" + 1
+    # (NormPlusOne); a tied head is never exported (gemma3.cpp falls back to token_embd)
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """gemma3.cpp load_arch_hparams: ``found_swa && n_swa > 0`` -> the standard
+        window, ``load_swa_pattern(ml, 6)`` and ``rope.freq_base_swa`` (default 10000,
+        llama_hparams; the sliding layers take no frequency scaling:
+        rope_freq_scale_train_swa stays 1); the final softcap (default none); the
+        RMS eps; and the attention scale llama.cpp fixes, ``1/sqrt(head_dim)`` --
+        ``1/sqrt(n_embd / n_head)`` for the 62-layer 27B -- which HF takes as
+        ``query_pre_attn_scalar``."""
+        hp = read_hparams(meta)
+        n_swa = int(meta.get("attention.sliding_window", 0))
+        if n_swa > 0:
+            swa = swa_pattern(meta, hp, 6)
+            theta_swa = meta.get_f32("rope.freq_base_swa", 10000.0)
+        else:
+            swa, theta_swa = [False] * hp.n_layer, 10000.0
+            for key in ("attention.sliding_window_pattern", "rope.freq_base_swa"):
+                meta.skip(key, "gemma3.cpp reads it only when attention.sliding_window > 0")
+        kw = llama_like_config(self, meta, shapes, hp, swa=any(swa))
+        kw["rms_norm_eps"] = meta.get_f32("attention.layer_norm_rms_epsilon")
+        kw["final_logit_softcapping"] = meta.get_f32("final_logit_softcapping", 0.0) or None
+        kw["attn_logit_softcapping"] = None  # never passed to the attention in HF gemma3, never read by llama.cpp
+        kw["rope_parameters"] = {"full_attention": kw["rope_parameters"],
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": theta_swa}}
+        kw["layer_types"] = ["sliding_attention" if s else "full_attention" for s in swa]
+        kw["sliding_window"] = n_swa or 4096  # unused without a sliding layer
+        kw["query_pre_attn_scalar"] = hp.n_embd // hp.head if hp.n_layer == 62 else hp.n_embd_head_k
+        return kw
 
 
 FAMILY = Gemma3()

@@ -115,4 +115,37 @@ class GlmMoeDsa(MlaFamily):
             w.add_array(f"{w.arch}.attention.indexer.types", [t == "full" for t in config.indexer_types])
 
 
+    def config_from_gguf(self, meta, shapes, tensors):
+        """glm-dsa.cpp load_arch_hparams: the common MLA keys, the RoPE sections
+        (read; no mrope in this graph), the Q and KV ranks (required: "GLM_DSA
+        architecture requires MLA"), the experts' weights' scale / norm and the
+        gating function (default sigmoid -- HF's router is sigmoid only), the
+        indexer's heads, key length, top-k and per-layer types (default: all
+        full below a 1M context). It never reads a YaRN log multiplier."""
+        from ._gguf_import import read_hparams
+
+        hp = read_hparams(meta)
+        kw = self.mla_common(meta, shapes, hp)
+        meta.get("rope.dimension_sections", None)
+        if int(meta.get("expert_gating_func", 2)) not in (0, 2):
+            meta.refuse("expert_gating_func", meta.get("expert_gating_func"), "HF GlmMoeDsa routes by sigmoid (2)")
+        if "blk.0.attn_kv_b.weight" in shapes:
+            meta.refuse("attention.key_length_mla", None, "the legacy (attn_kv_b) form: glm-dsa requires MLA")
+        types = meta.get_per_layer("attention.indexer.types", hp.n_layer, None)
+        if types[0] is None:
+            types = [1] * hp.n_layer if hp.n_ctx_train < 1048576 else None
+            if types is None:
+                meta.refuse("context_length", hp.n_ctx_train, "GLM 5.2's built-in indexer pattern is not reproduced "
+                                                              "here; write attention.indexer.types")
+        return dict(kw, q_lora_rank=int(meta.get("attention.q_lora_rank")),
+                    rope_parameters=self.mla_rope_parameters(meta, hp),
+                    norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
+                    routed_scaling_factor=meta.get_f32("expert_weights_scale", 0.0) or 1.0,
+                    n_group=max(hp.n_expert_groups, 1), topk_group=max(hp.n_group_used, 1),
+                    index_n_heads=int(meta.get("attention.indexer.head_count")),
+                    index_head_dim=int(meta.get("attention.indexer.key_length")),
+                    index_topk=int(meta.get("attention.indexer.top_k")),
+                    indexer_types=["full" if t else "shared" for t in types])
+
+
 FAMILY = GlmMoeDsa()

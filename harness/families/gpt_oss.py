@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._gguf_import import experts, llama_like_config, one_per_layer, one_theta, read_hparams, swa_pattern
 from .base import LlamaLike, text_model_gguf_params
 
 TRUNCATE_OFF = (("rope_parameters.truncate", False),)  # the HF-only configs, as overrides
@@ -105,6 +106,22 @@ class GptOss(LlamaLike):
                     (name.replace("gate_up_proj", "up_proj.weight"), t[:, 1::2, :])]
         for n, d in outs:
             yield n, np.ascontiguousarray(d)
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """openai-moe.cpp load_arch_hparams: the RMS eps, the experts' width
+        (required), the window (required) with ``load_swa_pattern(ml, 2)``, and
+        ``rope.freq_base_swa`` (default: the main base and scaling)."""
+        hp = read_hparams(meta)
+        swa = swa_pattern(meta, hp, 2)
+        one_theta(meta, hp, swa)
+        kw = llama_like_config(self, meta, shapes, hp, swa=any(swa), moe=True)
+        n_exp, n_used = experts(meta, hp, self.name)
+        kw.update(rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"), num_local_experts=n_exp,
+                  num_experts_per_tok=n_used, intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer),
+                  sliding_window=int(meta.get("attention.sliding_window")),
+                  layer_types=["sliding_attention" if s else "full_attention" for s in swa])
+        return kw
 
 
 FAMILY = GptOss()

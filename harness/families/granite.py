@@ -89,4 +89,24 @@ class Granite(PermutedQK):
                 add(value)
 
 
+    def config_from_gguf(self, meta, shapes, tensors):
+        """granite.cpp load_arch_hparams: the RMS eps and the logit scale (required);
+        the residual, embedding and attention scales (optional: 0 means none --
+        kq_scale 1/sqrt(head_dim), no residual or embedding multiply)."""
+        kw = super().config_from_gguf(meta, shapes, tensors)
+        kw["logits_scaling"] = meta.get_f32("logit_scale")
+        kw["residual_multiplier"] = meta.get_f32("residual_scale", 0.0) or 1.0
+        kw["embedding_multiplier"] = meta.get_f32("embedding_scale", 0.0) or 1.0
+        hd = kw["hidden_size"] // kw["num_attention_heads"]
+        kw["attention_multiplier"] = meta.get_f32("attention.scale", 0.0) or float(hd) ** -0.5
+        # "Granite uses rope_finetuned as a switch for rope, so default to true"
+        if not meta.get("rope.scaling.finetuned", True):
+            meta.refuse("rope.scaling.finetuned", False, "granite without RoPE (rope_pattern off); HF Granite rotates")
+        mapping = meta.get("deepstack_mapping", None) or []
+        if any(int(v) >= 0 for v in mapping):
+            meta.refuse("deepstack_mapping", mapping, "vision deepstack inputs (Granite 4 Vision) are not compared here")
+        meta.get("expert_shared_feed_forward_length", None)  # granite-moe-shared only; no experts here (refused)
+        return kw
+
+
 FAMILY = Granite()

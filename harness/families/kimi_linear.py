@@ -46,13 +46,14 @@ import numpy as np
 
 from impl.mla import MlaConfig
 
+from ._gguf_export import NegExpALog
 from ._mla import MlaFamily
 from .base import LcPoint, NotInImpl, Point
 
 KDA_REASON = "Kimi delta attention: HF KimiLinearDeltaAttention, llama.cpp kimi-linear.cpp (the is_recr branch)"
 
 
-class KimiLinear(MlaFamily):
+class KimiLinear(NegExpALog, MlaFamily):
     name = "kimi_linear"
     hf_model_type = "kimi_linear"
     description = "hybrid: NoPE MLA (absorbed; naive vs HF only), direct Q + KDA linear-attention layers (not in impl), MoE"
@@ -189,16 +190,51 @@ class KimiLinear(MlaFamily):
             return
         if ".self_attn.forget_gate." in name:
             name = name.replace(".forget_gate.", ".")  # HF attaches these to its forget-gate module
-            if name.endswith(".A_log"):
-                # the graph multiplies by ssm_a = -exp(A_log); torch.exp as the converter
-                # computes it (np.exp differs in the last bit)
-                torch = __import__("torch")
-                yield name, (-torch.exp(torch.from_numpy(data))).numpy()
-                return
             if name.endswith(".dt_bias"):
                 yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
                 return
         yield from super().gguf_convert(name, data, config, variant)
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """kimi-linear.cpp load_arch_hparams: the RMS eps, the ``_mla`` head sizes,
+        the KV rank, the KDA conv kernel and head size (all required); a layer
+        with no KV head is a KDA layer; the experts' width, shared count, gating
+        function (required) and weights' scale. The graph always renormalises
+        the routed weights (build_moe_ffn norm_w = true), never reads a Q rank
+        (a direct wq) and rotates nothing (rope type NONE: the RoPE keys load_hparams
+        reads have no effect here)."""
+        from ._gguf_import import experts, one_per_layer, read_hparams, special_tokens, vocab_of
+
+        hp = read_hparams(meta)
+        if self.gguf_variant_of(shapes) == "naive":
+            meta.refuse("attention.key_length_mla", meta.get("attention.key_length_mla", None),
+                        f"the legacy attn_kv_b form, which {self.lc_naive_unsupported}")
+        kda = [kv == 0 for kv in hp.n_head_kv]
+        mla_kv = {kv for kv in hp.n_head_kv if kv}
+        if mla_kv != {1}:
+            meta.refuse("attention.head_count_kv", hp.n_head_kv, "an MLA layer of kimi-linear has one KV head "
+                                                                 "(0 marks a KDA layer)")
+        r, rope = int(meta.get("attention.kv_lora_rank")), hp.n_rot
+        qk, v = int(meta.get("attention.key_length_mla")), int(meta.get("attention.value_length_mla"))
+        vocab = vocab_of(meta, shapes)
+        n_exp, n_used = experts(meta, hp, self.name)
+        if int(meta.get("expert_gating_func")) != 2:
+            meta.refuse("expert_gating_func", meta.get("expert_gating_func"), "HF KimiLinear routes by sigmoid (2)")
+        lead = int(meta.get("leading_dense_block_count", 0))
+        return dict(
+            num_hidden_layers=hp.n_layer, model_max_length=hp.n_ctx_train, hidden_size=hp.n_embd,
+            intermediate_size=hp.ff, num_attention_heads=hp.head, num_key_value_heads=hp.head, vocab_size=vocab,
+            tie_word_embeddings="output.weight" not in shapes, rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
+            kv_lora_rank=r, q_lora_rank=None, qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v,
+            layer_types=["linear_attention" if k else "full_attention" for k in kda],
+            mlp_layer_types=["dense" if i < lead else "sparse" for i in range(hp.n_layer)],
+            linear_head_dim=int(meta.get("kda.head_dim")), linear_num_heads=hp.head,
+            linear_conv_kernel_dim=int(meta.get("ssm.conv_kernel")),
+            num_experts=n_exp, num_experts_per_token=n_used, num_shared_experts=int(meta.get("expert_shared_count")),
+            moe_intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer),
+            moe_renormalize=True, routed_scaling_factor=meta.get_f32("expert_weights_scale", 0.0) or 1.0,
+            moe_router_activation_func="sigmoid", **special_tokens(meta, vocab))
 
 
 FAMILY = KimiLinear()

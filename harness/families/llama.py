@@ -46,12 +46,6 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
-    """The inverse of ``permute_rows``: rows (h, i, j) -> (h, j, i), for reading a
-    converted GGUF back (``--gguf``)."""
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def unpermute_heads(a: np.ndarray) -> np.ndarray:
     """The inverse on activations ``[..., heads, D]``: channel 2i+j -> j*D/2+i."""
     d = a.shape[-1]
@@ -85,6 +79,61 @@ def llama3_rope_factors(config) -> np.ndarray | None:
     return np.asarray(out, dtype=np.float32)
 
 
+def llama3_from_factors(meta, factors: np.ndarray, rope: dict, head_dim: int) -> dict:
+    """The HF ``llama3`` RoPE parameters a ``rope_freqs`` tensor came from (the
+    inverse of ``llama3_rope_factors``). HF's formula depends on
+    ``original_max_position_embeddings``, ``low_freq_factor`` and
+    ``high_freq_factor`` only through their ratios, so ``low_freq_factor = 1``
+    and the rest follow from the smoothly scaled pairs (their ``1 / f`` is
+    linear in the pair's frequency); the result is checked to give the file's
+    factors back, else the tensor is refused."""
+    f = np.asarray(factors, dtype=np.float64).reshape(-1)
+    theta = float(rope["rope_theta"])
+    if rope.get("rope_type") != "default":
+        meta.refuse("rope.scaling.type", rope.get("rope_type"), "rope_freqs.weight on top of a RoPE scaling")
+    if f.size != head_dim // 2:
+        raise UsageError(f"--gguf {meta.path}: rope_freqs.weight has {f.size} factors; head_dim {head_dim} "
+                         f"rotates {head_dim // 2} pairs")
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    wavelen = 2 * math.pi / freqs.astype(np.float64)
+    factor = float(f.max())
+    if factor <= 1.0 or not np.all(f >= 1.0 - 1e-6):
+        raise UsageError(f"--gguf {meta.path}: rope_freqs.weight {f[:4].tolist()}... is not llama3 scaling "
+                         "(factors >= 1, the largest the scale)")
+    tol = 1e-5 * factor
+    low_i = np.flatnonzero(f > factor - tol)
+    high_i = np.flatnonzero(f < 1 + tol)
+    mid = np.flatnonzero((f >= 1 + tol) & (f <= factor - tol))
+    if mid.size >= 2:
+        # smooth = (1/f - 1/factor) / (1 - 1/factor) = a / wavelen - b, a = old / (high - low), b = low / (high - low)
+        s = (1 / f[mid] - 1 / factor) / (1 - 1 / factor)
+        a, nb = np.polyfit(1 / wavelen[mid], s, 1)
+        b = -nb
+        low, high, old = 1.0, 1.0 + 1.0 / b, a / b
+    else:
+        # no (or one) pair on the ramp: any ramp between the last unscaled and the
+        # first fully scaled wavelength gives the same factors
+        w1 = wavelen[high_i].max() if high_i.size else wavelen.min() / 2
+        w2 = wavelen[low_i].min() if low_i.size else wavelen.max() * 2
+        if mid.size == 1:
+            w1 = w2 = wavelen[mid[0]]  # solved below from the one ramp point
+        old = float(np.sqrt(w1 * w2)) if mid.size == 0 else float(w2)
+        low = 1.0
+        high = old / float(np.sqrt(w1 * old)) if mid.size == 0 else None
+        if mid.size == 1:
+            s = (1 / f[mid[0]] - 1 / factor) / (1 - 1 / factor)
+            # old/wavelen - low = s (high - low) with old = wavelen * 2: 2 - 1 = s (high - 1)
+            old = 2 * float(wavelen[mid[0]])
+            high = 1.0 + 1.0 / s
+    out = {"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": float(low),
+           "high_freq_factor": float(high), "original_max_position_embeddings": float(old)}
+    back = llama3_rope_factors(type("C", (), {"rope_parameters": out, "head_dim": head_dim})())
+    if back is None or not np.allclose(back, f, rtol=1e-5, atol=0):
+        raise UsageError(f"--gguf {meta.path}: rope_freqs.weight does not follow llama3's scaling formula "
+                         "(conversion/llama.py generate_extra_tensors); no HF RoPE reproduces it")
+    return out
+
+
 class PermutedQK(LlamaLike):
     """A llama-shaped family whose converter is ``LlamaModel``'s (or a subclass's):
     the GGUF holds ``permute_rows``'d Q/K rows and biases, and the capture undoes
@@ -100,16 +149,6 @@ class PermutedQK(LlamaLike):
                 return permute_rows(data, config.num_attention_heads)
             if name.endswith(("k_proj.weight", "k_proj.bias")):
                 return permute_rows(data, config.num_key_value_heads)
-        return data
-
-    def gguf_untransform(self, name, data, config):
-        # the inverse of gguf_transform: a GGUF from llama.cpp's converter carries
-        # LlamaModel.permute'd Q/K rows (conversion/llama.py modify_tensors, undo_permute)
-        if self.permute_qk:
-            if name.endswith(("q_proj.weight", "q_proj.bias")):
-                return unpermute_rows(data, config.num_attention_heads)
-            if name.endswith(("k_proj.weight", "k_proj.bias")):
-                return unpermute_rows(data, config.num_key_value_heads)
         return data
 
     def lc_canonical(self, probe, arr, lc, config):
@@ -136,16 +175,10 @@ class Llama(PermutedQK):
         if factors is not None:
             yield "rope_freqs.weight", factors
 
-    def gguf_import_tensors(self, tensors, model, config):
-        # the base refuses a GGUF tensor it cannot place, rope_freqs included: llama3
-        # scaling keeps only these factors in the file, not the parameters HF needs
-        return super().gguf_import_tensors(tensors, model, config)
-
 
 # The wo_scale variant's per-tensor scale (see the module docstring).
 WO_SCALE = 0.37
 _WO = re.compile(r"blk\.\d+\.attn_output\.weight")
-_WO_S = re.compile(r"blk\.\d+\.attn_output\.scale")
 
 
 class LlamaFamily(Llama):
@@ -179,27 +212,6 @@ class LlamaFamily(Llama):
                     yield name.removesuffix(".weight") + ".scale", np.array([WO_SCALE], dtype=np.float32)
             else:
                 yield name, data
-
-    def gguf_import_tensors(self, tensors, model, config):
-        # --gguf: a file with blk.N.attn_output.scale computes (W' x) * s (llama.cpp
-        # build_attn: build_lora_mm(wo, cur, wo_s), then wo_b); HF has no slot for the
-        # scale, so it is folded into the weight it scales, W = W' * s -- the same
-        # function, which impl then computes from W
-        tensors = dict(tensors)
-        for sname in [n for n in tensors if _WO_S.fullmatch(n)]:
-            wname = sname.removesuffix(".scale") + ".weight"
-            get_s, get_w = tensors.pop(sname), tensors.get(wname)
-            if get_w is None:
-                raise UsageError(f"--gguf: {sname} scales no {wname}")
-
-            def folded(get_w=get_w, get_s=get_s, sname=sname):
-                s = np.asarray(get_s(), dtype=np.float32).reshape(-1)
-                if s.size != 1:
-                    raise UsageError(f"--gguf: {sname} has {s.size} elements; a per-tensor scale has one")
-                return get_w() * s[0]
-
-            tensors[wname] = folded
-        return super().gguf_import_tensors(tensors, model, config)
 
 
 FAMILY = LlamaFamily()

@@ -53,6 +53,7 @@ import numpy as np
 
 from impl import LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec
 
+from ._gguf_import import experts, llama_like_config, one_per_layer, one_theta, read_hparams, swa_pattern
 from .base import LcPoint, LlamaLike
 
 # llama.cpp's llama4 constants (src/models/llama4.cpp load_arch_hparams; llama-hparams.h
@@ -182,6 +183,37 @@ class Llama4(LlamaLike):
             pieces = [(name, data)]
         for n, d in pieces:
             yield n, np.ascontiguousarray(d)
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """llama4.cpp load_arch_hparams: the RMS eps, the experts' width, the MoE
+        step; then a window key of 0 turns chunking, the temperature and NoPE off
+        (``n_no_rope_layer_step = n_layer``), any other value (or none) fixes
+        chunk 8192, temperature floor 8192 / scale 0.1, ``load_swa_pattern(ml, 4)``
+        and ``rope.freq_base_swa``; the QK norm is on unless 128 experts. HF
+        chunks exactly its RoPE layers (``layer_types`` from ``no_rope_layers``):
+        a chunk pattern other than the NoPE step's is refused."""
+        hp = read_hparams(meta)
+        n_swa = meta.get("attention.sliding_window", None)
+        if n_swa is not None and int(n_swa) == 0:
+            chunked, step, chunk = [False] * hp.n_layer, hp.n_layer, None
+            for key in ("attention.sliding_window_pattern", "rope.freq_base_swa"):
+                meta.skip(key, "llama4.cpp reads it only when attention.sliding_window != 0")
+        else:
+            chunked, step, chunk = swa_pattern(meta, hp, 4), LC_NOPE_STEP, LC_CHUNK
+            one_theta(meta, hp, chunked)
+            if chunked != [(il + 1) % step != 0 for il in range(hp.n_layer)]:
+                meta.refuse("attention.sliding_window_pattern", chunked, "HF Llama4 chunks exactly its RoPE layers "
+                            f"(llama.cpp's NoPE step is {step})")
+        kw = llama_like_config(self, meta, shapes, hp, swa=any(chunked), moe=True)
+        n_exp, n_used = experts(meta, hp, self.name)
+        kw.update(rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"), num_local_experts=n_exp,
+                  num_experts_per_tok=n_used,
+                  intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer),
+                  intermediate_size_mlp=hp.ff, interleave_moe_layer_step=int(meta.get("interleave_moe_layer_step")),
+                  no_rope_layer_interval=step, attention_chunk_size=chunk, attn_temperature_tuning=chunk is not None,
+                  floor_scale=LC_TEMP_FLOOR, attn_scale=LC_TEMP_SCALE, use_qk_norm=n_exp != 128)
+        return kw
 
 
 FAMILY = Llama4()

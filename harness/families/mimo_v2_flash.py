@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from impl import LayerConfig, WindowSpec
 
+from ._gguf_import import experts, hf_rope, one_per_layer, read_hparams, special_tokens, vocab_of
 from .base import LcPoint, LlamaLike, gguf_moe_convert, gguf_size_params
 
 
@@ -164,6 +165,49 @@ class MiMoV2Flash(LlamaLike):
         # the hub stores experts one by one (mlp.experts.{e}.{gate,up}_proj) and the
         # converter stacks them: the same [E, F, H] halves of HF's fused tensor
         yield from gguf_moe_convert(name, data) or [(name, data)]
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """mimo2.cpp load_arch_hparams: the RMS eps, the experts' width, the window
+        and the per-layer ``sliding_window_pattern`` array (both required),
+        ``rope.freq_base_swa`` (default 10000: llama_hparams; the sliding layers
+        take no frequency scaling), the value scale (1 or absent: none). HF's
+        sliding layers have twice the full layers' KV heads, and one rotary
+        fraction for both kinds."""
+        hp = read_hparams(meta)
+        swa = meta.get("attention.sliding_window_pattern")
+        if not isinstance(swa, (list, tuple)) or len(swa) != hp.n_layer:
+            meta.refuse("attention.sliding_window_pattern", swa, f"mimo2.cpp reads an array of {hp.n_layer} flags")
+        swa = [bool(s) for s in swa]
+        kv = hp.n_head_kv[swa.index(False)] if False in swa else hp.n_head_kv[0] // 2
+        if any(n != kv * (2 if s else 1) for n, s in zip(hp.n_head_kv, swa)):
+            meta.refuse("attention.head_count_kv", hp.n_head_kv, "HF MiMoV2Flash has num_key_value_heads on full "
+                                                                 "layers and twice that on sliding ones")
+        hk, hv = hp.n_embd_head_k, hp.n_embd_head_v
+        if (hp.n_embd_head_k_swa, hp.n_embd_head_v_swa, hp.n_rot_swa) != (hk, hv, hp.n_rot):
+            meta.refuse("attention.key_length_swa", hp.n_embd_head_k_swa, "sliding layers with other head sizes")
+        prf = hp.n_rot / hk
+        n_exp, n_used = experts(meta, hp, self.name, groups=True)
+        vocab = vocab_of(meta, shapes)
+        value_scale = meta.get_f32("attention.value_scale", None)
+        full = {**hf_rope(meta, hp), "partial_rotary_factor": prf}
+        sliding = {"rope_type": "default", "rope_theta": meta.get_f32("rope.freq_base_swa", 10000.0),
+                   "partial_rotary_factor": prf}
+        return dict(
+            num_hidden_layers=hp.n_layer, max_position_embeddings=hp.n_ctx_train, hidden_size=hp.n_embd,
+            intermediate_size=hp.ff, num_attention_heads=hp.head, num_key_value_heads=kv, head_dim=hk,
+            v_head_dim=hv, vocab_size=vocab, tie_word_embeddings="output.weight" not in shapes,
+            rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
+            sliding_window=int(meta.get("attention.sliding_window")),
+            layer_types=["sliding_attention" if s else "full_attention" for s in swa],
+            mlp_layer_types=["sparse" if f"blk.{i}.ffn_gate_inp.weight" in shapes else "dense"
+                             for i in range(hp.n_layer)],
+            n_routed_experts=n_exp, num_experts_per_tok=n_used, n_group=max(hp.n_expert_groups, 1),
+            topk_group=max(hp.n_group_used, 1),
+            moe_intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer),
+            attention_value_scale=None if value_scale in (None, 1.0) else value_scale,
+            attention_bias="blk.0.attn_q.bias" in shapes,
+            rope_parameters={"full_attention": full, "sliding_attention": sliding}, **special_tokens(meta, vocab))
 
 
 FAMILY = MiMoV2Flash()

@@ -43,6 +43,7 @@ import numpy as np
 
 from impl import LayerConfig, NormSpec
 
+from ._gguf_import import alibi_config, read_hparams
 from .base import FUSED_QKV_NOPE_LC_POINTS, Family, Point, tensor
 
 # HF MptModel.forward: build_mpt_alibi_tensor(num_heads, max_seq_len) -- default alibi_bias_max
@@ -188,11 +189,22 @@ class Mpt(Family):
             w.add_clamp_kqv(a.clip_qkv)
         w.add_max_alibi_bias(a.alibi_bias_max if a.alibi else 0.0)
 
-    def gguf_tensors(self, model, config, variant=None):
-        for new, data in super().gguf_tensors(model, config, variant):
-            if new == "output.weight" and config.tie_word_embeddings:
-                continue  # save_pretrained drops the tied lm_head; llama.cpp falls back to token_embd
-            yield new, data
+    def config_from_gguf(self, meta, shapes, tensors):
+        """mpt.cpp load_arch_hparams: layer_norm_eps, clamp_kqv (optional; > 0
+        clamps), max_alibi_bias (optional; absent or 0: no ALiBi at all). HF's MPT
+        always runs ALiBi with max bias 8 (``build_mpt_alibi_tensor``'s default):
+        any other value is refused."""
+        hp = read_hparams(meta)
+        kw = alibi_config(self, meta, shapes, hp)
+        alibi = meta.get_f32("attention.max_alibi_bias", 0.0)
+        if alibi != HF_ALIBI_MAX_BIAS:
+            meta.refuse("attention.max_alibi_bias", alibi, f"HF MPT always adds ALiBi with max bias {HF_ALIBI_MAX_BIAS:g}")
+        clamp = meta.get_f32("attention.clamp_kqv", 0.0)
+        kw.update(d_model=hp.n_embd, n_layers=hp.n_layer, n_heads=hp.head, max_seq_len=hp.n_ctx_train,
+                  expansion_ratio=hp.ff // hp.n_embd, layer_norm_epsilon=meta.get_f32("attention.layer_norm_epsilon"),
+                  no_bias="blk.0.attn_qkv.bias" not in shapes,
+                  attn_config={"clip_qkv": clamp if clamp > 0 else None, "alibi": True, "alibi_bias_max": 8})
+        return kw
 
 
 FAMILY = Mpt()

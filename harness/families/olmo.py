@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ._gguf_import import llama_like_config, read_hparams
 from .base import LlamaLike
 from .llama import Llama
 
@@ -104,6 +105,18 @@ class Olmo(Llama):
         if "qkv_clamp" in features:
             sw["qkv_clamp"] = {"clip_qkv": None}
         return sw
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        # olmo.cpp load_arch_hparams: layer_norm_eps (required), clamp_kqv (optional;
+        # build_qkv clamps when > 0)
+        hp = read_hparams(meta)
+        kw = llama_like_config(self, meta, shapes, hp)
+        eps = meta.get_f32("attention.layer_norm_epsilon")
+        if eps != 1e-5:
+            meta.refuse("attention.layer_norm_epsilon", eps, "HF OlmoLayerNorm fixes eps at 1e-5")
+        clamp = meta.get_f32("attention.clamp_kqv", 0.0)
+        kw["clip_qkv"] = clamp if clamp > 0 else None
+        return kw
 
     def gguf_params(self, w, config, variant=None):
         super().gguf_params(w, config, variant)

@@ -68,5 +68,16 @@ class Olmo2(LlamaLike):
         # Olmo2DecoderLayer has no input_layernorm
         return super().layer_config(config, i).replace(input_norm=NormSpec("none"))
 
+    def config_from_gguf(self, meta, shapes, tensors):
+        kw = super().config_from_gguf(meta, shapes, tensors)  # olmo2.cpp: the RMS eps, then
+        # `found_swa && n_swa > 0`: load_swa_pattern(ml, 4) and rope.freq_base_swa (OLMo 3);
+        # HF's Olmo2 has no sliding window
+        n_swa = int(meta.get("attention.sliding_window", 0))
+        if n_swa > 0:
+            meta.refuse("attention.sliding_window", n_swa, "sliding layers (OLMo 3); HF Olmo2 has no sliding window")
+        for key in ("attention.sliding_window_pattern", "rope.freq_base_swa"):
+            meta.skip(key, "olmo2.cpp reads it only when attention.sliding_window > 0")
+        return kw
+
 
 FAMILY = Olmo2()

@@ -69,6 +69,19 @@ class Qwen35Text(GatedHybrid):
             # _Qwen35MRopeMixin: the upstream default when the checkpoint names none
             w.add_rope_dimension_sections([11, 11, 10, 0])
 
+    def config_from_gguf(self, meta, shapes, tensors):
+        """qwen35.cpp load_arch_hparams: the hybrid keys and the (required) MRoPE
+        sections; the graph runs interleaved MRoPE (LLAMA_ROPE_TYPE_IMROPE), which
+        for text -- every position the same on each axis -- is the plain
+        rotation of the sectioned channels."""
+        from ._gguf_import import read_hparams
+
+        hp = read_hparams(meta)
+        kw = self.hybrid_config(meta, shapes, hp, moe=False)
+        sections = [int(s) for s in meta.get_per_layer("rope.dimension_sections", 4)]
+        kw["rope_parameters"].update(mrope_section=sections[:3], mrope_interleaved=True)
+        return kw
+
     def gguf_convert(self, name, data, config, variant=None):
         """_LinearAttentionVReorderBase.modify_tensors (V heads to tiled order), then
         Qwen3NextModel.modify_tensors (A_log, dt_bias, conv1d, norm + 1)."""

@@ -39,10 +39,12 @@ import numpy as np
 
 from impl import LayerConfig, NormSpec, QkNormSpec
 
+from ._gguf_export import NegExpALog, NormPlusOne
+from ._gguf_import import llama_like_config
 from .base import LcPoint, LlamaLike, NotInImpl, Point, gguf_moe_convert, gguf_size_params
 
 
-class GatedHybrid(LlamaLike):
+class GatedHybrid(NegExpALog, NormPlusOne, LlamaLike):
     """What qwen3_next and qwen3_5_text share: the gated attention layer, the
     delta-net layers impl does not implement, the probe maps of both kinds."""
 
@@ -129,6 +131,34 @@ class GatedHybrid(LlamaLike):
             "layer_out": LcPoint("l_out"),
         }
 
+    # ------------------------------------------------------------------ GGUF import
+    def hybrid_config(self, meta, shapes, hp, moe: bool) -> dict:
+        """What qwen3next.cpp and qwen35.cpp load_arch_hparams read alike: the RMS
+        eps, the delta-net sizes (conv kernel, inner size = value head dim x
+        value heads, state size = key head dim, time-step rank = value heads,
+        group count = key heads), the recurrent layers (the per-layer array, else
+        every layer but each ``full_attention_interval``-th, default 4). The
+        attention layers rotate ``rope.dimension_count`` leading channels."""
+        n = hp.n_layer
+        recr = meta.get_per_layer("attention.recurrent_layers", n, None)
+        if recr[0] is None:
+            interval = int(meta.get("full_attention_interval", 4))
+            recr = [(i + 1) % interval != 0 for i in range(n)]
+        else:
+            meta.skip("full_attention_interval", "attention.recurrent_layers is present (read first)")
+        kw = llama_like_config(self, meta, shapes, hp, moe=moe, rotary=False)
+        nv, inner = int(meta.get("ssm.time_step_rank")), int(meta.get("ssm.inner_size"))
+        if not nv or inner % nv:
+            meta.refuse("ssm.inner_size", inner, f"not a multiple of ssm.time_step_rank {nv} (value heads)")
+        kw.update(rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
+                  linear_conv_kernel_dim=int(meta.get("ssm.conv_kernel")),
+                  linear_key_head_dim=int(meta.get("ssm.state_size")),
+                  linear_num_key_heads=int(meta.get("ssm.group_count")),
+                  linear_num_value_heads=nv, linear_value_head_dim=inner // nv,
+                  layer_types=["linear_attention" if r else "full_attention" for r in recr])
+        kw["rope_parameters"]["partial_rotary_factor"] = hp.n_rot / hp.n_embd_head_k
+        return kw
+
     # ------------------------------------------------------------------ GGUF
     def _params_common(self, w, config) -> None:
         """conversion/base.py TextModel.set_gguf_parameters + Qwen3NextModel's additions
@@ -160,30 +190,20 @@ class GatedHybrid(LlamaLike):
         prf = rp.get("partial_rotary_factor", 0.25)
         w.add_rope_dimension_count(int(self.head_dim(config) * prf))
 
-    # what the converter does; a test switches it off to show the capture notices
-    norm_plus_one = True
-
-    def _norm_plus_one(self, name: str, data: np.ndarray) -> np.ndarray:
-        # Qwen3NextModel.modify_tensors: every *norm.weight except the delta-net's
-        # gated norm gets + 1 (llama.cpp's RMS norm multiplies by w, HF by 1 + w)
-        if self.norm_plus_one and name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
-            return data + 1
-        return data
+    # Qwen3NextModel.modify_tensors: every *norm.weight except the delta-net's gated
+    # norm gets + 1 (NormPlusOne: llama.cpp's RMS norm multiplies by w, HF by 1 + w)
+    norm_plus_one_skip = ("linear_attn.norm.weight",)
 
     def gguf_convert(self, name, data, config, variant=None):
         """Qwen3NextModel.modify_tensors, then Qwen2MoeModel.modify_tensors (the
         fused-QKVZ and expert steps find no tensor in qwen3_5_text's dense model
         with split projections)."""
-        if name.endswith(".A_log"):
-            yield name, -np.exp(data)  # the graph multiplies softplus(...) by ssm_a = -exp(A_log)
-            return
         if name.endswith(".dt_bias"):
             yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
             return
         if "conv1d" in name:
             yield name, data.squeeze()  # (C, 1, K) -> (C, K)
             return
-        data = self._norm_plus_one(name, data)
         if "in_proj_qkvz.weight" in name:
             # per key head [q, k, v, z] -> [Q_all | K_all | V_all] (attn_qkv) and Z_all (attn_gate)
             hk, hv = config.linear_key_head_dim, config.linear_value_head_dim
@@ -235,6 +255,23 @@ class Qwen3Next(GatedHybrid):
         w.add_expert_feed_forward_length(config.moe_intermediate_size)
         w.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
 
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """qwen3next.cpp load_arch_hparams: the hybrid keys, the experts' width
+        (default ``n_ff / n_expert_used``) and the shared expert's (default
+        ``n_ff``); the graph routes by softmax and always renormalises
+        (build_moe_ffn norm_w = true), every layer MoE."""
+        from ._gguf_import import experts, one_per_layer, read_hparams
+
+        hp = read_hparams(meta)
+        kw = self.hybrid_config(meta, shapes, hp, moe=True)
+        n_exp, n_used = experts(meta, hp, self.name)
+        kw.update(num_experts=n_exp, num_experts_per_tok=n_used, norm_topk_prob=True,
+                  moe_intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer,
+                                                      hp.ff // n_used),
+                  shared_expert_intermediate_size=int(meta.get("expert_shared_feed_forward_length", hp.ff)))
+        return kw
 
 
 FAMILY = Qwen3Next()

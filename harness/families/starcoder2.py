@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from impl import WindowSpec
 
+from ._gguf_import import llama_like_config, read_hparams
 from .base import LlamaLike, text_model_gguf_params
 
 WINDOW_4 = (("sliding_window", 4),)  # the HF-only config, as overrides
@@ -68,6 +69,15 @@ class Starcoder2(LlamaLike):
         # conversion/starcoder.py StarCoder2Model: TextModel.set_gguf_parameters
         # only (layer_norm_epsilon from `norm_epsilon`; no sliding window key)
         text_model_gguf_params(w, config)
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        # starcoder2.cpp load_arch_hparams: layer_norm_eps only (no sliding window:
+        # HF's sliding_window stays off); load_arch_tensors requires every bias
+        kw = llama_like_config(self, meta, shapes, read_hparams(meta))
+        kw.update(norm_epsilon=meta.get_f32("attention.layer_norm_epsilon"), sliding_window=None,
+                  use_bias="blk.0.attn_q.bias" in shapes)
+        return kw
 
 
 FAMILY = Starcoder2()

@@ -192,6 +192,16 @@ def load_model(path, family, config):
     return model.eval()
 
 
+def checkpoint_stamp(path: str | None):
+    """The files of a checkpoint directory as (name, size, mtime ns): part of
+    every cache key a checkpoint's weights shape (a directory saved over with
+    other weights is not served the old captures)."""
+    if not path:
+        return None
+    p = Path(path)
+    return sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.iterdir() if f.is_file())
+
+
 def checkpoint_keys(p: Path) -> list[str]:
     """Every tensor name of the checkpoint: the index's ``weight_map`` of a sharded
     one, else each safetensors file's header (no tensor is read)."""

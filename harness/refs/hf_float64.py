@@ -150,12 +150,17 @@ def _rebuild_rotary(model) -> list[tuple[object, str, object]]:
     Returns ``(parent, attribute, original)`` for each, to put back."""
     import torch
 
+    from ..families._gguf_import import apply_freq_factors
+
     replaced = []
     for name, mod in list(model.named_modules()):
         if "RotaryEmbedding" not in type(mod).__name__ or not hasattr(mod, "config"):
             continue
         parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
         fresh = type(mod)(mod.config).to(torch.float64)
+        # a GGUF's rope_freqs (--gguf), which no HF RoPE type computes from the config:
+        # divided in again, now in float64 (_gguf_import.apply_freq_factors)
+        apply_freq_factors(fresh, mod.config)
         attr = name.rpartition(".")[2]
         replaced.append((parent, attr, mod))
         setattr(parent, attr, fresh)

@@ -53,6 +53,43 @@ def require() -> None:
             "(builds llama.cpp from source, ~5 minutes on 2 cores)")
 
 
+_TOKENIZE = """
+import json, sys, ctypes, llama_cpp as l
+quiet = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda level, text, user: None)
+l.llama_log_set(quiet, None)
+l.llama_backend_init()
+p = l.llama_model_default_params()
+p.vocab_only = True
+m = l.llama_model_load_from_file(sys.argv[1].encode(), p)
+if not m:
+    sys.exit(3)
+text = sys.stdin.buffer.read()
+n = len(text) + 16
+buf = (l.llama_token * n)()
+k = l.llama_tokenize(l.llama_model_get_vocab(m), text, len(text), buf, n, True, False)
+print(json.dumps(list(buf[:k]) if k >= 0 else None))
+"""
+
+
+def tokenize(gguf_path, text: str) -> list[int]:
+    """``text`` tokenized with the file's own vocabulary, by llama.cpp's tokenizer
+    (``llama_tokenize``, special tokens added as the file asks -- ``add_bos``):
+    the ids every side of a ``--prompt`` case then takes. In a subprocess, as
+    every llama.cpp call here."""
+    require()
+    env = dict(os.environ)
+    proc = subprocess.run([sys.executable, "-c", _TOKENIZE, str(gguf_path)], input=text.encode(),
+                          capture_output=True, timeout=120, env=env)
+    ids = json.loads(proc.stdout or b"null") if proc.returncode == 0 else None
+    if not ids:
+        lines = [x for x in (proc.stderr or b"").decode(errors="replace").strip().splitlines() if "what()" in x]
+        why = (f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+               if proc.returncode else "no tokens") + (f", {lines[-1].strip()}" if lines else "")
+        raise RuntimeError(f"llama.cpp could not tokenize the prompt with {Path(gguf_path).name}'s vocabulary "
+                           f"({why})")
+    return [int(i) for i in ids]
+
+
 def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[int, int, int]]]:
     """The decode calls: ``[[(token, pos, seq), ...], ...]``, sequences in
     ascending order inside every call (llama.cpp splits a ubatch into one
@@ -243,33 +280,19 @@ def capture_for_case(run, engine: dict | None = None, capture_name: str = "llama
     """The llama.cpp capture for a ``harness.case.CaseRun``. ``engine``: context
     settings other than the reference's (flash attention, KV cache types), for a
     candidate that is llama.cpp run differently; ``capture_name`` names the capture."""
-    from ..case import RefCapture
     from ..families.base import NotInImpl
+    from .capture import RefCapture
 
     require()
-    from . import gguf_export
-
     case, fam, config = run.case, run.family, run.config
+    gguf_path = run.gguf_path
     if run.source is not None:
-        gguf_path = Path(run.source.path)
         st = gguf_path.stat()
         # the user's file: its path, size and mtime (ns), and the config read back from it
         file_stamp = [str(gguf_path.resolve()), st.st_size, st.st_mtime_ns,
                       cache.key(config.to_json_string(use_diff=False))]
     else:
-        if not fam.gguf_arch:
-            raise RuntimeError(f"family {fam.name} has no GGUF export (llama.cpp arch unknown)")
-        from ..case import _checkpoint_stamp
-
-        # --hf-model: the checkpoint's files shape the GGUF as much as its config does
-        src_stamp = [case.hf_model, _checkpoint_stamp(case.hf_model)] if case.hf_model else None
-        if case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
-            src_stamp = [src_stamp, ["switch_off", list(case.switch_off)]]
-        t = time.perf_counter()
-        gguf_path = gguf_export.export(fam, run.base_model, config, case.gguf_type, case.seed, run.variant,
-                                       source=src_stamp)
-        run.timings["gguf_export"] = time.perf_counter() - t
-        file_stamp = gguf_path.name
+        file_stamp = gguf_path.name  # content-keyed (gguf_export.export, gguf_weights.quantize)
     calls = plan_calls(run.tokens, case.kv, case.schedule)
     n_seq, n_tok = run.tokens.shape
     layer_cfgs = run.layer_cfgs

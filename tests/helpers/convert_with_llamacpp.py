@@ -1,18 +1,32 @@
 """Convert HF checkpoints to GGUF with llama.cpp's OWN converter (run in a subprocess
-by tests/test_real_models.py): a GGUF this project did not write.
+by the tests): a GGUF this project did not write.
 
     python convert_with_llamacpp.py LLAMA_CPP_TREE JOBS_JSON
 
 LLAMA_CPP_TREE holds convert_hf_to_gguf.py, conversion/ and gguf-py/ (the
 converter puts gguf-py on its own path). JOBS_JSON: [[checkpoint_dir,
-out_file, outtype], ...]. sentencepiece must be importable (PYTHONPATH).
+out_file, outtype, vocab, extra_args], ...]; ``vocab`` (optional):
 
-The converter needs a tokenizer next to the weights: llama, qwen2 and qwen3
-all try ``_set_vocab_sentencepiece`` first (conversion/llama.py
-``LlamaModel.set_vocab``, conversion/qwen.py ``Qwen2Model.set_vocab``), so a
-tiny SentencePiece model (``tokenizer.model``) trained here on a few words is
-what each checkpoint gets; the converter pads the vocabulary to the config's
-vocab_size with [PAD] tokens. The converter runs through its own command line
+- ``"sentencepiece"`` (default): the converter's own ``set_vocab`` on a tiny
+  SentencePiece model (``tokenizer.model``) trained here on a few words --
+  llama, qwen2 and qwen3 all try ``_set_vocab_sentencepiece`` first
+  (conversion/llama.py ``LlamaModel.set_vocab``, conversion/qwen.py
+  ``Qwen2Model.set_vocab``); the converter pads the vocabulary to the
+  config's vocab_size with [PAD] tokens. sentencepiece must be importable.
+- ``"tiny"``: the model class's ``set_vocab`` is replaced by a writer of a
+  tiny SentencePiece-style vocabulary (unk, bos, eos, the 256 byte tokens,
+  plain pieces): most converter classes want a real tokenizer whose
+  pre-tokenizer hash they recognise (``get_vocab_base_pre``), which no tiny
+  checkpoint has. Only ``tokenizer.*`` keys change: every hyper-parameter
+  and tensor is the converter's own.
+
+``extra_args`` (optional): more converter options (``--no-mtp`` for the
+qwen3-next family, whose checkpoints here have no MTP layers).
+
+``architectures`` the converter registers under another spelling than
+transformers saves (conversion/mpt.py: ``MPTForCausalLM``) are renamed in
+config.json first, and hub-config keys transformers 5 no longer saves are
+added (HUB_KEYS). The converter runs through its own command line
 (``main()`` with argv), once per job, in this one process.
 """
 
@@ -21,6 +35,18 @@ import json
 import runpy
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: harness.refs.gguf_export
+from harness.refs.gguf_export import tiny_vocab  # noqa: E402
+
+# transformers' saved architecture -> the name the converter registers
+ARCH_ALIASES = {"MptForCausalLM": "MPTForCausalLM"}
+
+# config keys the converter reads unconditionally from hub configs that
+# transformers 5 no longer saves, with the value transformers' model implies:
+# conversion/command_r.py Cohere2Model reads rotary_pct; transformers'
+# Cohere2RotaryEmbedding rotates the whole head_dim (modeling_cohere2.py)
+HUB_KEYS = {"Cohere2ForCausalLM": {"rotary_pct": 1.0}}
 
 
 def tiny_tokenizer(dest: Path) -> None:
@@ -33,15 +59,64 @@ def tiny_tokenizer(dest: Path) -> None:
     dest.write_bytes(buf.getvalue())
 
 
+def tiny_set_vocab(self) -> None:
+    """A vocabulary llama.cpp's SPM tokenizer loads, as big as the config's."""
+    n = int(self.hparams.get("vocab_size") or self.hparams["text_config"]["vocab_size"])
+    toks, scores, types = tiny_vocab(n)  # the harness export's own tiny vocabulary
+    w = self.gguf_writer
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+
+
 def main() -> int:
     tree, jobs = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
     script = tree / "convert_hf_to_gguf.py"
     sys.path.insert(0, str(tree))  # the converter's `conversion` package
-    for ckpt, out, outtype in jobs:
+    sys.path.insert(1, str(tree / "gguf-py"))
+    import conversion
+
+    get_model_class = conversion.get_model_class
+    state = {"tiny": False}
+    patched_classes = {}  # class -> its own set_vocab (None: inherited)
+
+    def patched(name, mmproj=False):
+        cls = get_model_class(name, mmproj)
+        if state["tiny"]:
+            patched_classes.setdefault(cls, cls.__dict__.get("set_vocab"))
+            cls.set_vocab = tiny_set_vocab
+        return cls
+
+    conversion.get_model_class = patched
+    for job in jobs:
+        ckpt, out, outtype = job[:3]
+        vocab = job[3] if len(job) > 3 else "sentencepiece"
+        extra = list(job[4]) if len(job) > 4 else []
+        cfg_path = Path(ckpt) / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        archs = [ARCH_ALIASES.get(a, a) for a in cfg.get("architectures") or []]
+        hub = {k: v for a in archs for k, v in HUB_KEYS.get(a, {}).items() if k not in cfg}
+        if archs != cfg.get("architectures") or hub:
+            cfg["architectures"] = archs
+            cfg.update(hub)
+            cfg_path.write_text(json.dumps(cfg, indent=2))
+        for cls, own in patched_classes.items():  # every job starts from the converter's own classes
+            if own is None:
+                del cls.set_vocab
+            else:
+                cls.set_vocab = own
+        patched_classes.clear()
+        state["tiny"] = vocab == "tiny"
         tok = Path(ckpt) / "tokenizer.model"
-        if not tok.exists():
+        if vocab == "sentencepiece" and not tok.exists():
             tiny_tokenizer(tok)
-        sys.argv = [str(script), ckpt, "--outfile", out, "--outtype", outtype]
+        sys.argv = [str(script), ckpt, "--outfile", out, "--outtype", outtype, *extra]
         runpy.run_path(str(script), run_name="__main__")
         if not Path(out).is_file():
             print(f"converter wrote no {out}", file=sys.stderr)

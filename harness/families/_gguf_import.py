@@ -1,0 +1,748 @@
+"""Reading a family's GGUF back (``--gguf``): the hyper-parameters as llama.cpp
+reads them for the file's architecture, and the weights through the export's
+steps run backwards (harness/refs/gguf_import.py drives it).
+
+Metadata. ``GGUFMeta`` knows which keys llama.cpp reads for the arch
+(``_llamacpp_keys.py``, generated from llama.cpp's ``load_hparams`` and the
+arch's ``load_arch_hparams``). A reverse reads keys through it, with
+llama.cpp's defaults for absent ones, and may read ONLY those keys; after it:
+
+- a key llama.cpp reads for the arch that the reverse neither read nor
+  explicitly skipped (``GGUFMeta.skip``: not read for this file's values, as
+  llama.cpp's own conditions say) is refused -- it may change what llama.cpp
+  computes and nothing here would know;
+- a key llama.cpp does not read for the arch is ignored, and listed
+  (``GGUFMeta.ignored``) in the run's meta.json.
+
+``read_hparams`` mirrors ``llama_model_base::load_hparams`` (the keys every
+arch reads) into ``Hparams``; each family's ``config_from_gguf`` adds its
+arch's keys (citing ``src/models/<arch>.cpp``) and builds the HF config.
+
+Weights. The export (``GGUFExport``) is the converter's steps as layout
+operations (``gguf_convert``: renames, splits, stacks, transposes, permutes)
+plus elementwise value maps (``gguf_value_map``: gemma's ``w + 1``,
+``-exp(A_log)``). ``trace_import`` runs each HF tensor's layout steps on its
+own element INDICES, which tells where every element lands in the file; the
+file's tensors are gathered back through that map and the value map is
+inverted (``gguf_value_unmap``). One body for every family: a family's import
+is its export, backwards, step for step -- each step cites the converter where
+the export defines it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+from ._llamacpp_keys import BY_ARCH, GENERIC, SCALES
+
+# general.* and tokenizer.* say nothing about the arithmetic: the harness feeds
+# token ids (or tokenizes with llama.cpp's own vocabulary, --prompt).
+_NEUTRAL_PREFIXES = ("general.", "tokenizer.", "split.", "GGUF.")
+_REQUIRED = object()
+# llama_pooling_type: NONE 0; UNSPECIFIED -1 (the model saver writes it as a u32)
+_POOLING_NONE = (0, -1, 0xFFFFFFFF)
+
+
+class GGUFMeta:
+    """A GGUF's metadata, read as llama.cpp reads it for ``arch``:
+    ``get("attention.head_count")`` reads ``{arch}.attention.head_count``
+    (``general.*`` / ``tokenizer.*`` keys are taken as they are). Every read
+    is recorded; reading a key llama.cpp does not read for the arch is a bug
+    in the reverse (AssertionError), never a silent extra."""
+
+    def __init__(self, arch: str, values: dict[str, Any], path: str = ""):
+        self.arch = arch
+        self.values = values
+        self.path = path
+        # vocab_size: read by load_arch_hparams of some archs and by the vocab loader
+        # (llama-vocab.cpp, tokenizer "none"); the reverse checks it against token_embd
+        self.reads = GENERIC | BY_ARCH.get(arch, frozenset()) | {"vocab_size"}
+        self.read: set[str] = set()
+        self.skipped: dict[str, str] = {}
+
+    def full(self, key: str) -> str:
+        return key if key.startswith(_NEUTRAL_PREFIXES) else f"{self.arch}.{key}"
+
+    def _check(self, key: str) -> str:
+        if not key.startswith(_NEUTRAL_PREFIXES) and key not in self.reads:
+            raise AssertionError(f"the reverse reads {self.arch}.{key}, which llama.cpp does not read for "
+                                 f"{self.arch} (harness/families/_llamacpp_keys.py)")
+        return self.full(key)
+
+    def has(self, key: str) -> bool:
+        return self._check(key) in self.values
+
+    def get(self, key: str, default=_REQUIRED):
+        k = self._check(key)
+        self.read.add(k)
+        if k not in self.values:
+            if default is _REQUIRED:
+                raise UsageError(f"--gguf {self.path}: metadata key {k!r} is missing "
+                                 f"(llama.cpp requires it for {self.arch})")
+            return default
+        return self.values[k]
+
+    def get_f32(self, key: str, default=_REQUIRED):
+        v = self.get(key, default)
+        return v if v is None or v is default else float32_value(v)
+
+    def get_per_layer(self, key: str, n: int, default=_REQUIRED) -> list:
+        """``ml.get_key_or_arr``: a scalar for every layer, or an array of exactly
+        ``n`` values (llama-model-loader.cpp: "wrong array length" otherwise)."""
+        v = self.get(key, default)
+        if v is None or v is default:
+            return [v] * n
+        if isinstance(v, (list, tuple)):
+            if len(v) != n:
+                self.refuse(key, v, f"an array of {len(v)} values for {n} layers (llama.cpp: wrong array length)")
+            return list(v)
+        return [v] * n
+
+    def skip(self, key: str, why: str) -> None:
+        """A key llama.cpp may read for the arch but does not for THIS file's
+        values (its load_arch_hparams reads it under a condition): not refused,
+        listed with the reason."""
+        self._check(key)
+        if self.full(key) in self.values:
+            self.skipped[self.full(key)] = why
+
+    def refuse(self, key: str, value, why: str):
+        raise UsageError(f"--gguf {self.path}: {self.full(key)} = {_short(value)}: {why}")
+
+    def unhonoured(self) -> list[str]:
+        """Keys llama.cpp reads for the arch that the reverse did not account for."""
+        pre = f"{self.arch}."
+        return sorted(k for k in self.values if k.startswith(pre) and k[len(pre):] in self.reads
+                      and k not in self.read and k not in self.skipped)
+
+    def ignored(self) -> dict[str, str]:
+        """Keys of the file llama.cpp does not read for the arch, each with why
+        (a key of another arch's prefix included): listed, never read."""
+        pre = f"{self.arch}."
+        out = {}
+        for k in sorted(self.values):
+            if k.startswith(_NEUTRAL_PREFIXES):
+                continue
+            if not k.startswith(pre):
+                out[k] = f"ignored by llama.cpp for {self.arch} (not a {self.arch}.* key)"
+            elif k[len(pre):] not in self.reads:
+                out[k] = f"ignored by llama.cpp for {self.arch}"
+        out.update({k: f"not read by llama.cpp for {self.arch} with this file's values: {why}"
+                    for k, why in self.skipped.items()})
+        return out
+
+
+def _short(v) -> str:
+    if isinstance(v, (list, tuple)) and len(v) > 8:
+        return f"[{', '.join(map(str, v[:8]))}, ...] ({len(v)} values)"
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def float32_value(v) -> float:
+    """A float the file holds as float32, as the shortest decimal that is that
+    float32 (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(v)))
+
+
+def get_mscale(scale: float, mscale: float = 1.0) -> float:
+    """llama-context.cpp ``get_mscale`` (= HF modeling_rope_utils ``get_mscale``)."""
+    return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass
+class Hparams:
+    """``llama_hparams`` as ``llama_model_base::load_hparams`` fills it
+    (src/llama-model.cpp), the fields a reverse needs. Per-layer values are
+    lists (``get_key_or_arr``)."""
+
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_head: list
+    n_head_kv: list
+    n_ff: list
+    n_expert: int
+    n_expert_used: list
+    n_expert_groups: int
+    n_group_used: int
+    rope_freq_base: float
+    rope_scaling_type: str
+    rope_freq_scale: float
+    n_ctx_orig_yarn: int
+    rope_attn_factor: float
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_rot: int
+    n_embd_head_k_swa: int
+    n_embd_head_v_swa: int
+    n_rot_swa: int
+    meta: Any = None
+
+    def uniform(self, field: str, key: str):
+        """One value for every layer (an HF config holds one), else refused."""
+        vals = getattr(self, field)
+        if len(set(vals)) != 1:
+            self.meta.refuse(key, vals, "per-layer values; the family's HF config holds one for every layer")
+        return vals[0]
+
+    @property
+    def head(self) -> int:
+        return self.uniform("n_head", "attention.head_count")
+
+    @property
+    def head_kv(self) -> int:
+        return self.uniform("n_head_kv", "attention.head_count_kv")
+
+    @property
+    def ff(self) -> int:
+        return self.uniform("n_ff", "feed_forward_length")
+
+
+def read_hparams(meta: GGUFMeta) -> Hparams:
+    """src/llama-model.cpp ``llama_model_base::load_hparams``, key for key, with
+    llama.cpp's defaults for absent keys. What impl (or the HF reference) cannot
+    express is refused here: non-causal attention, a pooled / classifier / MTP
+    head, a separate output width."""
+    m = meta
+    m.get("general.name", None)
+    n_ctx = int(m.get("context_length"))
+    n_embd = int(m.get("embedding_length"))
+    out = m.get("embedding_length_out", None)
+    if out is not None and int(out) not in (0, n_embd):
+        m.refuse("embedding_length_out", out, f"an output width other than embedding_length {n_embd} "
+                                              "is not expressible here")
+    if not bool(m.get("attention.causal", True)):
+        m.refuse("attention.causal", False, "non-causal attention is not expressible in impl (causal only)")
+    for key in ("pooling_type", "classifier.pooling_type"):
+        v = m.get(key, None)
+        if v is not None and int(v) not in _POOLING_NONE:
+            m.refuse(key, v, "a pooled (embedding / classifier) output is not compared here; valid: 0 (none)")
+    if m.get("classifier.output_labels", None):
+        m.refuse("classifier.output_labels", m.values[m.full("classifier.output_labels")],
+                 "a classifier head is not compared here")
+    n_layer = int(m.get("block_count"))
+    if n_layer < 1:
+        m.refuse("block_count", n_layer, "llama.cpp requires at least one layer")
+    nextn = int(m.get("nextn_predict_layers", 0))
+    if nextn:
+        m.refuse("nextn_predict_layers", nextn, "multi-token-prediction layers are not compared here; valid: 0")
+    n_expert = int(m.get("expert_count", 0))
+    n_expert_used = [int(v) for v in m.get_per_layer("expert_used_count", n_layer, 0)]
+    n_groups = int(m.get("expert_group_count", 0))
+    n_group_used = int(m.get("expert_group_used_count", 0))
+    n_ff = [int(v) for v in m.get_per_layer("feed_forward_length", n_layer, 0)]
+    n_head = [int(v) for v in m.get_per_layer("attention.head_count", n_layer, 0)]
+    # "n_head_kv is optional, default to n_head"
+    kv = m.get_per_layer("attention.head_count_kv", n_layer, None)
+    n_head_kv = list(n_head) if kv[0] is None else [int(v) for v in kv]
+    m.get("rope.scaling.finetuned", None)  # hparams.rope_finetuned: no arithmetic (granite reads its own)
+    n_ctx_orig = int(m.get("rope.scaling.original_context_length", n_ctx))
+    base = m.get_f32("rope.freq_base", 10000.0)
+    kind = m.get("rope.scaling.type", "linear")
+    if kind not in ("none", "linear", "yarn", "longrope"):
+        m.refuse("rope.scaling.type", kind, "llama.cpp knows none, linear, yarn, longrope")
+    factor = m.get_f32("rope.scaling.factor", None)
+    if factor is None:
+        factor = m.get_f32("rope.scale_linear", 0.0)  # "try the old key name"
+    else:
+        m.skip("rope.scale_linear", "rope.scaling.factor is present (load_hparams reads the old name only without it)")
+    freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
+    attn_factor = m.get_f32("rope.scaling.attn_factor", 1.0)
+    alpha = m.get_f32("rope.scaling.alpha", 0.0)
+    if alpha:
+        m.refuse("rope.scaling.alpha", alpha, "NTK-alpha RoPE scaling (hunyuan) is not expressible here; valid: 0")
+    head = n_head[0] if n_head else 0
+    if head > 0:
+        hk = int(m.get("attention.key_length", n_embd // head))
+        hv = int(m.get("attention.value_length", n_embd // head))
+        rot = int(m.get("rope.dimension_count", hk))
+    else:
+        hk = hv = rot = 0
+    hk_swa = int(m.get("attention.key_length_swa", hk))
+    hv_swa = int(m.get("attention.value_length_swa", hv))
+    rot_swa = int(m.get("rope.dimension_count_swa", rot))
+    return Hparams(n_layer, n_ctx, n_embd, n_head, n_head_kv, n_ff, n_expert, n_expert_used, n_groups,
+                   n_group_used, base, kind, freq_scale, n_ctx_orig, attn_factor, hk, hv, rot, hk_swa, hv_swa,
+                   rot_swa, meta)
+
+
+def swa_pattern(meta: GGUFMeta, hp: Hparams, n_pattern: int, dense_first: bool = False) -> list[bool]:
+    """``llama_model_base::load_swa_pattern``: the per-layer bool array when the
+    file has one, else ``set_swa_pattern`` of the scalar (default ``n_pattern``):
+    layer il slides iff ``il % n < n - 1`` (``dense_first``: ``il % n != 0``);
+    n = 0 slides every layer."""
+    v = meta.get("attention.sliding_window_pattern", None)
+    if isinstance(v, (list, tuple)):
+        if len(v) != hp.n_layer:
+            meta.refuse("attention.sliding_window_pattern", v, f"{len(v)} values for {hp.n_layer} layers")
+        return [bool(x) for x in v]
+    n = int(v) if v is not None else n_pattern
+    if dense_first:
+        return [n == 0 or il % n != 0 for il in range(hp.n_layer)]
+    return [n == 0 or il % n < n - 1 for il in range(hp.n_layer)]
+
+
+def hf_rope(meta: GGUFMeta, hp: Hparams, theta: float | None = None, log_mul: float = 0.0,
+            deepseek: bool = False) -> dict:
+    """HF ``rope_parameters`` for what llama.cpp computes from ``hp``'s RoPE
+    scaling (llama-context.cpp: ``freq_scale``, the YaRN ``attn_factor`` --
+    ``get_mscale(factor)``, or the ``yarn_log_multiplier`` ratio, times
+    ``rope.scaling.attn_factor`` --, ``ext_factor`` 1, ``beta_fast`` 32,
+    ``beta_slow`` 1 (cparams defaults; no key of these archs sets them), and
+    ggml_rope_yarn_corr_dims' floor / ceil = HF ``truncate``)."""
+    theta = hp.rope_freq_base if theta is None else theta
+    kind, scale = hp.rope_scaling_type, hp.rope_freq_scale
+    if kind == "longrope":
+        meta.refuse("rope.scaling.type", kind, "LongRoPE (per-position factor tables) is not expressible here")
+    if kind == "yarn" and scale != 1.0:
+        factor = float32_value(1.0 / scale)
+        if log_mul:
+            # llama-context.cpp: mscale = log_mul for deepseek2 (else 1), over mscale_all_dim = log_mul
+            mscale = log_mul if deepseek and log_mul != 1.0 else 1.0
+            attn = get_mscale(factor, mscale) / get_mscale(factor, log_mul)
+        else:
+            attn = get_mscale(factor)
+        return {"rope_type": "yarn", "rope_theta": theta, "factor": factor,
+                "original_max_position_embeddings": hp.n_ctx_orig_yarn, "beta_fast": 32.0, "beta_slow": 1.0,
+                "attention_factor": attn * hp.rope_attn_factor, "truncate": True}
+    if hp.rope_attn_factor != 1.0:
+        meta.refuse("rope.scaling.attn_factor", hp.rope_attn_factor,
+                    f"scales every rotated Q/K channel outside YaRN ({kind} RoPE); HF's {kind} RoPE cannot; valid: 1")
+    if kind in ("linear", "yarn") and scale != 1.0:
+        return {"rope_type": "linear", "rope_theta": theta, "factor": float32_value(1.0 / scale)}
+    return {"rope_type": "default", "rope_theta": theta}
+
+
+def experts(meta: GGUFMeta, hp: Hparams, family: str, groups: bool = False) -> tuple[int, int]:
+    """An MoE family's ``(expert_count, expert_used_count)``: one used count for
+    every layer; expert groups (grouped top-k routing) refused unless the
+    family's router has them (``groups``)."""
+    if not hp.n_expert:
+        meta.refuse("expert_count", hp.n_expert, f"no experts; family {family}'s HF model is an MoE")
+    used = {u for u in hp.n_expert_used if u} or {0}
+    if len(used) != 1:
+        meta.refuse("expert_used_count", hp.n_expert_used, "per-layer values; HF holds one")
+    if not groups and hp.n_expert_groups > 1:
+        meta.refuse("expert_group_count", hp.n_expert_groups, f"grouped routing; family {family}'s router has none")
+    return hp.n_expert, used.pop()
+
+
+def one_theta(meta: GGUFMeta, hp: Hparams, swa: list[bool], default=None) -> float:
+    """``rope.freq_base_swa`` where the family's HF config has ONE theta for every
+    layer: read (default: the main base, as these archs set it), refused if a
+    sliding layer would rotate with another one."""
+    theta_swa = meta.get_f32("rope.freq_base_swa", hp.rope_freq_base if default is None else default)
+    if any(swa) and theta_swa != hp.rope_freq_base:
+        meta.refuse("rope.freq_base_swa", theta_swa, f"!= rope.freq_base {hp.rope_freq_base}; the family's HF "
+                                                     "config has one RoPE theta for every layer")
+    return theta_swa
+
+
+def one_per_layer(meta: GGUFMeta, key: str, n: int, default=_REQUIRED) -> int:
+    """A ``get_key_or_arr`` key the family's HF config holds once (the experts'
+    width ...): one value for every layer, else refused."""
+    vals = meta.get_per_layer(key, n, default)
+    if len(set(vals)) != 1:
+        meta.refuse(key, vals, "per-layer values; the family's HF config holds one")
+    return int(vals[0])
+
+
+def refuse_experts(meta: GGUFMeta, hp: Hparams, family: str) -> None:
+    """A dense family's file must carry no experts (the arch's graph would build
+    an MoE FFN the family's HF model has no place for)."""
+    if hp.n_expert:
+        meta.refuse("expert_count", hp.n_expert, f"an MoE FFN; family {family}'s HF model is dense")
+
+
+def vocab_of(meta: GGUFMeta, shapes: dict) -> int:
+    if "token_embd.weight" not in shapes:
+        raise UsageError(f"--gguf {meta.path}: no token_embd.weight tensor")
+    vocab = int(shapes["token_embd.weight"][0])
+    declared = meta.get("vocab_size", None)
+    if declared is not None and int(declared) != vocab:
+        meta.refuse("vocab_size", declared, f"token_embd.weight has {vocab} rows")
+    return vocab
+
+
+def special_tokens(meta: GGUFMeta, vocab: int) -> dict:
+    """The file's own special token ids (tokenizer.ggml.*), else none -- HF's
+    defaults (e.g. pad 128004) may lie outside the file's vocabulary. They shape
+    no arithmetic."""
+    kw = {}
+    for hf, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                    ("pad_token_id", "padding_token_id")):
+        v = meta.get(f"tokenizer.ggml.{key}", None)
+        kw[hf] = int(v) if v is not None and 0 <= int(v) < vocab else None
+    return kw
+
+
+def one_head_dim(meta: GGUFMeta, hp: Hparams, family, swa: bool = False) -> dict:
+    """HF's single ``head_dim`` from the file's key / value lengths (and, where
+    a layer slides, the ``_swa`` ones): equal, or refused. Set in the kwargs
+    where the family's HF config has the field (else it must be hidden // heads)."""
+    hk, hv = hp.n_embd_head_k, hp.n_embd_head_v
+    if hv != hk:
+        meta.refuse("attention.value_length", hv, f"!= key_length {hk}; family {family.name} has one head_dim")
+    if swa and (hp.n_embd_head_k_swa, hp.n_embd_head_v_swa) != (hk, hk):
+        meta.refuse("attention.key_length_swa", hp.n_embd_head_k_swa,
+                    f"sliding layers with another head size than {hk}; family {family.name} has one head_dim")
+    default = hp.n_embd // hp.head if hp.head else hk
+    if "head_dim" in family.settable_keys():
+        return {"head_dim": hk}
+    if hk != default:
+        meta.refuse("attention.key_length", hk, f"family {family.name}'s HF attention fixes head_dim = "
+                                                f"hidden / heads = {default}")
+    return {}
+
+
+def full_rotary(meta: GGUFMeta, hp: Hparams, family, swa: bool = False) -> None:
+    """The graph rotates ``n_rot`` channels of each head: the whole head here."""
+    if hp.n_rot != hp.n_embd_head_k:
+        meta.refuse("rope.dimension_count", hp.n_rot, f"partial rotary (head_dim {hp.n_embd_head_k}); "
+                                                      f"family {family.name}'s HF attention rotates the whole head")
+    if swa and hp.n_rot_swa != hp.n_rot:
+        meta.refuse("rope.dimension_count_swa", hp.n_rot_swa, f"!= rope.dimension_count {hp.n_rot}")
+
+
+def alibi_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams) -> dict:
+    """What bloom and mpt (ALiBi, fused QKV, LayerNorm, no RoPE) read alike:
+    the sizes, MHA only (HF's fused QKV has no KV groups), the FFN width as a
+    multiple of the hidden size (HF: ``4 * hidden`` / ``expansion_ratio``),
+    the tied head, the vocabulary. The RoPE keys load_hparams reads have no
+    effect on these graphs (no ggml_rope)."""
+    refuse_experts(meta, hp, family.name)
+    if hp.head_kv != hp.head:
+        meta.refuse("attention.head_count_kv", hp.head_kv, f"KV groups; family {family.name}'s fused QKV is "
+                                                            f"multi-head ({hp.head} heads)")
+    one_head_dim(meta, hp, family)
+    if hp.ff % hp.n_embd:
+        meta.refuse("feed_forward_length", hp.ff, f"not a multiple of embedding_length {hp.n_embd} "
+                                                  f"(family {family.name}'s MLP width is a ratio of it)")
+    vocab = vocab_of(meta, shapes)
+    return {"vocab_size": vocab, "tie_word_embeddings": "output.weight" not in shapes, **special_tokens(meta, vocab)}
+
+
+def llama_like_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams, swa: bool = False, moe: bool = False,
+                      rotary: bool = True) -> dict:
+    """The HF kwargs every llama-shaped family reads the same way from
+    ``read_hparams``: sizes, one head_dim, full rotary, RoPE, vocabulary, tied
+    head, special tokens, and the bias switches HF keeps in the config
+    (LlamaAttention: ``attention_bias`` on q/k/v/o; LlamaMLP: ``mlp_bias``),
+    on when the file carries them. A family adds its arch's own keys (an MoE
+    family, ``moe=True``, its expert counts: a dense one refuses experts; a
+    family whose HF attention rotates a fraction of the head, ``rotary=False``,
+    its partial rotary factor)."""
+    if not moe:
+        refuse_experts(meta, hp, family.name)
+    vocab = vocab_of(meta, shapes)
+    kw = {"num_hidden_layers": hp.n_layer, "max_position_embeddings": hp.n_ctx_train,
+          "hidden_size": hp.n_embd, "intermediate_size": hp.ff, "num_attention_heads": hp.head,
+          "num_key_value_heads": hp.head_kv, "vocab_size": vocab,
+          # the converter writes output.weight only for an untied head
+          "tie_word_embeddings": "output.weight" not in shapes,
+          "rope_parameters": hf_rope(meta, hp), **one_head_dim(meta, hp, family, swa), **special_tokens(meta, vocab)}
+    if rotary:
+        full_rotary(meta, hp, family, swa)
+    keys = family.settable_keys()
+    if "attention_bias" in keys:
+        # HF's one switch for all four (LlamaAttention: bias=config.attention_bias); llama.cpp
+        # loads each one on its own, optionally (an absent one reads as zero: trace_import)
+        kw["attention_bias"] = any(_ATTN_BIAS.fullmatch(n) for n in shapes)
+    if "mlp_bias" in keys:
+        kw["mlp_bias"] = "blk.0.ffn_up.bias" in shapes
+    return kw
+
+
+class GGUFImport:
+    """The GGUF-import half of ``Family`` (mixed in)."""
+
+    def gguf_import_unsupported(self) -> str | None:
+        """Why ``--gguf`` cannot read this family's files (None: it can)."""
+        if not self.gguf_arch:
+            return "the family has no GGUF export (no llama.cpp arch)"
+        return None
+
+    def config_from_gguf(self, meta: GGUFMeta, shapes: dict[str, tuple], tensors: dict) -> dict:
+        """HF config kwargs from a GGUF, as llama.cpp reads the arch (the family's
+        ``load_arch_hparams``, on top of ``read_hparams``). ``shapes``: GGUF
+        tensor name -> shape in numpy order; ``tensors``: name -> a callable
+        giving the dequantized float32 array (for a tensor that carries a
+        hyper-parameter, llama's ``rope_freqs``).
+
+        Default: a llama-shaped arch whose ``load_arch_hparams`` reads the RMS
+        eps and nothing else (src/models/llama.cpp, qwen2.cpp, qwen3.cpp:
+        ``ml.get_key(LLM_KV_ATTENTION_LAYERNORM_RMS_EPS, hparams.f_norm_rms_eps)``).
+        A family whose arch reads more extends it; a key it leaves unread is
+        refused by the loader, never dropped."""
+        hp = read_hparams(meta)
+        kw = llama_like_config(self, meta, shapes, hp)
+        kw["rms_norm_eps"] = meta.get_f32("attention.layer_norm_rms_epsilon")
+        return kw
+
+    def gguf_variant_of(self, shapes: dict[str, tuple]) -> str | None:
+        """The family's named variant a file is written in (default: the first)."""
+        return self.variants[0] if self.variants else None
+
+    def gguf_value_unmap(self, name: str, data: np.ndarray, config) -> np.ndarray:
+        """The inverse of ``gguf_value_map`` for HF tensor ``name`` (default: none)."""
+        return data
+
+    def gguf_import_prepare(self, tensors: dict, config) -> dict:
+        """The file's tensors (name -> loader) before ``trace_import`` places
+        them. Default: src/llama-model.cpp's generic pass every arch gets loads
+        ``X.scale`` ({1}, or {n_expert} for stacked experts) and
+        ``X.input_scale``; where the arch's graph passes the scale on
+        (``build_lora_mm``: ``(W x) * s``) it is folded into the weight (``W * s``:
+        the same function, which HF and impl compute from it); the rest is read
+        by no graph and dropped (``unused_tensors``, listed in meta.json). A family consumes what else it writes outside the HF state
+        dict. ``rope_freqs`` is a hyper-parameter (``rope_freqs``, read into the
+        config): not a weight."""
+        tensors = dict(tensors)
+        tensors.pop("rope_freqs.weight", None)
+        return fold_scales(tensors, self.gguf_arch)
+
+    def gguf_patch_model(self, model, config) -> None:
+        """What the HF model built from the read-back config still lacks (default:
+        a RoPE table with llama.cpp's per-pair frequency factors, where the config
+        carries them)."""
+        apply_freq_factors(model, config)
+
+    def gguf_import_tensors(self, tensors: dict, model, config, variant: str | None = None,
+                            path: str = "", provenance: dict | None = None) -> dict[str, np.ndarray]:
+        """The HF state dict of ``model`` from the file's tensors (``trace_import``)."""
+        return trace_import(self, self.gguf_import_prepare(dict(tensors), config), model, config, variant, path,
+                            provenance)
+
+
+# build_ffn (llama-graph.cpp) adds a dense FFN matrix's bias BEFORE its scale
+# ((W x + b) * s); every other site -- build_qkv, build_attn's wo, the experts of
+# build_moe_ffn, the output head -- scales the product and adds the bias after
+_BIAS_THEN_SCALE = re.compile(r"blk\.\d+\.ffn_(up|gate|down)(_shexp)?\.scale$")
+
+
+def unused_tensors(names, arch: str) -> list[str]:
+    """The file's tensors llama.cpp loads for ``arch`` and its graph never reads:
+    every ``X.input_scale``, and each ``X.scale`` of a kind the arch's graph does
+    not pass on (``SCALES``, generated from src/models/<arch>.cpp)."""
+    kinds = SCALES.get(arch, frozenset())
+    names = set(names)
+    return sorted(n for n in names if n.endswith(".input_scale")
+                  or (n.endswith(".scale") and _kind(n.removesuffix(".scale")) not in kinds)
+                  # qwen3next.cpp / qwen35.cpp: the legacy fused ssm_in only where no attn_qkv is
+                  or (n.endswith(".ssm_in.weight") and n.replace(".ssm_in.", ".attn_qkv.") in names))
+
+
+def _kind(name: str) -> str:
+    return name.split(".", 2)[-1] if name.startswith("blk.") else name
+
+
+def fold_scales(tensors: dict, arch: str = "") -> dict:
+    """Every ``X.scale`` the arch's graph applies folded into ``X.weight`` (and
+    into ``X.bias`` where the graph scales after the bias); the unused ones
+    (``unused_tensors``) dropped. See ``GGUFImport.gguf_import_prepare``."""
+    tensors = dict(tensors)
+    for name in unused_tensors(tensors, arch):
+        del tensors[name]
+    for sname in [n for n in tensors if n.endswith(".scale")]:
+        base = sname.removesuffix(".scale")
+        get_s = tensors.pop(sname)
+        if base + ".weight" not in tensors:
+            raise UsageError(f"--gguf: {sname} scales no {base}.weight")
+
+        def scaled(get_t, get_s=get_s, sname=sname):
+            def get():
+                t = get_t()
+                s = np.asarray(get_s(), dtype=np.float32).reshape(-1)
+                if s.size == 1:
+                    return t * s[0]
+                if s.size == t.shape[0]:  # one scale per expert ({n_expert}): [E, ...]
+                    return t * s.reshape(-1, *([1] * (t.ndim - 1)))
+                raise UsageError(f"--gguf: {sname} has {s.size} elements; a scale has one (or one per expert)")
+            return get
+
+        tensors[base + ".weight"] = scaled(tensors[base + ".weight"])
+        if _BIAS_THEN_SCALE.search(sname) and base + ".bias" in tensors:
+            tensors[base + ".bias"] = scaled(tensors[base + ".bias"])
+    return tensors
+
+
+def rope_freqs(meta: GGUFMeta, kw: dict, tensors: dict) -> None:
+    """A file's ``rope_freqs`` tensor (llama.cpp's ``model.get_rope_factors``: each
+    pair's frequency divided by its factor, ggml_rope_ext ``freq_factors``; the
+    llama, granite and llama4 loaders take it) into ``kw["rope_parameters"]``:
+    HF's own ``llama3`` type where the factors follow that formula
+    (conversion/llama.py ``generate_extra_tensors``), else the factors as they
+    are (``freq_factors``, applied by ``rope_from_config`` and
+    ``apply_freq_factors``: llama.cpp's random-model generator writes random ones)."""
+    from .llama import llama3_from_factors
+
+    if "rope_freqs.weight" not in tensors:
+        return
+    rp = kw.get("rope_parameters") or {}
+    if "rope_theta" not in rp:
+        raise UsageError(f"--gguf {meta.path}: rope_freqs.weight with per-layer-type RoPE parameters is not read here")
+    factors = np.asarray(tensors["rope_freqs.weight"](), dtype=np.float64).reshape(-1)
+    hd = kw.get("head_dim") or kw["hidden_size"] // kw["num_attention_heads"]
+    try:
+        kw["rope_parameters"] = llama3_from_factors(meta, factors, rp, hd)
+    except UsageError:
+        if factors.size != hd // 2 or rp.get("rope_type") != "default":
+            raise
+        kw["rope_parameters"] = {**rp, "freq_factors": [float(f) for f in factors]}
+
+
+def apply_freq_factors(model, config) -> None:
+    """HF's RoPE table divided, pair by pair, by the file's ``rope_freqs``
+    (``config.rope_parameters["freq_factors"]``, set where no HF RoPE type
+    reproduces them): llama.cpp's ``ggml_rope_ext`` rotates pair i by
+    ``pos * theta_i / ff_i``; HF's rotary embedding reads its ``inv_freq`` buffer."""
+    import torch
+
+    factors = (getattr(config, "rope_parameters", None) or {}).get("freq_factors")
+    if factors is None:
+        return
+    ff = torch.tensor([float(f) for f in factors], dtype=torch.float32)
+    for mod in model.modules():
+        inv = getattr(mod, "inv_freq", None)
+        if isinstance(inv, torch.Tensor) and inv.shape == ff.shape:
+            mod.inv_freq = inv / ff.to(inv.dtype)
+            if hasattr(mod, "original_inv_freq"):
+                mod.original_inv_freq = mod.inv_freq.clone()
+
+
+def _squeeze_leading(shape) -> tuple:
+    # ggml drops trailing ne == 1 (ggml_n_dims) when it writes a tensor, numpy-leading 1s here
+    shape = tuple(int(d) for d in shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+# Fused tensors a file may carry in place of the parts the export writes (llama.cpp
+# loads either: create_tensor_qkv's wqkv, create_tensor_gate_up_exps' gate_up_exps;
+# convert_hf_to_gguf.py writes them with --fuse-qkv / --fuse-gate-up-exps): the
+# parts, concatenated in this order along the output rows
+FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up_exps": ("ffn_gate_exps", "ffn_up_exps")}
+
+
+# biases llama.cpp creates TENSOR_NOT_REQUIRED for every arch (create_tensor_qkv's q/k/v
+# ones, and wo_b): where HF's one attention_bias switch asks for all four, an absent
+# one is a zero bias -- the same function
+_ATTN_BIAS = re.compile(r"blk\.\d+\.attn_(q|k|v|qkv|output)\.bias")
+
+
+def split_fused(tensors: dict, expected: dict[str, tuple], where: str) -> dict:
+    """The file's fused tensors split into the parts the export traces, where the
+    parts are expected and absent (``expected``: GGUF name -> numpy shape)."""
+    tensors = dict(tensors)
+    for name in list(tensors):
+        m = re.fullmatch(r"(blk\.\d+)\.(\w+)\.(weight|bias)", name)
+        if not m or m.group(2) not in FUSED:
+            continue
+        parts = [f"{m.group(1)}.{p}.{m.group(3)}" for p in FUSED[m.group(2)]]
+        if not all(p in expected and p not in tensors for p in parts):
+            continue
+        axis = -2 if len(expected[parts[0]]) >= 2 else -1
+        sizes = [expected[p][axis] for p in parts]
+        get = tensors.pop(name)
+
+        def part(k, get=get, sizes=sizes, axis=axis, name=name):
+            def load():
+                t = get()
+                if t.shape[axis] != sum(sizes):
+                    raise UsageError(f"{where}: fused tensor {name} has {t.shape[axis]} rows; its parts need "
+                                     f"{' + '.join(map(str, sizes))}")
+                lo = sum(sizes[:k])
+                return np.take(t, np.arange(lo, lo + sizes[k]), axis=axis)
+            return load
+
+        for k, p in enumerate(parts):
+            tensors[p] = part(k)
+    return tensors
+
+
+def trace_import(family, tensors: dict, model, config, variant: str | None, path: str = "",
+                 provenance: dict | None = None) -> dict[str, np.ndarray]:
+    """Every HF tensor of ``model`` from the file, through the export run backwards.
+
+    For each HF tensor, its element indices go through ``gguf_convert`` (the
+    converter's layout steps) and gguf's tensor-name map: each resulting GGUF
+    tensor holds, at every position, the index of the HF element the export
+    put there. The file's tensor (dequantized) is scattered back by those
+    indices, and ``gguf_value_unmap`` undoes the elementwise value step. Every
+    HF element must be covered, every GGUF tensor of the file used (a fused
+    tensor -- ``FUSED`` -- stands for its parts); a tensor whose shape
+    contradicts the metadata is refused. ``provenance`` (if given) receives, per
+    HF tensor, the GGUF tensors it came from."""
+    tmap = family.gguf_tensor_map(config)
+    sd = model.state_dict()
+    emb = getattr(model.get_input_embeddings(), "weight", None)
+    embed_ptr = None if emb is None else emb.data_ptr()
+    emb_name = next((n for n, p in sd.items() if p.data_ptr() == embed_ptr), None)
+    where = f"--gguf {path}" if path else "--gguf"
+
+    def traced(name, p, dtype):
+        """``(gguf name, array of HF element indices)`` for each piece of ``name``."""
+        idx = np.arange(p.numel(), dtype=dtype).reshape(tuple(p.shape)) if dtype is not None else \
+            np.zeros(tuple(p.shape), dtype=np.int8)
+        out = []
+        for hf_style, arr in family.gguf_convert(name, idx, config, variant):
+            arr = np.asarray(arr)
+            if not np.issubdtype(arr.dtype, np.integer):
+                raise TypeError(f"family {family.name}: gguf_convert({name}) changed element values "
+                                f"({arr.dtype}); an elementwise step belongs in gguf_value_map")
+            g = tmap.get_name(hf_style, try_suffixes=(".weight", ".bias"))
+            if g is None:
+                raise ValueError(f"family {family.name}: no GGUF name for {hf_style!r} (HF {name})")
+            out.append((g, arr))
+        return out
+
+    params = [(n, p) for n, p in sd.items()
+              # the tied head: never exported (GGUFExport.gguf_tensors), loaded with token_embd
+              if not (embed_ptr is not None and p.data_ptr() == embed_ptr and n != emb_name)]
+    # pass 1: the shape of every GGUF tensor the export writes (cheap int8 stand-ins)
+    expected = {g: tuple(a.shape) for n, p in params for g, a in traced(n, p, None)}
+    tensors = split_fused(tensors, expected, where)
+    out: dict[str, np.ndarray] = {}
+    used: set[str] = set()
+    for name, p in params:
+        n = int(p.numel())
+        pieces = traced(name, p, np.int32 if n < 2**31 else np.int64)
+        flat = None
+        covered = None
+        missing = []
+        for g, arr in pieces:
+            if g not in tensors and _ATTN_BIAS.fullmatch(g):
+                data = np.zeros(arr.shape, dtype=np.float32)  # an optional bias the file leaves out
+            elif g not in tensors:
+                missing.append(g)
+                continue
+            else:
+                data = np.asarray(tensors[g]())
+            if _squeeze_leading(data.shape) != _squeeze_leading(arr.shape):
+                raise UsageError(f"{where}: tensor {g} has shape {tuple(data.shape)} (numpy order); "
+                                 f"the metadata makes it {tuple(arr.shape)} for family {family.name}")
+            if flat is None:
+                flat = np.zeros(n, dtype=np.float32)
+                covered = np.zeros(n, dtype=bool)
+            ix = arr.reshape(-1)
+            flat[ix] = data.reshape(-1)
+            covered[ix] = True
+            used.add(g)
+        if flat is None or not covered.all():
+            what = ", ".join(missing) if missing else "(no GGUF tensor)"
+            raise UsageError(f"{where}: the file has no {what} (HF {name}) for family {family.name}")
+        out[name] = family.gguf_value_unmap(name, flat.reshape(tuple(p.shape)), config)
+        if provenance is not None:
+            provenance[name] = [g for g, _ in pieces]
+    left = sorted(set(tensors) - used)
+    if left:
+        raise UsageError(f"{where}: tensors with no counterpart in family {family.name}'s HF model: "
+                         f"{', '.join(left[:6])}{' ...' if len(left) > 6 else ''}")
+    return out

@@ -1,0 +1,77 @@
+"""Where a family's probes live in HF: the decoder layers, the module points
+forward hooks read, the eager attention function the capture wraps, and the
+family's canonical layout of what HF hands back (harness/refs/hf.py drives
+these hooks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from impl import LayerConfig
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where a probe is read in HF: a module path relative to the decoder layer
+    ('' is the layer itself) and whether its input or its output is taken."""
+
+    path: str
+    io: str  # "in" | "out"
+
+
+
+class HFCapture:
+    """The HF-capture half of ``Family`` (mixed in)."""
+
+    layers_path = "model.layers"
+    hf_points: dict[str, Point] = {}
+    # model-level probes: name -> (module path from the model root, "in"/"out")
+    hf_model_points = {"embeddings": ("model.embed_tokens", "out"), "final_norm": ("model.norm", "out")}
+    # The eager attention function the attention module calls, by its name in the
+    # module's own modeling file (wrapped during capture to read q_rope, k_rope,
+    # attn_probs, attn_heads).
+    eager_name = "eager_attention_forward"
+
+    def decoder_layers(self, model):
+        obj = model
+        for part in self.layers_path.split("."):
+            obj = getattr(obj, part)
+        return list(obj)
+
+    # ------------------------------------------------------------------ probes
+    def hf_points_for(self, config, i: int) -> dict[str, Point]:
+        """The probe points of layer ``i`` (families with mixed layer kinds override)."""
+        return self.hf_points
+
+    def hf_taps(self, model, config, sink: dict):
+        """A context manager held around the HF forward that records probes neither
+        a module hook nor the eager-function wrapper can read -- for models whose
+        attention math is inline (bloom, mpt: no ``eager_attention_forward``).
+        It writes ``sink[layer_idx][probe] = float64 array``, as the eager wrapper
+        does (``hf_canonical`` then applies). Default: nothing."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def hf_derived(self, probes: dict, config, layer_cfgs) -> dict:
+        """Probes HF exposes only as views of other captured (canonical) tensors,
+        ``{"L{i}.{probe}": array}`` (default: none; MLA families slice the rope
+        part out of the query and key the eager attention reads)."""
+        return {}
+
+    def hf_canonical(self, probe: str, arr: np.ndarray, lc: LayerConfig) -> np.ndarray:
+        """HF's tensor for ``probe`` ([seqs, ...]) in the canonical layout."""
+        if not isinstance(lc, LayerConfig) or lc.shape != "gqa":
+            return arr
+        s, t = arr.shape[0], arr.shape[1] if arr.ndim > 1 else None
+        if probe == "q":
+            return arr.reshape(s, t, lc.n_heads, lc.head_dim)
+        if probe == "k":
+            return arr.reshape(s, t, lc.n_kv_heads, lc.head_dim)
+        if probe == "v":
+            return arr.reshape(s, t, lc.n_kv_heads, lc.dv)
+        if probe in ("q_rope", "k_rope"):  # eager: [S, heads, T, D]
+            return arr.transpose(0, 2, 1, 3)
+        return arr
