@@ -158,3 +158,40 @@ def test_guard_is_per_candidate_and_reference_rows_guard_nothing():
     assert out[-1]["status"] == "unguarded"
     out = guard([row("impl", "hf", "attn_out", "pass")], [lc], "impl", lambda *a: pytest.fail("guarded"))
     assert len(out) == 1
+
+
+def test_a_structural_finding_scales_with_length_and_ne_needs_a_value():
+    """A mask one reference lacks (or rotation angles it does not use) grows with the
+    sequence: max_nmse_per_token bounds it by the case's tokens (attn_probs' exact
+    2-per-token worst case), so the excuse holds at any length and still refuses more."""
+    from harness.policy import config_matches
+
+    pol = load_policy()
+    f = next(f for f in pol.findings if f["family"] == "qwen2" and f["candidate"] == "impl")
+    assert pol.finding_bound(f, 2) == 4 and pol.finding_bound(f, 128) == 256
+    kw = dict(config={"use_sliding_window": True}, layer=0)
+    # measured (fixtures/tolerance.toml header): 1.05 at 2 tokens, 13.8 at 128
+    assert pol.finding("qwen2", "impl", "llamacpp", "attn_heads", "attention", nmse=1.05, tokens=2, **kw)
+    assert pol.finding("qwen2", "impl", "llamacpp", "attn_probs", "attention", nmse=13.8, tokens=128, **kw)
+    assert not pol.finding("qwen2", "impl", "llamacpp", "attn_probs", "attention", nmse=5.0, tokens=2, **kw)
+    # { ne = 32.0 }: present and different; absent (HF's default is 32 too) matches nothing
+    cond = {"rope_parameters.beta_fast": {"ne": 32.0}}
+    assert config_matches({"rope_parameters": {"beta_fast": 8.0}}, cond)
+    assert not config_matches({"rope_parameters": {"beta_fast": 32.0}}, cond)
+    assert not config_matches({"rope_parameters": {}}, cond)
+
+
+def test_the_yarn_band_finding_excuses_llamacpp_not_an_impl_rope_bug(policy, need_llamacpp):
+    """gpt_oss with beta_fast=8 (fuzz, 2026-11-30): llama.cpp's openai-moe never reads
+    the key, so impl (= HF) vs llama.cpp is a finding from L0 q_rope on, impl vs HF
+    passes; with impl's RoPE broken, impl vs HF fails and the finding guards nothing."""
+    over = (("head_dim", 32), ("num_attention_heads", 1), ("num_key_value_heads", 1),
+            ("rope_parameters.beta_fast", 8.0), ("rope_parameters.factor", 2.0))
+    kw = dict(family="gpt_oss", ref="all", backend="numpy", dtype="float32", kv="decode", tokens=9, overrides=over)
+    st = all_statuses(run(policy, **kw))
+    assert st[("impl", "llamacpp", 0, "q_rope")] == "finding"
+    assert st[("llamacpp", "hf", 0, "q_rope")] == "finding"
+    assert st[("impl", "hf", 0, "q_rope")] == "pass"
+    with applied(registry()["rope-position-off-by-one"]):
+        broken = run(policy, **kw)
+    assert _case_status(broken) not in ("pass", "finding")
