@@ -823,7 +823,8 @@ class CaseRun:
             # from its keys), never on what impl was told to compute
             lc = self.layer_cfgs[layer] if layer is not None else None
             known = self.policy.finding(self.family.name, cand_name, ref_name, probe, _layer_kind(lc), self.config,
-                                        layer=layer, nmse=m["nmse"], dtype=cdt, tokens=self.case.tokens)
+                                        layer=layer, nmse=m["nmse"], dtype=cdt, tokens=self.case.tokens,
+                                        n_layers=len(self.layer_cfgs))
             if known:
                 status, reason = "finding", f"{reason} -- known disagreement: {known}"
         key = f"L{layer}.{probe}" if layer is not None else probe

@@ -14,7 +14,7 @@ PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "kv_q8_0", "q8_0
 _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
-                 "max_nmse", "max_nmse_per_token", "dtypes", "reason"}
+                 "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason"}
 _MISSING = object()
 
 
@@ -65,6 +65,14 @@ def dataflow_position(layer: int | None, probe: str) -> tuple:
     return (layer, LAYER_PROBES.index(probe) if probe in LAYER_PROBES else len(LAYER_PROBES))
 
 
+def _depth(layer: int | None, n_layers: int | None) -> int | None:
+    """How many layers a probe is past: layer i's probes i + 1, the model-level
+    ``final_norm`` / ``logits`` all of them, ``embeddings`` none (counted as 1)."""
+    if layer is not None and layer >= 0:
+        return layer + 1
+    return n_layers
+
+
 def _parse_point(text: str) -> tuple:
     """``"L3.layer_out"`` or a model-level probe name -> its dataflow position."""
     layer, _, probe = text.partition(".")
@@ -98,7 +106,7 @@ class Policy:
 
     def finding(self, family: str, candidate: str, reference: str, probe: str, layer_kind: str,
                 config=None, layer: int | None = None, nmse: float | None = None, bounded: bool = True,
-                dtype: str | None = None, tokens: int | None = None) -> str | None:
+                dtype: str | None = None, tokens: int | None = None, n_layers: int | None = None) -> str | None:
         """The written reason when a failing comparison is a KNOWN disagreement of
         the references (a finding, reported as such), else None. Matched on the
         reference's own ``config`` (the HF config the case built, or read back from a
@@ -128,25 +136,28 @@ class Policy:
             # carried downstream); a larger one at the same probes is not excused by it
             # bounded=False: which finding WOULD excuse this, whatever its size (measuring a
             # finding's size: scripts/measure_cpu_variants.py)
-            if bounded and (nmse is None or not nmse <= self.finding_bound(f, tokens)):
+            if bounded and (nmse is None or not nmse <= self.finding_bound(f, tokens, _depth(layer, n_layers))):
                 continue
             return f"finding #{f['_n']}: {f['reason']}"
         return None
 
     @staticmethod
-    def finding_bound(f: dict, tokens: int | None) -> float:
-        """The largest NMSE a finding excuses in a case of ``tokens`` tokens per sequence.
-        ``max_nmse``: a size that does not grow with length. ``max_nmse_per_token``: a
-        disagreement whose NMSE grows with the sequence (a window one reference ignores:
-        the full-attention side's output is a mean over ~t keys, its energy ~1/t, so the
-        NMSE normalised by it grows ~t) -- measured over a range of lengths, the largest
-        NMSE / tokens seen, so the bound scales with the case instead of holding only at
-        the length it was measured at. Both given: the larger bound."""
-        bound = f.get("max_nmse", 0.0 if "max_nmse_per_token" in f else float("inf"))
-        if "max_nmse_per_token" in f:
-            if tokens is None:
-                raise ValueError(f"finding #{f.get('_n')} is bounded per token: the case's token count is needed")
-            bound = max(bound, f["max_nmse_per_token"] * tokens)
+    def finding_bound(f: dict, tokens: int | None, depth: int | None = None) -> float:
+        """The largest NMSE a finding excuses in a case of ``tokens`` tokens per
+        sequence, at a probe ``depth`` layers deep. ``max_nmse``: a size that does not
+        grow. ``max_nmse_per_token``: a disagreement whose NMSE grows with the sequence
+        (a window one reference ignores: the full-attention side's output is a mean
+        over ~t keys, its energy ~1/t, so the NMSE normalised by it grows ~t).
+        ``max_nmse_per_layer``: a rounding every layer adds once and a free-running
+        reference carries on (ggml's fp16 GELU table: each FFN adds its own), so the
+        bound grows with the layers the probe is past. Given together: the largest."""
+        scaled = {"max_nmse_per_token": ("tokens", tokens), "max_nmse_per_layer": ("layers", depth)}
+        bound = f.get("max_nmse", float("inf") if not any(k in f for k in scaled) else 0.0)
+        for key, (what, n) in scaled.items():
+            if key in f:
+                if n is None:
+                    raise ValueError(f"finding #{f.get('_n')} is bounded per {what[:-1]}: the case's {what} are needed")
+                bound = max(bound, f[key] * n)
         return bound
 
     def tolerance(self, dtype: str, probe: str, family: str = "", reference: str = "",
@@ -213,7 +224,8 @@ def load_policy(path: str | Path | None = None) -> Policy:
         # an excuse of a candidate (impl or another engine, not a reference) is bounded: the
         # reference config it holds under, the probes it names, the size it was measured at
         if f["candidate"] not in ("hf", "llamacpp") and (
-                not ("max_nmse" in f or "max_nmse_per_token" in f) or not f.get("probes") or not isinstance(f.get("config"), dict) or not f["config"]):
+                not any(k in f for k in ("max_nmse", "max_nmse_per_token", "max_nmse_per_layer"))
+                or not f.get("probes") or not isinstance(f.get("config"), dict) or not f["config"]):
             raise UsageError(f"tolerance policy {p}: finding #{n} ({f['family']}, {f['candidate']} vs "
                              f"{f['reference']}) excuses the candidate, so it needs config (the reference's "
                              "settings it holds under), probes and max_nmse")

@@ -436,3 +436,53 @@ def test_every_family_with_an_arch_reads_its_files():
     assert all(f.gguf_import_unsupported() is None for f in families.registry().values() if f.gguf_arch)
     assert len([f for f in families.registry().values() if f.gguf_arch]) == len(families.registry())
     assert "no GGUF export" in LlamaLike().gguf_import_unsupported()
+
+
+# ------------------------------------------- checkpoints shaped as real ones are
+def _real_shaped_checkpoints(root: Path):
+    """Checkpoints made by transformers' own classes the way hub models are
+    stored: a multimodal Gemma 3 (Gemma3ForConditionalGeneration: text config
+    nested under ``text_config``, the text model's tensors under
+    ``language_model.``, a vision tower beside it) in four shards with an index,
+    at HF's own initialisation; and a llama with tied embeddings (no lm_head
+    tensor) stored in bfloat16 across shards."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from harness import families
+
+    text = families.get("gemma3").make_config({})
+    cfg = Gemma3Config(text_config=text.to_dict(), mm_tokens_per_image=4,
+                       vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, image_size=28, patch_size=14))
+    torch.manual_seed(CKPT_SEED)
+    Gemma3ForConditionalGeneration(cfg).save_pretrained(root / "gemma3-mm", max_shard_size="200KB")
+    fam = families.get("llama")
+    lcfg = fam.make_config({"tie_word_embeddings": True})
+    fam.build_model(lcfg, CKPT_SEED).to(torch.bfloat16).save_pretrained(root / "llama-bf16-tied", max_shard_size="20KB")
+    return {"gemma3": root / "gemma3-mm", "llama": root / "llama-bf16-tied"}
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+def test_hf_model_real_shaped_checkpoints_three_way(policy, tmp_path):
+    """Sharded with an index, bfloat16, multimodal with a nested text_config, tied
+    embeddings: each is read as it is and passes three-way; the family comes
+    from the text config, the bf16 values reach impl exactly."""
+    import json as _json
+
+    from harness.case import Case, CaseRun
+    from harness.refs.checkpoint import family_of
+
+    dirs = _real_shaped_checkpoints(tmp_path)
+    for family, d in dirs.items():
+        assert (d / "model.safetensors.index.json").is_file() and len(list(d.glob("*.safetensors"))) > 1
+        assert family_of(d) == family
+        rows = run(policy, family=family, hf_model=str(d), ref="all")
+        assert not bad_rows(rows, ok=("pass", "finding", "not-exposed")), bad_rows(rows, ok=("pass", "finding", "not-exposed"))
+        assert {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"} >= {("impl", "hf"), ("impl", "llamacpp")}
+    assert "text_config" in _json.loads((dirs["gemma3"] / "config.json").read_text())
+    index = _json.loads((dirs["llama"] / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "lm_head.weight" not in index  # tied: one matrix in the file
+    w = CaseRun(Case(family="llama", hf_model=str(dirs["llama"])), policy).weights_for("float32")[0]["wq"]
+    import torch
+    assert np.array_equal(w, torch.from_numpy(w).to(torch.bfloat16).float().numpy())  # bf16 values, exactly

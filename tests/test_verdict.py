@@ -195,3 +195,17 @@ def test_the_yarn_band_finding_excuses_llamacpp_not_an_impl_rope_bug(policy, nee
     with applied(registry()["rope-position-off-by-one"]):
         broken = run(policy, **kw)
     assert _case_status(broken) not in ("pass", "finding")
+
+
+def test_a_per_layer_finding_grows_with_depth():
+    """ggml's fp16 GELU table adds its rounding in every FFN, and a free-running
+    reference carries it on: the bound is per layer the probe is past, so a deep
+    real checkpoint is not a false alarm and a shallow gap past it still is."""
+    pol = load_policy()
+    f = next(f for f in pol.findings if f["family"] == "gemma3" and "max_nmse_per_layer" in f)
+    assert pol.finding_bound(f, 16, 1) == pytest.approx(5e-7) and pol.finding_bound(f, 16, 26) == pytest.approx(1.3e-5)
+    kw = dict(config={}, nmse=1.2e-7, tokens=16, n_layers=4)
+    assert pol.finding("gemma3", "llamacpp", "hf", "logits", "attention", layer=None, **kw)
+    assert pol.finding("gemma3", "llamacpp", "hf", "layer_out", "attention", layer=3, **kw)
+    assert not pol.finding("gemma3", "llamacpp", "hf", "layer_out", "attention", layer=0,
+                           **dict(kw, nmse=1e-6))
