@@ -326,3 +326,18 @@ def test_text_key_mapping_finds_the_text_model_under_a_multimodal_prefix():
     renamed = [e.replace("model.", "model.language_model.", 1) for e in exp] + \
         ["model.vision_tower.encoder.layers.0.q.weight"]
     assert text_key_mapping(exp, renamed) == {r"^model\.language_model\.": "model."}
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+def test_a_run_past_256_tokens_reads_probs_from_calls_with_fewer_cells(policy):
+    """llama.cpp's graph sees the KV cells used so far, padded to 256
+    (llama_kv_cache::get_n_kv), so at 300 tokens the mixed schedule's first calls
+    have 256 cells for a 300-position run; each token's causal keys are all there.
+    The capture refused the whole run before ("256 KV cells hold fewer than 300
+    positions"), so no case past 256 tokens ever compared attn_probs."""
+    from conftest import bad_rows, run
+
+    rows = run(policy, family="llama", ref="llamacpp", tokens=300, schedule="mixed",
+               overrides=(("max_position_embeddings", 512),))
+    assert not bad_rows(rows)
+    assert any(r["probe"] == "attn_probs" and r["status"] == "pass" for r in rows)

@@ -220,8 +220,12 @@ def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, nam
         a = arrays[rec["key"]]  # [ne3, ne2, ne1, ne0]
         if point.layout == "probs":
             n_stream, n_head, n_q, n_kv = a.shape
-            if n_kv < n_tok:
-                raise RuntimeError(f"{name}: {n_kv} KV cells hold fewer than {n_tok} positions")
+            # a call sees the cells used so far (llama_kv_cache::get_n_kv pads them to 256),
+            # so an early call of a long run has fewer cells than the run's positions:
+            # what must hold is that each token's own causal keys are all there
+            last = max(pos for (_, pos, _) in call)
+            if n_kv <= last:
+                raise RuntimeError(f"{name}: {n_kv} KV cells hold fewer than the {last + 1} positions of this call")
             if out is None:
                 out = np.zeros((n_seq, n_head, n_tok, n_tok))
             per_stream = len(call) // n_stream
@@ -234,7 +238,8 @@ def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, nam
                 # positions would mean the mapping is wrong, so it is checked, not assumed
                 if np.abs(p[:, n_tok:]).max(initial=0.0) > 1e-6 or np.abs(p[:, pos + 1:]).max(initial=0.0) > 1e-6:
                     raise RuntimeError(f"{name}: probability mass outside the causal cells; KV cell mapping failed")
-                out[seq, :, pos, :] = p[:, :n_tok]
+                width = min(n_kv, n_tok)
+                out[seq, :, pos, :width] = p[:, :width]
             continue
         flat = a.reshape(-1, *a.shape[-2:]) if point.layout == "rows" else a.reshape(-1, *a.shape[-3:])
         if point.layout == "rows" and flat.shape[0] > 1 and flat.shape[0] * flat.shape[1] == len(call):
