@@ -303,6 +303,12 @@ def usage() -> dict:
     scripts/bench_real_size.py reports against the estimate."""
     import resource
 
+    from .refs import llamacpp
+
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"peak_rss_gb": round(me.ru_maxrss * 1024 / GB, 3), "peak_rss_children_gb": round(kids.ru_maxrss * 1024 / GB, 3),
+    # the workers' own peaks (VmHWM, reported by each worker): RUSAGE_CHILDREN's maxrss
+    # carries the harness's own RSS at the spawn across exec, so it read the harness twice
+    worker = llamacpp.WORKER_PEAK_RSS_GB
+    return {"peak_rss_gb": round(me.ru_maxrss * 1024 / GB, 3),
+            "peak_rss_children_gb": round(worker if worker is not None else kids.ru_maxrss * 1024 / GB, 3),
             "cpu_s": round(me.ru_utime + me.ru_stime, 1), "cpu_children_s": round(kids.ru_utime + kids.ru_stime, 1)}

@@ -341,3 +341,23 @@ def test_a_run_past_256_tokens_reads_probs_from_calls_with_fewer_cells(policy):
                overrides=(("max_position_embeddings", 512),))
     assert not bad_rows(rows)
     assert any(r["probe"] == "attn_probs" and r["status"] == "pass" for r in rows)
+
+
+def test_the_worker_reports_its_own_peak_not_the_harness_at_spawn():
+    """Linux carries a process's pre-exec peak RSS across execve, so getrusage's
+    RUSAGE_CHILDREN said a llama.cpp worker started by a 4 GB harness used 4 GB
+    (the bench printed the same number for both). The worker reads its own VmHWM."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ballast = np.ones(80_000_000)  # 0.6 GB in this process when the child starts
+    code = "from harness.refs.llamacpp_worker import _own_peak_rss_gb as f; print(f())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parent.parent)).stdout
+    own = float(out)
+    assert 0 < own < 0.3, own
+    inherited = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 2**30
+    assert inherited > 0.5 > own  # the trap this guards against
+    del ballast

@@ -146,6 +146,19 @@ def worker_timeout(gguf_path: Path, calls) -> int:
     return int(TIMEOUT_S + gb * (2 * len(calls) + 0.5 * rows) + 0.25 * len(calls))
 
 
+WORKER_PEAK_RSS_GB: float | None = None  # the largest worker's own peak so far (budget.usage)
+
+
+def _note_worker_peak(path: Path) -> None:
+    global WORKER_PEAK_RSS_GB
+    try:
+        gb = json.loads(path.read_text()).get("peak_rss_gb")
+    except (OSError, ValueError):
+        return
+    if gb is not None:
+        WORKER_PEAK_RSS_GB = max(gb, WORKER_PEAK_RSS_GB or 0.0)
+
+
 def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None,
                engine: dict | None = None):
     """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message.
@@ -179,6 +192,7 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
             how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
             raise RuntimeError(f"llama.cpp worker {how}: {tail or '(no message)'}")
         index = json.loads((op / "index.json").read_text())
+        _note_worker_peak(op / "usage.json")
         arrays = _Dumped(op)
         if out_dir is None:  # the folder goes with this block: read it now
             arrays = {rec["key"]: np.array(arrays[rec["key"]]) for rec in index if "error" not in rec}

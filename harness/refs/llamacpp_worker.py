@@ -137,7 +137,22 @@ def main(req_path: str, out_dir: str) -> int:
     lc.llama_model_free(model)
 
     (out / "index.json").write_text(json.dumps(index))
+    (out / "usage.json").write_text(json.dumps({"peak_rss_gb": _own_peak_rss_gb()}))
     return 0
+
+
+def _own_peak_rss_gb() -> float | None:
+    """This process's own peak resident memory: VmHWM of /proc/self/status, which
+    belongs to the address space exec made. getrusage's ru_maxrss does not: Linux
+    carries the pre-exec peak across execve (the forked / vforked parent's), so a
+    worker started by a 4 GB harness would report 4 GB whatever it used."""
+    try:
+        for line in open("/proc/self/status").read().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 2**30
+    except OSError:
+        pass
+    return None
 
 
 if __name__ == "__main__":
