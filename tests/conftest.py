@@ -123,10 +123,13 @@ def assert_llamacpp_fails_first_at_q(st):
     assert st[("impl", "llamacpp", 0, "q")] == "fail"
 
 
-def finding(pol, family, candidate, reference, probe, overrides=None, layer=0, nmse=1e-6, layer_kind="attention"):
+def finding(pol, family, candidate, reference, probe, overrides=None, layer=0, nmse=1e-6, layer_kind="attention",
+            tokens=16):
     """``Policy.finding`` on the HF config the family builds with ``overrides`` (findings
-    match the reference's own config, never impl's feature tags)."""
+    match the reference's own config, never impl's feature tags), in a case of
+    ``tokens`` tokens (the default case's 16: some bounds scale with it)."""
     from harness.families import get
 
     config = get(family).make_config(dict(overrides or {}))
-    return pol.finding(family, candidate, reference, probe, layer_kind, config, layer=layer, nmse=nmse)
+    return pol.finding(family, candidate, reference, probe, layer_kind, config, layer=layer, nmse=nmse,
+                       tokens=tokens, n_layers=getattr(config, "num_hidden_layers", None))
