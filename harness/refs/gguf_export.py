@@ -46,6 +46,23 @@ def tiny_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     return toks[:n], scores[:n], types[:n]
 
 
+def write_tiny_vocab(w, n: int) -> None:
+    """``tiny_vocab(n)`` into a GGUFWriter as llama.cpp's SPM ("llama") tokenizer
+    reads it: unk 0, bos 1, eos 2, no BOS added (the ids are the case's own). One
+    place for the harness's export and the tests' converter (which swaps it in for
+    the checkpoint's tokenizer)."""
+    toks, scores, types = tiny_vocab(n)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+
+
 # conversion/base.py prepare_tensors: matrices the converter writes as F32 whatever
 # the requested type ("Some tensor types are always in float32"), by their GGUF name
 _ALWAYS_F32 = ("FFN_GATE_INP", "FFN_GATE_INP_SHEXP", "POS_EMBD", "TOKEN_TYPES", "SSM_CONV1D", "SHORTCONV_CONV",
@@ -118,16 +135,7 @@ def _write(family, model, config, weight_type: str, variant: str | None, tmp: Pa
              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[weight_type]
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    toks, scores, types = tiny_vocab(int(config.vocab_size))
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
+    write_tiny_vocab(w, int(config.vocab_size))
     for name, data in family.gguf_tensors(model, config, variant):
         arr, qt = _quantize(np.asarray(data), "f32" if converter_keeps_f32(name) else weight_type)
         if qt is None:

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: harness.refs.gguf_export
-from harness.refs.gguf_export import tiny_vocab  # noqa: E402
+from harness.refs.gguf_export import write_tiny_vocab  # noqa: E402
 
 # transformers' saved architecture -> the name the converter registers
 ARCH_ALIASES = {"MptForCausalLM": "MPTForCausalLM"}
@@ -62,17 +62,7 @@ def tiny_tokenizer(dest: Path) -> None:
 def tiny_set_vocab(self) -> None:
     """A vocabulary llama.cpp's SPM tokenizer loads, as big as the config's."""
     n = int(self.hparams.get("vocab_size") or self.hparams["text_config"]["vocab_size"])
-    toks, scores, types = tiny_vocab(n)  # the harness export's own tiny vocabulary
-    w = self.gguf_writer
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
+    write_tiny_vocab(self.gguf_writer, n)  # the harness export's own tiny vocabulary
 
 
 def main() -> int:
