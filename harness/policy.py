@@ -216,6 +216,13 @@ def load_policy(path: str | Path | None = None) -> Policy:
     for n, f in enumerate(findings, 1):
         _known_keys(p, f"finding #{n}", f, _FINDING_KEYS)
         f["_n"] = n  # its place in the file: rows name the finding that excused them
+        for key in ("max_nmse", "max_nmse_per_token", "max_nmse_per_layer"):
+            v = f.get(key)
+            # a bound is compared and multiplied at judging time: a string or NaN there would
+            # be a traceback mid-run (or excuse nothing / everything), so it is refused here
+            if key in f and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
+                raise UsageError(f"tolerance policy {p}: finding #{n} ({f.get('family')}) {key} must be a positive "
+                                 f"number, got {v!r}")
         if not str(f.get("reason", "")).strip() or "family" not in f:
             raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason (finding #{n})")
         if "candidate" not in f or "reference" not in f:

@@ -347,7 +347,6 @@ def test_the_worker_reports_its_own_peak_not_the_harness_at_spawn():
     """Linux carries a process's pre-exec peak RSS across execve, so getrusage's
     RUSAGE_CHILDREN said a llama.cpp worker started by a 4 GB harness used 4 GB
     (the bench printed the same number for both). The worker reads its own VmHWM."""
-    import resource
     import subprocess
     import sys
     from pathlib import Path
@@ -357,7 +356,5 @@ def test_the_worker_reports_its_own_peak_not_the_harness_at_spawn():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parent.parent)).stdout
     own = float(out)
-    assert 0 < own < 0.3, own
-    inherited = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 2**30
-    assert inherited > 0.5 > own  # the trap this guards against
+    assert 0 < own < 0.3, own  # not the 0.6 GB RUSAGE_CHILDREN reports for it on Linux
     del ballast

@@ -211,3 +211,20 @@ def test_a_per_layer_finding_grows_with_depth():
     assert pol.finding("gemma3", "llamacpp", "hf", "layer_out", "attention", layer=3, **kw)
     assert not pol.finding("gemma3", "llamacpp", "hf", "layer_out", "attention", layer=0,
                            **dict(kw, nmse=1e-6))
+
+
+@pytest.mark.parametrize("line", ['max_nmse_per_token = "2"', "max_nmse_per_layer = -1.0", "max_nmse = nan"])
+def test_a_finding_bound_that_is_not_a_positive_number_is_refused(tmp_path, line):
+    text = DEFAULT_POLICY.read_text() + f'''
+[[finding]]
+family = "llama"
+candidate = "llamacpp"
+reference = "hf"
+{line}
+reason = "a bad bound"
+'''
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    with pytest.raises(UsageError, match="must be a positive number"):
+        load_policy(p)
+
