@@ -19,7 +19,9 @@ is a sum of parts, each named, so a refusal can say what is big:
   embedding or output head in float64, not the model;
 - ``forward``: HF's activations of one layer in the compute type, the eager
   attention's ``heads x tokens x tokens`` scores, probabilities and their
-  copy, and the logits (``seqs x tokens x vocab``, read back in float64);
+  copy;
+- ``logits``: ``seqs x tokens x vocab`` in HF's compute type (and in float64 for
+  the oracle), twice under a final softcap (its temporary);
 - ``layer probes``: what one layer's comparison holds (the probes are on
   disk, harness/store.py, and compared layer by layer): impl's probes of the
   layer in float64 plus the largest probe's metric temporaries, with
@@ -196,9 +198,22 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
         return s * t * (4 * hidden + 3 * inter) * b + 3 * probs * b
 
     want_logits = selection is None or selection.probe("logits")
-    logits = s * t * vocab * (4 + 8) if want_logits else 0
-    parts["forward"] = forward(_BYTES.get(hf_dtype, 4)) if "hf" in refs else 0
-    parts["logits"] = logits
+    softcap = bool(getattr(config, "final_logit_softcapping", None))
+
+    def logits(b):
+        """HF's logits in compute type ``b``: the output head's result and, under a final
+        softcap, the one temporary beside it (modeling_gemma2 Gemma2ForCausalLM.forward:
+        ``logits / cap``, ``tanh``, ``* cap``, each a new tensor); a bfloat16 / float16
+        result is read back widened to float32 (refs/hf.py capture); float32 and float64
+        go to the store as they are."""
+        if not want_logits:
+            return 0
+        n = s * t * vocab
+        return n * b * (2 if softcap else 1) + (n * 4 if b < 4 else 0)
+
+    hf_b = _BYTES.get(hf_dtype, 4)
+    parts["forward"] = forward(hf_b) if "hf" in refs else 0
+    parts["logits"] = max(logits(hf_b) if "hf" in refs else 0, logits(8) if f64 else 0)
     # impl's layer probes (float64) + the references' probe of the moment + the metric temporaries
     parts["layer probes"] = 8 * layer_probe + 6 * 8 * min(largest_probe, _CHUNK)
     lc_bytes = 0
@@ -207,14 +222,16 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
         kv = s * n_ctx * sum(d[2] * (d[3] + d[4]) for d in dims) * 4
         compute = 4 * (s * hmax * (t // 2 + 1) * n_ctx * 2 + s * t * vocab)
         gguf = pc.gguf_bytes if gguf_type == "f32" else pc.gguf_bytes // 2
-        lc_bytes = gguf + kv + compute
+        # the worker's peak; its probes are then assembled in the parent, one at a time,
+        # in ggml's float32 (refs/llamacpp.py assemble): the logits are the largest
+        lc_bytes = max(gguf + kv + compute, 4 * max(s * t * vocab if want_logits else 0, largest_probe))
     parts["llama.cpp"] = lc_bytes
     phases = {
         "build": pc.largest_tensor * 8 * 2,
         "gguf export": pc.largest_tensor * 4 * 2 if "llamacpp" in refs else 0,
         "llama.cpp capture": lc_bytes,
-        "hf capture": parts["forward"] + logits,
-        "hf float64": parts["float64 module"] + (forward(8) if f64 else 0),
+        "hf capture": parts["forward"] + (logits(hf_b) if "hf" in refs else 0),
+        "hf float64": parts["float64 module"] + (forward(8) + logits(8) if f64 else 0),
         "compare": parts["layer probes"],
     }
     disk_per_ref = sum(rows(i) + (probs if keep_probs else 0) for i in layers) * 4 + (s * t * vocab * 4 if want_logits else 0)
@@ -255,6 +272,7 @@ class Plan:
     estimate: Estimate
     budget: int
     notes: tuple[str, ...] = ()
+    held: int = 0  # resident bytes of this process when planned (interpreter, torch): outside the budget already
 
     @property
     def skips_oracle(self) -> bool:
@@ -265,7 +283,8 @@ class Plan:
         return {"hf_dtype": self.hf_dtype, "oracle": self.oracle, "budget_gb": round(self.budget / GB, 2),
                 "estimate_gb": round(self.estimate.peak / GB, 2),
                 "estimate_parts_gb": {k: round(v / GB, 3) for k, v in self.estimate.parts.items()},
-                "disk_gb": round(self.estimate.disk / GB, 2), "notes": list(self.notes)}
+                "disk_gb": round(self.estimate.disk / GB, 2), "held_gb": round(self.held / GB, 3),
+                "notes": list(self.notes)}
 
 
 def plan(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs: list[str], selection=None,
@@ -290,11 +309,21 @@ def plan(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs
     for hf_dtype, oracle, notes in tries:
         est = estimate(family, config, layer_cfgs, hf_dtype=hf_dtype, oracle=oracle, **kw)
         if est.peak <= budget:
-            return Plan(hf_dtype, oracle, est, budget, notes)
+            return Plan(hf_dtype, oracle, est, budget, notes, held=_resident())
     raise UsageError(
         f"this case needs about {_gb(est.peak)} of memory ({est.describe()}) but {_gb(budget)} is available "
         f"(CONFORMANCE_MEMORY_GB or the machine's MemAvailable); capture less with --layers 0,-1, "
         f"--probes (e.g. without attn_probs: {tokens} tokens cost heads x tokens x tokens per layer) or fewer --tokens")
+
+
+def _resident() -> int:
+    """This process's resident bytes now: what MemAvailable (the budget) already
+    leaves out, so the estimate is what the case adds to it."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def usage() -> dict:

@@ -41,11 +41,18 @@ def compact(a: np.ndarray) -> np.ndarray:
     a = np.asarray(a)
     if a.dtype == np.float64 and a.size:
         b = a.astype(np.float32)
+        # compared block by block: one float64 copy of the whole probe beside it would
+        # be the largest temporary of a capture (logits at vocab 262144: 0.5 GB a sequence)
+        fa, fb = np.ascontiguousarray(a).reshape(-1), b.reshape(-1)
         with np.errstate(invalid="ignore"):
-            same = np.array_equal(b.astype(np.float64), a, equal_nan=True)
-        if same:
-            return b
+            for i in range(0, fa.size, _BLOCK):
+                if not np.array_equal(fb[i:i + _BLOCK].astype(np.float64), fa[i:i + _BLOCK], equal_nan=True):
+                    return a
+        return b
     return a
+
+
+_BLOCK = 1 << 22  # elements per block of compact's check
 
 
 class ProbeStore(Mapping):

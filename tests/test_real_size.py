@@ -93,6 +93,38 @@ def test_store_keeps_values_exactly_and_narrows_only_where_exact(tmp_path):
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
 
 
+def test_store_narrowing_is_checked_block_by_block(monkeypatch):
+    """compact checks a float64 probe against its float32 narrowing a block at a time
+    (a whole float64 copy of the logits was a capture's largest temporary); a value that
+    is not a float32 in the LAST block still keeps the probe float64."""
+    from harness import store
+
+    monkeypatch.setattr(store, "_BLOCK", 7)
+    a = np.random.default_rng(1).standard_normal((4, 9)).astype(np.float32).astype(np.float64)
+    assert store.compact(a).dtype == np.float32 and np.array_equal(store.compact(a), a)
+    b = a.copy()
+    b[-1, -1] += 1e-12
+    assert store.compact(b).dtype == np.float64
+    assert store.compact(b[:, ::2]).dtype == np.float64  # a strided view: checked all the same
+    assert store.compact(a[:, ::2]).dtype == np.float32
+
+
+def test_llamacpp_probes_are_assembled_in_ggmls_float32():
+    """The llama.cpp capture places ggml's float32 tensors into a float32 probe: a float64
+    one doubled the logits (2 x 128 x 262144 at Gemma 3 270M's vocab: 0.5 GB), the
+    270M-class batched run's peak. The values placed are the tensor's, exactly."""
+    from harness.families._lc_capture import LcPoint
+    from harness.refs.llamacpp import assemble
+
+    calls = [[(0, 0, 0), (0, 0, 1)], [(0, 1, 0), (0, 1, 1)]]  # (token, position, sequence)
+    rng = np.random.default_rng(0)
+    arrays = {f"c{i}": rng.standard_normal((1, 1, 2, 5)).astype(np.float32) for i in range(2)}
+    index = [{"name": "result_output", "call": i, "occ": 0, "key": f"c{i}", "op": "MUL_MAT"} for i in range(2)]
+    out = assemble(arrays, index, calls, 2, 2, "result_output", LcPoint("result_output", "last", "rows"))
+    assert out.dtype == np.float32 and out.shape == (2, 2, 5)
+    assert np.array_equal(out[1, 0], arrays["c0"][0, 0, 1]) and np.array_equal(out[0, 1], arrays["c1"][0, 0, 0])
+
+
 def test_a_capture_over_the_cache_limit_is_used_then_removed(tmp_path, monkeypatch):
     from harness import cache
 
@@ -248,6 +280,26 @@ def test_estimate_grows_with_tokens_and_shrinks_with_a_selection():
     fewer = est(tokens=2048, selection=Selection.of("0", "q_rope", 2))
     assert fewer.parts["layer probes"] < long.parts["layer probes"] / 10
     assert fewer.disk < long.disk / 2
+
+
+def test_estimate_counts_the_logits_each_side_holds():
+    """The logits (seqs x tokens x vocab) in HF's compute type and in the float64
+    oracle's, twice under a final softcap (its temporary), and llama.cpp's assembled
+    in float32: at Gemma 3 270M's vocab they were the 270M-class run's peak."""
+    from harness import budget
+
+    r = _case_run("gemma2", overrides=(("vocab_size", 4096),))
+    n = 2 * 64 * 4096
+    est = lambda: budget.estimate(r.family, r.config, r.layer_cfgs, tokens=64, seqs=2,  # noqa: E731
+                                  dtype="float32", refs=["hf", "llamacpp"])
+    e = est()
+    assert r.config.final_logit_softcapping
+    assert e.phases["hf float64"] >= e.parts["float64 module"] + 2 * n * 8
+    assert e.phases["hf capture"] >= 2 * n * 4
+    assert e.phases["llama.cpp capture"] >= n * 4
+    r.config.final_logit_softcapping = None
+    budget._COUNTS.clear()
+    assert e.phases["hf float64"] - est().phases["hf float64"] == n * 8
 
 
 @pytest.mark.usefixtures("need_llamacpp")

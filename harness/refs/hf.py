@@ -259,7 +259,12 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     if meta is not None and fp is not None:
         meta["float64_kept_float32"] = sorted(set(fp.kept_float32))
     if out is not None and want_probe("logits"):
-        got["logits"] = _to_np(out.logits)
+        # no float64 copy of the largest probe: float32 logits (seqs x tokens x vocab, 1 GB
+        # at vocab 262144 in float64) go to the sink as they are, a float64 run's as a view
+        logits = out.logits.detach().cpu()
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()  # bfloat16 / float16: widened exactly, numpy has no bfloat16
+        got["logits"] = logits.numpy()
     del out
     # probes that are views of tensors HF computes with but exposes only inside
     # another (MLA: the rope slices of the query and key the attention function reads)

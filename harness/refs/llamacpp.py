@@ -220,6 +220,13 @@ def _pick(occ: list[dict], how: str) -> dict | None:
     raise ValueError(f"unknown occurrence pick {how!r}")
 
 
+def _wide(a: np.ndarray):
+    """The type a probe is assembled in: the tensor's own (ggml's float32 read back), at
+    least float32 -- placing values is exact, and a float64 array of the logits would be
+    the capture's largest allocation (2 x 128 x 262144 doubles: 0.5 GB)."""
+    return np.result_type(a.dtype, np.float32)
+
+
 def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, name: str, point) -> np.ndarray | None:
     """One probe over the whole run: ``[seqs, tokens, ...]`` (rows / heads) or
     ``[seqs, heads, tokens, tokens]`` (probs), placed by (sequence, position)."""
@@ -244,7 +251,7 @@ def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, nam
             if n_kv <= last:
                 raise RuntimeError(f"{name}: {n_kv} KV cells hold fewer than the {last + 1} positions of this call")
             if out is None:
-                out = np.zeros((n_seq, n_head, n_tok, n_tok))
+                out = np.zeros((n_seq, n_head, n_tok, n_tok), dtype=_wide(a))
             per_stream = len(call) // n_stream
             for j, (_, pos, seq) in enumerate(call):
                 stream, row = (j // per_stream, j % per_stream) if n_stream > 1 else (0, j)
@@ -271,7 +278,7 @@ def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, nam
         if flat.shape[0] != len(call):
             raise RuntimeError(f"{name}: {flat.shape[0]} rows for a call of {len(call)} tokens")
         if out is None:
-            out = np.zeros((n_seq, n_tok, *flat.shape[1:]))
+            out = np.zeros((n_seq, n_tok, *flat.shape[1:]), dtype=_wide(flat))
         for j, (_, pos, seq) in enumerate(call):
             out[seq, pos] = flat[j]
     return out
