@@ -47,8 +47,10 @@ def quantize(src: Path, weight_type: str) -> Path:
     # under a temporary name unique to this writer, renamed into place (harness/atomic.py):
     # two workers quantizing one key never see each other's half-written file
     with atomic_path(out, suffix=".gguf") as tmp:
+        from .llamacpp import worker_env
+
         proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp)], capture_output=True, text=True,
-                              timeout=600, cwd=str(ROOT))
+                              timeout=600, cwd=str(ROOT), env=worker_env())
         if proc.returncode != 0 or not tmp.exists() or tmp.stat().st_size == 0:
             tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-3:] if line.strip())
             raise RuntimeError(f"llama_model_quantize to {weight_type} failed (exit {proc.returncode}): {tail}")

@@ -46,6 +46,18 @@ def available() -> bool:
     return True
 
 
+def worker_env() -> dict:
+    """The environment of every llama.cpp subprocess: this checkout importable, and
+    no backtrace on abort -- ggml_abort's ggml_print_backtrace (ggml/src/ggml.c)
+    attaches gdb to the aborting process where gdb is installed, which under load
+    held an aborting worker past its timeout (an error reading "timed out after
+    302 s" instead of the abort's signal 6 and its GGML_ASSERT line)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["GGML_NO_BACKTRACE"] = "1"
+    return env
+
+
 def require() -> None:
     if not available():
         raise LlamaCppUnavailable(
@@ -77,9 +89,8 @@ def tokenize(gguf_path, text: str) -> list[int]:
     the ids every side of a ``--prompt`` case then takes. In a subprocess, as
     every llama.cpp call here."""
     require()
-    env = dict(os.environ)
     proc = subprocess.run([sys.executable, "-c", _TOKENIZE, str(gguf_path)], input=text.encode(),
-                          capture_output=True, timeout=120, env=env)
+                          capture_output=True, timeout=120, env=worker_env())
     ids = json.loads(proc.stdout or b"null") if proc.returncode == 0 else None
     if not ids:
         lines = [x for x in (proc.stderr or b"").decode(errors="replace").strip().splitlines() if "what()" in x]
@@ -180,11 +191,9 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
     with tempfile.TemporaryDirectory(prefix="conformance-lc-") as d:
         rp, op = Path(d) / "req.json", Path(out_dir) if out_dir is not None else Path(d) / "out"
         rp.write_text(json.dumps(req))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         try:
             proc = subprocess.run([sys.executable, "-m", WORKER_MODULE, str(rp), str(op)],
-                                  capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
+                                  capture_output=True, text=True, timeout=timeout, env=worker_env(), cwd=str(ROOT))
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"llama.cpp capture timed out after {timeout}s") from None
         if proc.returncode != 0:
