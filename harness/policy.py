@@ -114,7 +114,9 @@ class Policy:
         switches a feature on cannot switch its excuse on -- and only up to the
         finding's measured size (``max_nmse``)."""
         for f in self.findings:
-            if f.get("family", family) != family:
+            fam = f.get("family", family)
+            # a list: one disagreement of several families' llama.cpp archs (the same cause)
+            if (family not in fam) if isinstance(fam, list) else fam != family:
                 continue
             if f.get("candidate", candidate) != candidate or f.get("reference", reference) != reference:
                 continue
@@ -225,6 +227,11 @@ def load_policy(path: str | Path | None = None) -> Policy:
                                  f"number, got {v!r}")
         if not str(f.get("reason", "")).strip() or "family" not in f:
             raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason (finding #{n})")
+        fam = f["family"]
+        if not (isinstance(fam, str) and fam) and not (
+                isinstance(fam, list) and fam and all(isinstance(x, str) and x for x in fam)):
+            raise UsageError(f"tolerance policy {p}: finding #{n} family must be a family name or a list of them, "
+                             f"got {fam!r}")
         if "candidate" not in f or "reference" not in f:
             raise UsageError(f"tolerance policy {p}: finding #{n} ({f['family']}) must name its pair "
                              "(candidate and reference)")

@@ -84,14 +84,34 @@ LLAMA3 = (("rope_parameters", {"rope_type": "llama3", "rope_theta": 10000.0, "fa
                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),)
 
 
-def test_llama3_rope_scaling_reaches_llamacpp_as_rope_freqs(policy, monkeypatch):
-    rows = run(policy, family="llama", ref="all", overrides=LLAMA3)
+@pytest.mark.parametrize("family", ["llama", "granite"])
+def test_llama3_rope_scaling_reaches_llamacpp_as_rope_freqs(policy, monkeypatch, family):
+    """granite: GraniteModel is a LlamaModel, so the converter writes rope_freqs and
+    granite.cpp reads it; the export left it out, and every granite case with llama3
+    RoPE failed impl vs llama.cpp at q_rope."""
+    rows = run(policy, family=family, ref="all", overrides=LLAMA3)
     assert all(r["status"] in ("pass", "not-exposed") for r in rows)
     assert "rope_scaling" in rows[0]["features"]
     # without the converter's rope_freqs tensor llama.cpp rotates unscaled: caught at q_rope
     from harness.families import llama
 
     monkeypatch.setattr(llama, "llama3_rope_factors", lambda config: None)
-    rows = run(policy, family="llama", ref="llamacpp", overrides=LLAMA3, seed=5)
+    rows = run(policy, family=family, ref="llamacpp", overrides=LLAMA3, seed=5)
     st = {(r["layer"], r["probe"]): r["status"] for r in rows}
     assert st[(0, "q")] == "pass" and st[(0, "q_rope")] == "fail"
+
+
+@pytest.mark.parametrize("family,written", [("llama", True), ("granite", True), ("smollm3", True), ("afmoe", True),
+                                            ("llama4", True), ("olmo", False), ("qwen2", False), ("olmo2", False)])
+def test_the_export_writes_rope_freqs_where_the_converter_does(family, written):
+    """convert_hf_to_gguf writes llama3 scaling as rope_freqs in LlamaModel and its
+    subclasses only (conversion/llama.py generate_extra_tensors; granite, smollm3,
+    afmoe and llama4 derive from it, olmo / qwen2 / olmo2 are plain TextModels) --
+    whether or not the arch's graph then reads it: the file is the one users get."""
+    from harness.families import get
+
+    fam = get(family)
+    config = fam.make_config(dict(LLAMA3))
+    model = fam.build_model(config, 0, "float32")
+    names = {n for n, _ in fam.gguf_tensors(model, config)}
+    assert ("rope_freqs.weight" in names) == written

@@ -410,3 +410,41 @@ def test_the_worker_reports_its_own_peak_not_the_harness_at_spawn():
     own = float(out)
     assert 0 < own < 0.3, own  # not the 0.6 GB RUSAGE_CHILDREN reports for it on Linux
     del ballast
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 128, 256])
+def test_the_rope_term_covers_ggmls_angle_recurrence_at_every_head_dim(head_dim):
+    """ggml-cpu's rope cache builds pair i's angle as pos * theta_scale^i by i float32
+    multiplications (ops.cpp ggml_rope_cache_init), theta_scale = powf(base, -2/d)
+    rounded once: an error growing with the pair, of a size set by how powf rounded
+    (so by the machine's libm). Simulated here with theta_scale and its two float32
+    neighbours (a libm one ulp off), at 2048 positions: the angle's mean square error
+    must sit under the
+    nmse term's allowance (harness/scaling.py), which it did not at head_dim 128 under
+    the term without (1 + pair) -- the false alarm of the 2048-token bench."""
+    from types import SimpleNamespace
+
+    from harness import scaling
+
+    base, n, u = 10000.0, 2048, scaling.EPS["float32"]
+    inv = base ** (-np.arange(0, head_dim, 2) / head_dim)
+    exact = np.arange(n)[:, None] * inv[None, :]
+    size = scaling.rope_size(SimpleNamespace(rope=SimpleNamespace(inv_freq=inv)), n)
+    from harness.policy import DEFAULT_POLICY, load_policy
+
+    coef = load_policy(DEFAULT_POLICY).dtypes["float32"]["default"]["rope_nmse"]
+    allowed = coef * u * u * size.mean_sq
+    ts0 = np.float32(np.power(np.float32(base), np.float32(-2.0 / head_dim)))
+    old_term = 4.0 * u * u * float(np.mean(exact ** 2))  # the earlier term, at its coefficient
+    worst = 0.0
+    for ts in (np.nextafter(ts0, np.float32(0)), ts0, np.nextafter(ts0, np.float32(1))):
+        th, cols = np.arange(n, dtype=np.float32), []
+        for _ in range(head_dim // 2):
+            cols.append(th)
+            th = (th * ts).astype(np.float32)
+        err = np.mean((np.stack(cols, 1).astype(np.float64) - exact) ** 2)
+        # a correctly rounded powf keeps 4x; a libm one ulp off still fits
+        assert err <= (allowed / 4 if ts == ts0 else allowed), (head_dim, float(ts), err / allowed)
+        worst = max(worst, err)
+    if head_dim == 128:
+        assert worst > old_term  # what the earlier term allowed: a false alarm

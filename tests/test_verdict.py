@@ -228,3 +228,34 @@ reason = "a bad bound"
     with pytest.raises(UsageError, match="must be a positive number"):
         load_policy(p)
 
+
+
+@pytest.mark.parametrize("family", ['""', "[]", '["qwen2", 3]', "7"])
+def test_a_finding_family_that_is_not_names_is_refused(tmp_path, family):
+    p = tmp_path / "bad.toml"
+    p.write_text(DEFAULT_POLICY.read_text() + f'''
+[[finding]]
+family = {family}
+candidate = "llamacpp"
+reference = "hf"
+reason = "a bad family"
+''')
+    with pytest.raises(UsageError, match="family must be a family name or a list"):
+        load_policy(p)
+
+
+def test_a_finding_for_several_families_excuses_those_only():
+    """The llama3-RoPE finding names every family whose converter writes no rope_freqs
+    and whose llama.cpp graph reads none; llama and granite (LlamaModel converters,
+    graphs that read rope_freqs) must agree with HF, so they are not excused."""
+    from tests.conftest import finding
+
+    pol = load_policy(DEFAULT_POLICY)
+    l3 = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}
+    for fam in ("qwen2", "olmo2", "starcoder2", "qwen3"):
+        assert finding(pol, fam, "impl", "llamacpp", "q_rope", l3, nmse=0.9), fam
+        assert finding(pol, fam, "llamacpp", "hf", "attn_out", l3, nmse=0.1), fam
+        assert not finding(pol, fam, "impl", "llamacpp", "q_rope", None, nmse=0.9), fam  # default RoPE: none
+    for fam in ("llama", "granite"):
+        assert not finding(pol, fam, "impl", "llamacpp", "q_rope", l3, nmse=0.9), fam

@@ -13,6 +13,12 @@ class GGUFExport:
 
     # The llama.cpp architecture the GGUF export writes (None: no llama.cpp reference).
     gguf_arch: str | None = None
+    # The converter writes llama3 RoPE scaling as a rope_freqs tensor: LlamaModel and its
+    # subclasses do (conversion/llama.py LlamaModel.generate_extra_tensors), other
+    # TextModels never (conversion/base.py: generate_extra_tensors returns nothing).
+    # Written or not, as the converter does: an arch that reads no rope_freqs then
+    # refuses the file (llama-model.cpp done_getting_tensors), as it refuses a user's.
+    converter_rope_freqs = False
 
     def gguf_params(self, w, config, variant: str | None = None) -> None:
         """The metadata llama.cpp reads for the arch: conversion/base.py
@@ -90,6 +96,12 @@ class GGUFExport:
                 if new is None:
                     raise ValueError(f"{self.name}: no GGUF name for HF tensor {hf_name!r}")
                 yield new, out
+        if self.converter_rope_freqs:
+            from .llama import llama3_rope_factors
+
+            factors = llama3_rope_factors(config)
+            if factors is not None:
+                yield "rope_freqs.weight", factors
 
 
 def gguf_size_params(w, config, head_count_kv: bool = True) -> None:

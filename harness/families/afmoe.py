@@ -78,6 +78,7 @@ class Afmoe(LlamaLike):
         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     gguf_arch = "afmoe"
+    converter_rope_freqs = True  # conversion/afmoe.py AfmoeModel(LlamaModel): afmoe.cpp then reads none
     extra_settable = ("route_norm",)
     # AfmoeExperts.forward's own loop; the default grouped_mm kernel refuses float64
     experts_implementation = "eager"

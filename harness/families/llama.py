@@ -140,6 +140,7 @@ class PermutedQK(LlamaLike):
     the permutation on llama.cpp's Q and K (see the module docstring)."""
 
     permute_qk = True  # what the converter does; tests break it to show the capture notices
+    converter_rope_freqs = True  # LlamaModel.generate_extra_tensors
 
     def gguf_transform(self, name, data, config):
         # conversion/llama.py LlamaModel.modify_tensors (undo_permute): q rows by
@@ -169,11 +170,6 @@ class Llama(PermutedQK):
     )
     gguf_arch = "llama"
 
-    def gguf_tensors(self, model, config, variant=None):
-        yield from super().gguf_tensors(model, config, variant)
-        factors = llama3_rope_factors(config)
-        if factors is not None:
-            yield "rope_freqs.weight", factors
 
 
 # The wo_scale variant's per-tensor scale (see the module docstring).

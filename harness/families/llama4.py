@@ -90,6 +90,7 @@ class Llama4(LlamaLike):
         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     gguf_arch = "llama4"
+    converter_rope_freqs = True  # conversion/llama.py Llama4Model(LlamaModel); llama4.cpp reads it
     extra_settable = ()
 
     def init_value(self, name, p, r):

@@ -53,6 +53,8 @@ class Olmo(Llama):
     )
     gguf_arch = "olmo"
     write_clamp = True  # what the converter does; a test switches it off
+    # conversion/olmo.py OlmoModel is a TextModel: llama's permute, but no rope_freqs
+    converter_rope_freqs = False
     # olmo.cpp sizes wq / wo as n_embd x n_embd: head_dim is hidden // heads
     extra_settable = ()
 
