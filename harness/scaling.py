@@ -27,7 +27,8 @@ angles in (float32 for llama.cpp and for HF below float64; float64 for HF at
 float64, refs/hf_float64.py); ``rope_nmse = 8`` is the worst case of the
 systematic error above for a ``powf`` up to one ulp off (``theta_scale``'s
 relative error up to 1.7 u, so pair ``i`` errs up to 2.7 u i: 2.7^2 = 7.3),
-whatever libm the machine has. And ``atol`` itself is absolute at unit scale: ``max_abs <= atol *
+whatever libm the machine has; per element the same worst case is 2.7 u (1 + i)
+p inv_freq_i |x|, under ``rope_atol = 4`` times the max term. And ``atol`` itself is absolute at unit scale: ``max_abs <= atol *
 max(1, max|ref|)``, since real checkpoints' activations are not the O(1)
 values of a seeded tiny model.
 

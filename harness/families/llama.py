@@ -171,7 +171,6 @@ class Llama(PermutedQK):
     gguf_arch = "llama"
 
 
-
 # The wo_scale variant's per-tensor scale (see the module docstring).
 WO_SCALE = 0.37
 _WO = re.compile(r"blk\.\d+\.attn_output\.weight")
