@@ -29,8 +29,9 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from impl.trace import LAYER_PROBES
+from contract.probes import LAYER_PROBES
 
+from . import references
 from .verdict import FAILING  # noqa: E402  (one definition of what fails)
 _ORDER = {p: i for i, p in enumerate(LAYER_PROBES)}
 
@@ -132,8 +133,10 @@ def switches_for(case, run, features=None) -> tuple[dict[str, Switch], dict[str,
     for tag, ms in fam.model_switches(run.config).items():
         if tag not in feats or tag in found:
             continue
-        if ms.hf_only and case.refs != ["hf"]:
-            unusable[tag] = f"{ms.what}: HF only, and the case also compares against llama.cpp"
+        blind = [r for r in case.refs if not references.get(r).sees_modules]
+        if ms.hf_only and blind:
+            unusable[tag] = (f"{ms.what}: a module switch only the model's own modules see, and the case also "
+                             f"compares against {', '.join(references.get(r).label for r in blind)}")
             continue
         found[tag] = Switch(tag, "module" if ms.hf_only else "weights", ms.what)
     usable = {}

@@ -15,7 +15,7 @@ is a sum of parts, each named, so a refusal can say what is big:
   float16 case adds its copy in that type;
 - ``float64 module``: HF in float64 (a float64 case's reference, the float64
   oracle of a lower-precision one) is computed module by module
-  (refs/hf_float64.py ``promoted``): its cost is the largest decoder layer,
+  (references/hf/float64.py ``promoted``): its cost is the largest decoder layer,
   embedding or output head in float64, not the model;
 - ``forward``: HF's activations of one layer in the compute type, the eager
   attention's ``heads x tokens x tokens`` scores, probabilities and their
@@ -48,7 +48,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .refs.ggml_types import is_quantized
+from harness.gguf.types import is_quantized
 
 GB = 2**30
 # the config keys families name their position limit by, in the order they are read
@@ -159,12 +159,54 @@ def _layer_dims(lc) -> tuple[int, int, int, int, int]:
     return hidden, h, hkv, d, dv
 
 
+@dataclass
+class EstimateContext:
+    """What a reference's ``estimate`` reads of the case (harness/references)."""
+
+    pc: "ParamCounts"
+    seqs: int
+    tokens: int
+    vocab: int
+    dims: list
+    hmax: int
+    inter: int
+    hf_dtype: str
+    gguf_type: str
+    want_logits: bool
+    softcap: bool
+    largest_probe: int
+    probs: int
+
+    @staticmethod
+    def bytes(dtype: str) -> int:
+        return _BYTES.get(dtype, 4)
+
+    def forward(self, b: int) -> int:
+        """One layer's activations, the eager attention, and the logits read back."""
+        hidden = max((d[0] for d in self.dims), default=0)
+        return self.seqs * self.tokens * (4 * hidden + 3 * self.inter) * b + 3 * self.probs * b
+
+    def logits(self, b: int) -> int:
+        """HF's logits in compute type ``b``: the output head's result and, under a final
+        softcap, the one temporary beside it (modeling_gemma2 Gemma2ForCausalLM.forward:
+        ``logits / cap``, ``tanh``, ``* cap``, each a new tensor); a bfloat16 / float16
+        result is read back widened to float32 (references/hf/capture.py capture); float32 and float64
+        go to the store as they are."""
+        if not self.want_logits:
+            return 0
+        n = self.seqs * self.tokens * self.vocab
+        return n * b * (2 if self.softcap else 1) + (n * 4 if b < 4 else 0)
+
+
 def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs: list[str],
              hf_dtype: str | None = None, oracle: bool = True, selection=None, gguf_type: str = "f32") -> Estimate:
     """What one case will hold: ``Estimate.parts`` (bytes) and the peak.
     ``hf_dtype``: what HF computes in (default: the case's dtype); ``oracle``: the
-    float64 oracle runs (a comparison against HF below float64); ``selection``: the
-    ``harness.select.Selection`` (None: every layer and probe)."""
+    float64 oracle runs (a comparison against the oracle reference below float64);
+    ``selection``: the ``harness.select.Selection`` (None: every layer and probe).
+    Each reference adds its own parts (``Reference.estimate``)."""
+    from . import references
+
     pc = param_counts(family, config)
     hf_dtype = hf_dtype or dtype
     s, t = int(seqs), int(tokens)
@@ -182,59 +224,35 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
     keep_probs = selection is None or selection.probe("attn_probs")
     layer_probe = max((rows(i) + (probs if keep_probs else 0) for i in layers), default=0)
     largest_probe = max([probs if keep_probs else 0] + [s * t * dims[i][0] for i in layers] + [0])
+    ctx = EstimateContext(pc, s, t, vocab, dims, hmax, inter, hf_dtype, gguf_type,
+                          selection is None or selection.probe("logits"),
+                          bool(getattr(config, "final_logit_softcapping", None)), largest_probe, probs)
+    mine = [references.get(r) for r in refs]
 
     parts: dict[str, int] = {"weights": pc.total * 4}
     if dtype in ("bfloat16", "float16"):
         parts["weights copy"] = pc.total * _BYTES[dtype]
     if family.gguf_arch and is_quantized(gguf_type):
         # every side computes on the quantized file's weights, dequantized into a float32
-        # copy of the model held beside the float one it was exported from (CaseRun.base_model)
+        # copy of the model held beside the float one it was exported from (Build.base_model)
         parts["dequantized copy"] = pc.total * 4
-    f64 = hf_dtype == "float64" or (oracle and "hf" in refs)
+    f64 = hf_dtype == "float64" or (oracle and any(r.oracle for r in mine))
     parts["float64 module"] = pc.largest_module * 8 if f64 else 0
-
-    def forward(b):  # one layer's activations, the eager attention, and the logits read back
-        hidden = max((d[0] for d in dims), default=0)
-        return s * t * (4 * hidden + 3 * inter) * b + 3 * probs * b
-
-    want_logits = selection is None or selection.probe("logits")
-    softcap = bool(getattr(config, "final_logit_softcapping", None))
-
-    def logits(b):
-        """HF's logits in compute type ``b``: the output head's result and, under a final
-        softcap, the one temporary beside it (modeling_gemma2 Gemma2ForCausalLM.forward:
-        ``logits / cap``, ``tanh``, ``* cap``, each a new tensor); a bfloat16 / float16
-        result is read back widened to float32 (refs/hf.py capture); float32 and float64
-        go to the store as they are."""
-        if not want_logits:
-            return 0
-        n = s * t * vocab
-        return n * b * (2 if softcap else 1) + (n * 4 if b < 4 else 0)
-
-    hf_b = _BYTES.get(hf_dtype, 4)
-    parts["forward"] = forward(hf_b) if "hf" in refs else 0
-    parts["logits"] = max(logits(hf_b) if "hf" in refs else 0, logits(8) if f64 else 0)
+    # every reference's parts are named, 0 for those the case does not run (meta.json's plan)
+    estimates = [(r.estimate(ctx), r in mine) for r in references.registry().values()]
+    for e, runs in estimates:
+        for k, v in e["parts"].items():
+            parts[k] = max(parts.get(k, 0), v if runs else 0)
+    parts["logits"] = max(parts.get("logits", 0), ctx.logits(8) if f64 else 0)
     # impl's layer probes (float64) + the references' probe of the moment + the metric temporaries
     parts["layer probes"] = 8 * layer_probe + 6 * 8 * min(largest_probe, _CHUNK)
-    lc_bytes = 0
-    if "llamacpp" in refs:
-        n_ctx = max(256, -(-t // 256) * 256)
-        kv = s * n_ctx * sum(d[2] * (d[3] + d[4]) for d in dims) * 4
-        compute = 4 * (s * hmax * (t // 2 + 1) * n_ctx * 2 + s * t * vocab)
-        gguf = pc.gguf_bytes if gguf_type == "f32" else pc.gguf_bytes // 2
-        # the worker's peak; its probes are then assembled in the parent, one at a time,
-        # in ggml's float32 (refs/llamacpp.py assemble): the logits are the largest
-        lc_bytes = max(gguf + kv + compute, 4 * max(s * t * vocab if want_logits else 0, largest_probe))
-    parts["llama.cpp"] = lc_bytes
-    phases = {
-        "build": pc.largest_tensor * 8 * 2,
-        "gguf export": pc.largest_tensor * 4 * 2 if "llamacpp" in refs else 0,
-        "llama.cpp capture": lc_bytes,
-        "hf capture": parts["forward"] + (logits(hf_b) if "hf" in refs else 0),
-        "hf float64": parts["float64 module"] + (forward(8) + logits(8) if f64 else 0),
-        "compare": parts["layer probes"],
-    }
-    disk_per_ref = sum(rows(i) + (probs if keep_probs else 0) for i in layers) * 4 + (s * t * vocab * 4 if want_logits else 0)
+    phases = {"build": pc.largest_tensor * 8 * 2}
+    for e, runs in estimates:
+        for k, v in e["phases"].items():
+            phases[k] = max(phases.get(k, 0), v if runs else 0)
+    phases["hf float64"] = parts["float64 module"] + (ctx.forward(8) + ctx.logits(8) if f64 else 0)
+    phases["compare"] = parts["layer probes"]
+    disk_per_ref = sum(rows(i) + (probs if keep_probs else 0) for i in layers) * 4 + (s * t * vocab * 4 if ctx.want_logits else 0)
     n_caps = len(refs) + (1 if f64 else 0)
     return Estimate(parts, phases, disk_per_ref * n_caps)
 
@@ -295,13 +313,16 @@ def plan(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs
 
     budget = available() if budget is None else budget
     kw = dict(tokens=tokens, seqs=seqs, dtype=dtype, refs=refs, selection=selection, gguf_type=gguf_type)
-    wants_oracle = "hf" in refs and dtype != "float64"
+    from . import references
+
+    oracle_ref = any(references.get(r).oracle for r in refs)
+    wants_oracle = oracle_ref and dtype != "float64"
     tries = [(dtype, wants_oracle, ())]
     if wants_oracle:
         tries.append((dtype, False, ("the float64 oracle was skipped: HF's float64 run of one module would not fit "
                                      "in memory; impl is judged against HF directly at the float32 bound scaled to "
                                      "the case",)))
-    if dtype == "float64" and "hf" in refs:
+    if dtype == "float64" and oracle_ref:
         tries.append(("float32", False, ("HF ran in float32, not float64: its float64 run of one module would not "
                                          "fit in memory; impl is judged against it at the float32 bound scaled to "
                                          "the case",)))
@@ -332,7 +353,7 @@ def usage() -> dict:
     scripts/bench_real_size.py reports against the estimate."""
     import resource
 
-    from .refs import llamacpp
+    from harness.references.llamacpp import capture as llamacpp
 
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     # the workers' own peaks (VmHWM, reported by each worker): RUSAGE_CHILDREN's maxrss

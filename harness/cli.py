@@ -74,7 +74,7 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf-type", default="f32",
                    help="weight type of the GGUF the family's export is written as: f32, f16, bf16, or any "
                         "llama_model_quantize type (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m, q4_k_m, q5_k_m, "
-                        "q6_k, iq4_xs, iq4_nl ...; see harness/refs/ggml_types.py); HF and impl then run on "
+                        "q6_k, iq4_xs, iq4_nl ...; see harness/gguf/types.py); HF and impl then run on "
                         "the file's dequantized weights")
     p.add_argument("--hf-model", metavar="PATH", help="a local HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--gguf", metavar="PATH", help="a GGUF file: compare impl against llama.cpp on it")
@@ -102,10 +102,12 @@ def case_from_args(a):
         raise UsageError("--family is required (or --hf-model PATH / --gguf PATH); see `conformance list`")
     family = a.family
     if a.hf_model and not family:
-        from .refs.checkpoint import family_of
+        from harness.checkpoint import family_of
 
         family = family_of(a.hf_model)
-    ref = a.ref if a.ref is not None else ("llamacpp" if a.gguf else "hf")
+    from . import references
+
+    ref = a.ref if a.ref is not None else references.default(file=bool(a.gguf))
     return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
@@ -167,10 +169,11 @@ def cmd_list(a) -> int:
     from impl.backend import BACKENDS, DEVICES, DTYPES
     from impl.kv import KV_MODES
     from .schedule import SCHEDULES
-    from impl.trace import LAYER_PROBES, MODEL_PROBES
+    from contract.probes import LAYER_PROBES, MODEL_PROBES
 
     from . import catalog, families
-    from .case import GGUF_TYPES, REF_CHOICES
+    from . import references
+    from .case import GGUF_TYPES
 
     reg = families.registry()
     feats = catalog.family_features(reg, catalog.say_stderr) if a.features else {}
@@ -185,7 +188,7 @@ def cmd_list(a) -> int:
         for v in catalog.variants(fam) if feats else ():
             label = f"features ({v})" if v else "features"
             print(f"{pad}{label}: {', '.join(feats[name][v or ''])}")
-    print(f"references (--ref): {', '.join(REF_CHOICES)}")
+    print(f"references (--ref): {', '.join(references.choices())}")
     from . import candidates
 
     print("candidates (--candidate; entry points of the group attn_conformance.candidates; or dump:DIR):")

@@ -13,20 +13,8 @@ import math
 
 import numpy as np
 
-# The axes of each canonical probe, for naming the worst element.
-AXES = {
-    "q": ("seq", "tok", "head", "ch"),
-    "k": ("seq", "tok", "head", "ch"),
-    "v": ("seq", "tok", "head", "ch"),
-    "q_rope": ("seq", "tok", "head", "ch"),
-    "k_rope": ("seq", "tok", "head", "ch"),
-    "q_pe": ("seq", "tok", "head", "ch"),  # MLA (impl.mla); k_pe, q_latent, kv_latent are rows
-    "q_absorbed": ("seq", "tok", "head", "ch"),
-    "attn_probs": ("seq", "head", "tok", "key"),
-    "attn_heads": ("seq", "tok", "head", "ch"),
-    "logits": ("seq", "tok", "vocab"),
-}
-ROW_AXES = ("seq", "tok", "ch")
+from contract.probes import axes as probe_axes
+
 METRIC_KEYS = ("max_abs", "max_rel", "mean_abs", "rmse", "nmse", "cosine", "worst", "min_atol", "finite")
 
 
@@ -115,9 +103,7 @@ def metrics(cand: np.ndarray, ref: np.ndarray, probe: str = "") -> dict:
 
 
 def _name_index(idx: tuple, probe: str) -> str:
-    axes = AXES.get(probe, ROW_AXES if len(idx) == 3 else tuple(f"d{i}" for i in range(len(idx))))
-    if len(axes) != len(idx):
-        axes = tuple(f"d{i}" for i in range(len(idx)))
+    axes = probe_axes(probe, len(idx))  # the probe vocabulary's own names (contract.probes)
     return ",".join(f"{n}={i}" for n, i in zip(axes, idx))
 
 

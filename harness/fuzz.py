@@ -33,7 +33,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from . import references
 from .case import Case
+
+
+def _module_reference() -> str:
+    """The reference that runs the model's own modules (HF): the one a setting
+    only it can express is judged against."""
+    return next(r.name for r in references.registry().values() if r.sees_modules)
 
 # ---------------------------------------------------------------- the three-way space
 # Per family: the knobs the fuzzer may turn, each a name the drawing code below
@@ -145,9 +152,11 @@ def case_strategy(family_names: list[str], ref: str = "all"):
         page_size = draw(st.integers(1, 6)) if kv == "paged" else 4
         seed = draw(st.integers(0, 3))
         backend = draw(st.sampled_from(("numpy", "torch")))
-        r = "hf" if hf_only else ref
+        # a setting only the reference that runs the model's own modules can express
+        # (HF) is judged against it alone
+        r = _module_reference() if hf_only else ref
         if variant == "naive" and getattr(fam, "lc_naive_unsupported", None):
-            r = "hf"  # llama.cpp has no graph for this form of the arch (the family says why)
+            r = _module_reference()  # llama.cpp has no graph for this form of the arch (the family says why)
         return Case(family=name, ref=r, backend=backend, kv=kv, schedule=schedule, seed=seed, tokens=tokens,
                     seqs=None if kv == "decode" else seqs, overrides=tuple(sorted(ov.items())), variant=variant,
                     page_size=page_size, evict=evict)
@@ -515,8 +524,9 @@ def run_three_way(case: Case, policy) -> Outcome:
         from .bisect import first_divergence
 
         d, who = first_divergence(rows), "impl"
-        if d is None:
-            d, who = first_divergence(rows, candidate="llamacpp"), "llamacpp"
+        for other in references.names()[1:]:  # a reference judged against the first
+            if d is None:
+                d, who = first_divergence(rows, candidate=other), other
         r = bad[0] if d is None else {**d, "candidate": who}
         why = (f"{len(bad)} failing rows; first: {r.get('candidate')} vs {r.get('reference')} L{r.get('layer')} "
                f"{r.get('probe')}: {r.get('status')} {str(r.get('reason', ''))[:200]}")

@@ -18,6 +18,12 @@ _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "co
 _MISSING = object()
 
 
+def _reference_names() -> tuple[str, ...]:
+    from . import references
+
+    return references.names()
+
+
 def config_value(config, dotted: str):
     """A value of the reference's own config by dotted path (``rope_parameters.truncate``,
     ``attn_config.alibi_bias_max``: a table or an attribute at each step)."""
@@ -58,7 +64,7 @@ def config_matches(config, conditions: dict) -> bool:
 def dataflow_position(layer: int | None, probe: str) -> tuple:
     """Where a probe sits in the model's dataflow: model-level ``embeddings``
     first, then layer by layer in probe order, then ``final_norm`` / ``logits``."""
-    from impl.trace import LAYER_PROBES
+    from contract.probes import LAYER_PROBES
 
     if layer is None or layer < 0:
         return (-1, 0) if probe == "embeddings" else (float("inf"), 0)
@@ -84,7 +90,7 @@ def _parse_point(text: str) -> tuple:
 def comparison_dtype(a: str, b: str) -> str:
     """The less precise of two sides (f16 and bf16 count as equally coarse; a
     quantized weight type is coarser than both)."""
-    # quantized weights: the type ggml quantizes the activations to (harness/refs/ggml_types.py
+    # quantized weights: the type ggml quantizes the activations to (harness/gguf/types.py
     # activation_dtype); a 256-wide Q8_K block is coarser than a 32-wide Q8_0 / Q8_1 one
     # ggml_<act>: impl with ggml's activation rounding reproduced (the oracle) against
     # llama.cpp -- float32 summation order is what is left, coarser than float32 only just
@@ -237,7 +243,7 @@ def load_policy(path: str | Path | None = None) -> Policy:
                              "(candidate and reference)")
         # an excuse of a candidate (impl or another engine, not a reference) is bounded: the
         # reference config it holds under, the probes it names, the size it was measured at
-        if f["candidate"] not in ("hf", "llamacpp") and (
+        if f["candidate"] not in _reference_names() and (
                 not any(k in f for k in ("max_nmse", "max_nmse_per_token", "max_nmse_per_layer"))
                 or not f.get("probes") or not isinstance(f.get("config"), dict) or not f["config"]):
             raise UsageError(f"tolerance policy {p}: finding #{n} ({f['family']}, {f['candidate']} vs "

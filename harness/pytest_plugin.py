@@ -77,14 +77,17 @@ class CaseItem(pytest.Item):
         from .report import case_table
         from .views import FAILING, case_status
 
-        if "llamacpp" in self.case.refs:
-            from .refs.llamacpp import available
+        from . import references
 
-            if not available():
-                if os.environ.get("CONFORMANCE_ALLOW_NO_LLAMACPP") == "1":
-                    pytest.skip("llama-cpp-python missing and CONFORMANCE_ALLOW_NO_LLAMACPP=1")
-                pytest.fail("llama-cpp-python is not installed (pip install -e '.[llamacpp]'); "
-                            "opt out explicitly with CONFORMANCE_ALLOW_NO_LLAMACPP=1", pytrace=False)
+        for name in self.case.refs:
+            ref = references.get(name)
+            if ref.available():
+                continue
+            flag = f"CONFORMANCE_ALLOW_NO_{name.upper()}"
+            if os.environ.get(flag) == "1":
+                pytest.skip(f"{ref.label} missing and {flag}=1")
+            pytest.fail(f"{ref.label} is not installed (pip install -e '.[{ref.requires}]'); "
+                        f"opt out explicitly with {flag}=1", pytrace=False)
         policy = load_policy(self.config.getoption("conformance_policy"))
         rows, _ = run_case(self.case, policy)
         status = case_status(r["status"] for r in rows)

@@ -24,7 +24,7 @@ dtype's base bound (fixtures/tolerance.toml, where the coefficients live):
 
 with ``eps`` the unit roundoff of the precision the reference computes its
 angles in (float32 for llama.cpp and for HF below float64; float64 for HF at
-float64, refs/hf_float64.py); ``rope_nmse = 8`` is the worst case of the
+float64, references/hf/float64.py); ``rope_nmse = 8`` is the worst case of the
 systematic error above for a ``powf`` up to one ulp off (``theta_scale``'s
 relative error up to 1.7 u, so pair ``i`` errs up to 2.7 u i: 2.7^2 = 7.3),
 whatever libm the machine has; per element the same worst case is 2.7 u (1 + i)

@@ -3,7 +3,7 @@
 The schedule belongs to the case, not to the implementation under test or to a
 reference: the case turns its ``--schedule`` into chunk sizes here, and hands
 the SAME sizes to impl's runner (``impl.runner.run_layer(chunks=...)``) and to
-llama.cpp's decode plan (``harness.refs.llamacpp.plan_calls``), so neither side
+llama.cpp's decode plan (``harness.references.llamacpp.capture.plan_calls``), so neither side
 borrows the other's reading of it.
 """
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from impl.trace import LAYER_PROBES, MODEL_PROBES
+from contract.probes import LAYER_PROBES, MODEL_PROBES
 
 from .errors import UsageError, suggest
 

@@ -27,55 +27,25 @@ The rules (README "Verdict rules"):
 
 from __future__ import annotations
 
-# every status a row may carry
-STATUSES = ("pass", "fail", "error", "unguarded", "missing", "finding", "not-exposed", "not-implemented", "skipped")
-# the statuses that fail a case (and a run: exit status 1)
-FAILING = ("unguarded", "missing", "error", "fail")
-# a case's status is the first of these its rows have
-CASE_ORDER = ("unguarded", "missing", "error", "fail", "pass", "finding", "not-implemented", "not-exposed", "skipped")
-
-
-# the references: a row whose candidate is one of these compares two references
-REFERENCE_NAMES = ("hf", "llamacpp")
+from contract.layers import guard_probe  # noqa: F401 (re-exported)
+from contract.rows import CASE_ORDER, FAILING, STATUSES  # noqa: F401 (re-exported)
 
 
 def candidate_rows(rows) -> list[dict]:
     """The rows that judge a case's candidate (not the references against each
     other). Every case has one candidate; rows made before candidates were a
     choice name impl."""
-    return [r for r in rows if r["candidate"] not in REFERENCE_NAMES]
+    from . import references
+
+    return [r for r in rows if r["candidate"] not in references.names()]
 
 
 def expected_probes(lc) -> list[str]:
     """The probes a layer of this description must emit (after ``layer_in``), in
-    dataflow order -- from the layer's kind and shape, independent of the
-    candidate. ``[]`` for a layer the candidate does not implement."""
-    from impl import LayerConfig, MlaConfig
-
-    seq = ["resid_mid"] if getattr(lc, "residual", "sequential") == "sequential" else []
-    if isinstance(lc, MlaConfig):
-        out = ["attn_in"] + (["q_latent"] if lc.q_lora_rank is not None else []) + ["q", "kv_latent"]
-        out += ["q_pe", "k_pe"] if lc.qk_rope_head_dim else []
-        out += ["q_rope"] + (["k_rope"] if lc.form == "naive" else ["q_absorbed"])
-        return out + ["attn_probs", "attn_heads", "attn_branch", "attn_out"] + seq
-    if isinstance(lc, LayerConfig):
-        if lc.shape == "absent":
-            return ["resid_mid"]
-        if lc.shape == "linear":
-            return ["attn_in", "attn_out"] + seq
-        return ["attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_branch",
-                "attn_out"] + seq
-    return []
-
-
-def guard_probe(lc) -> str | None:
-    """The probe whose passing comparison guards the layer: its last attention
-    probe (an absent layer's residual)."""
-    probes = expected_probes(lc)
-    if not probes:
-        return None
-    attn = [p for p in probes if p != "resid_mid"]
-    return attn[-1] if attn else "resid_mid"
+    dataflow order -- from the layer's kind and shape (the description's own
+    ``expected_probes``, contract.layers), independent of the candidate. ``[]``
+    for a layer the candidate does not implement."""
+    return list(lc.expected_probes()) if hasattr(lc, "expected_probes") else []
 
 
 def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str | None = None,

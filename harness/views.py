@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import references
 from . import atomic
 from .features import REFERENCE_GAPS, SPEC_DECORATIONS
 
@@ -50,9 +51,8 @@ def _err(df: pd.DataFrame) -> pd.Series:
 def is_candidate(df: pd.DataFrame) -> pd.Series:
     """The rows that judge a case's candidate (impl, or another engine), not the
     references against each other (harness/verdict.py ``candidate_rows``)."""
-    from .verdict import REFERENCE_NAMES
 
-    return ~df["candidate"].isin(REFERENCE_NAMES)
+    return ~df["candidate"].isin(references.names())
 
 
 def cases(df: pd.DataFrame) -> pd.DataFrame:
@@ -513,7 +513,7 @@ def _draw(df: pd.DataFrame, path: Path):
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, NullLocator
 
-    from impl.trace import LAYER_PROBES
+    from contract.probes import LAYER_PROBES
 
     df = df[df["nmse"].notna()]
     # x: dataflow order -- embeddings, each layer's probes, then the model's outputs
@@ -534,7 +534,7 @@ def _draw(df: pd.DataFrame, path: Path):
         line, = ax.plot(g["_x"], g["_y"], marker=".", lw=1, label=f"{cand} vs {ref}")
         bad = g[g["status"].isin(FAILING)]
         ax.plot(bad["_x"], bad["_y"], "x", color="#d73027", ms=7)
-        if "tol_nmse" in g and cand not in ("hf", "llamacpp"):
+        if "tol_nmse" in g and cand not in references.names():
             ax.step(g["_x"], g["tol_nmse"], where="mid", ls="--", lw=0.8, color=line.get_color(), alpha=0.6)
     ax.set_yscale("log")
     ax.set_ylabel("NMSE (dashed: tolerance)")
@@ -563,7 +563,12 @@ def _draw(df: pd.DataFrame, path: Path):
 
 # ---------------------------------------------------------------- feature map
 MAP_ORDER = ("unguarded", "missing", "error", "fail", "finding", "pass", "not-implemented", "not-exposed", "skipped")
-MAP_COLS = (("candidate", "hf"), ("candidate", "llamacpp"), ("llamacpp", "hf"))
+def map_cols() -> tuple:
+    """The feature map's columns: the candidate against each reference, then each
+    pair of references (the later one judged against the earlier, as a case's rows are)."""
+    refs = references.names()
+    return (tuple(("candidate", r) for r in refs)
+            + tuple((refs[j], refs[i]) for i in range(len(refs)) for j in range(i + 1, len(refs))))
 
 
 def feature_map(df: pd.DataFrame) -> str:
@@ -603,7 +608,7 @@ def feature_map(df: pd.DataFrame) -> str:
         ok = False
         for n, fam in enumerate(sorted(fams_of[tag])):
             row = []
-            for cand, ref in MAP_COLS:
+            for cand, ref in map_cols():
                 st, ao = cells.get((tag, fam, cand, ref), ("-", math.nan))
                 ok |= cand == "candidate" and st == "pass"
                 row.append(st if st == "-" else f"{st} {_g(ao) if ao == ao else '(no attn_out)'}")

@@ -28,7 +28,7 @@ import numpy as np
 from . import kv as kvmod
 from . import rope as ropemod
 from .backend import Backend
-from .config import ConfigError, LayerConfig, alibi_slopes
+from .config import ConfigError, LayerConfig, alibi_slopes, lowest_visible, softmax_scale
 from .norms import normalize
 from .ops import device_kw as _dev
 from .ops import linear as _linear
@@ -229,7 +229,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     put("k_rope", k)
 
     k_all, v_all, k_pos = kvmod.push_and_read(kv, k, v)
-    heads, probs = attend(be, q, k_all, v_all, pos, k_pos, scale=cfg.softmax_scale,
+    heads, probs = attend(be, q, k_all, v_all, pos, k_pos, scale=softmax_scale(cfg),
                           head_map=np.arange(cfg.n_heads) // cfg.n_rep, window=cfg.window,
                           softcap=cfg.softcap, sinks=w.get("sinks"), slopes=layer.slopes,
                           want_probs=trace is not None)
@@ -238,7 +238,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     if cfg.window is not None:
         # spec evict_layer_kv: AFTER the read, with the window the kernel just used;
         # a no-op unless the KV was made with eviction on (FRINK_KV_WINDOW)
-        kvmod.evict_layer_kv(kv, int(cfg.window.lowest_visible(pos[-1] + 1)))
+        kvmod.evict_layer_kv(kv, int(lowest_visible(cfg.window, pos[-1] + 1)))
     put("attn_heads", heads)
 
     branch = xp.reshape(heads, (n, h * dv))
@@ -301,7 +301,7 @@ def attend(be: Backend, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray, *, scale:
     # (spec `layer_window_for_query`); the same rule decides what may be evicted.
     visible = k_pos[None, :] <= q_pos[:, None]
     if window is not None:
-        visible &= k_pos[None, :] >= window.lowest_visible(q_pos)[:, None]
+        visible &= k_pos[None, :] >= lowest_visible(window, q_pos)[:, None]
 
     n, n_heads, n_keys = q.shape[0], q.shape[1], kh.shape[-1]
     rows = max(1, BLOCK // max(1, n_heads * n_keys))

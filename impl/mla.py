@@ -50,22 +50,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import numpy as np
+
+from contract.layers import MLA_FORMS, MlaConfig, MlaForm, MlaYarn  # noqa: F401 (re-exported)
 
 from . import kv as kvmod
 from . import rope as ropemod
 from .backend import Backend
-from .config import ConfigError, NormSpec, RopeSpec
+from .config import ConfigError, RopeSpec
 from .attention import attend
 from .norms import normalize
 from .ops import linear as _linear
 from .ops import noop as _noop
 from .ops import sigmoid as _sigmoid
 
-MlaForm = Literal["naive", "absorbed"]
-MLA_FORMS = ("naive", "absorbed")
 
 # The weights an MLA layer may carry, in HF nn.Linear layout ([out, in]).
 MLA_WEIGHTS = {
@@ -89,147 +88,23 @@ MLA_WEIGHTS = {
 _FORM_WEIGHTS = {"naive": ("wkv_b",), "absorbed": ("wk_b", "wv_b")}
 
 
-@dataclass(frozen=True)
-class MlaYarn:
-    """The file's YaRN (spec ``crate::mla_yarn::MlaYarn``): ONE setting that the
-    rotation and the softmax scale both read, so no caller can give one half and
-    forget the other. ``freq_factors``: the divisor of each rotated band
-    (plain ``inv_freq / freq_factors`` = YaRN's per-band frequencies);
-    ``pe_magnitude``: the magnitude on the rotated channels after the rotation
-    (ggml ``rope_yarn``'s mscale; HF ``attention_factor`` on cos and sin);
-    ``mscale``: whose square is folded into the softmax scale (spec
-    ``kq_scale(yarn, q_head_dim)``; HF ``yarn_apply_mscale``:
-    ``yarn_get_mscale(factor, mscale_all_dim)``)."""
-
-    freq_factors: tuple[float, ...]
-    pe_magnitude: float = 1.0
-    mscale: float = 1.0
-
-    def __post_init__(self):
-        if not self.freq_factors or not all(f > 0 for f in self.freq_factors):
-            raise ConfigError(f"MLA YaRN freq_factors must be positive, one per rotated pair, got {self.freq_factors!r}")
-        if not self.pe_magnitude > 0 or not self.mscale > 0:
-            raise ConfigError(f"MLA YaRN pe_magnitude and mscale must be > 0, got {self.pe_magnitude}, {self.mscale}")
-
-    @classmethod
-    def from_params(cls, rope: RopeSpec, params: dict, mscale: float = 1.0) -> "MlaYarn":
-        """YaRN over ``rope``'s plain bands from HF ``rope_parameters`` (impl.rope's
-        ``_compute_yarn_parameters`` mirror): the per-band divisors and the
-        magnitude; ``mscale`` is the softmax half, which the family reads."""
-        inv, magnitude = ropemod.inverse_frequencies("yarn", rope.theta, rope.rotary_dim, params)
-        factors = tuple(float(b / y) for b, y in zip(rope.inv_freq, inv))
-        return cls(freq_factors=factors, pe_magnitude=float(magnitude), mscale=float(mscale))
+def mla_yarn(rope: RopeSpec, params: dict, mscale: float = 1.0) -> MlaYarn:
+    """YaRN over ``rope``'s plain bands from HF ``rope_parameters`` (impl.rope's
+    ``_compute_yarn_parameters`` mirror): the per-band divisors and the
+    magnitude; ``mscale`` is the softmax half, which the family reads."""
+    inv, magnitude = ropemod.inverse_frequencies("yarn", rope.theta, rope.rotary_dim, params)
+    factors = tuple(float(b / y) for b, y in zip(rope.inv_freq, inv))
+    return MlaYarn(freq_factors=factors, pe_magnitude=float(magnitude), mscale=float(mscale))
 
 
-@dataclass(frozen=True)
-class MlaConfig:
-    """One MLA layer, as data.
-
-    ``rope``: RoPE of the decoupled ``qk_rope`` slices at their plain bands
-    (``None``: no rotation at all, Kimi's NoPE MLA), interleaved only (the
-    spec's ``apply_rope_interleaved``). ``yarn``: the file's YaRN (``MlaYarn``),
-    the ONE setting the rotation (per-band divisors, magnitude on the rotated
-    channels) and the softmax scale (its mscale squared) both take -- the
-    spec's ``yarn`` argument of ``mla_forward_token``; ``None`` is a plain file.
-    ``q_a_norm`` / ``kv_a_norm``: the latent RMS norms (HF hard-codes eps 1e-6
-    there, llama.cpp uses ``rms_norm_eps``; the family says which).
-    """
-
-    hidden_size: int
-    n_heads: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    q_lora_rank: int | None = None
-    input_norm: NormSpec = field(default_factory=NormSpec)
-    q_a_norm: NormSpec = field(default_factory=NormSpec)
-    kv_a_norm: NormSpec = field(default_factory=NormSpec)
-    rope: RopeSpec | None = None
-    yarn: MlaYarn | None = None
-    form: MlaForm = "absorbed"
-    use_output_gate: bool = False
-    residual: Literal["sequential", "parallel"] = "sequential"
-
-    def __post_init__(self):
-        for name in ("hidden_size", "n_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"MLA {name} must be a positive integer, got {v!r}")
-        if not isinstance(self.qk_rope_head_dim, int) or self.qk_rope_head_dim < 0:
-            raise ConfigError(f"MLA qk_rope_head_dim must be >= 0, got {self.qk_rope_head_dim!r}")
-        if self.q_lora_rank is not None and (not isinstance(self.q_lora_rank, int) or self.q_lora_rank < 1):
-            raise ConfigError(f"MLA q_lora_rank must be a positive integer or None (direct q), got {self.q_lora_rank!r}")
-        if self.form not in MLA_FORMS:
-            raise ConfigError(f"unknown MLA form {self.form!r}; valid: {', '.join(MLA_FORMS)}")
-        if self.residual not in ("sequential", "parallel"):
-            raise ConfigError(f"unknown residual layout {self.residual!r}; valid: sequential, parallel")
-        if self.rope is not None:
-            if self.rope.rotary_dim != self.qk_rope_head_dim:
-                raise ConfigError(f"MLA RoPE rotates {self.rope.rotary_dim} channels; the decoupled slice is "
-                                  f"qk_rope_head_dim={self.qk_rope_head_dim} (they must be equal)")
-            if self.rope.layout != "interleaved":
-                # spec rotate_pe: apply_rope_interleaved, the NORM layout (deepseek2.cpp)
-                raise ConfigError(f"MLA rotates its decoupled slices in interleaved pairs (spec rotate_pe); "
-                                  f"got RoPE layout {self.rope.layout!r}; valid: interleaved")
-            if self.rope.kind not in ("default", "linear") or self.rope.attention_factor != 1.0:
-                # linear: bands divided by one factor, no magnitude (llama.cpp freq_scale; the
-                # identity rotation feature bisection switches RoPE off with)
-                raise ConfigError(f"MLA RoPE is the rotation at theta's bands (valid scaling: default, linear); "
-                                  f"{self.rope.kind!r} with attention factor {self.rope.attention_factor} is not: "
-                                  "YaRN is MlaConfig.yarn, which reaches the rotation and the softmax scale together")
-        if self.yarn is not None:
-            if self.rope is None:
-                raise ConfigError("MLA YaRN without RoPE: the yarn setting scales the rotation's bands; "
-                                  "valid: yarn with rope, or neither")
-            if len(self.yarn.freq_factors) != len(self.rope.inv_freq):
-                raise ConfigError(f"MLA YaRN has {len(self.yarn.freq_factors)} band factors for "
-                                  f"{len(self.rope.inv_freq)} rotated pairs (they must be equal)")
-
-    @property
-    def kind(self) -> str:
-        """The layer kind reports carry: the form is part of it (``mla_absorbed`` /
-        ``mla_naive``), so every row says which MLA form computed it."""
-        return f"mla_{self.form}"
-
-    @property
-    def qk_head_dim(self) -> int:
-        """The unabsorbed Q/K head width, ``nope + rope``."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def latent_width(self) -> int:
-        """One latent cache row, ``kv_lora_rank + rope``."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def kq_scale(self) -> float:
-        """The softmax scale of BOTH forms (spec ``kq_scale(yarn, q_head_dim)``,
-        llama.cpp deepseek2.cpp ``mscale * mscale / sqrtf(n_embd_head_k)`` with
-        ``n_embd_head_k = n_embd_head_k_mla`` = nope + rope): the UNabsorbed head
-        width, even though the absorbed form's dot products run over
-        ``kv_lora_rank + rope`` channels -- they are the same dot products."""
-        mscale = 1.0 if self.yarn is None else self.yarn.mscale
-        return mscale**2 / math.sqrt(self.qk_head_dim)
-
-    def features(self) -> set[str]:
-        """The MLA feature tags that are ON for this layer (harness.features)."""
-        f = {"mla", f"mla_{self.form}"}
-        if self.q_lora_rank is not None:
-            f.add("mla_low_rank_q")
-        if self.rope is not None:
-            f.add("mla_rope")
-            if self.yarn is not None:
-                f.add("mla_yarn")
-        if self.use_output_gate:
-            f.add("mla_gate")
-        return f
-
-    def loader(self):
-        return MlaLayer
-
-    def replace(self, **kw) -> "MlaConfig":
-        return replace(self, **kw)
+def kq_scale(cfg: MlaConfig) -> float:
+    """The softmax scale of BOTH forms (spec ``kq_scale(yarn, q_head_dim)``,
+    llama.cpp deepseek2.cpp ``mscale * mscale / sqrtf(n_embd_head_k)`` with
+    ``n_embd_head_k = n_embd_head_k_mla`` = nope + rope): the UNabsorbed head
+    width, even though the absorbed form's dot products run over
+    ``kv_lora_rank + rope`` channels -- they are the same dot products."""
+    mscale = 1.0 if cfg.yarn is None else cfg.yarn.mscale
+    return mscale**2 / math.sqrt(cfg.qk_head_dim)
 
 
 def _expected_shapes(cfg: MlaConfig) -> dict[str, tuple]:
@@ -395,7 +270,7 @@ def _mla_kv_b(layer: MlaLayer, q_nope, q_pe, c, k_pe, kv, pos: np.ndarray, put):
         put("k_rope", k)
         q = xp.concat([q_nope, q_pe], axis=-1)
         k_all, v_all, k_pos = kvmod.push_and_read(kv, k, v)
-        heads, probs = attend(be, q, k_all, v_all, pos, k_pos, scale=cfg.kq_scale, head_map=np.arange(h))
+        heads, probs = attend(be, q, k_all, v_all, pos, k_pos, scale=kq_scale(cfg), head_map=np.arange(h))
         return heads, probs, k_pos
     # spec absorbed_attention / deepseek2.cpp's is_mla arm: absorb q_nope through
     # k_b[h] ([kv_lora_rank, nope], the absorb direction), attend as MQA over the
@@ -409,6 +284,6 @@ def _mla_kv_b(layer: MlaLayer, q_nope, q_pe, c, k_pe, kv, pos: np.ndarray, put):
     keys = l_all[:, None, :]  # one KV head
     values = l_all[:, None, :r]  # V = the first kv_lora_rank channels of the row
     # MQA over the latent: every query head reads the one latent KV head
-    lat, probs = attend(be, q, keys, values, pos, k_pos, scale=cfg.kq_scale, head_map=np.zeros(h, dtype=np.int64))
+    lat, probs = attend(be, q, keys, values, pos, k_pos, scale=kq_scale(cfg), head_map=np.zeros(h, dtype=np.int64))
     heads = xp.permute_dims(xp.matmul(xp.permute_dims(lat, (1, 0, 2)), xp.matrix_transpose(w["wv_b"])), (1, 0, 2))
     return heads, probs, k_pos

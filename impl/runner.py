@@ -26,10 +26,16 @@ from .trace import Trace
 
 
 def load_layer(cfg, weights: dict, backend):
-    """The resident layer for a config: the attention body for a ``LayerConfig``,
-    the MLA body for an ``MlaConfig`` (each config type names its loader)."""
-    loader = getattr(cfg, "loader", None)
-    return loader().load(cfg, weights, backend) if loader else Layer.load(cfg, weights, backend)
+    """The resident layer for a description (``contract.layers``): the body its
+    kind names in ``LOADERS`` -- the attention body for a ``LayerConfig``, the MLA
+    body for an ``MlaConfig``."""
+    from .mla import MlaLayer
+
+    loaders = {"attention": Layer, "mla": MlaLayer}
+    kind = getattr(cfg, "kind", None)
+    if kind not in loaders:
+        raise ConfigError(f"impl has no body for a layer of kind {kind!r}; valid: {', '.join(loaders)}")
+    return loaders[kind].load(cfg, weights, backend)
 
 
 def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", chunks=None,

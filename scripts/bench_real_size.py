@@ -255,7 +255,8 @@ def section_layer(args) -> dict:
 # ---------------------------------------------------------------- llama.cpp callback
 def section_llamacpp(args) -> dict:
     from harness.case import Case, CaseRun
-    from harness.refs import gguf_export, llamacpp
+    from harness.gguf import export as gguf_export
+    from harness.references.llamacpp import capture as llamacpp
 
     c = CONFIGS["1B"]
     cache = Path(tempfile.mkdtemp(prefix="bench-lc-", dir=args.scratch))
@@ -291,7 +292,7 @@ def _worker(path, calls, names, d: Path, plain: bool) -> None:
     req = {"gguf": str(path), "calls": calls, "n_seq": 1, "n_ctx": max(256, -(-n_tok // 256) * 256),
            "n_batch": max(len(c) for c in calls), "names": sorted(names), "threads": 2, "plain": plain}
     (d / "req.json").write_text(json.dumps(req))
-    p = subprocess.run([sys.executable, "-m", "harness.refs.llamacpp_worker", str(d / "req.json"), str(d / "out")],
+    p = subprocess.run([sys.executable, "-m", "harness.references.llamacpp.worker", str(d / "req.json"), str(d / "out")],
                        cwd=ROOT, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"bench: llama.cpp worker failed: {p.stderr[-400:]}")
@@ -348,7 +349,7 @@ def tolerance_table(runs: dict) -> str:
 
 
 def _order():
-    from impl.trace import LAYER_PROBES, MODEL_PROBES
+    from contract.probes import LAYER_PROBES, MODEL_PROBES
 
     return {p: i for i, p in enumerate(("embeddings",) + LAYER_PROBES + MODEL_PROBES[1:])}
 

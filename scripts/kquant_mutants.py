@@ -18,7 +18,7 @@ express no other), deepseek2's MLA YaRN magnitude (1 whenever mscale ==
 mscale_all_dim: llama.cpp's deepseek2 has no other), the output gate's own
 bias dropped or swapped for the Q bias (no family of the five has an output
 gate; their qkv_bias tag is the plain Q/K/V bias). A subtle mutant (a parameter
-off by a percent, harness/mutants/subtle.py) sized for float precisions only
+off by a percent, harness/kinds/attention/mutants/subtle.py) sized for float precisions only
 (``Mutant.dtypes``) is left out too, named as not visible at the cases'
 quantized weight type -- as ``conformance mutate`` counts it per precision.
 """
@@ -38,7 +38,7 @@ from harness.families.base import NotInImpl  # noqa: E402
 from harness.matrix import load_spec  # noqa: E402
 from harness.mutants import applied, registry  # noqa: E402
 from harness.policy import load_policy  # noqa: E402
-from harness.refs.ggml_types import is_quantized  # noqa: E402
+from harness.gguf.types import is_quantized  # noqa: E402
 from harness.schedule import chunk_sizes  # noqa: E402
 from impl import Backend  # noqa: E402
 from impl.runner import load_layer, run_layer  # noqa: E402
@@ -92,7 +92,7 @@ def main(spec: str) -> int:
     runs = [CaseRun(case, policy) for case in load_spec(spec).cases]
     features = set().union(*(set(r.features) for r in runs))
     clean = [impl_outputs(rebuilt(r)) for r in runs]
-    # a quantized case's precision is its weight type's: a subtle mutant (harness/mutants/subtle.py)
+    # a quantized case's precision is its weight type's: a subtle mutant (harness/kinds/attention/mutants/subtle.py)
     # whose `dtypes` do not name it is sized below that rounding -- main's mutate counts it only
     # where visible (Mutant.visible_at); `mutate --sensitivity` measures what is seen there
     precisions = {r.case.gguf_type if is_quantized(r.case.gguf_type) else r.case.dtype for r in runs}

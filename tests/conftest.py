@@ -45,7 +45,7 @@ def policy():
 
 @pytest.fixture
 def need_llamacpp():
-    from harness.refs.llamacpp import available
+    from harness.references.llamacpp.capture import available
 
     if not available():
         if os.environ.get("CONFORMANCE_ALLOW_NO_LLAMACPP") == "1":

@@ -294,10 +294,10 @@ def test_llamacpp_fa_against_the_plain_path_hf_and_the_oracle(policy, need_llama
     assert all(x["cmp_dtype"] == "float16" and x["nmse_cand_oracle"] == x["nmse_cand_oracle"] for x in judged)
     assert any("GGML_TYPE_F16" in n for n in r.notes)
     # the F32 cache it asked for is cast to F16 before the kernel: bit for bit the F16-cache run
-    from harness.refs import llamacpp
+    from harness.references.llamacpp import capture as llamacpp
 
-    f32 = llamacpp.capture_for_case(r, {"flash_attn": True, "type_k": "f32", "type_v": "f32"})
-    f16 = llamacpp.capture_for_case(r, {"flash_attn": True, "type_k": "f16", "type_v": "f16"})
+    f32 = llamacpp.capture_for_case(r.request(), {"flash_attn": True, "type_k": "f32", "type_v": "f32"})
+    f16 = llamacpp.capture_for_case(r.request(), {"flash_attn": True, "type_k": "f16", "type_v": "f16"})
     assert f32.probes.keys() == f16.probes.keys()
     assert all((f32.probes[k] == f16.probes[k]).all() for k in f32.probes)
 

@@ -73,7 +73,7 @@ def test_preflight_writes_the_smoke_torch_cases_on_the_device(tmp_path, capsys):
     env = json.loads((tmp_path / "env.json").read_text())
     assert {(c.backend, c.device, c.kv) for c in spec.cases} == {("torch", "cpu", "decode")}
     assert {c.dtype for c in spec.cases} == {"float32", "float16", "bfloat16"}
-    from harness.refs.llamacpp import available
+    from harness.references.llamacpp.capture import available
 
     assert {c.ref for c in spec.cases} == set(env["references"]) == ({"hf", "llamacpp"} if available() else {"hf"})
     assert {c.family for c in spec.cases} == set(env["families"])

@@ -45,7 +45,7 @@ def test_hf_holds_the_converters_ternarization_of_the_draw():
 def test_the_gguf_holds_hfs_weights_unchanged(policy):
     import gguf
 
-    from harness.refs import gguf_export
+    from harness.gguf import export as gguf_export
 
     run_ = case_run(policy, "bitnet", ref="llamacpp")
     path = gguf_export.export(run_.family, run_.base_model, run_.config)

@@ -59,7 +59,8 @@ def test_direct_q_file_without_q_lora_rank_is_refused(need_llamacpp):
     """Why the export writes `deepseek2.attention.q_lora_rank = 0`: the converter's
     file (no key) does not load (deepseek2.cpp load_arch_hparams requires it)."""
     from harness.families import get
-    from harness.refs import gguf_export, llamacpp
+    from harness.gguf import export as gguf_export
+    from harness.references.llamacpp import capture as llamacpp
 
     fam = type(get(FAMILY))()
     fam.direct_q_rank_key = False

@@ -58,7 +58,8 @@ def test_naive_form_meets_hf(policy, kv):
 
 def test_llamacpp_refuses_the_kv_b_file(need_llamacpp):
     from harness.families import get
-    from harness.refs import gguf_export, llamacpp
+    from harness.gguf import export as gguf_export
+    from harness.references.llamacpp import capture as llamacpp
 
     fam = type(get(FAMILY))()
     fam.lc_naive_unsupported = None

@@ -50,7 +50,8 @@ def test_llamacpp_really_cannot_run_the_kv_b_file(need_llamacpp):
     """The reason above, measured: the file with attn_kv_b (and the _mla keys the
     loader requires) kills llama.cpp."""
     from harness.families import get
-    from harness.refs import gguf_export, llamacpp
+    from harness.gguf import export as gguf_export
+    from harness.references.llamacpp import capture as llamacpp
 
     fam = type(get(FAMILY))()
     fam.lc_naive_unsupported = None

@@ -45,7 +45,7 @@ def test_the_file_holds_w_over_s_and_its_companion():
     import gguf
 
     from harness.policy import load_policy
-    from harness.refs import gguf_export
+    from harness.gguf import export as gguf_export
 
     cr = case_run(load_policy(), "llama", variant="wo_scale")
     path = gguf_export.export(cr.family, cr.base_model, cr.config, "f32", 0, "wo_scale")
@@ -82,7 +82,8 @@ def test_gguf_import_folds_the_companion(policy, tmp_path):
     """--gguf on a file with attn_output.scale: HF gets W = W' * s, impl computes
     from it, and both agree with llama.cpp running the file."""
     from harness.policy import load_policy
-    from harness.refs import gguf_export, gguf_import
+    from harness.gguf import export as gguf_export
+    from harness.gguf import reader as gguf_import
 
     cr = case_run(load_policy(), "llama", variant="wo_scale", overrides=BIAS)
     path = gguf_export.export(cr.family, cr.base_model, cr.config, "f32", 0, "wo_scale")

@@ -28,7 +28,7 @@ def test_hf_canonical_divides_exactly_the_value_scale(policy, monkeypatch):
     """HF's eager output and o_proj input carry the scale (HF scales V); the canonical
     probes are those divided by it, nothing else; q/k/v and attn_out are untouched."""
     from harness.families.base import LlamaLike
-    from harness.refs import hf
+    from harness.references.hf import capture as hf
 
     run_ = case_run(policy, "mimo_v2_flash")
     fam = run_.family

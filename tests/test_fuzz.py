@@ -14,7 +14,7 @@ from harness.case import Case
 from harness.cli import build_parser, case_from_args, main
 from harness.matrix import parse_spec
 from harness.mutants import applied, registry
-from harness.mutants.features4 import SPEC_MUTANTS
+from harness.kinds.attention.mutants.features4 import SPEC_MUTANTS
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -69,7 +69,8 @@ def test_own_export_reads_back(family):
     import torch
 
     from harness import families
-    from harness.refs import gguf_export, gguf_import
+    from harness.gguf import export as gguf_export
+    from harness.gguf import reader as gguf_import
 
     fam = families.get(family)
     config = fam.make_config({})
@@ -145,7 +146,7 @@ def test_keys_llama_cpp_does_not_read_are_ignored_and_listed(tmp_path, capsys):
 def test_keys_llama_cpp_reads_are_honoured(tmp_path):
     """olmo's clamp_kqv IS read (olmo.cpp): it becomes HF's clip_qkv and impl's
     clamp; gemma3's window and pattern become its layer types."""
-    from harness.refs import gguf_import
+    from harness.gguf import reader as gguf_import
 
     path, _, _ = _export("olmo", tmp_path, overrides={"clip_qkv": 0.75})
     src = gguf_import.load(str(path))
@@ -167,7 +168,7 @@ def test_a_key_the_reverse_leaves_unread_is_refused(tmp_path, capsys):
             return _gguf_import.llama_like_config(self, meta, shapes, _gguf_import.read_hparams(meta))
 
     path, _, _ = _export("qwen2", tmp_path)
-    from harness.refs import gguf_import
+    from harness.gguf import reader as gguf_import
 
     reader = gguf_import.open_reader(str(path))
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
@@ -262,7 +263,7 @@ def test_quantize_ftypes_are_llama_cpps():
     """--gguf-type's table is llama.h's enum llama_ftype, as llama-cpp-python binds it."""
     import llama_cpp
 
-    from harness.refs.ggml_types import QUANT_FTYPES
+    from harness.gguf.types import QUANT_FTYPES
 
     for name, value in QUANT_FTYPES.items():
         assert getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name.upper()}") == value, name
@@ -290,7 +291,7 @@ def test_the_oracle_is_what_makes_the_quantized_comparison_tight(policy, monkeyp
     impl vs llama.cpp on Q4_K_M weights misses the ggml_q8_k tolerance by orders
     of magnitude: the comparison is tight because ggml's arithmetic is
     reproduced, not because the tolerance is loose."""
-    from harness.refs import ggml_matmul
+    from harness.references.llamacpp import ggml_matmul
 
     ov = kquant_overrides("qwen3")
     rows = run(policy, family="qwen3", ref="llamacpp", gguf_type="q4_k_m", overrides=ov)
@@ -393,7 +394,7 @@ def test_oracle_rounding_matches_ggml_quantizers():
     d = 1 / (-127 / x[argmax |x|]) on a 256-wide block."""
     import gguf
 
-    from harness.refs.ggml_matmul import round_q8_0, round_q8_k
+    from harness.references.llamacpp.ggml_matmul import round_q8_0, round_q8_k
 
     x = np.random.default_rng(0).normal(size=(4, 256)).astype(np.float32)
     ref = gguf.quants.dequantize(gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0),
@@ -463,7 +464,7 @@ def test_converter_files_read_back(converted_all):
     checkpoint's weights and the same impl layers."""
     import torch
 
-    from harness.refs import gguf_import
+    from harness.gguf import reader as gguf_import
 
     for fam, (path, model, config) in converted_all.items():
         src = gguf_import.load(str(path), fam if fam.startswith("deepseek") else None)
@@ -482,7 +483,7 @@ def test_converter_files_read_back(converted_all):
 def test_converter_file_quantized_three_way(policy, converted_all, family):
     """The converter's F32 file quantized to Q4_K_M by llama.cpp, three-way: the
     file decides everything (config, weights, the weight type judged at)."""
-    from harness.refs.gguf_weights import quantize
+    from harness.gguf.weights import quantize
 
     path = quantize(converted_all[family][0], "q4_k_m")
     rows = run(policy, family=family if family.startswith("deepseek") else "", gguf=str(path), ref="all")
@@ -507,7 +508,7 @@ def test_random_model_generator_file_three_way(policy, tmp_path):
     rows = run(policy, family="", gguf=str(path), ref="all", tokens=8)
     assert not bad_rows(rows, ok=("pass", "not-exposed"))
     assert {(r["candidate"], r["reference"]) for r in rows} == {("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf")}
-    from harness.refs import gguf_import
+    from harness.gguf import reader as gguf_import
 
     src = gguf_import.load(str(path))
     assert "llama.attention.clamp_kqv" in src.ignored and "llama.ssm.inner_size" in src.ignored

@@ -55,6 +55,6 @@ def test_sliding_window_override(policy):
 
 def test_hf_float64_is_judged_at_hf_precision(policy):
     # HF's float32 side paths (norms, softmax, RoPE tables) are promoted in a float64 capture
-    # (refs/hf_float64.py), so float64 is judged at float64; the row says which precision
+    # (references/hf/float64.py), so float64 is judged at float64; the row says which precision
     rows = run(policy, family="llama", ref="hf", dtype="float64")
     assert {r["cmp_dtype"] for r in rows} == {"float64"}

@@ -24,7 +24,7 @@ from impl.trace import LAYER_PROBES
 
 from harness import specref
 from harness.mutants import applied
-from harness.mutants.features4 import SPEC_MUTANTS
+from harness.kinds.attention.mutants.features4 import SPEC_MUTANTS
 from harness.schedule import chunk_sizes
 
 RNG = np.random.default_rng(1234)
@@ -40,7 +40,7 @@ def ref_layer(cfg: LayerConfig, w: dict, x: np.ndarray):
     """``(branch, resid_mid)`` of the spec's layer (None, x for an absent one)."""
     if cfg.shape == "absent":
         return None, x
-    p = specref.attn_layer(cfg, w, x)
+    p = specref.layer(cfg, w, x)
     return p["attn_out"], p.get("resid_mid")
 
 
@@ -351,7 +351,7 @@ def test_q_bias_is_at_the_q_width_after_the_gate_split():
     assert w["bq"].shape == (6 * 8,)
     x = RNG.normal(size=(7, 48))
     out, traces, _ = _run(layer, [x], "decode", "mixed")
-    want = specref.attn_layer(cfg, w, x)
+    want = specref.layer(cfg, w, x)
     np.testing.assert_allclose(traces[0].assemble()["q"], want["q"], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(out[0], want["attn_out"], rtol=1e-10, atol=1e-10)
     # the gate's bias is its own: Q does not move when it changes, the branch does
@@ -370,9 +370,9 @@ def test_both_gates_apply_independently():
     x = RNG.normal(size=(7, 48))
     _, traces, _ = _run(layer, [x], "decode", "decode")
     got = traces[0].assemble()
-    want = specref.attn_layer(cfg, w, x)
+    want = specref.layer(cfg, w, x)
     np.testing.assert_allclose(got["attn_branch"], want["attn_branch"], rtol=1e-10, atol=1e-12)
-    one = specref.attn_layer(cfg.replace(output_gate=False), {k: v for k, v in w.items() if k != "wg"}, x)
+    one = specref.layer(cfg.replace(output_gate=False), {k: v for k, v in w.items() if k != "wg"}, x)
     assert not np.allclose(got["attn_branch"], one["attn_branch"])  # the second gate acts
 
 
@@ -410,7 +410,7 @@ def test_gate_order_mutants_are_caught_by_the_spec_formula(mutant):
     formula judges it, and a break of the order is caught at its probe."""
     cfg, w, layer = _layer("both-gates-subnorm")
     x = RNG.normal(size=(7, 48))
-    want = specref.attn_layer(cfg, w, x)
+    want = specref.layer(cfg, w, x)
 
     def first_failure():
         got = _run(Layer.load(cfg, w, layer.backend), [x], "decode", "mixed")[1][0].assemble()

@@ -42,7 +42,7 @@ def test_multi_sequence_batches_and_token_by_token(policy, schedule):
 def test_weight_types(policy, gguf_type):
     rows = run(policy, family="llama", ref="llamacpp", gguf_type=gguf_type)
     # q8_0: every side holds the file's dequantized weights, and impl's projections see
-    # their inputs rounded as ggml quantizes activations (harness/refs/ggml_matmul.py)
+    # their inputs rounded as ggml quantizes activations (harness/references/llamacpp/ggml_matmul.py)
     assert {r["cmp_dtype"] for r in rows if "cmp_dtype" in r} == {"float16" if gguf_type == "f16" else
                                                                     "bfloat16" if gguf_type == "bf16" else "ggml_q8_0"}
     assert all(s == "pass" for s in statuses(rows).values())
@@ -67,7 +67,7 @@ def test_broken_qk_permutation_fails_at_q(policy, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["segv", "abort"])
 def test_a_crash_inside_llamacpp_is_an_error_row(policy, monkeypatch, kind):
-    from harness.refs import llamacpp
+    from harness.references.llamacpp import capture as llamacpp
 
     monkeypatch.setattr(llamacpp, "WORKER_MODULE", "tests.helpers.crashing_worker")
     monkeypatch.setenv("CRASH_KIND", kind)

@@ -118,7 +118,7 @@ def _rows(d) -> pd.DataFrame:
 
 
 def _require_llamacpp():
-    from harness.refs.llamacpp import available
+    from harness.references.llamacpp.capture import available
 
     if not available():
         if os.environ.get("CONFORMANCE_ALLOW_NO_LLAMACPP") == "1":

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied
-from harness.mutants.mla import GATE_MUTANTS
+from harness.kinds.mla.mutants import GATE_MUTANTS
 from impl import Backend, MlaConfig, MlaYarn, NormSpec, make_rope
 from impl.config import ConfigError
 from harness.schedule import chunk_sizes

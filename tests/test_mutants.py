@@ -43,10 +43,10 @@ def test_every_implemented_decoration_has_a_mutant():
     covered = {m.decoration for m in MUTANTS.values()}
     for tag in ("gqa", "qkv_bias", "qk_norm_head", "rope_neox", "attn_scale", "sliding_window", "kv_paged"):
         assert tag in covered, tag
-    # features II (harness/mutants/features2.py)
+    # features II (harness/kinds/attention/mutants/features2.py)
     for tag in ("q_gate_interleaved", "sub_norm", "value_scale"):
         assert tag in covered, tag
-    # the output gate (afmoe) and the wo scale (llama wo_scale): harness/mutants/features4.py
+    # the output gate (afmoe) and the wo scale (llama wo_scale): harness/kinds/attention/mutants/features4.py
     for tag in ("output_gate", "o_scale"):
         assert tag in covered, tag
 

@@ -142,7 +142,7 @@ def test_every_decoration_the_families_exercise_has_a_mutant_or_a_reason(policy)
     from harness import families
     from harness.case import Case, CaseRun
     from harness.features import SPEC_DECORATIONS
-    from harness.mutants.coverage import NO_MUTANT
+    from harness.kinds.attention.mutants.coverage import NO_MUTANT
 
     seen = set()
     for name, fam in families.registry().items():

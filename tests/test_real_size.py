@@ -26,12 +26,12 @@ def _case_run(family="llama", **kw):
 @pytest.mark.parametrize("family", ["llama", "gemma3", "bloom", "glm_moe_dsa", "deepseek_v2"])
 def test_promoted_float64_is_the_float64_model_bit_for_bit(family):
     """HF computing in float64 on a float32 (or bfloat16) model, module by module
-    (refs/hf_float64.py ``promoted``), gives exactly what the whole model moved to
+    (references/hf/float64.py ``promoted``), gives exactly what the whole model moved to
     float64 gives -- free-running and teacher-forced -- and leaves the weights as
     they were, dtype and bits."""
     import torch
 
-    from harness.refs import hf
+    from harness.references.hf import capture as hf
 
     r = _case_run(family)
     fam, cfg, lcs, toks = r.family, r.config, r.layer_cfgs, r.tokens
@@ -56,7 +56,7 @@ def test_promoted_float64_holds_one_float64_layer_at_a_time():
     (and never the rest of the model's big modules) is in float64 at once."""
     import torch
 
-    from harness.refs import hf
+    from harness.references.hf import capture as hf
 
     r = _case_run("llama", overrides=(("num_hidden_layers", 4),))
     model, layers = r.base_model, r.family.decoder_layers(r.base_model)
@@ -114,7 +114,7 @@ def test_llamacpp_probes_are_assembled_in_ggmls_float32():
     one doubled the logits (2 x 128 x 262144 at Gemma 3 270M's vocab: 0.5 GB), the
     270M-class batched run's peak. The values placed are the tensor's, exactly."""
     from harness.families._lc_capture import LcPoint
-    from harness.refs.llamacpp import assemble
+    from harness.references.llamacpp.capture import assemble
 
     calls = [[(0, 0, 0), (0, 0, 1)], [(0, 1, 0), (0, 1, 1)]]  # (token, position, sequence)
     rng = np.random.default_rng(0)
@@ -195,11 +195,11 @@ def test_layers_and_probes_restrict_every_side(policy):
     assert {x["layer"] for x in impl} == {2}
     assert {x["probe"] for x in impl} == {"q_rope", "attn_out", "resid_mid"}
     hf, lc = r.capture("hf"), r.capture("llamacpp")
-    for cap in (hf, lc, r.hf_oracle(hf)):
+    for cap in (hf, lc, oracle_stage.forced(r, hf)):
         assert set(cap.probes) <= {"L2.layer_in", "L2.q_rope", "L2.attn_out", "L2.resid_mid"}, sorted(cap.probes)
         assert "L2.q_rope" in cap.probes
     # the oracle stopped after layer 2 and never computed logits
-    assert "logits" not in r.hf_oracle(hf).probes
+    assert "logits" not in oracle_stage.forced(r, hf).probes
     # and the selection is said where the rows are
     assert "layers=-1" in rows[0]["case_id"] and "probes=q_rope" in rows[0]["case_id"]
 
@@ -368,7 +368,7 @@ def test_text_key_mapping_finds_the_text_model_under_a_multimodal_prefix():
     ``model.language_model.`` as the modeling code names them); the mapping is
     read from the names, the vision tower's tensors never match, and a plain
     text checkpoint needs none."""
-    from harness.refs.checkpoint import text_key_mapping
+    from harness.checkpoint import text_key_mapping
 
     exp = ["model.embed_tokens.weight", "model.layers.0.q.weight", "model.norm.weight", "lm_head.weight"]
     assert text_key_mapping(exp, exp) == {}
@@ -404,7 +404,7 @@ def test_the_worker_reports_its_own_peak_not_the_harness_at_spawn():
     from pathlib import Path
 
     ballast = np.ones(80_000_000)  # 0.6 GB in this process when the child starts
-    code = "from harness.refs.llamacpp_worker import _own_peak_rss_gb as f; print(f())"
+    code = "from harness.references.llamacpp.worker import _own_peak_rss_gb as f; print(f())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parent.parent)).stdout
     own = float(out)

@@ -46,7 +46,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
-from .api import RESERVED, Candidate, CandidateCapture
+from .. import kinds, references
+from .api import Candidate, CandidateCapture
 
 CASE_FORMAT = "attn-conformance-case/1"
 DUMP_FORMAT = "attn-conformance-dump/1"
@@ -81,10 +82,9 @@ def load(path: Path) -> dict:
 # ---------------------------------------------------------------- export-case
 def export_case(run, out: Path) -> dict:
     """Write ``run``'s case for an outside engine into ``out``; returns case.json's data."""
-    from impl.trace import LAYER_PROBES
+    from contract.probes import LAYER_PROBES
 
     from .. import verdict
-    from ..families.base import NotInImpl
     from ..schedule import chunk_sizes
     from .api import PROBE_SHAPES
 
@@ -92,11 +92,10 @@ def export_case(run, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     layers = []
     for i, lc in enumerate(run.layer_cfgs):
-        if isinstance(lc, NotInImpl):
+        if not kinds.implemented(lc):
             layers.append({"index": i, "kind": lc.kind, "implemented": False, "reason": lc.reason})
             continue
-        kind = "mla" if hasattr(lc, "kv_lora_rank") else "attention"
-        layers.append({"index": i, "kind": kind, "implemented": True, "config": _plain(lc),
+        layers.append({"index": i, "kind": lc.kind, "implemented": True, "config": _plain(lc),
                        "expected_probes": verdict.expected_probes(lc)})
     weights = run.weights_for("float32")
     save(out / "layers.safetensors", {f"L{i}.{k}": np.asarray(v, dtype=np.float32)
@@ -104,9 +103,7 @@ def export_case(run, out: Path) -> dict:
     run.base_model.save_pretrained(str(out / "hf"), safe_serialization=True)
     gguf = None
     if run.family.gguf_arch or run.source is not None:
-        from ..refs import llamacpp
-
-        if llamacpp.available():
+        if any(r.file_weights and r.available() for r in references.registry().values()):
             # the file llama.cpp runs: the user's, or the export at the case's weight type
             # (quantized by llama_model_quantize; run.base_model then holds its weights)
             shutil.copyfile(run.gguf_path, out / "model.gguf")
@@ -159,14 +156,16 @@ def read_manifest(d: Path) -> dict:
         if key not in m:
             raise UsageError(f"dump {d}: manifest.json lacks {key!r} (see harness/candidates/dump.py)")
     name = str((m["engine"] or {}).get("name", "")).strip()
-    if not name or name in RESERVED or name == "impl":
+    if not name or name in (*references.names(), "-") or name == "impl":
         raise UsageError(f"dump {d}: engine name {name!r} must be set and must not be impl or a reference's")
     runs = m["runs"]
     if not isinstance(runs, dict) or not runs:
         raise UsageError(f"dump {d}: 'runs' must name at least one run, e.g. {{\"hf\": \"hf\"}}")
-    bad = [r for r in runs if r not in ("hf", "llamacpp", FREE)]
+    refs = references.names()
+    bad = [r for r in runs if r not in (*refs, FREE)]
     if bad or (FREE in runs and len(runs) > 1):
-        raise UsageError(f"dump {d}: runs {sorted(runs)}; valid: hf and/or llamacpp (teacher-forced), or free alone")
+        raise UsageError(f"dump {d}: runs {sorted(runs)}; valid: {' and/or '.join(refs)} (teacher-forced), "
+                         f"or {FREE} alone")
     for r, sub in runs.items():
         if not (Path(d) / sub).is_dir():
             raise UsageError(f"dump {d}: run {r!r} names {sub!r}, which is not a directory of the dump")
@@ -185,7 +184,8 @@ def case_of(d: Path):
     m = read_manifest(d)
     c = dict(m["case"])
     runs = [r for r in m["runs"] if r != FREE]
-    c["ref"] = c.get("ref", "hf") if not runs else ("all" if len(runs) == 2 else runs[0])
+    c["ref"] = c.get("ref", references.default()) if not runs else (
+        "all" if len(runs) == len(references.names()) > 1 else runs[0])
     c["candidate"] = f"dump:{Path(d)}"
     try:
         return Case.from_dict(c)

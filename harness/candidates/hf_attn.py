@@ -7,7 +7,7 @@ reference's input to it (teacher forcing, the same forward pre-hook the float64
 oracle uses), so a difference is the attention path's, layer by layer. The
 probes are read as the eager reference reads them, the wrapped function being
 transformers' registered ``sdpa`` / ``flex_attention`` one
-(``harness/refs/hf.py``). Where transformers refuses the path, or keeps eager
+(``harness/references/hf/capture.py``). Where transformers refuses the path, or keeps eager
 without saying so, the case is ``skipped`` with that reason -- never a pass of
 a path that did not run.
 """
@@ -58,12 +58,13 @@ class HfAttention(Candidate):
         return None
 
     def capture(self, run, rc) -> CandidateCapture:
-        from impl.trace import LAYER_PROBES
+        from contract.probes import LAYER_PROBES
 
-        from .. import verdict
+        from .. import references, verdict
 
-        c = run._capture_hf(run.case.dtype, run.weights_dtype(rc), force=rc,
-                            attn_implementation=self.implementation)
+        hf = references.get("hf")
+        c = hf.capture(run.request(), run.case.dtype, run.weights_dtype(rc), force=rc,
+                       attn_implementation=self.implementation)
         # the attention half only, as impl is judged: layer_out and the logits add HF's
         # FFN and head, which the attention path does not change
         half = [p for p in LAYER_PROBES if p not in ("layer_in", "layer_out")]
@@ -72,7 +73,7 @@ class HfAttention(Candidate):
         cap.not_exposed["attn_probs"] = NO_PROBS[self.implementation]
         # what eager HF computes no tensor for (MLA's absorbed query: HF computes the
         # naive form) no attention path of HF exposes; anything else it lacks is missing
-        eager = run._capture_hf(run.case.dtype)
+        eager = hf.capture(run.request(), run.case.dtype)
         for i, lc in enumerate(run.layer_cfgs):
             for probe in verdict.expected_probes(lc):
                 key = f"L{i}.{probe}"

@@ -24,7 +24,7 @@ class ImplCandidate(LayerCandidate):
     def run_layer(self, call: LayerCall) -> dict:
         from impl.runner import load_layer, run_layer
 
-        from ..refs.ggml_matmul import installed
+        from harness.references.llamacpp.ggml_matmul import installed
 
         layer = load_layer(call.config, call.weights, self.backend(call))
         # against llama.cpp on quantized weights, the projections' inputs rounded as ggml's

@@ -2,7 +2,7 @@
 with flash attention on, and with F16 or Q8_0 KV caches, as candidates.
 
 The same GGUF, tokens and decode calls as the llama.cpp reference (the same
-capture code, ``harness/refs/llamacpp.py``, with the context's
+capture code, ``harness/references/llamacpp/capture.py``, with the context's
 ``flash_attn_type`` / ``type_k`` / ``type_v`` changed); llama.cpp cannot be fed
 another engine's layer inputs, so the candidate runs free from the tokens like
 the references do, and is compared at every probe both sides hold,
@@ -48,12 +48,15 @@ class FlashAttn(Candidate):
         return {"flash_attn": True, "type_k": self.kv_type, "type_v": self.kv_type}
 
     def validate(self, case) -> None:
-        from ..refs.llamacpp import available
+        from harness.references.llamacpp.capture import available
 
         from ..errors import UsageError
 
-        if case.ref not in ("all", "llamacpp", "hf"):
-            raise UsageError(f"candidate {self.name} is judged against hf, llamacpp or all, not {case.ref!r}")
+        from .. import references
+
+        if case.ref not in references.choices():
+            raise UsageError(f"candidate {self.name} is judged against {', '.join(references.choices())}, "
+                             f"not {case.ref!r}")
         if not available():
             raise UsageError(f"candidate {self.name} runs llama.cpp: pip install -e '.[llamacpp]'")
 
@@ -74,13 +77,11 @@ class FlashAttn(Candidate):
         return None
 
     def capture(self, run, rc) -> CandidateCapture:
-        from ..refs import llamacpp
+        from .. import references
 
-        key = "_flash_capture"
-        if key not in run.__dict__:  # one free run serves every reference
-            run.__dict__[key] = llamacpp.capture_for_case(run, self.engine, self.name)
-        c = run.__dict__[key]
-        run.derived.update({(self.name, k): how for k, how in (c.meta.get("derived") or {}).items()})
+        # one free run serves every reference: llama.cpp's own capture, with the engine's settings
+        c = run.memo(f"capture_{self.name}", lambda: references.get("llamacpp").capture(
+            run.request(), engine=self.engine, capture_name=self.name))
         from ..policy import comparison_dtype
 
         precision = comparison_dtype(PRECISION[self.kv_type], run.weight_dtype)
@@ -90,7 +91,7 @@ class FlashAttn(Candidate):
                "`if (k->type == GGML_TYPE_F32) k = ggml_cast(ctx0, k, GGML_TYPE_F16)`) and the CPU kernel "
                "accumulates V in F16 (ggml-cpu/ops.cpp ggml_compute_forward_flash_attn_ext_f16_one_chunk: VKQ16)"
                if self.kv_type != "q8_0" else "its KV cache holds Q8_0 blocks (8-bit values, one F16 scale per 32)")))
-        from impl.trace import LAYER_PROBES
+        from contract.probes import LAYER_PROBES
 
         cap.not_exposed["attn_probs"] = ("flash attention materialises no probabilities: ggml_flash_attn_ext "
                                          "replaces kq_soft_max (src/llama-graph.cpp build_attn_mha)")
@@ -108,7 +109,7 @@ class FlashAttn(Candidate):
 
 def _cache_widths(lc) -> list[int]:
     """The per-head widths of a layer's K and V cache rows, as llama.cpp sizes them."""
-    if hasattr(lc, "kv_lora_rank"):  # MLA: the latent row (+ the rope slice for K)
+    if getattr(lc, "kind", None) == "mla":  # MLA: the latent row (+ the rope slice for K)
         return [lc.kv_lora_rank + (lc.qk_rope_head_dim or 0), lc.kv_lora_rank]
     if getattr(lc, "shape", None) == "gqa":
         return [lc.head_dim, lc.dv]

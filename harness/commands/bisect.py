@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from .. import references
+
 
 def register(sub) -> None:
     from ..cli import _add_case_args
@@ -48,14 +50,14 @@ def cmd_bisect(a) -> int:
     if case.candidate != "impl":
         print(f"candidate: {run.candidate.name}")
     print(describe(d))
-    for other in ("llamacpp",):
+    for other in references.names()[1:]:  # each later reference, judged against the first
         r2r = first_divergence(rows, candidate=other)
         if r2r is not None:
             print("between the references: " + describe(r2r))
     if a.features and d is not None:
         print("feature bisection:")
         fcase = case
-        if case.ref == "all" and d["reference"] in ("hf", "llamacpp"):
+        if case.ref == "all" and d["reference"] in references.names():
             # bisect against the reference the first divergence is against (HF-only
             # module switches can then be used when that is HF)
             from dataclasses import replace

@@ -81,7 +81,7 @@ def _families(requested) -> list[str]:
 
 def cmd_fuzz(a) -> int:
     from .. import fuzz, report
-    from ..case import REF_CHOICES
+    from ..references import choices
     from ..policy import load_policy
 
     if a.replay_spec:
@@ -93,8 +93,8 @@ def cmd_fuzz(a) -> int:
         print(f"{'FAIL' if out.failed else 'pass'} {out.label}" + (f": {out.why}" if out.failed else ""))
         return 1 if out.failed else 0
     budget = parse_budget(a.budget)
-    if a.ref not in REF_CHOICES:
-        raise UsageError(f"unknown reference {a.ref!r}; {suggest(a.ref, REF_CHOICES)}")
+    if a.ref not in choices():
+        raise UsageError(f"unknown reference {a.ref!r}; {suggest(a.ref, choices())}")
     if not 0.0 <= a.spec_share <= 1.0:
         raise UsageError(f"--spec-share must be between 0 and 1, got {a.spec_share}")
     fams = _families(a.family)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import references
 from .. import atomic
 from ..case import Case
 from ..errors import UsageError, suggest
@@ -164,7 +165,7 @@ def select_mutants(names: str | None, decoration: str | None) -> list:
 
 def own_case(m, candidate: str = "impl") -> Case:
     kw = dict(m.case)
-    kw.setdefault("ref", "hf")
+    kw.setdefault("ref", references.default())
     kw["overrides"] = tuple(tuple(x) for x in kw.get("overrides", ()))
     kw["candidate"] = candidate
     if candidate != "impl":
@@ -434,7 +435,7 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
 
     chosen = [m for m in mutants if m.param is not None]
     if not chosen:
-        raise UsageError("--sensitivity needs parametric mutants (harness/mutants/subtle.py); none selected")
+        raise UsageError("--sensitivity needs parametric mutants (harness/kinds/attention/mutants/subtle.py); none selected")
     t0 = time.perf_counter()
     by_id = {c.case_id(): c for c in matrix.nonempty(spec)}
     for m in chosen:

@@ -24,6 +24,14 @@ def registry() -> dict[str, Family]:
     return dict(sorted(found.items()))
 
 
+def base_sources() -> list:
+    """The files of the family machinery every family runs through (their content
+    keys the reference captures, harness/cache.py)."""
+    from pathlib import Path
+
+    return [Path(__file__).with_name("base.py")]
+
+
 def get(name: str) -> Family:
     reg = registry()
     if name not in reg:

@@ -1,6 +1,6 @@
 """Reading a family's GGUF back (``--gguf``): the hyper-parameters as llama.cpp
 reads them for the file's architecture, and the weights through the export's
-steps run backwards (harness/refs/gguf_import.py drives it).
+steps run backwards (harness/gguf/reader.py drives it).
 
 Metadata. ``GGUFMeta`` knows which keys llama.cpp reads for the arch
 (``_llamacpp_keys.py``, generated from llama.cpp's ``load_hparams`` and the

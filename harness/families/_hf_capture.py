@@ -1,6 +1,6 @@
 """Where a family's probes live in HF: the decoder layers, the module points
 forward hooks read, the eager attention function the capture wraps, and the
-family's canonical layout of what HF hands back (harness/refs/hf.py drives
+family's canonical layout of what HF hands back (harness/references/hf/capture.py drives
 these hooks)."""
 
 from __future__ import annotations

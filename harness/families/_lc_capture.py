@@ -1,7 +1,7 @@
 """Where a family's probes live in llama.cpp's graph: the callback names
 (``cb(cur, name, il)`` in src/models/<arch>.cpp) each probe is read from, and
 the family's canonical layout of what the graph hands back
-(harness/refs/llamacpp.py drives these hooks)."""
+(harness/references/llamacpp/capture.py drives these hooks)."""
 
 from __future__ import annotations
 

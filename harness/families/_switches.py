@@ -4,11 +4,8 @@ derives its layers from the same config) -- ``harness/bisect.py`` drives them.""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any
 
-from impl import LayerConfig, NormSpec
+from ..kinds.switches import ModelSwitch  # noqa: F401 (re-exported)
 
 
 class Switches:
@@ -93,176 +90,17 @@ class Switches:
 
     def model_switches(self, config) -> dict[str, "ModelSwitch"]:
         """Features switched off (or neutralised) in the seeded model itself, where
-        no config field reaches: ``Case.switch_off`` names them, ``CaseRun`` applies
-        them to the model every side takes its weights from (and, for a module
-        switch, to impl's layer configs). A weight switch holds for both
-        references (the GGUF is exported from the switched model); a module switch
-        replaces an HF module by the identity, which only the HF reference sees."""
-        def weight_switch(what, tag, value):
-            return ModelSwitch(what, lambda m, c, lcs: _fill_params(self, m, self.switch_params[tag], value))
+        no config field reaches: ``Case.switch_off`` names them, the case's Build
+        applies them to the model every side takes its weights from (and, for a module
+        switch, to impl's layer configs). Each layer kind owns its switches
+        (``LayerKind.switches``, harness/kinds/<kind>/switches.py); a family adds what
+        only it has by extending this."""
+        from .. import kinds
 
-        sw = {
-            "qkv_bias": weight_switch("Q/K/V projection biases zeroed", "qkv_bias", 0.0),
-            "o_bias": weight_switch("o_proj bias zeroed", "o_bias", 0.0),
-            # -1e4 (finite in f16): exp(sink - max) underflows to 0 in every precision compared
-            "sinks": weight_switch("sink logits at -1e4: they take no probability mass", "sinks", -1e4),
-        }
-
-        def module_switch(what, slots, drop, swap=None):
-            def paths(lc):
-                return [p for slot in slots(lc) for p in self.switch_modules.get(slot, ())]
-
-            def edit(m, c, lcs):
-                return _identity_modules(self, m, lcs, paths, swap)
-
-            def layer(lc):
-                return drop(lc) if isinstance(lc, LayerConfig) else lc
-
-            return ModelSwitch(what, edit, layer, hf_only=True)
-
-        def has(lc, slot):
-            if not isinstance(lc, LayerConfig):
-                return False
-            if slot == "input_norm":
-                return lc.input_norm.kind != "none"
-            return getattr(lc, slot) is not None
-
-        def none_input(lc):
-            return lc.replace(input_norm=NormSpec("none", lc.input_norm.eps))
-
-        sw["post_norm"] = module_switch("post-attention norm removed (HF module -> identity; impl post_norm None)",
-                                        lambda lc: ["post_norm"] if has(lc, "post_norm") else [],
-                                        lambda lc: lc.replace(post_norm=None))
-        sw["sub_norm"] = module_switch("attention sub-norm removed (HF module -> identity; impl sub_norm None)",
-                                       lambda lc: ["sub_norm"] if has(lc, "sub_norm") else [],
-                                       lambda lc: lc.replace(sub_norm=None))
-        for tag, over in (("qk_norm_head", "head"), ("qk_norm_row", "row")):
-            def pre(lc, over=over):
-                return has(lc, "qk_norm") and lc.qk_norm.where == "pre_rope" and lc.qk_norm.over == over
-
-            sw[tag] = module_switch(f"{tag} removed (HF q_norm / k_norm -> identity; impl qk_norm None)",
-                                    lambda lc, pre=pre: ["qk_norm"] if pre(lc) else [],
-                                    lambda lc, pre=pre: lc.replace(qk_norm=None) if pre(lc) else lc)
-
-        def is_layer(lc):
-            return has(lc, "input_norm") and lc.input_norm.kind == "layer"
-
-        sw["layernorm"] = module_switch("input LayerNorm removed (HF module -> identity; impl input norm none)",
-                                        lambda lc: ["input_norm"] if is_layer(lc) else [],
-                                        lambda lc: none_input(lc) if is_layer(lc) else lc)
-
-        def rms1p_slots(lc):
-            if not isinstance(lc, LayerConfig):
-                return []
-            out = ["input_norm"] if lc.input_norm.kind == "rms1p" else []
-            out += ["qk_norm"] if lc.qk_norm is not None and lc.qk_norm.norm.kind == "rms1p" else []
-            return out + (["post_norm"] if lc.post_norm is not None and lc.post_norm.kind == "rms1p" else [])
-
-        def rms1p_plain(lc):
-            # the same norms in the plain convention: x / rms(x) * w' with w' = 1 + w
-            kw = {}
-            slots = rms1p_slots(lc)
-            if "input_norm" in slots:
-                kw["input_norm"] = dataclasses.replace(lc.input_norm, kind="rms")
-            if "qk_norm" in slots:
-                kw["qk_norm"] = dataclasses.replace(lc.qk_norm, norm=dataclasses.replace(lc.qk_norm.norm, kind="rms"))
-            if "post_norm" in slots:
-                kw["post_norm"] = dataclasses.replace(lc.post_norm, kind="rms")
-            return lc.replace(**kw) if kw else lc
-
-        sw["rms1p"] = module_switch("every (1 + w) norm turned into a plain RMS norm with weight 1 + w "
-                                    "(HF module -> LlamaRMSNorm; impl kind rms)", rms1p_slots, rms1p_plain,
-                                    swap=_plain_rms)
-
-        def separate_gate(lc):
-            return isinstance(lc, LayerConfig) and lc.output_gate
-
-        sw["output_gate"] = module_switch("the output gate held open (HF gate projection -> a constant 1e4, "
-                                          "sigmoid = 1; impl output_gate off)",
-                                          lambda lc: ["output_gate"] if separate_gate(lc) else [],
-                                          lambda lc: lc.replace(output_gate=False) if separate_gate(lc) else lc,
-                                          swap=_open_gate)
+        sw: dict = {}
+        for kind in kinds.registry().values():
+            sw.update(kind.switches(self))
         return sw
-
-
-@dataclass(frozen=True)
-class ModelSwitch:
-    """One feature switched off in the seeded model (see ``Family.model_switches``).
-
-    ``edit(model, config, layer_cfgs)`` changes the model in place and returns how
-    many tensors or modules it changed (0: the feature is not there to switch);
-    ``layer(lc)`` tells impl the same (a module switch), None for a weight switch,
-    which neutralises weights impl reads from the model anyway."""
-
-    what: str
-    edit: Any
-    layer: Any = None
-    hf_only: bool = False
-
-
-def _fill_params(family, model, endings: tuple[str, ...], value: float) -> int:
-    import torch
-
-    n = 0
-    with torch.no_grad():
-        for layer in family.decoder_layers(model):
-            for name, p in layer.named_parameters():
-                if name.endswith(endings):
-                    p.fill_(value)
-                    n += 1
-    return n
-
-
-def _plain_rms(module):
-    """A ``(1 + w)`` RMS norm module as HF ``LlamaRMSNorm`` with weight ``1 + w``."""
-    import torch
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    w = module.weight.detach()
-    eps = getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6))
-    new = LlamaRMSNorm(w.shape[-1], eps=eps).to(w.dtype)
-    with torch.no_grad():
-        new.weight.copy_(1.0 + w)
-    return new
-
-
-def _open_gate(module):
-    """A gate projection replaced by a constant 1e4: ``sigmoid(1e4) == 1`` exactly in
-    every float type, so the gate it feeds passes the branch through unchanged."""
-    import torch
-
-    class OpenGate(torch.nn.Module):
-        def __init__(self, width: int):
-            super().__init__()
-            self.width = width
-
-        def forward(self, x):
-            return torch.full((*x.shape[:-1], self.width), 1e4, dtype=x.dtype, device=x.device)
-
-    return OpenGate(module.out_features)
-
-
-def _identity_modules(family, model, layer_cfgs, paths_of, swap=None) -> int:
-    """Replace the modules at ``paths_of(layer_cfg)`` in every decoder layer by the
-    identity (or by ``swap(module)``); the number replaced."""
-    import torch
-
-    n = 0
-    for i, layer in enumerate(family.decoder_layers(model)):
-        if i >= len(layer_cfgs):
-            break
-        for path in paths_of(layer_cfgs[i]):
-            parent, _, leaf = path.rpartition(".")
-            try:
-                owner = layer.get_submodule(parent) if parent else layer
-            except AttributeError:
-                continue
-            mod = getattr(owner, leaf, None)
-            # a module another switch of the same case already removed stays removed
-            if isinstance(mod, torch.nn.Module) and not isinstance(mod, torch.nn.Identity):
-                setattr(owner, leaf, torch.nn.Identity() if swap is None else swap(mod))
-                n += 1
-    return n
 
 
 def rope_identity_overrides(config) -> dict | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from contract.layers import Unimplemented
 from impl import LayerConfig, NormSpec, QkNormSpec, WindowSpec, make_rope
 
 from ._gguf_export import (YARN_KEYS, GGUFExport, gguf_moe_convert, gguf_size_params,  # noqa: F401 (re-exported)
@@ -38,13 +39,10 @@ from ._lc_capture import FUSED_QKV_NOPE_LC_POINTS, LcCapture, LcPoint, lc_unrota
 from ._switches import ModelSwitch, Switches, rope_identity_overrides  # noqa: F401 (re-exported)
 
 
-@dataclass(frozen=True)
-class NotInImpl:
-    """A layer impl does not implement (a linear-attention / delta-net layer): the
-    report lists it by name, and the references are still compared with each other."""
-
-    kind: str
-    reason: str
+# A layer no description covers (a linear-attention / delta-net layer): the report
+# lists it by name, and the references are still compared with each other. The
+# contract's class; a family writes ``NotInImpl(kind, reason)``.
+NotInImpl = Unimplemented
 
 
 INIT_FLOAT64_MAX = 1 << 24  # parameters; above it, seeded weights are drawn in float32 (Family.init_weights)

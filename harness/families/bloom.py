@@ -124,7 +124,7 @@ class Bloom(Family):
         probabilities the forward itself used, read off its second output."""
         import contextlib
 
-        from ..refs.hf import _to_np
+        from harness.references.hf.capture import _to_np
 
         @contextlib.contextmanager
         def taps():

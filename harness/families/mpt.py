@@ -125,7 +125,7 @@ class Mpt(Family):
     def hf_taps(self, model, config, sink: dict):
         import sys
 
-        from ..refs.hf import _to_np
+        from harness.references.hf.capture import _to_np
 
         layers = self.decoder_layers(model)
         mod = sys.modules[type(layers[0].attn).__module__]

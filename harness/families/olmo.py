@@ -78,7 +78,7 @@ class Olmo(Llama):
     def hf_taps(self, model, config, sink: dict):
         """Read q/k/v after OlmoAttention's in-place ``clamp_``: keep the projection
         outputs (no copy) and read them once the forward is done."""
-        from ..refs.hf import _to_np
+        from harness.references.hf.capture import _to_np
 
         @contextlib.contextmanager
         def taps():

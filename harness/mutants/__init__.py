@@ -11,63 +11,26 @@ exercises that decoration, and the probe where it first acts (dataflow order),
 so ``conformance mutate`` can report which probe killed it and ``conformance
 bisect`` can be checked against it (tests/test_bisect.py); feature bisection
 must name its decoration unless ``bisect_note`` says why it cannot
-(tests/test_feature_bisect.py). Mutants live in the modules of this
-package, each exporting ``MUTANTS``; the registry discovers them.
+(tests/test_feature_bisect.py). Mutants live with the layer kind whose
+decoration they break (``harness/kinds/<kind>/mutants``), each module exporting
+``MUTANTS``; the registry collects them from every kind.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
-import pkgutil
 import sys
 import textwrap
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+from ..kinds.mutant import Mutant  # noqa: F401 (re-exported)
 
 
 class StaleMutant(RuntimeError):
     pass
-
-
-@dataclass(frozen=True)
-class Mutant:
-    name: str
-    decoration: str  # the feature tag it breaks
-    module: str  # e.g. "impl.attention"
-    old: str
-    new: str
-    case: dict = field(default_factory=dict)  # Case kwargs that exercise the decoration
-    first_probe: str = ""  # the probe where it first acts, in dataflow order
-    layer: int | None = None  # the first layer it acts on (None: the first attention layer)
-    doc: str = ""
-    # True: it breaks the attention's core (mask, positions, default scale, residual,
-    # input norm), which every case exercises whatever its features; `conformance
-    # mutate` then runs it on every case, not only those with its decoration
-    core: bool = False
-    # why feature bisection cannot name the decoration (a core mutant; a decoration
-    # the HF reference cannot switch off); empty: it must name it
-    bisect_note: str = ""
-    # wrong by a little (a parameter perturbed, one pair short) rather than a gross break
-    subtle: bool = False
-    # parametric: ``new`` holds the placeholder ``{d}``, a relative perturbation of the
-    # parameter it breaks, and this is its default size; ``conformance mutate
-    # --sensitivity`` searches the smallest ``d`` the matrix still catches
-    param: float | None = None
-    # the precisions whose rounding leaves it visible (empty: every one): a 1% error of a
-    # parameter is below bfloat16's own rounding, and the score per dtype says so
-    dtypes: tuple[str, ...] = ()
-
-    def text(self, d: float | None = None) -> str:
-        """The replacement snippet, with a parametric mutant's perturbation filled in."""
-        if self.param is None:
-            return self.new
-        return self.new.replace("{d}", repr(float(self.param if d is None else d)))
-
-    def visible_at(self, dtype: str) -> bool:
-        return not self.dtypes or dtype in self.dtypes
 
 
 @contextmanager
@@ -140,9 +103,13 @@ def _rebind(original, replacement) -> list:
 
 @lru_cache(maxsize=1)
 def registry() -> dict[str, Mutant]:
+    """Every layer kind's mutants (``LayerKind.mutant_modules``, each exporting ``MUTANTS``)."""
+    from .. import kinds
+
     found: dict[str, Mutant] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    modules = [m for k in kinds.registry().values() for m in k.mutant_modules]
+    for name in modules:
+        module = importlib.import_module(name)
         for m in getattr(module, "MUTANTS", ()):
             if m.name in found:
                 raise ValueError(f"duplicate mutant name {m.name!r}")

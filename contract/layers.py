@@ -1,0 +1,377 @@
+"""The layer descriptions a candidate is handed: what one layer computes, as data.
+
+The specification (``spec/attn_block.rs.txt``) keeps every decoration of the
+attention half of a decoder layer in ONE body and lets the data say which
+decorations a layer has. These classes are that data, one per layer kind --
+``LayerConfig`` (attention, and the spec's Linear / Absent shapes),
+``MlaConfig`` (DeepSeek-style latent attention, ``spec/mla.rs.txt``) and
+``Unimplemented`` (a layer of a kind nobody describes yet: the report lists it
+by name) -- frozen and validated at construction, so an impossible shape is
+refused before any arithmetic runs (the harness turns the refusal into a
+one-line error).
+
+Each description names its ``kind`` (the layer-kind plugin that owns its
+probes, features and mutants: ``harness/kinds/<kind>``), the ``label`` a report
+row carries, and ``expected_probes()``: the probes a layer of this description
+must emit, from its kind and shape -- never from what a candidate chose to
+record (harness/verdict.py). Arithmetic is not here: what ``scale=None`` or a
+window computes is each engine's own (impl: ``impl.config``), so an oracle
+never shares a candidate's code.
+
+Weights are not here either; they travel beside the description in a plain
+dict (impl's names: ``impl.attention.LAYER_WEIGHTS``, ``impl.mla.MLA_WEIGHTS``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Literal
+
+from .errors import ConfigError
+
+NormKind = Literal["rms", "rms1p", "layer", "l2", "none"]
+RopeLayout = Literal["neox", "interleaved"]
+AttnShape = Literal["gqa", "linear", "absent"]
+WindowKind = Literal["sliding", "chunked"]
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """One normalisation.
+
+    kind: ``rms`` (x / rms(x) * w, HF ``LlamaRMSNorm``), ``rms1p`` (gemma's
+    ``(1 + w)`` convention, HF ``Gemma2RMSNorm``), ``layer`` (mean-centred, with
+    weight and bias, ``nn.LayerNorm``), ``l2`` (rms without a weight, HF
+    ``Llama4TextL2Norm``), ``none``.
+    """
+
+    kind: NormKind = "rms"
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.kind not in ("rms", "rms1p", "layer", "l2", "none"):
+            raise ConfigError(f"unknown norm kind {self.kind!r}; valid: rms, rms1p, layer, l2, none")
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """RoPE for one layer.
+
+    ``inv_freq`` holds one inverse frequency per rotated pair (length
+    ``rotary_dim // 2``), already scaled by whatever RoPE scaling the model
+    declares (``impl.rope.inverse_frequencies`` computes it, mirroring HF
+    ``modeling_rope_utils``). ``attention_factor`` multiplies cos and sin (YaRN's
+    mscale; HF ``*RotaryEmbedding.forward``: ``cos = emb.cos() * attention_scaling``).
+    ``rotary_dim`` leading channels of each head rotate; the rest pass through
+    (partial rotary, HF ``partial_rotary_factor``).
+    """
+
+    inv_freq: tuple[float, ...]
+    layout: RopeLayout = "neox"
+    attention_factor: float = 1.0
+    kind: str = "default"  # the scaling that produced inv_freq (a label for reports)
+    theta: float = 0.0  # the base it was computed from (a label for reports)
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * len(self.inv_freq)
+
+    def __post_init__(self):
+        if self.layout not in ("neox", "interleaved"):
+            raise ConfigError(f"unknown RoPE layout {self.layout!r}; valid: neox, interleaved")
+        if not self.inv_freq:
+            raise ConfigError("RoPE with zero rotated channels; use rope=None for a NoPE layer")
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Which earlier keys a query may read, as a function of the query's position.
+
+    ``sliding``: keys with ``q_pos - k_pos < size`` (HF's sliding window, which
+    counts the query itself). ``chunked``: keys in the query's own chunk of
+    ``size`` positions (llama4 ``attention_chunk_size``; spec
+    ``layer_window_for_query``: the window depends on the query position).
+    """
+
+    kind: WindowKind
+    size: int
+
+    def __post_init__(self):
+        if self.kind not in ("sliding", "chunked"):
+            raise ConfigError(f"unknown window kind {self.kind!r}; valid: sliding, chunked")
+        if self.size < 1:
+            raise ConfigError(f"window size must be >= 1, got {self.size}")
+
+
+@dataclass(frozen=True)
+class QkNormSpec:
+    """A norm on Q and K.
+
+    ``over``: ``head`` normalises each head's ``head_dim`` channels with a
+    ``[head_dim]`` weight (qwen3, HF ``q_norm``); ``row`` normalises the whole
+    ``n_heads * head_dim`` row with a row-wide weight (olmo2). ``where``: before
+    RoPE (qwen3, olmo2, gemma3) or after it (llama4's L2 norm; the spec's
+    ``qk_norm_after_rope`` explains the second home).
+    """
+
+    norm: NormSpec
+    over: Literal["head", "row"] = "head"
+    where: Literal["pre_rope", "post_rope"] = "pre_rope"
+
+
+@dataclass(frozen=True)
+class TemperatureSpec:
+    """llama4 attention temperature tuning (HF ``Llama4TextAttention.forward``):
+    ``q *= log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1`` per query position."""
+
+    floor_scale: float
+    attn_scale: float
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """The attention half of one decoder layer. ``scale`` None: the softmax scale is
+    ``head_dim ** -0.5``."""
+
+    kind: ClassVar[str] = "attention"
+
+    hidden_size: int
+    n_heads: int = 0
+    n_kv_heads: int = 0
+    head_dim: int = 0
+    v_head_dim: int | None = None  # None: same as head_dim
+    shape: AttnShape = "gqa"
+    input_norm: NormSpec = field(default_factory=NormSpec)
+    qkv_clamp: float | None = None
+    qk_norm: QkNormSpec | None = None
+    rope: RopeSpec | None = None  # None: a NoPE layer
+    scale: float | None = None  # softmax scale on q.k; None: head_dim ** -0.5
+    temperature: TemperatureSpec | None = None
+    window: WindowSpec | None = None
+    softcap: float | None = None
+    alibi_max_bias: float | None = None  # ALiBi on, with this max bias (8.0 for bloom/mpt)
+    # The two gates of the spec's ``attn_branch_rows``, independent (a layer may have
+    # both): the interleaved Q gate rides in ``wq`` (``AttnWeights::q_gate_interleaved``,
+    # qwen35.cpp) and is applied first; the output gate is a separate projection
+    # ``wg`` of the normed input (``AttnWeights::output_gate``, afmoe.cpp).
+    q_gate_interleaved: bool = False
+    output_gate: bool = False
+    sub_norm: NormSpec | None = None  # bitnet: RMS over the concatenated heads before wo
+    o_scale: float | None = None  # `wo_s`, the {1} companion of wo
+    value_scale: float | None = None  # mimo-v2-flash: branch scaled after wo
+    post_norm: NormSpec | None = None  # gemma2/olmo2: norm of the branch before the residual
+    residual: Literal["sequential", "parallel"] = "sequential"
+    residual_multiplier: float = 1.0  # granite: resid + branch * m
+
+    def __post_init__(self):
+        if self.hidden_size < 1:
+            raise ConfigError(f"hidden_size must be >= 1, got {self.hidden_size}")
+        if self.shape not in ("gqa", "linear", "absent"):
+            raise ConfigError(f"unknown attention shape {self.shape!r}; valid: gqa, linear, absent")
+        if self.shape != "gqa":
+            return
+        if self.n_heads < 1 or self.n_kv_heads < 1 or self.head_dim < 1:
+            raise ConfigError(
+                f"a gqa layer needs n_heads, n_kv_heads, head_dim >= 1 "
+                f"(got {self.n_heads}, {self.n_kv_heads}, {self.head_dim})"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"num_key_value_heads={self.n_kv_heads} does not divide num_attention_heads={self.n_heads}; "
+                f"valid: a divisor of {self.n_heads} ({', '.join(map(str, divisors(self.n_heads)))})"
+            )
+        if self.rope is not None:
+            if self.rope.rotary_dim > self.head_dim:
+                raise ConfigError(f"rotary_dim {self.rope.rotary_dim} exceeds head_dim {self.head_dim}")
+        for name in ("q_gate_interleaved", "output_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.q_gate_interleaved and self.dv != self.head_dim:
+            # spec split_interleaved_q_gate(q, rows, n_heads, head_dim) makes the gate
+            # head_dim wide per head; apply_interleaved_gate multiplies it element by
+            # element onto the V-width head output (qwen35.cpp: ggml_mul of the
+            # [head_dim * n_head] gate and the [v_head_dim * n_head] kqv_out)
+            raise ConfigError(f"the interleaved Q gate is head_dim={self.head_dim} wide per head and multiplies the "
+                              f"attention output of width v_head_dim={self.dv}; valid: v_head_dim equal to head_dim")
+        if self.residual not in ("sequential", "parallel"):
+            raise ConfigError(f"unknown residual layout {self.residual!r}; valid: sequential, parallel")
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    @property
+    def n_rep(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def label(self) -> str:
+        """The layer kind a report row carries: ``attention``, or the spec's shape
+        (``linear``, ``absent``)."""
+        return "attention" if self.shape == "gqa" else self.shape
+
+    def expected_probes(self) -> tuple[str, ...]:
+        """The probes this layer must emit after ``layer_in``, in dataflow order."""
+        seq = ("resid_mid",) if self.residual == "sequential" else ()
+        if self.shape == "absent":
+            return ("resid_mid",)
+        if self.shape == "linear":
+            return ("attn_in", "attn_out") + seq
+        return ("attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_branch",
+                "attn_out") + seq
+
+    def replace(self, **kw) -> "LayerConfig":
+        return replace(self, **kw)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+MlaForm = Literal["naive", "absorbed"]
+MLA_FORMS = ("naive", "absorbed")
+
+
+@dataclass(frozen=True)
+class MlaYarn:
+    """The file's YaRN (spec ``crate::mla_yarn::MlaYarn``): ONE setting that the
+    rotation and the softmax scale both read, so no caller can give one half and
+    forget the other. ``freq_factors``: the divisor of each rotated band
+    (plain ``inv_freq / freq_factors`` = YaRN's per-band frequencies);
+    ``pe_magnitude``: the magnitude on the rotated channels after the rotation
+    (ggml ``rope_yarn``'s mscale; HF ``attention_factor`` on cos and sin);
+    ``mscale``: whose square is folded into the softmax scale (spec
+    ``kq_scale(yarn, q_head_dim)``; HF ``yarn_apply_mscale``:
+    ``yarn_get_mscale(factor, mscale_all_dim)``)."""
+
+    freq_factors: tuple[float, ...]
+    pe_magnitude: float = 1.0
+    mscale: float = 1.0
+
+    def __post_init__(self):
+        if not self.freq_factors or not all(f > 0 for f in self.freq_factors):
+            raise ConfigError(f"MLA YaRN freq_factors must be positive, one per rotated pair, got {self.freq_factors!r}")
+        if not self.pe_magnitude > 0 or not self.mscale > 0:
+            raise ConfigError(f"MLA YaRN pe_magnitude and mscale must be > 0, got {self.pe_magnitude}, {self.mscale}")
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    """One MLA layer, as data. The softmax scale of both forms is
+    ``mscale^2 / sqrt(qk_nope + qk_rope)`` (spec ``kq_scale``; ``mscale`` from ``yarn``).
+
+    ``rope``: RoPE of the decoupled ``qk_rope`` slices at their plain bands
+    (``None``: no rotation at all, Kimi's NoPE MLA), interleaved only (the
+    spec's ``apply_rope_interleaved``). ``yarn``: the file's YaRN (``MlaYarn``),
+    the ONE setting the rotation (per-band divisors, magnitude on the rotated
+    channels) and the softmax scale (its mscale squared) both take -- the
+    spec's ``yarn`` argument of ``mla_forward_token``; ``None`` is a plain file.
+    ``q_a_norm`` / ``kv_a_norm``: the latent RMS norms (HF hard-codes eps 1e-6
+    there, llama.cpp uses ``rms_norm_eps``; the family says which).
+    """
+
+    kind: ClassVar[str] = "mla"
+
+    hidden_size: int
+    n_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+    input_norm: NormSpec = field(default_factory=NormSpec)
+    q_a_norm: NormSpec = field(default_factory=NormSpec)
+    kv_a_norm: NormSpec = field(default_factory=NormSpec)
+    rope: RopeSpec | None = None
+    yarn: MlaYarn | None = None
+    form: MlaForm = "absorbed"
+    use_output_gate: bool = False
+    residual: Literal["sequential", "parallel"] = "sequential"
+
+    def __post_init__(self):
+        for name in ("hidden_size", "n_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"MLA {name} must be a positive integer, got {v!r}")
+        if not isinstance(self.qk_rope_head_dim, int) or self.qk_rope_head_dim < 0:
+            raise ConfigError(f"MLA qk_rope_head_dim must be >= 0, got {self.qk_rope_head_dim!r}")
+        if self.q_lora_rank is not None and (not isinstance(self.q_lora_rank, int) or self.q_lora_rank < 1):
+            raise ConfigError(f"MLA q_lora_rank must be a positive integer or None (direct q), got {self.q_lora_rank!r}")
+        if self.form not in MLA_FORMS:
+            raise ConfigError(f"unknown MLA form {self.form!r}; valid: {', '.join(MLA_FORMS)}")
+        if self.residual not in ("sequential", "parallel"):
+            raise ConfigError(f"unknown residual layout {self.residual!r}; valid: sequential, parallel")
+        if self.rope is not None:
+            if self.rope.rotary_dim != self.qk_rope_head_dim:
+                raise ConfigError(f"MLA RoPE rotates {self.rope.rotary_dim} channels; the decoupled slice is "
+                                  f"qk_rope_head_dim={self.qk_rope_head_dim} (they must be equal)")
+            if self.rope.layout != "interleaved":
+                # spec rotate_pe: apply_rope_interleaved, the NORM layout (deepseek2.cpp)
+                raise ConfigError(f"MLA rotates its decoupled slices in interleaved pairs (spec rotate_pe); "
+                                  f"got RoPE layout {self.rope.layout!r}; valid: interleaved")
+            if self.rope.kind not in ("default", "linear") or self.rope.attention_factor != 1.0:
+                # linear: bands divided by one factor, no magnitude (llama.cpp freq_scale; the
+                # identity rotation feature bisection switches RoPE off with)
+                raise ConfigError(f"MLA RoPE is the rotation at theta's bands (valid scaling: default, linear); "
+                                  f"{self.rope.kind!r} with attention factor {self.rope.attention_factor} is not: "
+                                  "YaRN is MlaConfig.yarn, which reaches the rotation and the softmax scale together")
+        if self.yarn is not None:
+            if self.rope is None:
+                raise ConfigError("MLA YaRN without RoPE: the yarn setting scales the rotation's bands; "
+                                  "valid: yarn with rope, or neither")
+            if len(self.yarn.freq_factors) != len(self.rope.inv_freq):
+                raise ConfigError(f"MLA YaRN has {len(self.yarn.freq_factors)} band factors for "
+                                  f"{len(self.rope.inv_freq)} rotated pairs (they must be equal)")
+
+    @property
+    def label(self) -> str:
+        """The layer kind reports carry: the form is part of it (``mla_absorbed`` /
+        ``mla_naive``), so every row says which MLA form computed it."""
+        return f"mla_{self.form}"
+
+    def expected_probes(self) -> tuple[str, ...]:
+        """The probes this layer must emit after ``layer_in``, in dataflow order."""
+        out = ("attn_in",) + (("q_latent",) if self.q_lora_rank is not None else ()) + ("q", "kv_latent")
+        out += ("q_pe", "k_pe") if self.qk_rope_head_dim else ()
+        out += ("q_rope",) + (("k_rope",) if self.form == "naive" else ("q_absorbed",))
+        seq = ("resid_mid",) if self.residual == "sequential" else ()
+        return out + ("attn_probs", "attn_heads", "attn_branch", "attn_out") + seq
+
+    @property
+    def qk_head_dim(self) -> int:
+        """The unabsorbed Q/K head width, ``nope + rope``."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_width(self) -> int:
+        """One latent cache row, ``kv_lora_rank + rope``."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def replace(self, **kw) -> "MlaConfig":
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class Unimplemented:
+    """A layer of a kind no description covers yet (the report lists it by
+    ``kind`` and ``reason``; the references are still compared with each other)."""
+
+    kind: str
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return self.kind
+
+    def expected_probes(self) -> tuple[str, ...]:
+        return ()
+
+
+def guard_probe(desc) -> str | None:
+    """The probe whose passing comparison guards a layer: its last attention probe
+    (an absent layer's residual; None for an unimplemented one)."""
+    probes = desc.expected_probes()
+    if not probes:
+        return None
+    attn = [p for p in probes if p != "resid_mid"]
+    return attn[-1] if attn else "resid_mid"

@@ -1,0 +1,148 @@
+"""Writing a GGUF of the family's HF weights, the way llama.cpp's converter would.
+
+The family decides the metadata (``Family.gguf_params``, mirroring the
+converter's ``set_gguf_parameters``) and the tensors with their transforms
+(``Family.gguf_tensors``, mirroring ``modify_tensors``); this module writes
+them with the ``gguf`` package, adds a tiny vocabulary llama.cpp accepts, and
+caches the file by content.
+
+Weight types: F32 by default; F16, BF16 and Q8_0 on request. As in the
+converter (``conversion/base.py``, ``prepare_tensors``), only 2-D weight
+matrices take the requested type; norms, biases, sinks and other 1-D tensors
+stay F32, and so do the matrices the converter always writes as F32 (router
+gates, SSM conv kernels, ...: ``converter_keeps_f32``); a row length Q8_0
+cannot block falls back to F16.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harness import cache
+from harness.atomic import atomic_path
+
+WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0")
+EXPORT_SCHEMA = 1
+
+
+def tiny_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece-style ("llama") vocabulary of ``n`` tokens: unk, bos, eos,
+    the 256 byte tokens when there is room, then plain pieces. Token types are
+    gguf.TokenType values (NORMAL 1, UNKNOWN 2, CONTROL 3, BYTE 6)."""
+    toks, scores, types = ["<unk>", "<s>", "</s>"], [0.0, 0.0, 0.0], [2, 3, 3]
+    if n >= 3 + 256 + 1:
+        for b in range(256):
+            toks.append(f"<0x{b:02X}>")
+            scores.append(0.0)
+            types.append(6)
+    i = 0
+    while len(toks) < n:
+        toks.append(f"\u2581t{i}")
+        scores.append(-float(i))
+        types.append(1)
+        i += 1
+    return toks[:n], scores[:n], types[:n]
+
+
+def write_tiny_vocab(w, n: int) -> None:
+    """``tiny_vocab(n)`` into a GGUFWriter as llama.cpp's SPM ("llama") tokenizer
+    reads it: unk 0, bos 1, eos 2, no BOS added (the ids are the case's own). One
+    place for the harness's export and the tests' converter (which swaps it in for
+    the checkpoint's tokenizer)."""
+    toks, scores, types = tiny_vocab(n)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+
+
+# conversion/base.py prepare_tensors: matrices the converter writes as F32 whatever
+# the requested type ("Some tensor types are always in float32"), by their GGUF name
+_ALWAYS_F32 = ("FFN_GATE_INP", "FFN_GATE_INP_SHEXP", "POS_EMBD", "TOKEN_TYPES", "SSM_CONV1D", "SHORTCONV_CONV",
+               "TIME_MIX_FIRST", "TIME_MIX_W1", "TIME_MIX_W2", "TIME_MIX_DECAY_W1", "TIME_MIX_DECAY_W2",
+               "TIME_MIX_LERP_FUSED", "POSNET_NORM1", "POSNET_NORM2", "V_ENC_EMBD_POS", "A_ENC_EMBD_POS",
+               "ALTUP_CORRECT_COEF", "ALTUP_PREDICT_COEF", "SSM_CONV1D_Q", "SSM_CONV1D_K", "SSM_CONV1D_V",
+               "INDEXER_PROJ")
+
+
+def converter_keeps_f32(name: str) -> bool:
+    """Whether the converter writes GGUF tensor ``name`` as F32 regardless of the
+    requested type: ``*_norm.weight``, a name that does not end in ``.weight``, and
+    the ``_ALWAYS_F32`` kinds (ggml's SSM_CONV, for one, reads only F32 kernels)."""
+    import re
+
+    import gguf
+
+    if name.endswith("_norm.weight") or not name.endswith(".weight"):
+        return True
+    base = re.sub(r"^(blk|posnet)\.\d+\.", r"\1.{bid}.", name.removesuffix(".weight"))
+    kinds = (getattr(gguf.MODEL_TENSOR, k, None) for k in _ALWAYS_F32)
+    return base in {gguf.TENSOR_NAMES.get(k) for k in kinds if k is not None}
+
+
+def _quantize(data: np.ndarray, weight_type: str):
+    import gguf
+
+    if weight_type == "f32" or data.ndim < 2:
+        return data.astype(np.float32, copy=False), None  # a float32 weight is written from the model's own memory
+    if weight_type == "f16":
+        return data.astype(np.float16), None
+    qt = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[weight_type]
+    try:
+        return gguf.quants.quantize(data.astype(np.float32), qt), qt
+    except gguf.quants.QuantError:
+        return data.astype(np.float16), None  # the converter's fallback for rows Q8_0 cannot block
+
+
+def export(family, model, config, weight_type: str = "f32", seed: int = 0, variant: str | None = None,
+           source=None) -> Path:
+    """Write (or reuse) the GGUF for ``model`` and return its path. ``source``
+    names where weights that are not the family's seeded ones came from (an
+    ``--hf-model`` checkpoint's path and file stamp): part of the cache key."""
+    from harness.versions import versions
+
+    src = cache.source_hash(*cache.family_sources(family), Path(__file__), Path(__file__).parent.parent / "families" / "base.py")
+    k = cache.key("gguf", EXPORT_SCHEMA, family.name, config.to_json_string(use_diff=False), seed, weight_type,
+                  variant, versions().get("gguf"), src, source,
+                  # instance state that shapes the file (a test switching off a transform)
+                  sorted((k, repr(v)) for k, v in vars(family).items()))
+    out = cache.cache_dir() / "gguf" / f"{family.name}{'-' + variant if variant else ''}-{k}.gguf"
+    if out.exists():
+        return out
+    with atomic_path(out, suffix=".gguf") as tmp:
+        _write(family, model, config, weight_type, variant, tmp)
+    return out
+
+
+def _write(family, model, config, weight_type: str, variant: str | None, tmp: Path) -> None:
+    # Under a temporary name unique to this writer (harness/atomic.py): two workers
+    # exporting the same key at once each write their own file, and the rename that
+    # lands last wins -- a fixed ".tmp" name let one rename the other's file away.
+    import gguf
+
+    # use_temp_file: each tensor is spooled to disk as it is added (gguf's writer holds
+    # every added array until the end otherwise: a second copy of a real model)
+    w = gguf.GGUFWriter(str(tmp), family.gguf_arch, use_temp_file=True)
+    family.gguf_params(w, config, variant)
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+             "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[weight_type]
+    w.add_file_type(ftype)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    write_tiny_vocab(w, int(config.vocab_size))
+    for name, data in family.gguf_tensors(model, config, variant):
+        arr, qt = _quantize(np.asarray(data), "f32" if converter_keeps_f32(name) else weight_type)
+        if qt is None:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, arr, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -1,0 +1,232 @@
+"""Reading a user's GGUF (``--gguf PATH``): the reverse of the export.
+
+For a user who has only a GGUF -- written by llama.cpp's own converter
+(``convert_hf_to_gguf.py``), quantized by ``llama-quantize``, saved by
+llama.cpp's model saver (``tests/test-llama-archs``), or anything else that
+follows them -- this module rebuilds what the harness otherwise builds itself:
+
+1. the family, from ``general.architecture`` (the family whose ``gguf_arch``
+   it is; several: the one NAMED like the arch, or ``--family``);
+2. an HF config, from the metadata read as llama.cpp reads the arch
+   (``Family.config_from_gguf`` over ``GGUFMeta``, harness/families/_gguf_import.py):
+   a key llama.cpp reads is honoured or refused with one line; a key it does
+   not read for the arch is ignored and listed (``GGUFSource.ignored``, written
+   to the run's meta.json);
+3. the HF state dict, from the tensors, each dequantized
+   (``gguf.quants.dequantize``: every type the ``gguf`` package has a
+   dequantizer for) and placed back through the export run backwards
+   (``trace_import``). Every HF tensor must be found and every GGUF tensor
+   used;
+4. an HF model holding those weights, and from it impl's weights through the
+   family's ordinary ``layer_weights`` -- the same code as always.
+
+The case is judged at the coarsest weight type among the file's matrices (the
+file decides; ``--gguf-type`` does not apply to a file the user brings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import UsageError, suggest
+from harness.families._gguf_import import GGUFMeta, rope_freqs, unused_tensors
+from harness import kinds
+from harness.gguf import types as ggml_types
+
+
+@dataclass
+class GGUFSource:
+    """What ``harness.case.CaseRun`` takes from a GGUF."""
+
+    path: str
+    family: Any
+    config: Any
+    model: Any  # the float32 HF model holding the file's (dequantized) weights
+    layer_weights: list[dict]
+    weight_type: str  # the coarsest of the file's matrix types (ggml names: f32, q8_0, q4_k, ...)
+    tensor_types: dict[str, str] = field(default_factory=dict)  # GGUF tensor -> its type
+    variant: str | None = None
+    ignored: dict[str, str] = field(default_factory=dict)  # metadata keys llama.cpp does not read, and why
+    unused: list[str] = field(default_factory=list)  # tensors llama.cpp loads and its graph never reads
+    hf_types: dict[str, set] = field(default_factory=dict)  # HF tensor -> the types of the GGUF tensors it came from
+
+    def summary(self) -> dict:
+        """What the run's meta.json records about the file."""
+        counts: dict[str, int] = {}
+        for t in self.tensor_types.values():
+            counts[t] = counts.get(t, 0) + 1
+        return {"path": self.path, "family": self.family.name, "arch": self.family.gguf_arch,
+                "variant": self.variant, "weight_type": self.weight_type, "tensor_types": counts,
+                "ignored_keys": self.ignored,
+                "unused_tensors": {n: f"loaded by llama.cpp, read by no op of its {self.family.gguf_arch} graph"
+                                   for n in self.unused}}
+
+
+def read_fields(reader) -> dict[str, Any]:
+    out = {}
+    for k, f in reader.fields.items():
+        try:
+            out[k] = f.contents()
+        except Exception:  # a field this gguf version cannot decode: keep its presence
+            out[k] = None
+    return out
+
+
+def importable_archs() -> dict[str, list[str]]:
+    """arch -> the families that can read it."""
+    from harness import families
+
+    out: dict[str, list[str]] = {}
+    for name, fam in families.registry().items():
+        if fam.gguf_arch and fam.gguf_import_unsupported() is None:
+            out.setdefault(fam.gguf_arch, []).append(name)
+    return out
+
+
+def candidate_families(arch: str, family: str | None, path: str = "") -> list:
+    """The families that may read a file of ``arch``: ``--family``'s, the one
+    NAMED like the arch, or every family of the arch (``read_config`` then keeps
+    those whose reverse accepts the file: deepseek2 is DeepSeek V2's softmax
+    router or V3's sigmoid one)."""
+    from harness import families
+
+    reg = families.registry()
+    if family:
+        cands = [families.get(family)]
+        if cands[0].gguf_arch != arch:
+            raise UsageError(f"--gguf {path}: the file's architecture is {arch!r}, family {family} reads "
+                             f"{cands[0].gguf_arch or 'no GGUF'}")
+    else:
+        cands = [f for f in reg.values() if f.gguf_arch == arch]
+        if not cands:
+            ok = importable_archs()
+            raise UsageError(f"--gguf {path}: unknown GGUF architecture {arch!r}; {suggest(arch, sorted(ok))}")
+        cands = [f for f in cands if f.name == arch] or cands
+    for fam in cands:
+        why = fam.gguf_import_unsupported()
+        if why:
+            raise UsageError(f"--gguf is not supported for family {fam.name}: {why}")
+    return cands
+
+
+def read_config(cands: list, arch: str, values: dict, shapes: dict, tensors: dict, path: str):
+    """``(family, HF config kwargs, GGUFMeta)`` of the one candidate family whose
+    reverse reads the file (several: the caller must choose with --family)."""
+    found, refusals = [], []
+    for fam in cands:
+        meta = GGUFMeta(arch, values, path)
+        try:
+            kw = fam.config_from_gguf(meta, shapes, tensors)
+            rope_freqs(meta, kw, tensors)
+            left = meta.unhonoured()
+            if left:
+                raise UsageError(f"--gguf {path}: llama.cpp reads {', '.join(left[:4])} for {arch}, and family "
+                                 f"{fam.name}'s reverse mapping does not honour {'it' if len(left) == 1 else 'them'}")
+        except UsageError as e:
+            refusals.append(e)
+            continue
+        found.append((fam, kw, meta))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise refusals[0] if len(refusals) == 1 else UsageError(
+            f"{refusals[0]} (and every other family of {arch!r} refuses the file: "
+            f"{', '.join(f.name for f in cands)})")
+    raise UsageError(f"--gguf {path}: architecture {arch!r} is read by families "
+                     f"{', '.join(f.name for f, _, _ in found)}; choose one with --family")
+
+
+def open_reader(path: str):
+    """``gguf.GGUFReader`` over the file, or one line saying why it cannot be read."""
+    import gguf
+
+    p = Path(path)
+    try:
+        reader = gguf.GGUFReader(str(p), "r")
+        # every tensor's data must lie inside the file (a truncated download maps short)
+        for t in reader.tensors:
+            if t.data.nbytes != int(t.n_bytes):
+                raise ValueError(f"tensor {t.name} is cut short")
+    except Exception as e:  # not a GGUF / truncated: the reader raises ValueError, struct errors, ...
+        raise UsageError(f"--gguf {path}: not a readable GGUF file ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:160]})") from None
+    return reader
+
+
+def dequantizer(info):
+    """A callable giving tensor ``info`` as float32 in numpy order (ggml's ne reversed)."""
+    import gguf
+
+    shape = tuple(int(d) for d in reversed(info.shape.tolist()))
+
+    def get():
+        a = gguf.quants.dequantize(info.data, info.tensor_type)
+        return np.asarray(a, dtype=np.float32).reshape(shape)
+    return get
+
+
+def load(path: str, family: str | None = None) -> GGUFSource:
+    """The file read back (see the module docstring); anything the reverse
+    cannot make of it is one line (UsageError), an unexpected failure included."""
+    try:
+        return _load(path, family)
+    except UsageError:
+        raise
+    except Exception as e:  # a file this reverse did not foresee: one line, never a traceback
+        raise UsageError(f"--gguf {path}: could not be read back ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]})") from None
+
+
+def _load(path: str, family: str | None = None) -> GGUFSource:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    reader = open_reader(path)
+    values = read_fields(reader)
+    arch = values.get("general.architecture")
+    if not isinstance(arch, str):
+        raise UsageError(f"--gguf {path}: no general.architecture")
+    cands = candidate_families(arch, family, path)
+
+    infos = {t.name: t for t in reader.tensors}
+    types = {n: t.tensor_type.name.lower() for n, t in infos.items()}
+    known = ggml_types.readable()
+    odd = sorted({ty for ty in types.values() if ty not in known})
+    if odd:
+        raise UsageError(f"--gguf {path}: tensor type {', '.join(t.upper() for t in odd)} cannot be dequantized "
+                         f"(no dequantizer in the gguf package); readable: "
+                         f"{', '.join(sorted(t.upper() for t in known))}")
+    shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in infos.items()}
+    tensors = {n: dequantizer(t) for n, t in infos.items()}
+    fam, kw, meta = read_config(cands, arch, values, shapes, tensors, path)
+    config = fam.config_from_kwargs(kw, f"--gguf {path}: the HF config refused the file's settings")
+    variant = fam.gguf_variant_of(shapes)
+
+    kwargs = {} if fam.experts_implementation is None else {"experts_implementation": fam.experts_implementation}
+    try:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32,
+                                                 **kwargs).eval()
+    except (ValueError, TypeError, KeyError, AssertionError, RuntimeError) as e:
+        raise UsageError(f"--gguf {path}: HF cannot build family {fam.name} from the file's config: "
+                         f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    fam.gguf_patch_model(model, config)
+    provenance: dict[str, list[str]] = {}
+    state = fam.gguf_import_tensors(tensors, model, config, variant, path, provenance)
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    # a tied head shares token_embd's storage: loaded with it, "missing" by name only
+    emb = getattr(model.get_input_embeddings(), "weight", None)
+    sd = model.state_dict()
+    tied = {k for k in missing if emb is not None and k in sd and sd[k].data_ptr() == emb.data_ptr()}
+    if set(missing) - tied or unexpected:
+        raise UsageError(f"--gguf {path}: the weights do not fit family {fam.name}'s HF model "
+                         f"(missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]})")
+    layer_cfgs = fam.layer_configs(config, variant)
+    lw = [{} if not kinds.implemented(lc) else fam.layer_weights(model, config, i) for i, lc in enumerate(layer_cfgs)]
+    mats = [types[n] for n in infos if len(shapes[n]) >= 2]
+    hf_types = {h: {types[g] for g in gs if g in types} for h, gs in provenance.items()}
+    return GGUFSource(str(path), fam, config, model, lw, ggml_types.coarsest(mats), types, variant,
+                      meta.ignored(), unused_tensors(infos, arch), hf_types)

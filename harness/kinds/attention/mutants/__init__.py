@@ -1,0 +1,1 @@
+"""The attention kind's mutants, by the issue that brought their decorations."""

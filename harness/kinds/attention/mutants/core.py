@@ -1,0 +1,58 @@
+"""Mutants of the foundation's decorations (impl.attention, impl.rope, impl.kv, impl.norms)."""
+
+from ...mutant import Mutant
+
+WINDOW = {"family": "qwen2", "overrides": (("use_sliding_window", True), ("sliding_window", 5),
+                                           ("max_window_layers", 1))}
+
+MUTANTS = [
+    Mutant("gqa-head-map", "gqa", "impl.attention",
+           "np.arange(cfg.n_heads) // cfg.n_rep", "np.arange(cfg.n_heads) % cfg.n_kv_heads",
+           {"family": "llama"}, "attn_probs", doc="query head h reads KV head h % n_kv instead of h // n_rep"),
+    Mutant("qkv-bias-dropped", "qkv_bias", "impl.attention",
+           'q = q + w["bq"]', "q = q",
+           {"family": "qwen2"}, "q", doc="the q bias is never added"),
+    Mutant("k-norm-takes-q-weight", "qk_norm_head", "impl.attention",
+           'normalize(xp, k, spec.norm, w.get("k_norm"), None, be.acc_dtype),',
+           'normalize(xp, k, spec.norm, w.get("q_norm"), None, be.acc_dtype),',
+           {"family": "qwen3"}, "k_rope", doc="the per-head K norm applies the Q norm's weight"),
+    Mutant("rope-layout-swapped", "rope_neox", "impl.rope",
+           'if layout == "neox":', 'if layout != "neox":',
+           {"family": "llama"}, "q_rope", doc="neox rotation read as interleaved pairs"),
+    Mutant("rope-position-off-by-one", "rope_neox", "impl.attention",
+           "pos = np.arange(p0, p0 + n, dtype=np.int64)", "pos = np.arange(p0 + 1, p0 + n + 1, dtype=np.int64)",
+           {"family": "llama"}, "q_rope", doc="RoPE (and the mask) one position late",
+           core=True, bisect_note="it shifts every position: the probability grid grows by one key (a shape "
+                                  "mismatch) even with RoPE switched to the identity, so no feature switch fixes it"),
+    Mutant("scale-squared", "attn_scale", "impl.config",
+           "return cfg.head_dim**-0.5 if cfg.scale is None else cfg.scale",
+           "return cfg.head_dim**-1.0 if cfg.scale is None else cfg.scale",
+           {"family": "llama"}, "attn_probs", doc="softmax scale 1/d instead of 1/sqrt(d)",
+           core=True, bisect_note="it breaks the DEFAULT scale head_dim^-0.5 (LayerConfig.scale None) every case "
+                                  "without an explicit scale uses; no feature tag names the default scale"),
+    Mutant("causal-mask-leaks", "gqa", "impl.attention",
+           "visible = k_pos[None, :] <= q_pos[:, None]", "visible = k_pos[None, :] <= q_pos[:, None] + 1",
+           {"family": "llama"}, "attn_probs", doc="each query also sees the next key",
+           core=True, bisect_note="the causal mask is the attention itself: no reference switches it off"),
+    Mutant("window-off-by-one", "sliding_window", "impl.config",
+           "return q_pos - window.size + 1", "return q_pos - window.size",
+           WINDOW, "attn_probs", layer=1, doc="the sliding window keeps one key too many"),
+    Mutant("eviction-drops-needed-row", "kv_evict", "impl.attention",
+           "kvmod.evict_layer_kv(kv, int(cfg.window.lowest_visible(pos[-1] + 1)))",
+           "kvmod.evict_layer_kv(kv, int(cfg.window.lowest_visible(pos[-1] + 2)))",
+           {**WINDOW, "schedule": "decode", "evict": True}, "attn_probs", layer=1,
+           doc="window eviction (on: --kv-evict) drops a row the next query still reads"),
+    Mutant("paged-block-table-off-by-one", "kv_paged", "impl.kv",
+           "page, slot = seq.block_table[pos // self.page_size], pos % self.page_size",
+           "page, slot = seq.block_table[(pos // self.page_size + 1) % len(seq.block_table)], pos % self.page_size",
+           {"family": "llama", "kv": "paged"}, "attn_probs", doc="rows written through the next block-table entry"),
+    Mutant("input-norm-weight-dropped", "gqa", "impl.attention",
+           'normed = normalize(xp, x, cfg.input_norm, w.get("attn_norm"), w.get("attn_norm_b"), be.acc_dtype)',
+           'normed = normalize(xp, x, cfg.input_norm, None, w.get("attn_norm_b"), be.acc_dtype)',
+           {"family": "llama"}, "attn_in", doc="the input norm forgets its weight",
+           core=True, bisect_note="the input RMS norm's weight is in every llama-like layer; no feature tag names it"),
+    Mutant("residual-sign", "gqa", "impl.attention",
+           "else x + branch", "else x - branch",
+           {"family": "llama"}, "resid_mid", doc="the branch is subtracted from the residual",
+           core=True, bisect_note="the residual add is the layer itself: no reference switches it off"),
+]

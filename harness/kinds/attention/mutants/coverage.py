@@ -1,0 +1,35 @@
+"""Mutants of decorations the families exercise that had none yet: partial
+rotary (the pass-through channels of a head that rotates only its leading
+ones) and a V head width other than the K width -- each a plausible engine bug
+that is invisible in the common case (full rotary; V as wide as K) and caught
+where the decoration is on.
+
+Decorations still without a mutant, and why: ``mqa`` shares the GQA head map
+(a KV head per query-head group; one group is the same code); ``per_layer_heads``
+has no code of its own in impl (each layer is built from its own config);
+``parallel_residual`` changes only what the attention half does NOT report
+(``resid_mid`` is absent for a parallel block, and the next layer is
+teacher-forced), so no probe can show a mutant of it."""
+
+from ...mutant import Mutant
+
+# decorations the families exercise that no mutant breaks, and why (see above)
+NO_MUTANT = {
+    "mqa": "the GQA head map with one group: no code of its own",
+    "per_layer_heads": "no code of its own in impl: each layer is built from its own config",
+    "parallel_residual": "no probe shows it: resid_mid is absent for a parallel block, the next layer teacher-forced",
+}
+
+MUTANTS = [
+    Mutant("partial-rotary-pairs-from-tail", "partial_rotary", "impl.rope",
+           "x1, x2 = x[..., :half], x[..., half:rotary_dim]", "x1, x2 = x[..., :half], x[..., -half:]",
+           {"family": "qwen3_next"}, "q_rope",
+           doc="rotate-half pairs channel i with the LAST half of the head instead of channel i + rotary_dim / 2: "
+               "the same for a fully rotated head, wrong when only the leading rotary_dim channels rotate"),
+    Mutant("scale-from-v-width", "v_head_dim", "impl.config",
+           "return cfg.head_dim**-0.5 if cfg.scale is None else cfg.scale",
+           "return cfg.dv**-0.5 if cfg.scale is None else cfg.scale",
+           {"family": "mimo_v2_flash"}, "attn_probs",
+           doc="the default softmax scale taken from the V head width instead of the Q/K width: the same when "
+               "V is as wide as K (HF MiMoV2FlashAttention: scaling = head_dim ** -0.5)"),
+]

@@ -1,0 +1,99 @@
+"""The spec's own formula of one attention layer, in float64: ``attn_block_tail`` /
+``push_and_attend_row`` / ``attn_branch_rows`` / ``project_attn_rows``
+(``spec/attn_block.rs.txt``) step by step, written the plain way from the
+pieces in ``harness.specref`` -- no code shared with impl's body. Returns the
+canonical probes (``contract.probes`` names and shapes) of one sequence."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...specref import alibi_slopes, attention, layernorm, norm, rms, rope, sig  # noqa: F401
+
+
+def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
+    """The attention half of one layer (an ``impl.config.LayerConfig``) over one
+    sequence ``x[n, hidden]`` in the spec's order: the canonical probes."""
+    n = x.shape[0]
+    P = {"layer_in": x}
+    if cfg.shape == "absent":  # deci.cpp: no branch, the residual passes through
+        P["resid_mid"] = x
+        return P
+    a = norm(x, cfg.input_norm, w.get("attn_norm"), w.get("attn_norm_b"))
+    P["attn_in"] = a
+    if cfg.shape == "linear":  # AttnShape::Linear => o_proj.apply(normed), nothing else
+        o = a @ w["wo"].T
+        P["attn_out"] = o
+        P["resid_mid"] = x + o
+        return P
+    H, Hkv, D, Dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
+    # project_qkv: weights only
+    q, k, v = a @ w["wq"].T, a @ w["wk"].T, a @ w["wv"].T
+    gate = None
+    if cfg.q_gate_interleaved:  # split_interleaved_q_gate: per head [q(D) | gate(D)]
+        qg = q.reshape(n, H, 2 * D)
+        q, gate = qg[..., :D].reshape(n, H * D), qg[..., D:].reshape(n, H * D)
+        if "bq_gate" in w:
+            gate = gate + w["bq_gate"]
+    # apply_qkv_bias_and_clamp, at the widths after the split
+    q = q + w.get("bq", 0.0)
+    k = k + w.get("bk", 0.0)
+    v = v + w.get("bv", 0.0)
+    if cfg.qkv_clamp is not None:
+        q, k, v = (np.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
+    q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, Dv)
+    P.update(q=q, k=k, v=v)
+
+    def qk_norm(q, k):
+        s = cfg.qk_norm
+        if s.over == "head":
+            return norm(q, s.norm, w.get("q_norm")), norm(k, s.norm, w.get("k_norm"))
+        return (norm(q.reshape(n, -1), s.norm, w.get("q_norm")).reshape(q.shape),
+                norm(k.reshape(n, -1), s.norm, w.get("k_norm")).reshape(k.shape))
+
+    pos = np.arange(n)
+    if cfg.qk_norm is not None and cfg.qk_norm.where == "pre_rope":
+        q, k = qk_norm(q, k)
+    if cfg.rope is not None:
+        f, r = np.array(cfg.rope.inv_freq), cfg.rope.rotary_dim
+        q = rope(q, pos, f, cfg.rope.layout, r)
+        k = rope(k, pos, f, cfg.rope.layout, r)
+        # apply_rope_attn_factor: YaRN's mscale on the rotated channels
+        q[..., :r] *= cfg.rope.attention_factor
+        k[..., :r] *= cfg.rope.attention_factor
+    if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":
+        q, k = qk_norm(q, k)
+    if cfg.temperature is not None:
+        t = cfg.temperature
+        q = q * (np.log1p(np.floor((pos + 1) / t.floor_scale)) * t.attn_scale + 1)[:, None, None]
+    P.update(q_rope=q, k_rope=k)
+    scale = D**-0.5 if cfg.scale is None else cfg.scale
+    slopes = alibi_slopes(H, cfg.alibi_max_bias) if cfg.alibi_max_bias is not None else None
+    heads, probs = attention(q, k, v, scale, window=cfg.window, softcap=cfg.softcap, sinks=w.get("sinks"),
+                             slopes=slopes)
+    P.update(attn_probs=probs, attn_heads=heads)
+    # attn_branch_rows: the interleaved gate, then the output gate, then the sub-norm
+    b = heads.reshape(n, H * Dv)
+    if gate is not None:
+        b = b * sig(gate)
+    if cfg.output_gate:
+        b = b * sig(a @ w["wg"].T + w.get("bg", 0.0))
+    if cfg.sub_norm is not None:
+        b = norm(b, cfg.sub_norm, w.get("sub_norm"))
+    P["attn_branch"] = b
+    # project_attn_rows: wo, its scale, THEN its bias, the value scale, the post norm
+    o = b @ w["wo"].T
+    if cfg.o_scale is not None:
+        o = o * cfg.o_scale
+    o = o + w.get("bo", 0.0)
+    if cfg.value_scale is not None:
+        o = o * cfg.value_scale
+    if cfg.post_norm is not None:
+        o = norm(o, cfg.post_norm, w.get("post_norm"), w.get("post_norm_b"))
+    P["attn_out"] = o
+    if cfg.residual == "sequential":
+        P["resid_mid"] = x + o * cfg.residual_multiplier
+    return P
+
+
+# ----------------------------------------------------------------- MLA

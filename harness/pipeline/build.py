@@ -1,0 +1,367 @@
+"""The model stage of a case: everything every side takes from the case --
+the config, the layer descriptions, the seeded (or loaded) model and its
+weights, the GGUF llama.cpp runs, the token ids, the selection and the memory
+plan -- computed once, when first asked, and shared.
+
+``Build`` is the public face the other stages and every plug-in see
+(references get a frozen ``CaptureRequest`` made from it; candidates get the
+Build itself, as ``run``): nothing outside reads it by a private name. The
+candidate's own lazy state lives in ``memo(key, make)``, never in the object's
+``__dict__``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from impl.config import ConfigError
+
+from .. import budget, families, kinds, references
+from ..checkpoint import checkpoint_stamp
+from ..errors import UsageError, suggest
+from ..features import model_features
+from ..gguf.types import is_quantized
+from ..references import CaptureRequest, RefCapture
+from ..select import Selection
+
+
+class Build:
+    """The model stage of ``case`` (a frozen ``harness.case.Case``); ``case`` is
+    replaced where the input decides it (a ``--gguf`` file's family and weight
+    type, a ``--prompt``'s length)."""
+
+    def __init__(self, case):
+        self.case = case
+        self.timings: dict[str, float] = {}
+        self.derived: dict[tuple[str, str], str] = {}  # (reference, probe key) -> how it was derived
+        self.switched: dict[str, int] = {}  # switch_off tag -> tensors / modules it changed
+        self.source = None  # set for --gguf / --hf-model
+        self.notes: list[str] = []  # what a candidate says about how it was judged (printed, in meta.json)
+        self._memo: dict = {}
+        self.hf_types: dict = {}  # quantized weights: HF tensor -> the GGUF types it came from
+        if case.gguf:
+            from ..gguf import reader as gguf_import
+
+            t = time.perf_counter()
+            self.source = gguf_import.load(case.gguf, case.family or None)
+            self.hf_types = self.source.hf_types
+            self.timings["gguf_import"] = time.perf_counter() - t
+            self.family = self.source.family
+            # the file decides the family and the weight type the case is judged at
+            self.case = case = replace(case, family=self.family.name, gguf_type=self.source.weight_type,
+                                       variant=self.source.variant)
+        else:
+            self.family = families.get(case.family)
+        self.variant = case.variant or (self.family.variants[0] if self.family.variants else None)
+
+
+    def memo(self, key: str, make):
+        """``make()`` once per case under ``key`` (a candidate's free run that serves
+        every reference, a model copy in another dtype)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def request(self) -> CaptureRequest:
+        """What a reference is given to capture this case (harness/references)."""
+        return self.memo("request", lambda: CaptureRequest(
+            case=self.case, family=self.family, config=self.config, layer_cfgs=tuple(self.layer_cfgs),
+            tokens=self.tokens, selection=self.selection, variant=self.variant, hf_dtype=self.plan.hf_dtype,
+            weights_stamp=tuple(self.weights_stamp()), checkpoint_stamp=checkpoint_stamp(self.case.hf_model),
+            user_file=self.source is not None, gguf=lambda: self.gguf_path, model=self.hf_model,
+            timings=self.timings, family_base_sources=tuple(families.base_sources())))
+
+    def meta_extra(self) -> dict:
+        """What the run's meta.json records beyond the case: for a GGUF, the file
+        (its weight types, the metadata keys llama.cpp does not read for its arch)."""
+        return {"gguf": self.source.summary()} if self.source is not None else {}
+
+    # ------------------------------------------------------------ model & weights
+    @cached_property
+    def config(self):
+        if self.source is not None:
+            return self.source.config
+        if self.case.hf_model:
+            from ..checkpoint import load_config
+
+            return load_config(self.case.hf_model, self.family, dict(self.case.overrides))
+        return self.family.make_config(dict(self.case.overrides))
+
+    @cached_property
+    def raw_layer_cfgs(self):
+        """The family's layer configs before any ``switch_off`` module switch."""
+        try:
+            return self.family.layer_configs(self.config, self.variant)
+        except ConfigError as e:
+            raise UsageError(f"family {self.family.name}: {e}") from None
+
+    @cached_property
+    def switches(self) -> list:
+        """The ``ModelSwitch`` of every tag in ``case.switch_off``."""
+        if not self.case.switch_off:
+            return []
+        known = self.family.model_switches(self.config)
+        for tag in self.case.switch_off:
+            if tag not in known:
+                raise UsageError(f"family {self.family.name} has no model switch {tag!r}; {suggest(tag, known)}")
+        hf_only = [t for t in self.case.switch_off if known[t].hf_only]
+        seeing = [r for r in references.registry().values() if r.sees_modules]
+        if hf_only and any(not references.get(r).sees_modules for r in self.case.refs):
+            names = " or ".join(f"--ref {r.name}" for r in seeing) or "a reference that runs the model's modules"
+            raise UsageError(f"switch_off {', '.join(hf_only)} replaces model modules, which only "
+                             f"{', '.join(r.label for r in seeing) or 'such a reference'} sees; use {names}")
+        return [known[t] for t in self.case.switch_off]
+
+    @cached_property
+    def layer_cfgs(self):
+        lcs = self.raw_layer_cfgs
+        for sw in self.switches:
+            if sw.layer is not None:
+                lcs = [sw.layer(lc) for lc in lcs]
+        return lcs
+
+    @cached_property
+    def base_model(self):
+        """The float32 model every reference and impl take their weights from: with
+        a quantized ``gguf_type``, the weights of the quantized file llama.cpp runs,
+        dequantized (harness/gguf/weights.py) -- every side computes with the
+        same numbers."""
+        m = self.float_model
+        if self.source is None and self.family.gguf_arch and is_quantized(self.case.gguf_type):
+            from ..gguf.weights import dequantized_model
+
+            try:
+                path = self.gguf_path  # its own timing: gguf_export
+            except RuntimeError:  # no file for llama.cpp (its capture reports why): the float weights
+                return m
+            t = time.perf_counter()
+            m, self.hf_types = dequantized_model(self.family, m, self.config, path, self.variant)
+            self.timings["dequantize"] = time.perf_counter() - t
+        return m
+
+    @cached_property
+    def gguf_path(self) -> Path:
+        """The GGUF llama.cpp runs: the user's file, or the export of ``float_model``
+        at the case's weight type (quantized by llama.cpp itself)."""
+        if self.source is not None:
+            return Path(self.source.path)
+        if not self.family.gguf_arch:
+            raise RuntimeError(f"family {self.family.name} has no GGUF export (llama.cpp arch unknown)")
+        from ..gguf.weights import export_for_case
+
+        # --hf-model: the checkpoint's files shape the GGUF as much as its config does
+        stamp = [self.case.hf_model, checkpoint_stamp(self.case.hf_model)] if self.case.hf_model else None
+        if self.case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
+            stamp = [stamp, ["switch_off", list(self.case.switch_off)]]
+        model = self.float_model
+        t = time.perf_counter()
+        path = export_for_case(self.family, model, self.config, self.case.gguf_type, self.case.seed, self.variant,
+                               source=stamp)
+        self.timings["gguf_export"] = time.perf_counter() - t  # a cached file: the time to find it
+        return path
+
+    @cached_property
+    def weight_dtype(self) -> str:
+        """What llama.cpp's weights make of a comparison with it: the export's float
+        type, or -- for quantized weights, which every side holds dequantized --
+        the type ggml's CPU quantizes the ACTIVATIONS to before it multiplies
+        them (vec_dot_type, harness/gguf/types.py), the coarsest over the
+        file's quantized tensors."""
+        if not is_quantized(self.case.gguf_type):
+            return self.case.gguf_type
+        from ..gguf.types import activation_dtype
+        from ..gguf.weights import file_tensors
+
+        try:
+            types = self.source.tensor_types if self.source is not None else file_tensors(self.gguf_path)[1]
+        except RuntimeError:  # no file: llama.cpp is an error row, nothing is compared with it
+            return "float32"
+        return activation_dtype(types.values()) or "float32"
+
+    @cached_property
+    def float_model(self):
+        """The model as built: the family's seeded one, a checkpoint, or the
+        user's GGUF read back (its weights already those llama.cpp runs)."""
+        if self.source is not None:  # --gguf: the HF model gguf_import rebuilt from the file
+            return self.source.model
+        t = time.perf_counter()
+        if self.case.hf_model:
+            from ..checkpoint import load_model
+
+            m = load_model(self.case.hf_model, self.family, self.config)
+        else:
+            m = self.family.build_model(self.config, self.case.seed, "float32")
+        # what each switch changed (0: nothing there to switch, e.g. a config switch
+        # of the same case already removed it); feature bisection reads it
+        self.switched = {tag: sw.edit(m, self.config, self.raw_layer_cfgs)
+                         for tag, sw in zip(self.case.switch_off, self.switches)}
+        self.timings["build_model"] = time.perf_counter() - t
+        return m
+
+    def model_in(self, dtype: str):
+        """The model with its weights held in ``dtype``: the float32 base model (also
+        for float64, which HF computes module by module on it: references/hf/float64.py
+        ``promoted``), or ONE copy in bfloat16 / float16 made once per case."""
+        import copy
+
+        import torch
+
+        if dtype in ("float32", "float64"):
+            return self.base_model
+        return self.memo(f"model_{dtype}", lambda: copy.deepcopy(self.base_model).to(getattr(torch, dtype)))
+
+    @cached_property
+    def selection(self) -> Selection:
+        """The layers and probes this case captures and compares (``--layers``, ``--probes``)."""
+        return Selection.of(self.case.layers, self.case.probes, len(self.layer_cfgs))
+
+    @cached_property
+    def plan(self) -> budget.Plan:
+        """What this case runs within the memory it has (harness/budget.py), decided
+        from the config before any work: a refusal is a UsageError (exit 2)."""
+        c = self.case
+        return budget.plan(self.family, self.config, self.layer_cfgs, tokens=c.tokens, seqs=c.n_seqs, dtype=c.dtype,
+                           refs=c.refs, selection=self.selection, gguf_type=c.gguf_type)
+
+    @cached_property
+    def tokens(self) -> np.ndarray:
+        """The token ids ``[seqs, tokens]``: seeded random ids, or ``--prompt``
+        tokenized with the GGUF's own vocabulary (the user's file, or the export)
+        by llama.cpp -- the same ids for every sequence and every side."""
+        if self.case.prompt is not None:
+            tok = next((r for r in references.registry().values() if r.file_weights), None)
+            if tok is None:
+                raise UsageError("--prompt needs a reference that reads the GGUF's vocabulary (llama.cpp); none is installed")
+            try:
+                ids = tok.tokenize(self.gguf_path, self.case.prompt)
+            except RuntimeError as e:
+                raise UsageError(f"--prompt: {e}") from None
+            bad = [i for i in ids if not 0 <= i < int(self.config.vocab_size)]
+            if bad:
+                raise UsageError(f"--prompt: token ids {bad[:4]} lie outside the model's {self.config.vocab_size} "
+                                 "embedding rows")
+            self.case = replace(self.case, tokens=len(ids))
+            return np.tile(np.asarray(ids, dtype=np.int64), (self.case.n_seqs, 1))
+        vocab = int(self.config.vocab_size)
+        rows = [np.random.default_rng([self.case.seed, s, 7]).integers(0, vocab, self.case.tokens)
+                for s in range(self.case.n_seqs)]
+        return np.stack(rows).astype(np.int64)
+
+    def layer_weights_for(self, dtype: str, i: int) -> dict:
+        """impl's weights of layer ``i``, as the reference computing in ``dtype`` holds
+        them -- made when asked and not kept: at real sizes all layers' weights in
+        float64 would be a second model."""
+        lc = self.layer_cfgs[i]
+        if not kinds.implemented(lc):
+            return {}
+        if self.source is not None:
+            w = self.source.layer_weights[i]
+        else:
+            model = self.model_in(dtype if dtype in ("float16", "bfloat16") else "float32")
+            w = self.family.layer_weights(model, self.config, i)
+        # a named variant may store the same function in other weights (llama's
+        # wo_scale: wo / s, with s as the {1} companion)
+        return self.family.variant_weights(w, self.config, i, self.variant)
+
+    def weights_for(self, dtype: str) -> list[dict]:
+        """Every layer's ``layer_weights_for`` (small models; a real-size run takes them one layer at a time)."""
+        return [self.layer_weights_for(dtype, i) for i in range(len(self.layer_cfgs))]
+
+    @cached_property
+    def features(self) -> list[str]:
+        # one layer's weights at a time (their names decide the features)
+        f = model_features(self.layer_cfgs, (self.layer_weights_for("float32", i) for i in range(len(self.layer_cfgs))))
+        f |= set(self.family.declared_features)
+        f.add(f"kv_{self.case.kv}")
+        if self.case.evict:
+            f.add("kv_evict")
+        return sorted(f)
+
+    def weights_stamp(self) -> list:
+        """What, beyond the config and seed, decides the weights HF runs: the
+        user's GGUF (its stamp), or the quantized file whose weights it holds."""
+        if self.source is not None:
+            p = Path(self.source.path)
+            return [["gguf", str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns]]
+        if self.family.gguf_arch and is_quantized(self.case.gguf_type):
+            try:
+                return [["quantized", self.gguf_path.name]]
+            except RuntimeError:
+                return [["quantized", None]]
+        return []
+
+    @cached_property
+    def gguf_hf(self):
+        """``(model, how)`` of transformers' own GGUF loader on the user's file
+        (``(None, why not)`` where it does not read the arch); built once."""
+        from ..gguf.weights import transformers_reference
+
+        return transformers_reference(self.source)
+
+    def hf_model(self, weights: str):
+        """The HF reference model with its weights held in ``weights`` (as
+        ``model_in``: float32 also for float64, which HF computes module by module
+        on it) and, for a GGUF, how its weights were built (the caller copies
+        before changing it)."""
+        if self.source is None:
+            return self.model_in(weights), None
+        model, how = self.gguf_hf
+        if model is None:
+            return self.model_in(weights), how
+        if weights not in ("float32", "float64"):
+            import copy
+
+            import torch
+
+            # ONE copy per case, as model_in makes
+            model = self.memo(f"gguf_hf_{weights}", lambda: copy.deepcopy(model).to(getattr(torch, weights)))
+        return model, how
+
+    def weights_dtype(self, rc: RefCapture) -> str:
+        """The weights a teacher-forced candidate computes with against ``rc``: as
+        the reference holds them (a reference that computes in the case's precision,
+        HF, rounds its weights too), else float32 (llama.cpp's float32 graph)."""
+        low = self.case.dtype in ("float16", "bfloat16")
+        return self.case.dtype if low and references.get(rc.name).graph_dtype is None else "float32"
+
+    # ------------------------------------------------------------ ggml's activation rounding
+    def emulates(self, rc: RefCapture) -> bool:
+        """Whether a candidate may reproduce ``rc``'s activation rounding: a reference
+        that computes with the file's quantized weights (llama.cpp). Quantized weights
+        only: a float file's comparison keeps its float16 / bfloat16 policy."""
+        return (references.get(rc.name).file_weights and bool(self.hf_types)
+                and is_quantized(self.case.gguf_type))
+
+    def ggml_act_types(self, rc: RefCapture, i: int) -> dict[str, str]:
+        """Against llama.cpp on quantized weights: layer ``i``'s impl weight name ->
+        the type ggml's CPU quantizes the activations multiplied by it to
+        (harness/references/llamacpp/ggml_matmul.py), which a candidate may reproduce
+        (``LayerCall.ggml_act``); else empty."""
+        if not self.emulates(rc):
+            return {}
+        from ..references.llamacpp.ggml_matmul import layer_act_types
+
+        by_layer = self.memo("act_types_by_layer", dict)
+        if i not in by_layer:
+            by_layer[i] = layer_act_types(self.family, self.base_model, self.config, i, self.hf_types)
+        return by_layer[i]
+
+    def ggml_layer_dtype(self, rc: RefCapture, call) -> str | None:
+        """A layer's comparison dtype against llama.cpp on quantized weights:
+        ``ggml_<act>`` where the candidate reproduced ggml's activation rounding for
+        every quantized matmul of the layer (``call.ggml_met``; what is left is
+        float32 summation order), else the activation type's own (the rounding
+        left in). None: not such a comparison."""
+        if not self.emulates(rc):
+            return None
+        acts = {n: t for n, t in call.ggml_act.items() if n in call.weights}
+        if acts and set(acts) <= call.ggml_met:
+            from ..gguf.types import coarsest_activation
+
+            return "ggml_" + coarsest_activation(acts.values())
+        return self.weight_dtype

@@ -1,0 +1,277 @@
+"""The judge stage: one case's rows, from the captures of its sides.
+
+``Judge`` takes a frozen ``JudgeRequest`` (the case, its layer descriptions
+and config, the policy, what the candidate is) and compares: the candidate
+against each reference, probe by probe and layer by layer (``compare_candidate``,
+fed by a ``CandidateFeed``: the candidate's whole capture, or one layer at a
+time), and the references with each other (``compare_refs``). Each comparison
+is judged by the tolerance policy scaled to the case (``judge``: the RoPE
+reach, the values' scale, the float64 oracle's rule where there is one), and a
+failure that a finding excuses becomes ``finding`` -- matched on the
+reference's own config, up to the finding's measured size. The verdict rules
+(harness/verdict.py) are applied to the rows afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from contract.probes import LAYER_PROBES
+
+from .. import kinds, references, scaling, verdict
+from ..compare import absmax, all_finite, judge, judge_against_oracle, metrics
+from ..errors import UsageError
+from ..policy import comparison_dtype, dataflow_position
+from ..references import RefCapture
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    """What the judge stage reads of a case (made by ``harness.case.CaseRun``)."""
+
+    case: Any  # harness.case.Case
+    family: str
+    config: Any  # the reference's own HF config (findings match on it)
+    layer_cfgs: tuple
+    policy: Any  # harness.policy.Policy
+    selection: Any  # harness.select.Selection
+    features: tuple
+    variant: str | None
+    candidate: str
+    teacher_forced: bool
+    weight_dtype: str  # the GGUF's weight precision (what llama.cpp's weights make of a comparison)
+    plan_notes: tuple = ()
+    derived: dict = field(default_factory=dict)  # (side, probe key) -> how it was derived
+
+
+@dataclass(frozen=True)
+class CandidateFeed:
+    """How the candidate's probes reach the judge: ``whole(rc)`` (everything, or an
+    empty capture for a candidate run one layer at a time) and, with ``by_layer``,
+    ``layer(rc, i)`` -- one layer, its probes dropped once compared: a real-size run
+    holds one layer beyond the weights."""
+
+    whole: Callable
+    layer: Callable | None = None
+    by_layer: bool = False
+
+
+class Judge:
+    def __init__(self, req: JudgeRequest):
+        self.req = req
+        self.timings: dict[str, float] = {}
+        self.notes: list[str] = []  # what the candidate says about how it was judged
+        # (side, probe key) -> how it was derived: the references' (capture stage), then each
+        # candidate capture's own (its meta's "derived")
+        self.derived: dict = dict(req.derived)
+
+    def compare_candidate(self, rc: RefCapture, feed: "CandidateFeed", oracle: RefCapture | None = None) -> list[dict]:
+        """The candidate against one reference. ``oracle``: a float64 run on the same
+        inputs (``oracle_for``); where given and the comparison dtype has an oracle
+        rule, each probe is judged by the candidate's distance to it relative to the
+        reference's (``judge_against_oracle``). Otherwise (llama.cpp, a float32 graph,
+        against a teacher-forced candidate: the reference is itself the better
+        estimate of the truth) the candidate is judged directly, at the comparison
+        dtype's bounds scaled to the case (harness/scaling.py).
+
+        A teacher-forced candidate is given ``rc``'s own layer inputs, layer by
+        layer; a free-running one is compared at every probe both sides hold,
+        ``layer_in`` and the model-level probes included."""
+        req = self.req
+        name, forced = req.candidate, req.teacher_forced
+        sel = req.selection
+        try:
+            whole = feed.whole(rc)
+        except UsageError:
+            raise
+        except Exception as e:  # the candidate crashed as a whole: one error row, the run goes on
+            return [self.row(name, rc.name, None, "*", "error",
+                             f"{name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")]
+        self.derived.update({(name, k): how for k, how in (whole.meta.get("derived") or {}).items()})
+        ref = references.get(rc.name)
+        cdt = comparison_dtype(whole.dtype, rc.dtype)
+        if ref.file_weights:
+            cdt = comparison_dtype(cdt, req.weight_dtype)
+        if oracle is not None and "ratio" not in req.policy.tolerance(cdt, "default")[0]:
+            oracle = None  # no oracle rule at this precision: judged directly
+        # what the memory plan gave up (harness/budget.py), said in every row against the oracle's reference
+        plan_note = "; ".join(req.plan_notes) if ref.oracle else ""
+        rows = []
+
+        def compare(cap, layer, probe, expected):
+            if cap.note and cap.note not in self.notes:
+                self.notes.append(cap.note)
+            key = f"L{layer}.{probe}" if layer is not None else probe
+            if key not in cap.probes:
+                hidden = cap.hidden(key)
+                if hidden and (expected or key in rc.probes):
+                    rows.append(self.row(name, rc.name, layer, probe, "not-exposed", f"{name}: {hidden}"))
+                elif expected and not hidden:  # a probe the candidate stopped emitting is noticed, not dropped
+                    lc = req.layer_cfgs[layer] if layer is not None else None
+                    what = (f"({kinds.label(lc)} layers emit {', '.join(verdict.expected_probes(lc))})"
+                            if lc is not None and verdict.expected_probes(lc) else f"({rc.name} holds it)")
+                    rows.append(self.row(name, rc.name, layer, probe, "missing",
+                                          f"{name} emitted no {probe} for this layer {what}"))
+                return
+            if key not in rc.probes:
+                rows.append(self.row(name, rc.name, layer, probe, "not-exposed",
+                                     f"{rc.name} does not expose {probe} for {req.family}"))
+                return
+            orc = None if oracle is None else oracle.probes.get(key)
+            if oracle is not None and orc is None and not forced:
+                pass  # HF computes no such tensor (MLA's absorbed query): judged directly
+            elif oracle is not None and orc is None:
+                rows.append(self.row(name, rc.name, layer, probe, "error",
+                                      f"the float64 oracle of {rc.name} has no {probe} here"))
+                return
+            # a layer whose quantized matmuls the candidate rounded as ggml does is judged at
+            # ggml_<act> (Build.ggml_layer_dtype)
+            ldt = (comparison_dtype(comparison_dtype(cap.dtype, rc.dtype), cap.layer_dtypes[layer])
+                   if layer in cap.layer_dtypes else cdt)
+            row = self.judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc)
+            if cap.note and not row.get("tol_reason"):
+                row["tol_reason"] = cap.note  # why the bound is this dtype's
+            if plan_note:
+                row["reason"] = "; ".join(x for x in (row["reason"], plan_note) if x)
+            rows.append(row)
+
+        if not forced and sel.probe("embeddings"):
+            compare(whole, None, "embeddings", "embeddings" in rc.probes)
+        for i in sel.layers:
+            lc = req.layer_cfgs[i]
+            if forced and not kinds.implemented(lc):
+                rows.append(self.row(name, rc.name, i, "*", "not-implemented",
+                                     f"not implemented in {name}: {lc.kind} ({lc.reason})", layer_kind=lc.label))
+                continue
+            if forced and f"L{i}.layer_in" not in rc.probes:
+                rows.append(self.row(name, rc.name, i, "layer_in", "not-exposed",
+                                      f"{rc.name} does not expose this layer's input; the layer cannot be teacher-forced"))
+                continue
+            cap = whole
+            if feed.by_layer:
+                t = time.perf_counter()
+                cap = feed.layer(rc, i)
+                self.timings[f"{name}_run_{rc.name}"] = (self.timings.get(f"{name}_run_{rc.name}", 0.0)
+                                                         + time.perf_counter() - t)
+            if i in cap.errors:
+                rows.append(self.row(name, rc.name, i, "*", "error", cap.errors[i]))
+                continue
+            expected = set(verdict.expected_probes(lc))
+            if not forced:  # the engine's graph: what the reference holds, it must hold or say why not
+                expected |= {p for p in LAYER_PROBES if f"L{i}.{p}" in rc.probes}
+            for probe in LAYER_PROBES:
+                if (probe == "layer_in" and forced) or not sel.probe(probe):
+                    continue
+                compare(cap, i, probe, probe in expected)
+            del cap
+        if not forced:
+            for probe in ("final_norm", "logits"):
+                if sel.probe(probe):
+                    compare(whole, None, probe, probe in rc.probes)
+        return rows
+
+
+    def compare_refs(self, cand: RefCapture, ref: RefCapture) -> list[dict]:
+        cdt = comparison_dtype(comparison_dtype(cand.dtype, ref.dtype), self.req.weight_dtype)
+        rows = []
+        keys = [k for k in ref.probes if k in cand.probes]
+        order = {p: n for n, p in enumerate(LAYER_PROBES)}
+
+        def sort_key(k):
+            if k.startswith("L"):
+                layer, probe = k.split(".", 1)
+                return (1, int(layer[1:]), order.get(probe, 99), probe)
+            return (0 if k == "embeddings" else 2, 0, 0, k)
+
+        for k in sorted(keys, key=sort_key):
+            layer, probe = (int(k.split(".")[0][1:]), k.split(".", 1)[1]) if k.startswith("L") else (None, k)
+            rows.append(self.judge(cand.name, ref.name, layer, probe, cand.probes[k], ref.probes[k], cdt, None))
+        return rows
+
+
+    def judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle) -> dict:
+        if np.shape(a) != np.shape(b):
+            return self.row(cand_name, ref_name, layer, probe, "error",
+                             f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
+        m = metrics(a, b, probe)
+        req = self.req
+        base, why = req.policy.tolerance(cdt, probe, req.family, ref_name, cand_name)
+        # the bound at this case's size: RoPE reach and the values' scale (harness/scaling.py);
+        # angles are float32 in every reference below float64 (llama.cpp always)
+        rope = self.rope_reach(cand_name, layer, probe)
+        ref_scale = absmax(b if oracle is None else oracle)
+        tol = scaling.scaled(base, rope, "float64" if cdt == "float64" else "float32", ref_scale)
+        if oracle is not None:
+            cm, rm = metrics(a, oracle, probe), metrics(b, oracle, probe)
+            status, reason, allowed = judge_against_oracle(cm, rm, tol, all_finite(oracle))
+            extra = {"nmse_cand_oracle": cm["nmse"], "nmse_ref_oracle": rm["nmse"],
+                     "err_ratio": max(_over(cm["nmse"], allowed), _over(cm["max_abs"], tol["atol"]))}
+            tol = dict(tol, nmse=allowed)  # the bound actually applied is what the row reports
+        else:
+            status, reason = judge(m, tol)
+            extra = {"err_ratio": max(_over(m["nmse"], tol["nmse"]), _over(m["max_abs"], tol["atol"]))}
+        if status == "fail":
+            # matched on the reference's own config (the HF config; a --gguf file's read back
+            # from its keys), never on what impl was told to compute
+            lc = req.layer_cfgs[layer] if layer is not None else None
+            known = req.policy.finding(req.family, cand_name, ref_name, probe, kinds.label(lc), req.config,
+                                       layer=layer, nmse=m["nmse"], dtype=cdt, tokens=req.case.tokens,
+                                       n_layers=len(req.layer_cfgs))
+            if known:
+                status, reason = "finding", f"{reason} -- known disagreement: {known}"
+        key = f"L{layer}.{probe}" if layer is not None else probe
+        notes = [f"{side}'s {probe} is {self.derived[(side, key)]}" for side in (cand_name, ref_name)
+                 if (side, key) in self.derived]
+        if notes:  # never silent: a derived probe is not one the reference names
+            reason = "; ".join(([reason] if reason else []) + notes)
+        row = self.row(cand_name, ref_name, layer, probe, status, reason, cmp_dtype=cdt, **m, **extra,
+                        tol_nmse=tol.get("nmse"), tol_atol=tol.get("atol"), tol_reason=why)
+        return row
+
+
+    def rope_reach(self, cand: str, layer: int | None, probe: str):
+        """The RoPE reach (harness/scaling.py) a comparison's bound must allow for, or
+        None: a teacher-forced candidate carries the angle error of its own layer
+        only, from q_rope on; free-running sides carry every RoPE upstream."""
+        req = self.req
+        n = req.case.tokens
+        pos = dataflow_position(layer, probe)
+        reach = []
+        for i, lc in enumerate(req.layer_cfgs):
+            kind = kinds.of(lc)
+            if kind is None or scaling.rope_size(lc, n) is None:
+                continue
+            if cand == req.candidate and req.teacher_forced and i != layer:
+                continue
+            if pos >= dataflow_position(i, kind.rope_probe):
+                reach.append(scaling.rope_size(lc, n))
+        if not reach:
+            return None
+        return scaling.RopeSize(max(r.mean_sq for r in reach), max(r.max_weighted for r in reach))
+
+
+    def row(self, cand, ref, layer, probe, status, reason, **kw) -> dict:
+        """One report row of this case (contract.rows.ROW_COLUMNS)."""
+        req = self.req
+        c = req.case
+        lc = req.layer_cfgs[layer] if layer is not None and layer < len(req.layer_cfgs) else None
+        row = dict(
+            case_id=c.case_id(), family=req.family, features=";".join(req.features), backend=c.backend,
+            device=c.device, dtype=c.dtype, kv=c.kv, schedule=c.schedule, seed=c.seed, tokens=c.tokens,
+            seqs=c.n_seqs, gguf_type=c.gguf_type, overrides=";".join(f"{k}={v}" for k, v in c.overrides),
+            candidate=cand, reference=ref, layer=-1 if layer is None else layer, probe=probe,
+            variant=req.variant or "", layer_kind=kw.pop("layer_kind", None) or kinds.label(lc),
+            status=status, reason=reason,
+        )
+        row.update(kw)
+        return row
+
+
+def _over(err: float, limit: float) -> float:
+    """How far ``err`` is from the tolerance that judged it (> 1 fails): the
+    number the report's heatmap colours by, comparable across dtypes."""
+    return err / limit if limit > 0 else (0.0 if err == 0 else float("inf"))

@@ -1,0 +1,76 @@
+"""The oracle stage: the float64 run a low-precision comparison is judged through.
+
+The oracle is a REFERENCE in float64 -- the one whose plug-in says it can be
+(``Reference.oracle``: HF, its modeling code computed module by module in
+float64) -- never the candidate: an oracle that shared the candidate's code
+would excuse its bug. For a teacher-forced candidate it is fed the
+lower-precision reference run's own layer inputs (``forced``), so its distance
+to that run is the run's own rounding in the layer; for a free-running
+candidate it runs free from the same tokens (``free``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from .. import references
+from ..errors import UsageError
+from ..references import RefCapture
+
+
+def _error(e: Exception) -> RefCapture:
+    ref = references.oracle_reference()
+    return RefCapture(ref.name if ref else "-", "float64", error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+
+
+def forced(build, rc: RefCapture) -> RefCapture:
+    """The oracle reference in float64 on the weights as ``rc`` holds them, each
+    decoder layer fed ``rc``'s own input to it. An error is returned as a capture
+    with ``error`` set (the comparison then errors, the run goes on)."""
+    t = time.perf_counter()
+    try:
+        oc = references.get(rc.name).capture(build.request(), dtype="float64", weights=rc.dtype, force=rc)
+    except UsageError:
+        raise
+    except Exception as e:
+        oc = _error(e)
+    build.timings["capture_hf_oracle"] = time.perf_counter() - t
+    return oc
+
+
+def free(build) -> RefCapture:
+    """The oracle reference in float64, free-running from the case's tokens on the
+    weights the case's own run of it holds (made once per case)."""
+    def make():
+        t = time.perf_counter()
+        try:
+            w = build.case.dtype if build.case.dtype in ("float16", "bfloat16") else "float32"
+            oc = references.oracle_reference().capture(build.request(), dtype="float64", weights=w)
+        except UsageError:
+            raise
+        except Exception as e:
+            oc = _error(e)
+        build.timings["capture_hf_oracle"] = time.perf_counter() - t
+        return oc
+
+    return build.memo("free_oracle", make)
+
+
+def oracle_for(build, rc: RefCapture, teacher_forced: bool) -> RefCapture | None:
+    """The float64 oracle the candidate is judged through against ``rc``, or None
+    (judged directly). A teacher-forced candidate below float64 against the oracle
+    reference: ``forced``. A free-running candidate (it runs from the tokens, as the
+    references do): the oracle reference in float64, free-running too, against
+    either reference, where the comparison dtype's table has an oracle rule. None
+    too where the memory plan skipped the oracle (harness/budget.py; every row
+    against the oracle's reference says so)."""
+    ref = references.get(rc.name)
+    if build.plan.skips_oracle and not (ref.oracle and rc.dtype == "float64"):
+        return None
+    if teacher_forced:
+        return forced(build, rc) if ref.oracle and rc.dtype != "float64" else None
+    if rc.dtype == "float64" and ref.oracle:
+        return rc  # the reference is itself float64 and runs free from the same tokens
+    if references.oracle_reference() is None:
+        return None
+    return free(build)

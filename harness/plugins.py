@@ -1,0 +1,84 @@
+"""The five extension points, declared the same way: entry points.
+
+=============================  ==================================================
+group                          what an entry point names
+=============================  ==================================================
+``attn_conformance.references`` a ``harness.references.Reference`` (hf, llamacpp)
+``attn_conformance.kinds``      a ``harness.kinds.LayerKind`` (attention, mla, ...)
+``attn_conformance.families``   a ``harness.families.Family``, or a callable that
+                                returns ``{name: Family}`` (the built-in folders)
+``attn_conformance.candidates`` a ``harness.candidates.Candidate`` (class or instance)
+``attn_conformance.commands``   a command module: ``add_parser(sub)`` and ``run(args)``
+=============================  ==================================================
+
+A user's package adds its own under the same groups in its ``pyproject.toml``;
+this project declares its built-ins there too, and reads them from its own
+``pyproject.toml`` beside the installed metadata, so a checkout whose editable
+install predates a new built-in still finds it (one declaration, one place).
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+from pathlib import Path
+
+PREFIX = "attn_conformance."
+GROUPS = ("references", "kinds", "families", "candidates", "commands")
+
+
+class Declared:
+    """An entry point, ``module:attr`` (read from pyproject.toml or the metadata)."""
+
+    def __init__(self, name: str, value: str):
+        self.name, self.value = name, value
+
+    def load(self):
+        mod, _, attr = self.value.partition(":")
+        obj = importlib.import_module(mod)
+        for part in attr.split(".") if attr else ():
+            obj = getattr(obj, part)
+        return obj
+
+
+@lru_cache(maxsize=None)
+def _pyproject() -> dict:
+    import tomllib
+
+    p = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    try:
+        return tomllib.loads(p.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def declared_here(group: str) -> dict[str, str]:
+    """This project's own entry points of ``group`` as its pyproject.toml declares them."""
+    return dict(_pyproject().get("project", {}).get("entry-points", {}).get(PREFIX + group, {}))
+
+
+def entry_points(group: str) -> dict:
+    """``{name: entry point}`` of ``group``: installed ones, overridden for their
+    names by this checkout's own declarations."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown plugin group {group!r}; valid: {', '.join(GROUPS)}")
+    from importlib.metadata import entry_points as installed
+
+    found = {ep.name: ep for ep in installed(group=PREFIX + group)}
+    found.update({n: Declared(n, v) for n, v in declared_here(group).items()})
+    return dict(sorted(found.items()))
+
+
+def load(group: str, name: str, ep=None):
+    """The object entry point ``name`` of ``group`` names; a plug-in that does not
+    import is a ``PluginError`` naming it (the caller makes it bad input)."""
+    ep = ep if ep is not None else entry_points(group)[name]
+    try:
+        return ep.load()
+    except Exception as e:
+        raise PluginError(f"{group[:-1]} {name!r} ({getattr(ep, 'value', '?')}) failed to load: "
+                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+
+
+class PluginError(RuntimeError):
+    """A plug-in that cannot be loaded (one line, names it and why)."""

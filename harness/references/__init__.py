@@ -1,0 +1,143 @@
+"""The references: the implementations every candidate is judged against.
+
+A reference is a plug-in (entry point group ``attn_conformance.references``;
+the built-ins are ``hf`` and ``llamacpp``, one folder each under this package).
+What used to be ``if ref == "hf"`` in a dozen modules is an attribute of the
+reference here, so a third reference is one folder and one entry point:
+
+- ``capture(run)`` -> ``RefCapture``: its probes for the case (``run`` is the
+  case's model stage, ``harness.pipeline.build.Build``: config, layer
+  descriptions, tokens, weights, the GGUF, the selection);
+- ``oracle``: it can run itself in float64, teacher-forced on another capture's
+  layer inputs -- the float64 oracle low-precision comparisons are judged
+  through (HF);
+- ``graph_dtype``: the precision it computes in whatever the case asks
+  (llama.cpp's graph: float32), None: the case's own;
+- ``file_weights``: it computes with the GGUF's weight type (llama.cpp), so a
+  comparison with it is made at that type's precision and, for quantized
+  weights, a candidate may reproduce its activation rounding;
+- ``sees_modules``: feature switches that replace model modules are visible
+  to it only (HF: the switched modules are its own);
+- ``default_for_file``: ``--gguf`` alone compares against it (llama.cpp).
+
+References never import impl or the families (import-linter holds it): a
+family's hooks reach them as the ``run.family`` object.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+from .capture import RefCapture  # noqa: F401 (re-exported)
+
+GROUP = "references"
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    """What a reference is given to capture one case (made by the case's Build,
+    ``harness/pipeline/build.py``): frozen, so a reference cannot change the case
+    under another's feet. The heavy parts are callables, made when first asked:
+    ``gguf()`` the file llama.cpp runs, ``model(weights)`` -> ``(HF model, how it
+    was built)`` with its weights held in ``weights``. ``timings`` is where a
+    reference records where its time went (meta.json)."""
+
+    case: Any  # harness.case.Case
+    family: Any  # harness.families.Family
+    config: Any  # the HF config
+    layer_cfgs: tuple  # contract.layers descriptions, one per decoder layer
+    tokens: Any  # np.ndarray [seqs, tokens]
+    selection: Any  # harness.select.Selection
+    variant: str | None
+    hf_dtype: str  # what the memory plan lets HF compute in
+    weights_stamp: tuple  # what, beyond the config and seed, decides the weights
+    checkpoint_stamp: Any  # --hf-model's files
+    user_file: bool  # the GGUF is the user's (--gguf), not an export
+    gguf: Callable[[], Any]
+    model: Callable[[str], tuple]
+    timings: dict
+    family_base_sources: tuple = ()  # the family machinery's files (in the capture's cache key)
+
+
+class Reference(ABC):
+    name: str = ""  # set from the entry point
+    label: str = ""
+    oracle: bool = False
+    graph_dtype: str | None = None
+    file_weights: bool = False
+    sees_modules: bool = False
+    default_for_file: bool = False
+    # the extra that installs it (pytest's `llamacpp` marker; README setup)
+    requires: str = ""
+
+    def available(self) -> bool:
+        """Whether this reference can run here (its package installed)."""
+        return True
+
+    @abstractmethod
+    def capture(self, run, **kw) -> RefCapture:
+        """The reference's probes for the case (``run``: the case's Build)."""
+
+    def tokenize(self, gguf_path, text: str) -> list[int]:
+        raise NotImplementedError(f"reference {self.name} does not tokenize")
+
+    def compute_dtype(self, case_dtype: str) -> str:
+        return self.graph_dtype or case_dtype
+
+    def estimate(self, ctx) -> dict[str, dict[str, int]]:
+        """What this reference adds to a case's memory (harness/budget.py):
+        ``{"parts": {name: bytes}, "phases": {name: bytes}}``."""
+        return {"parts": {}, "phases": {}}
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, Reference]:
+    from .. import plugins
+
+    out = {}
+    for name, ep in plugins.entry_points(GROUP).items():
+        obj = plugins.load(GROUP, name, ep)
+        ref = obj() if isinstance(obj, type) else obj
+        if not isinstance(ref, Reference):
+            raise plugins.PluginError(f"reference {name!r} is a {type(ref).__name__}, not a "
+                                      "harness.references.Reference")
+        ref.name = name
+        out[name] = ref
+    return out
+
+
+def names() -> tuple[str, ...]:
+    """Every reference's name, in registry order (the order ``--ref all`` captures in)."""
+    return tuple(registry())
+
+
+def choices() -> tuple[str, ...]:
+    """What ``--ref`` takes: a reference's name, or ``all`` (every one, and each with the others)."""
+    return (*names(), "all")
+
+
+def get(name: str) -> Reference:
+    from ..errors import UsageError, suggest
+
+    reg = registry()
+    if name not in reg:
+        raise UsageError(f"unknown reference {name!r}; {suggest(name, list(reg) + ['all'])}")
+    return reg[name]
+
+
+def default(file: bool = False) -> str:
+    """The reference a case compares against when none is named: the first, or
+    for a user's file the one that reads such files."""
+    if file:
+        for r in registry().values():
+            if r.default_for_file:
+                return r.name
+    return names()[0]
+
+
+def oracle_reference() -> Reference | None:
+    """The reference that can serve as the float64 oracle (HF), or None."""
+    return next((r for r in registry().values() if r.oracle), None)

@@ -1,0 +1,84 @@
+"""HF transformers as a reference (``--ref hf``).
+
+The model is the case's own (built from the family's tiny config with seeded
+weights, a checkpoint, or a GGUF read back), run eagerly with forward hooks
+at the family's probe points and the family's eager attention function
+wrapped (``capture.py``). It is also the float64 oracle: the same model
+computed module by module in float64 (``float64.py``), teacher-forced on
+another capture's own layer inputs, so a low-precision comparison tells a bug
+from rounding (README "Verdict rules", docs/explanation/oracle-and-tolerance.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import Reference
+from ..capture import RefCapture
+
+CAPTURE_SCHEMA = 2  # bump when the meaning of a stored capture changes (2: a directory of .npy, harness/store.py)
+
+
+class HF(Reference):
+    label = "HF transformers"
+    oracle = True
+    sees_modules = True
+
+    def capture(self, req, dtype: str | None = None, weights: str | None = None, force: RefCapture | None = None,
+                attn_implementation: str = "eager") -> RefCapture:
+        """HF computing in ``dtype`` (default: the case's planned one) on its weights
+        as held in ``weights`` (default: ``dtype``); ``force``: teacher-force every
+        decoder layer with that capture's own layer inputs (the float64 oracle);
+        ``attn_implementation``: transformers' attention path (the reference is
+        eager; the hf-sdpa / hf-flex candidates take the others). ``req``: the
+        case's ``CaptureRequest``."""
+        from ... import cache
+        from ...versions import versions
+        from . import capture as hf
+        from .float64 import __file__ as f64_file
+
+        dtype = dtype or req.hf_dtype
+        weights = weights or dtype
+        sel = req.selection
+        case = req.case
+        src = cache.source_hash(*cache.family_sources(req.family), Path(hf.__file__), Path(f64_file),
+                                *req.family_base_sources)
+        k = cache.key("hf", CAPTURE_SCHEMA, req.family.name, req.config.to_json_string(use_diff=False),
+                      case.seed, req.tokens.tolist(), dtype, case.hf_model, req.checkpoint_stamp,
+                      versions().get("torch"), versions().get("transformers"), src,
+                      *((["switch_off", list(case.switch_off)],) if case.switch_off else ()),
+                      *req.weights_stamp,
+                      *((["weights", weights],) if weights != dtype else ()),
+                      *((["forced_by", force.key],) if force is not None else ()),
+                      *((["selection", sel.label()],) if sel.label() else ()),
+                      *((["attn_implementation", attn_implementation],) if attn_implementation != "eager" else ()))
+        hit = cache.load("hf", k)
+        if hit is not None:
+            return RefCapture(self.name, dtype, hit[0], meta=hit[1], cached=True, key=k)
+        # the weights as held (float32, or the case's bfloat16 / float16 copy); a float64
+        # run computes on them module by module with every float32 side path of HF's
+        # modeling code promoted (float64.py), so it is judged at float64
+        model, how = req.model(weights)
+        if attn_implementation != "eager":  # a candidate's attention path, on a copy: the reference stays eager
+            import copy
+
+            model = copy.deepcopy(model)
+            model.set_attn_implementation(attn_implementation)
+        meta = {"family": req.family.name, "dtype": dtype, "weights": weights, **({"built_by": how} if how else {})}
+        forced = None if force is None else {k2: force.probes[k2] for k2 in force.probes if k2.endswith(".layer_in")}
+        # each probe goes to disk as HF computes it (harness/store.py); the oracle stops
+        # after the last layer it is asked for
+        with cache.writer("hf", k, keep=sel.key) as w:
+            hf.capture(req.family, model, req.config, list(req.layer_cfgs), req.tokens, meta, force_inputs=forced,
+                       sink=w, layers=sel.layers, probes=sel.probes, float64=dtype == "float64",
+                       model_probes=force is None and sel.model_probes, attn_implementation=attn_implementation)
+            probes = cache.finish(w, meta)
+        return RefCapture(self.name, dtype, probes, meta=meta, key=k)
+
+    def estimate(self, ctx) -> dict:
+        """HF runs in this process: one layer's activations and the eager attention,
+        and the logits read back (harness/budget.py)."""
+        b = ctx.bytes(ctx.hf_dtype)
+        forward = ctx.forward(b)
+        return {"parts": {"forward": forward, "logits": ctx.logits(b)},
+                "phases": {"hf capture": forward + ctx.logits(b)}}

@@ -1,0 +1,275 @@
+"""HF transformers as a reference: forward hooks read the canonical probes.
+
+Module probes come from forward (pre-)hooks at the points the family names
+(``Family.hf_points``). The four probes that live inside the attention function
+-- ``q_rope``, ``k_rope`` (what enters the score product), ``attn_probs`` and
+``attn_heads`` (softmax(QK)V per head) -- come from wrapping the family's own
+eager attention function for the duration of the forward: the model is built
+with ``attn_implementation="eager"`` and its attention module looks the
+function up in its modeling module's globals at call time
+(``ALL_ATTENTION_FUNCTIONS.get_interface(..., eager_attention_forward)``), so
+the wrapper sees exactly the tensors HF computes with, sinks and softcap and
+masks included. A model whose attention math is inline (bloom, mpt: no eager
+function) records those probes through its family's ``hf_taps`` instead.
+
+A capture is a dict ``"L{layer}.{probe}" -> float64 array [seqs, ...]`` plus
+model-level ``embeddings``, ``final_norm`` and ``logits``.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+
+
+def _to_np(t):
+    import torch
+
+    return t.detach().to(dtype=torch.float64).cpu().numpy()
+
+
+def _first_tensor(args, kwargs, key="hidden_states"):
+    if key in kwargs and kwargs[key] is not None:
+        return kwargs[key]
+    return args[0] if args else None
+
+
+def _resolve(root, path: str):
+    obj = root
+    if not path:
+        return obj
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+@contextmanager
+def _wrapped_eager(family, model, sink: dict, attn_implementation: str = "eager",
+                   want_layer=lambda i: True):
+    """Replace the attention function the model's attention modules call -- the
+    eager function in every modeling module they come from, or, for another
+    ``attn_implementation`` (sdpa, flex_attention), transformers' registered one
+    (``AttentionInterface._global_mapping``, which ``ALL_ATTENTION_FUNCTIONS.
+    get_interface`` returns at call time) -- and record what it is called with
+    and returns. Only the eager function's second result is the probabilities
+    (sdpa returns None, flex_attention the log-sum-exp). Only the layers
+    ``want_layer`` keeps are recorded (``--layers``)."""
+    patched = []
+
+    def wrap(orig, probs: bool):
+        def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+            out, weights = orig(module, query, key, value, attention_mask, *args, **kwargs)
+            if not want_layer(int(module.layer_idx)):
+                return out, weights
+            rec = sink.setdefault(int(module.layer_idx), {})
+            rec["q_rope"] = _to_np(query)
+            rec["k_rope"] = _to_np(key)
+            rec["attn_heads"] = _to_np(out)
+            if probs and weights is not None:
+                rec["attn_probs"] = _to_np(weights)
+            return out, weights
+        return wrapper
+
+    if attn_implementation == "eager":
+        modules = {type(m).__module__ for m in model.modules() if hasattr(m, "layer_idx")}
+        for modname in modules:
+            mod = sys.modules.get(modname)
+            orig = getattr(mod, family.eager_name, None) if mod else None
+            if orig is None:
+                continue
+            setattr(mod, family.eager_name, wrap(orig, True))
+            patched.append((mod, family.eager_name, orig))
+    else:
+        from transformers.modeling_utils import AttentionInterface
+
+        table = AttentionInterface._global_mapping
+        orig = table[attn_implementation]
+        table[attn_implementation] = wrap(orig, False)
+        patched.append((table, attn_implementation, orig))
+    try:
+        yield
+    finally:
+        for owner, attr, orig in patched:
+            if isinstance(owner, dict):
+                owner[attr] = orig
+            else:
+                setattr(owner, attr, orig)
+
+
+class StopForward(Exception):
+    """Raised from the last decoder layer a capture needs: what follows it (later
+    layers, the final norm, the logits) is not computed."""
+
+
+class _LayerSink(dict):
+    """``sink[layer][probe] = array`` (the eager wrapper's and ``hf_taps``' way to
+    record) written through to the capture at once, canonical, for the layers and
+    probes kept."""
+
+    def __init__(self, put):
+        super().__init__()
+        self._put = put
+
+    def setdefault(self, i, default=None):
+        i = int(i)
+        if i not in self:
+            dict.__setitem__(self, i, _OneLayer(self._put, i))
+        return dict.__getitem__(self, i)
+
+
+class _OneLayer(dict):
+    def __init__(self, put, i):
+        super().__init__()
+        self._put, self._i = put, i
+
+    def __setitem__(self, probe, arr):
+        self._put(self._i, probe, arr)
+
+
+def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | None = None,
+            force_inputs=None, sink=None, layers=None, probes=None, float64: bool | None = None,
+            model_probes: bool = True, attn_implementation: str = "eager"):
+    """Run ``tokens[seqs, T]`` through ``model`` and read every probe into ``sink``
+    (a ``harness.store.StoreWriter``: each probe goes to disk the moment it is
+    read; default: a dict, returned).
+
+    ``float64``: compute in float64 (default: when the model is held in float64).
+    A model held in float32 / bfloat16 then computes module by module in float64
+    (``hf_float64.promoted``: each decoder layer, the embeddings and the output
+    head widened just before their forward and narrowed back after, exactly, so a
+    float64 run costs one layer's float64 copy, not the model's), with every
+    float32 side path of the modeling code promoted; ``meta`` (if given) receives
+    what could not be promoted.
+
+    ``layers`` / ``probes``: record only these layer indices / probe names
+    (``--layers``, ``--probes``; None: all). The forward stops after the last
+    decoder layer needed when ``model_probes`` is False (no final norm, no logits).
+
+    ``force_inputs`` (``{"L{i}.layer_in": [seqs, T, hidden]}``): teacher-force HF
+    itself -- decoder layer ``i`` computes on that input instead of the previous
+    layer's output (a forward pre-hook replaces its ``hidden_states``), while the
+    model's own masks, positions and rotary tables are made as always. This is
+    the float64 oracle of a low-precision comparison: HF's arithmetic in float64 on
+    exactly the layer inputs the low-precision reference saw, so its distance to
+    that reference is the reference's own rounding in that layer, not the drift
+    of a free-running model (or an MoE routing flip) accumulated before it.
+
+    ``attn_implementation``: the transformers attention path ``model`` was set to
+    (``set_attn_implementation``); its function is the one wrapped."""
+    import contextlib
+
+    import torch
+
+    from harness.references.hf.float64 import promoted
+
+    got = {} if sink is None else sink
+    want_layer = (lambda i: True) if layers is None else (lambda i: i in set(layers))
+    want_probe = (lambda p: True) if probes is None else (lambda p: p in set(probes))
+    dec = family.decoder_layers(model)
+    if float64 is None:
+        float64 = next(model.parameters()).dtype == torch.float64
+    compute = torch.float64 if float64 else next(model.parameters()).dtype
+    # the layers whose input / output a later step needs; the forward may stop after the last
+    needed = [i for i in range(len(dec)) if want_layer(i)]
+    last = needed[-1] if needed else -1
+    handles = []
+
+    def put(key: str, arr) -> None:
+        """One probe, canonical, to the sink (then dropped here)."""
+        if key.startswith("L"):
+            layer_s, probe = key.split(".", 1)
+            i = int(layer_s[1:])
+            if not (want_layer(i) and want_probe(probe)):
+                return
+            arr = family.hf_canonical(probe, arr, layer_cfgs[i])
+        elif not want_probe(key):
+            return
+        got[key] = arr
+
+    def put_layer(i: int, probe: str, arr) -> None:
+        if want_layer(i) and want_probe(probe):
+            put(f"L{i}.{probe}", arr)
+
+    def hook_for(key: str, io: str):
+        if io == "in":
+            def pre(mod, args, kwargs):
+                t = _first_tensor(args, kwargs)
+                if t is not None:
+                    put(key, _to_np(t))
+            return pre, True
+        def post(mod, args, kwargs, out):
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            if hasattr(t, "detach"):
+                put(key, _to_np(t))
+        return post, False
+
+    def forcer(i):
+        def pre(mod, args, kwargs):
+            t = torch.tensor(np.asarray(force_inputs[f"L{i}.layer_in"]), dtype=compute)  # a copy: the input is read-only
+            if args:
+                return (t, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": t}
+        return pre
+
+    def stopper(mod, args, kwargs, out):
+        raise StopForward
+
+    for i, layer in enumerate(dec):
+        if force_inputs is not None and f"L{i}.layer_in" in force_inputs and i <= last:
+            # prepended: the layer_in probe hook below then records the forced input
+            handles.append(layer.register_forward_pre_hook(forcer(i), with_kwargs=True, prepend=True))
+        if not want_layer(i):
+            continue
+        for probe, point in family.hf_points_for(config, i).items():
+            mod = _resolve(layer, point.path)
+            if mod is None or not want_probe(probe):
+                continue
+            fn, is_pre = hook_for(f"L{i}.{probe}", point.io)
+            if is_pre:
+                handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True))
+            else:
+                handles.append(mod.register_forward_hook(fn, with_kwargs=True))
+    if not model_probes and last >= 0:
+        handles.append(dec[last].register_forward_hook(stopper, with_kwargs=True))
+    if model_probes:
+        for name, (path, io) in family.hf_model_points.items():
+            mod = _resolve(model, path)
+            if mod is not None and want_probe(name):
+                fn, is_pre = hook_for(name, io)
+                reg = mod.register_forward_pre_hook if is_pre else mod.register_forward_hook
+                handles.append(reg(fn, with_kwargs=True))
+
+    eager = _LayerSink(put_layer)
+    out = None
+    try:
+        # the float64 promotion outermost: the eager wrapper then wraps the promoted function
+        with (promoted(model, family) if float64 else contextlib.nullcontext()) as fp, torch.no_grad(), \
+                _wrapped_eager(family, model, eager, attn_implementation, want_layer), family.hf_taps(model, config, eager):
+            try:
+                out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), use_cache=False)
+            except StopForward:
+                pass
+    finally:
+        for h in handles:
+            h.remove()
+    if meta is not None and fp is not None:
+        meta["float64_kept_float32"] = sorted(set(fp.kept_float32))
+    if out is not None and want_probe("logits"):
+        # no float64 copy of the largest probe: float32 logits (seqs x tokens x vocab, 1 GB
+        # at vocab 262144 in float64) go to the sink as they are, a float64 run's as a view
+        logits = out.logits.detach().cpu()
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()  # bfloat16 / float16: widened exactly, numpy has no bfloat16
+        got["logits"] = logits.numpy()
+    del out
+    # probes that are views of tensors HF computes with but exposes only inside
+    # another (MLA: the rope slices of the query and key the attention function reads)
+    for k, v in family.hf_derived(got, config, layer_cfgs).items():
+        layer_s, probe = k.split(".", 1)
+        if want_layer(int(layer_s[1:])) and want_probe(probe):
+            got[k] = v
+    return got

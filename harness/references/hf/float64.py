@@ -1,0 +1,286 @@
+"""HF in float64 that means float64: every float32 side path promoted.
+
+A model moved to float64 with ``.to(torch.float64)`` still computes parts of
+its forward in float32, because the modeling code names float32 explicitly:
+``LlamaRMSNorm.forward`` upcasts with ``hidden_states.to(torch.float32)`` (a
+DOWNcast for a float64 input), ``eager_attention_forward`` runs
+``softmax(..., dtype=torch.float32)``, the rotary embeddings build ``inv_freq``
+with ``dtype=torch.float`` at construction and take cos/sin of
+``position_ids.float() * inv_freq.float()`` (``*RotaryEmbedding.forward``,
+``modeling_rope_utils._compute_*_parameters``). Judged against such a run,
+a float64 candidate could only ever be held to float32 -- where a subtle bug
+(a norm epsilon of 1e-5 instead of 1e-6: NMSE 1.8e-11) hides under rounding.
+
+``float64_paths(model)`` rewrites, for the duration of a capture, HF's OWN
+source of every function on that path -- the methods of the model's module
+classes, the module-level functions of their modeling modules (the eager
+attention) and the RoPE initialisers (``ROPE_INIT_FUNCTIONS``) -- replacing
+``torch.float32`` / ``torch.float`` / ``.float()`` by float64, and rebuilds
+the rotary embeddings so ``inv_freq`` is computed in float64. The arithmetic
+is HF's, step for step; only the precision changes. A method that cannot be
+recompiled outside its class (it calls zero-argument ``super()``) is left as
+it is and named in ``kept_float32``, so the capture says what it did not
+promote.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import textwrap
+from contextlib import contextmanager
+
+_PATTERNS = (
+    (re.compile(r"torch\.float32\b"), "torch.float64"),
+    (re.compile(r"torch\.float\b(?!\d)"), "torch.float64"),
+    (re.compile(r"\.float\(\)"), ".double()"),
+)
+
+
+def _needs(src: str) -> bool:
+    return any(p.search(src) for p, _ in _PATTERNS)
+
+
+def _promote(src: str) -> str:
+    for p, new in _PATTERNS:
+        src = p.sub(new, src)
+    return src
+
+
+def _recompile(func, name: str):
+    """``func`` (a plain function, possibly decorated) recompiled from its source
+    with float32 promoted, in its own module's globals; None when its source is
+    out of reach or it needs its class cell (zero-argument super())."""
+    try:
+        src = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError):
+        return None
+    if not _needs(src) or "super()" in src:
+        return None
+    code = inspect.unwrap(func).__code__
+    ns: dict = {}
+    glb = inspect.unwrap(func).__globals__
+    exec(compile("\n" * (code.co_firstlineno - 1) + _promote(src), code.co_filename, "exec"), glb, ns)
+    return ns.get(name)
+
+
+class Float64Paths:
+    def __init__(self):
+        self.patched: list[tuple[object, str, object]] = []  # (owner, attribute, original)
+        self.kept_float32: list[str] = []
+
+    def _set(self, owner, attr: str, new) -> None:
+        self.patched.append((owner, attr, owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)))
+        setattr(owner, attr, new)
+
+    def patch_class(self, cls) -> None:
+        for klass in cls.__mro__:
+            # the modeling code of the families; PreTrainedModel's utilities (float(),
+            # from_pretrained) are not on the forward path
+            if not klass.__module__.startswith("transformers.models.") or klass in self._done:
+                continue
+            self._done.add(klass)
+            for attr, val in list(vars(klass).items()):
+                if attr == "__init__":  # construction: its float32 buffers are widened by .to(float64)
+                    continue
+                fn = val.__func__ if isinstance(val, (staticmethod, classmethod)) else val
+                if not inspect.isfunction(fn):
+                    continue
+                try:
+                    src = inspect.getsource(fn)
+                except (OSError, TypeError):
+                    continue
+                if not _needs(src):
+                    continue
+                new = _recompile(fn, attr)
+                if new is None:
+                    self.kept_float32.append(f"{klass.__name__}.{attr}")
+                    continue
+                if isinstance(val, staticmethod) and not isinstance(new, staticmethod):
+                    new = staticmethod(new)
+                self._set(klass, attr, new)
+
+    def patch_module_functions(self, modname: str) -> None:
+        mod = sys.modules.get(modname)
+        if mod is None or modname in self._done_mods:
+            return
+        self._done_mods.add(modname)
+        for attr, fn in list(vars(mod).items()):
+            if inspect.isfunction(fn) and fn.__module__ == modname:
+                try:
+                    src = inspect.getsource(fn)
+                except (OSError, TypeError):
+                    continue
+                if _needs(src):
+                    new = _recompile(fn, attr)
+                    if new is None:
+                        self.kept_float32.append(f"{modname}.{attr}")
+                    else:
+                        self._set(mod, attr, new)
+
+    def patch_rope_inits(self) -> None:
+        from transformers import modeling_rope_utils as mru
+
+        self.patch_module_functions(mru.__name__)
+        table = mru.ROPE_INIT_FUNCTIONS
+        for kind, fn in list(table.items()):
+            new = getattr(mru, fn.__name__, fn)  # the promoted module function, where patched
+            if new is not fn:
+                self.patched.append((table, kind, fn))
+                table[kind] = new
+
+    def restore(self) -> None:
+        for owner, attr, orig in reversed(self.patched):
+            if isinstance(owner, dict):
+                owner[attr] = orig
+            else:
+                setattr(owner, attr, orig)
+        self.patched.clear()
+
+    _done: set
+    _done_mods: set
+
+
+def _rebuild_rotary(model) -> list[tuple[object, str, object]]:
+    """Re-create every rotary embedding under the promoted initialisers: its
+    ``inv_freq`` buffers were computed in float32 when the model was built, and
+    ``.to(torch.float64)`` only widens the rounded values. Every rotary class in
+    transformers 5 is constructed from the config alone (``XRotaryEmbedding(config)``).
+    Returns ``(parent, attribute, original)`` for each, to put back."""
+    import torch
+
+    from harness.families._gguf_import import apply_freq_factors
+
+    replaced = []
+    for name, mod in list(model.named_modules()):
+        if "RotaryEmbedding" not in type(mod).__name__ or not hasattr(mod, "config"):
+            continue
+        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        fresh = type(mod)(mod.config).to(torch.float64)
+        # a GGUF's rope_freqs (--gguf), which no HF RoPE type computes from the config:
+        # divided in again, now in float64 (_gguf_import.apply_freq_factors)
+        apply_freq_factors(fresh, mod.config)
+        attr = name.rpartition(".")[2]
+        replaced.append((parent, attr, mod))
+        setattr(parent, attr, fresh)
+    return replaced
+
+
+def _float_tensors(module, recurse: bool):
+    """``(owner, kind, name, tensor)`` for the floating parameters and buffers of
+    ``module`` (its own only, or its whole subtree)."""
+    mods = module.modules() if recurse else (module,)
+    for m in mods:
+        for kind, table in (("p", m._parameters), ("b", m._buffers)):
+            for name, t in table.items():
+                if t is not None and t.is_floating_point():
+                    yield m, kind, name, t
+
+
+class _Retyped:
+    """Floating tensors changed to another dtype in place and changed back exactly
+    (float32 / bfloat16 / float16 -> float64 -> the same type is the identity)."""
+
+    def __init__(self):
+        self.saved: list[tuple[object, str, str, object]] = []  # (owner, kind, name, original dtype)
+
+    def widen(self, items, dtype) -> None:
+        seen = set()
+        for m, kind, name, t in items:
+            if id(t) in seen or t.dtype == dtype:
+                continue
+            seen.add(id(t))  # a tied weight is one tensor, changed once
+            self.saved.append((m, kind, name, t.dtype))
+            _set(m, kind, name, t.to(dtype))
+
+    def restore(self) -> None:
+        done = set()
+        for m, kind, name, dtype in reversed(self.saved):
+            t = m._parameters[name] if kind == "p" else m._buffers[name]
+            if id(t) not in done:
+                done.add(id(t))
+                _set(m, kind, name, t.to(dtype))
+        self.saved.clear()
+
+
+def _set(m, kind: str, name: str, value) -> None:
+    if kind == "p":
+        m._parameters[name].data = value  # the Parameter object stays (hooks, ties)
+    else:
+        m._buffers[name] = value
+
+
+@contextmanager
+def promoted(model, family):
+    """Within the block, ``model`` -- held in float32, bfloat16 or float16, or
+    already float64 -- computes in float64 with every float32 side path of its
+    modeling code promoted, as ``model.to(torch.float64)`` under
+    ``float64_paths`` would, at the cost of ONE module's float64 copy: each
+    decoder layer, the input embeddings and the output head are widened in place
+    just before their forward and narrowed back right after (exactly: every value
+    of the narrower type is a float64), the small rest of the model (norms,
+    rotary tables, biases) for the whole block. A 1B-class model in float64 is
+    7 GB; one of its layers is 360 MB. Yields the ``Float64Paths`` record."""
+    import torch
+
+    f64 = torch.float64
+    big = list(family.decoder_layers(model))
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        m = getattr(model, get, lambda: None)()
+        if m is not None:
+            big.append(m)
+    in_big = {id(t) for m in big for _, _, _, t in _float_tensors(m, True)}
+    rest = _Retyped()
+    handles, rotary = [], []
+    jit: dict[int, _Retyped] = {}
+
+    def widen(mod, args, kwargs):
+        r = jit.setdefault(id(mod), _Retyped())
+        r.widen(_float_tensors(mod, True), f64)
+
+    def narrow(mod, args, kwargs, out):
+        r = jit.get(id(mod))
+        if r is not None:
+            r.restore()
+
+    with float64_paths(model, rebuild=False) as fp:
+        try:
+            rotary = _rebuild_rotary(model)
+            rest.widen((x for mod in model.modules() for x in _float_tensors(mod, False) if id(x[3]) not in in_big),
+                       f64)
+            for m in big:
+                handles.append(m.register_forward_pre_hook(widen, with_kwargs=True, prepend=True))
+                handles.append(m.register_forward_hook(narrow, with_kwargs=True, always_call=True))
+            yield fp
+        finally:
+            for h in handles:
+                h.remove()
+            for r in jit.values():
+                r.restore()
+            rest.restore()
+            for parent, attr, orig in reversed(rotary):
+                setattr(parent, attr, orig)
+
+
+@contextmanager
+def float64_paths(model, rebuild: bool = True):
+    """Within the block, ``model`` (already in float64) computes every float32 side
+    path of its modeling code in float64. Yields the ``Float64Paths`` record
+    (``kept_float32``: what could not be promoted). ``rebuild``: re-create the
+    rotary embeddings (put back on exit)."""
+    fp = Float64Paths()
+    fp._done, fp._done_mods = set(), set()
+    rotary = []
+    try:
+        fp.patch_rope_inits()
+        for m in model.modules():
+            fp.patch_class(type(m))
+            fp.patch_module_functions(type(m).__module__)
+        if rebuild:
+            rotary = _rebuild_rotary(model)
+        yield fp
+    finally:
+        for parent, attr, orig in reversed(rotary):
+            setattr(parent, attr, orig)
+        fp.restore()

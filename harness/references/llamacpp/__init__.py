@@ -1,0 +1,55 @@
+"""llama.cpp (through llama-cpp-python) as a reference (``--ref llamacpp``).
+
+The GGUF is the family's export of the case's HF weights (written the way
+``convert_hf_to_gguf.py`` writes it: harness/gguf/export.py and each family's
+converter steps) or the user's own file; the capture runs in a subprocess
+(``worker.py``) with the eval callback reading the graph's named tensors
+(``capture.py``), so a crash inside llama.cpp is an error row and the run goes
+on. Its graph computes in float32 whatever the case's dtype, and on quantized
+weights ggml's CPU first quantizes each activation row to the weight type's
+``vec_dot_type`` (``ggml_matmul.py`` reproduces that rounding for a candidate
+that wants to be judged at the tight ``ggml_<act>`` bound).
+"""
+
+from __future__ import annotations
+
+from .. import Reference
+
+
+class LlamaCpp(Reference):
+    label = "llama.cpp"
+    graph_dtype = "float32"
+    file_weights = True
+    default_for_file = True
+    requires = "llamacpp"
+
+    def available(self) -> bool:
+        from .capture import available
+
+        return available()
+
+    def capture(self, req, engine: dict | None = None, capture_name: str | None = None):
+        from .capture import capture_for_case
+
+        return capture_for_case(req, engine, capture_name or self.name)
+
+    def tokenize(self, gguf_path, text: str) -> list[int]:
+        """``text`` in the file's own vocabulary (llama.cpp's tokenizer): the ids every
+        side of a ``--prompt`` case takes."""
+        from .capture import tokenize
+
+        return tokenize(gguf_path, text)
+
+    def estimate(self, ctx) -> dict:
+        """The worker's peak: the GGUF, its KV cache (one stream per sequence, 256
+        cells a step), the graph's compute buffer (kq and the logits); its probes are
+        then assembled in the parent one at a time, in ggml's float32
+        (capture.py assemble): the logits are the largest."""
+        s, t = ctx.seqs, ctx.tokens
+        n_ctx = max(256, -(-t // 256) * 256)
+        kv = s * n_ctx * sum(d[2] * (d[3] + d[4]) for d in ctx.dims) * 4
+        compute = 4 * (s * ctx.hmax * (t // 2 + 1) * n_ctx * 2 + s * t * ctx.vocab)
+        gguf = ctx.pc.gguf_bytes if ctx.gguf_type == "f32" else ctx.pc.gguf_bytes // 2
+        lc_bytes = max(gguf + kv + compute, 4 * max(s * t * ctx.vocab if ctx.want_logits else 0, ctx.largest_probe))
+        return {"parts": {"llama.cpp": lc_bytes},
+                "phases": {"gguf export": ctx.pc.largest_tensor * 4 * 2, "llama.cpp capture": lc_bytes}}

@@ -1,0 +1,408 @@
+"""llama.cpp (through llama-cpp-python) as a reference.
+
+The GGUF is written from the same HF weights (``gguf_export``) or taken from
+the user (``--gguf``); the capture runs in a subprocess
+(``llamacpp_worker``) so a crash inside llama.cpp is an error row, not the end
+of the run. The decode calls follow the case: one call per chunk of the
+schedule, and for several sequences every call carries a chunk of EACH
+sequence (a multi-sequence batch) -- llama.cpp's counterpart of impl's Batched
+and Paged backings, as token-by-token decode is of Decode.
+
+Captured tensors are placed back by (sequence, position) and put into the
+canonical layout by the family (``Family.lc_canonical``: head-major rows
+reshaped, the converter's Q/K permutation undone, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from harness import cache
+from harness.versions import ROOT, versions
+
+CAPTURE_SCHEMA = 1
+TIMEOUT_S = 300
+WORKER_MODULE = "harness.references.llamacpp.worker"  # a test points this at a worker that crashes
+
+
+class LlamaCppUnavailable(RuntimeError):
+    pass
+
+
+def available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+        import gguf  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def worker_env() -> dict:
+    """The environment of every llama.cpp subprocess: this checkout importable, and
+    no backtrace on abort -- ggml_abort's ggml_print_backtrace (ggml/src/ggml.c)
+    attaches gdb to the aborting process where gdb is installed, which under load
+    held an aborting worker past its timeout (an error reading "timed out after
+    302 s" instead of the abort's signal 6 and its GGML_ASSERT line)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["GGML_NO_BACKTRACE"] = "1"
+    return env
+
+
+def require() -> None:
+    if not available():
+        raise LlamaCppUnavailable(
+            "llama-cpp-python (and gguf) are not installed: pip install -e '.[llamacpp]' "
+            "(builds llama.cpp from source, ~5 minutes on 2 cores)")
+
+
+_TOKENIZE = """
+import json, sys, ctypes, llama_cpp as l
+quiet = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda level, text, user: None)
+l.llama_log_set(quiet, None)
+l.llama_backend_init()
+p = l.llama_model_default_params()
+p.vocab_only = True
+m = l.llama_model_load_from_file(sys.argv[1].encode(), p)
+if not m:
+    sys.exit(3)
+text = sys.stdin.buffer.read()
+n = len(text) + 16
+buf = (l.llama_token * n)()
+k = l.llama_tokenize(l.llama_model_get_vocab(m), text, len(text), buf, n, True, False)
+print(json.dumps(list(buf[:k]) if k >= 0 else None))
+"""
+
+
+def tokenize(gguf_path, text: str) -> list[int]:
+    """``text`` tokenized with the file's own vocabulary, by llama.cpp's tokenizer
+    (``llama_tokenize``, special tokens added as the file asks -- ``add_bos``):
+    the ids every side of a ``--prompt`` case then takes. In a subprocess, as
+    every llama.cpp call here."""
+    require()
+    proc = subprocess.run([sys.executable, "-c", _TOKENIZE, str(gguf_path)], input=text.encode(),
+                          capture_output=True, timeout=120, env=worker_env())
+    ids = json.loads(proc.stdout or b"null") if proc.returncode == 0 else None
+    if not ids:
+        lines = [x for x in (proc.stderr or b"").decode(errors="replace").strip().splitlines() if "what()" in x]
+        why = (f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+               if proc.returncode else "no tokens") + (f", {lines[-1].strip()}" if lines else "")
+        raise RuntimeError(f"llama.cpp could not tokenize the prompt with {Path(gguf_path).name}'s vocabulary "
+                           f"({why})")
+    return [int(i) for i in ids]
+
+
+def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[int, int, int]]]:
+    """The decode calls: ``[[(token, pos, seq), ...], ...]``, sequences in
+    ascending order inside every call (llama.cpp splits a ubatch into one
+    stream per sequence in that order). The schedule is the case's
+    (``harness.schedule``), the same chunk sizes impl's runner is handed."""
+    from harness.schedule import chunk_sizes
+
+    n_seq, n_tok = tokens.shape
+    sizes = chunk_sizes(schedule, n_tok)
+    calls = []
+    if kv == "decode":
+        for s in range(n_seq):
+            start = 0
+            for size in sizes:
+                calls.append([(int(tokens[s, p]), p, s) for p in range(start, start + size)])
+                start += size
+        return calls
+    start = 0
+    for size in sizes:
+        calls.append([(int(tokens[s, p]), p, s) for s in range(n_seq) for p in range(start, start + size)])
+        start += size
+    return calls
+
+
+class _Dumped(dict):
+    """The worker's tensors, read from its folder when asked (memory-mapped)."""
+
+    def __init__(self, d: Path):
+        super().__init__()
+        self.d = d
+
+    def __getitem__(self, key):
+        return np.load(self.d / f"{key}.npy", mmap_mode="r", allow_pickle=False)
+
+
+def worker_timeout(gguf_path: Path, calls) -> int:
+    """How long the worker may take before it counts as hung: ``TIMEOUT_S``, plus
+    for a real model the time of reading its weights once per call and of its
+    rows' arithmetic at a pace far below any CPU's (2 s per GB per call, 0.5 s per
+    GB per row; ``CONFORMANCE_LLAMACPP_TIMEOUT`` overrides), and for a long run the
+    calls themselves (0.25 s each: a graph, its callbacks, the cells read so far).
+    A 1B model's 129 calls of a mixed schedule took 200 s on two loaded cores; a
+    fixed 300 s was a false error at real sizes, and so was the weights-only
+    allowance at real lengths (a tiny llama4 at 8256 tokens, mixed: 4129 calls,
+    timed out after 308 s)."""
+    env = os.environ.get("CONFORMANCE_LLAMACPP_TIMEOUT")
+    if env:
+        return int(float(env))
+    try:
+        gb = gguf_path.stat().st_size / 2**30
+    except OSError:
+        gb = 0.0
+    rows = sum(len(c) for c in calls)
+    return int(TIMEOUT_S + gb * (2 * len(calls) + 0.5 * rows) + 0.25 * len(calls))
+
+
+WORKER_PEAK_RSS_GB: float | None = None  # the largest worker's own peak so far (budget.usage)
+
+
+def _note_worker_peak(path: Path) -> None:
+    global WORKER_PEAK_RSS_GB
+    try:
+        gb = json.loads(path.read_text()).get("peak_rss_gb")
+    except (OSError, ValueError):
+        return
+    if gb is not None:
+        WORKER_PEAK_RSS_GB = max(gb, WORKER_PEAK_RSS_GB or 0.0)
+
+
+def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None,
+               engine: dict | None = None):
+    """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message.
+    The worker writes each tensor to ``out_dir`` as it reads it (default: a
+    temporary folder, read into memory before it goes); ``arrays`` reads them from there.
+    ``engine``: context settings other than the reference's (``flash_attn``,
+    ``type_k``, ``type_v``; the llamacpp-fa candidates)."""
+    n_tok = max(p for call in calls for (_, p, _) in call) + 1
+    n_batch = max(len(c) for c in calls)
+    if timeout == TIMEOUT_S:
+        timeout = worker_timeout(Path(gguf_path), calls)
+    req = {
+        "gguf": str(gguf_path), "calls": calls, "n_seq": n_seq,
+        # one stream per sequence, each holding every position (swa_full)
+        "n_ctx": n_seq * max(256, -(-n_tok // 256) * 256), "n_batch": max(n_batch, 1),
+        "names": sorted(names), "threads": int(os.environ.get("CONFORMANCE_LLAMACPP_THREADS", "2")),
+        **(engine or {}),
+    }
+    with tempfile.TemporaryDirectory(prefix="conformance-lc-") as d:
+        rp, op = Path(d) / "req.json", Path(out_dir) if out_dir is not None else Path(d) / "out"
+        rp.write_text(json.dumps(req))
+        try:
+            proc = subprocess.run([sys.executable, "-m", WORKER_MODULE, str(rp), str(op)],
+                                  capture_output=True, text=True, timeout=timeout, env=worker_env(), cwd=str(ROOT))
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"llama.cpp capture timed out after {timeout}s") from None
+        if proc.returncode != 0:
+            tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-6:] if line.strip())
+            how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+            raise RuntimeError(f"llama.cpp worker {how}: {tail or '(no message)'}")
+        index = json.loads((op / "index.json").read_text())
+        _note_worker_peak(op / "usage.json")
+        arrays = _Dumped(op)
+        if out_dir is None:  # the folder goes with this block: read it now
+            arrays = {rec["key"]: np.array(arrays[rec["key"]]) for rec in index if "error" not in rec}
+    return arrays, index
+
+
+def _pick(occ: list[dict], how: str) -> dict | None:
+    """Choose one occurrence of a name in one graph (see ``LcPoint.pick``)."""
+    if not occ:
+        return None
+    if how == "last":
+        return occ[-1]
+    if how == "first":
+        return occ[0]
+    if how == "rope":
+        ropes = [o for o in occ if o["op"] == "ROPE"]
+        return ropes[-1] if ropes else None
+    if how == "pre_rope":
+        first_rope = next((i for i, o in enumerate(occ) if o["op"] == "ROPE"), len(occ))
+        before = occ[:first_rope]
+        return before[-1] if before else None
+    if how.startswith("op:"):
+        ops = [o for o in occ if o["op"] == how[3:]]
+        return ops[-1] if ops else None
+    raise ValueError(f"unknown occurrence pick {how!r}")
+
+
+def _wide(a: np.ndarray):
+    """The type a probe is assembled in: the tensor's own (ggml's float32 read back), at
+    least float32 -- placing values is exact, and a float64 array of the logits would be
+    the capture's largest allocation (2 x 128 x 262144 doubles: 0.5 GB)."""
+    return np.result_type(a.dtype, np.float32)
+
+
+def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, name: str, point) -> np.ndarray | None:
+    """One probe over the whole run: ``[seqs, tokens, ...]`` (rows / heads) or
+    ``[seqs, heads, tokens, tokens]`` (probs), placed by (sequence, position)."""
+    by_call: dict[int, list[dict]] = {}
+    for rec in index:
+        if rec["name"] == name:
+            by_call.setdefault(rec["call"], []).append(rec)
+    out = None
+    for ci, call in enumerate(calls):
+        rec = _pick(sorted(by_call.get(ci, []), key=lambda r: r["occ"]), point.pick)
+        if rec is None:
+            return None
+        if "error" in rec:
+            raise RuntimeError(f"{name}: {rec['error']}")
+        a = arrays[rec["key"]]  # [ne3, ne2, ne1, ne0]
+        if point.layout == "probs":
+            n_stream, n_head, n_q, n_kv = a.shape
+            # a call sees the cells used so far (llama_kv_cache::get_n_kv pads them to 256),
+            # so an early call of a long run has fewer cells than the run's positions:
+            # what must hold is that each token's own causal keys are all there
+            last = max(pos for (_, pos, _) in call)
+            if n_kv <= last:
+                raise RuntimeError(f"{name}: {n_kv} KV cells hold fewer than the {last + 1} positions of this call")
+            if out is None:
+                out = np.zeros((n_seq, n_head, n_tok, n_tok), dtype=_wide(a))
+            per_stream = len(call) // n_stream
+            for j, (_, pos, seq) in enumerate(call):
+                stream, row = (j // per_stream, j % per_stream) if n_stream > 1 else (0, j)
+                if n_stream > 1 and stream != seq:
+                    raise RuntimeError(f"{name}: token of sequence {seq} landed in stream {stream}")
+                p = a[stream, :, row, :]
+                # a fresh cache fills a sequence's cells in position order; mass past the
+                # positions would mean the mapping is wrong, so it is checked, not assumed
+                if np.abs(p[:, n_tok:]).max(initial=0.0) > 1e-6 or np.abs(p[:, pos + 1:]).max(initial=0.0) > 1e-6:
+                    raise RuntimeError(f"{name}: probability mass outside the causal cells; KV cell mapping failed")
+                width = min(n_kv, n_tok)
+                out[seq, :, pos, :width] = p[:, :width]
+            continue
+        flat = a.reshape(-1, *a.shape[-2:]) if point.layout == "rows" else a.reshape(-1, *a.shape[-3:])
+        if point.layout == "rows" and flat.shape[0] > 1 and flat.shape[0] * flat.shape[1] == len(call):
+            # [seqs, tokens per seq, C]: a graph that keeps a multi-sequence ubatch's
+            # sequences apart (the recurrent layers: qwen3next.cpp's `linear_attn_out`
+            # is [n_embd, n_seq_tokens, n_seqs]); the equal split holds them in the
+            # call's order (sequences ascending), so the rows flatten to the call's rows
+            flat = flat.reshape(1, -1, flat.shape[-1])
+        if flat.shape[0] != 1:
+            raise RuntimeError(f"{name}: unexpected leading dims {a.shape}")
+        flat = flat[0]
+        if flat.shape[0] != len(call):
+            raise RuntimeError(f"{name}: {flat.shape[0]} rows for a call of {len(call)} tokens")
+        if out is None:
+            out = np.zeros((n_seq, n_tok, *flat.shape[1:]), dtype=_wide(flat))
+        for j, (_, pos, seq) in enumerate(call):
+            out[seq, pos] = flat[j]
+    return out
+
+
+def derive_attn_out(probes: dict, layer_cfgs) -> dict[str, str]:
+    """``attn_out`` where the arch's graph names no tensor for it (qwen2.cpp,
+    qwen3.cpp, starcoder2.cpp, ... add ``build_attn``'s result to the residual
+    unnamed): ``ffn_inp - layer_in``, divided by the layer's residual
+    multiplier. Exact up to one float32 rounding of the residual; every row
+    compared on a derived probe says so in its reason. Returns
+    ``{probe key: how it was derived}``."""
+    derived = {}
+    for i, lc in enumerate(layer_cfgs):
+        key = f"L{i}.attn_out"
+        if key in probes or getattr(lc, "residual", None) != "sequential":
+            continue
+        resid, x = probes.get(f"L{i}.resid_mid"), probes.get(f"L{i}.layer_in")
+        if resid is None or x is None or resid.shape != x.shape:
+            continue
+        m = float(getattr(lc, "residual_multiplier", 1.0))
+        probes[key] = (np.asarray(resid, dtype=np.float64) - np.asarray(x, dtype=np.float64)) / m
+        derived[key] = "derived as ffn_inp - layer_in" + (f", over the residual multiplier {m:g}" if m != 1.0 else "")
+    return derived
+
+
+def capture_for_case(req, engine: dict | None = None, capture_name: str = "llamacpp"):
+    """The llama.cpp capture for a case (``req``: its ``CaptureRequest``). ``engine``:
+    context settings other than the reference's (flash attention, KV cache
+    types), for a candidate that is llama.cpp run differently; ``capture_name``
+    names the capture."""
+    from contract.layers import Unimplemented
+
+    from ..capture import RefCapture
+
+    require()
+    case, fam, config = req.case, req.family, req.config
+    gguf_path = req.gguf()
+    if req.user_file:
+        st = gguf_path.stat()
+        # the user's file: its path, size and mtime (ns), and the config read back from it
+        file_stamp = [str(gguf_path.resolve()), st.st_size, st.st_mtime_ns,
+                      cache.key(config.to_json_string(use_diff=False))]
+    else:
+        file_stamp = gguf_path.name  # content-keyed (harness/gguf/export.py, harness/gguf/weights.py quantize)
+    calls = plan_calls(req.tokens, case.kv, case.schedule)
+    n_seq, n_tok = req.tokens.shape
+    layer_cfgs = list(req.layer_cfgs)
+    sel = req.selection
+
+    # the callback keeps only the tensors of the layers and probes selected (--layers,
+    # --probes): a base name ("Qcur") keeps it in every layer, a full one ("Qcur-5") in one
+    points = {i: {p: pt for p, pt in fam.lc_points_for(config, i).items() if sel.probe(p)} for i in sel.layers}
+    model_points = {m: pt for m, pt in fam.lc_model_points.items() if sel.probe(m)}
+    inputs = {i: fam.lc_layer_input(config, i) for i in sel.layers}
+
+    def input_name(i):
+        src_key, pt = inputs[i]
+        return pt.name if src_key == "embeddings" else f"{pt.name}-{i - 1}"
+
+    if sel.every_layer:
+        names = {p.name for pts in points.values() for p in pts.values()} | {pt.name for _, pt in inputs.values()}
+    else:
+        names = {f"{p.name}-{i}" for i, pts in points.items() for p in pts.values()}
+        names |= {input_name(i) for i in sel.layers}
+        # a name the graph gives without a layer number (bloom's inp_norm-0 is per model)
+        names |= {p.name for pts in points.values() for p in pts.values() if "-" in p.name}
+    names |= {p.name for p in model_points.values()}
+
+    src = cache.source_hash(*cache.family_sources(fam), Path(__file__), Path(__file__).with_name("worker.py"),
+                            *req.family_base_sources)
+    k = cache.key("llamacpp", CAPTURE_SCHEMA, fam.name, str(file_stamp), req.variant, calls, versions().get("llama_cpp_python"),
+                  versions().get("llama_cpp_kernels"), src, *((["selection", sel.label()],) if sel.label() else ()),
+                  *((sorted(engine.items()),) if engine else ()))
+    hit = cache.load("llamacpp", k)
+    if hit is not None:
+        return RefCapture(capture_name, "float32", hit[0], meta=hit[1], cached=True)
+
+    with cache.writer("llamacpp", k, keep=sel.key) as probes, \
+            tempfile.TemporaryDirectory(prefix="conformance-lc-", dir=cache.cache_dir()) as dump:
+        t = time.perf_counter()
+        arrays, index = run_worker(gguf_path, calls, n_seq, names, out_dir=Path(dump) / "t", engine=engine)
+        req.timings["llamacpp_worker"] = time.perf_counter() - t
+        by_name: dict[str, list] = {}
+        for rec in index:
+            by_name.setdefault(rec["name"], []).append(rec)
+
+        def one(name, pt):
+            return assemble(arrays, by_name.get(name, []), calls, n_seq, n_tok, name, pt)
+
+        # one probe at a time: assembled, made canonical, written, dropped
+        for mname, pt in model_points.items():
+            a = one(pt.name, pt)
+            if a is not None:
+                probes.put(mname, a)
+        for i in sel.layers:
+            lc = layer_cfgs[i]
+            for probe, pt in points[i].items():
+                a = one(f"{pt.name}-{i}", pt)
+                if a is None:
+                    continue
+                if not isinstance(lc, Unimplemented):
+                    # None: the tensor under that name is not this probe in this layer's
+                    # form (MLA: `Kcur` is the per-head key in the naive graph, the latent
+                    # row in the absorbed one), so the probe stays absent (not exposed)
+                    a = fam.lc_canonical(probe, a, lc, config)
+                    if a is None:
+                        continue
+                probes.put(f"L{i}.{probe}", a)
+            a = one(input_name(i), inputs[i][1])
+            if a is not None:
+                probes.put(f"L{i}.layer_in", a)
+        derived = derive_attn_out(probes, layer_cfgs)
+        meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived,
+                **({"engine": engine} if engine else {})}
+        store = cache.finish(probes, meta)
+    req.timings["llamacpp_assemble"] = time.perf_counter() - t - req.timings["llamacpp_worker"]
+    return RefCapture(capture_name, "float32", store, meta=meta)

@@ -1,0 +1,187 @@
+"""ggml's CPU matmul with a quantized weight, reproduced for the oracle.
+
+With a quantized weight (Q8_0, Q4_K, IQ4_XS ...) ggml's CPU never multiplies
+float activations: ``ggml_compute_forward_mul_mat`` first converts the
+activation rows to the weight type's ``vec_dot_type`` (ggml-cpu.c
+``type_traits_cpu``: Q8_0 for Q4_0 / Q5_0 / Q8_0 / IQ4_NL, Q8_1 for Q4_1 /
+Q5_1, Q8_K for the K- and IQ-quants) and then sums integer products block by
+block (``ggml_vec_dot_*``, llamafile's tinyBLAS, the repacked GEMMs -- all of
+them on the same quantized activations). With the SAME dequantized weights on
+every side, that activation rounding is what stands between llama.cpp and a
+float matmul.
+
+This module rounds impl's projection inputs exactly as ggml quantizes them,
+so impl's matmul on the dequantized weights reproduces ggml's product up to
+float32 summation order:
+
+- Q8_0 / Q8_1: x86 ``quantize_row_q8_0`` / ``_q8_1``
+  (ggml-cpu/arch/x86/quants.c, the AVX / AVX2 path every x86 build with AVX
+  runs): per 32 values ``d = max|x| / 127`` stored as fp16, ``q =
+  round_half_even(x * (127 / max|x|))`` in float32. (The portable
+  ``quantize_row_q8_0_ref`` computes ``1 / d`` and rounds half away from zero:
+  a tie or a last-bit difference moves one q by one step.)
+- Q8_K: ``quantize_row_q8_K_ref`` (ggml-quants.c; x86 calls it, and the
+  AVX2 repack ``ggml_quantize_mat_q8_K_4x8`` computes the same numbers): per
+  256 values ``iscale = -127 / x[argmax |x|]`` in float32, ``q =
+  min(127, nearest_int(iscale * x))`` (round half even), ``d = 1 / iscale``
+  stored as float32.
+
+- F16 / BF16 (a tensor a quantized block cannot tile stays F16): on x86
+  llamafile's tinyBLAS multiplies F16 x F16 only, so the activations are
+  rounded to f16 (round to nearest even) -- bf16 likewise.
+
+What is NOT reproduced (the residue ``fixtures/tolerance.toml`` bounds):
+float32 summation order; the fp16 ``s = d * sum(q)`` term a Q4_1 / Q5_1 dot
+uses for the weight minimum; and a FLIP -- impl's float32 input to a
+quantization differs from llama.cpp's by an ulp, and one element lands on the
+other side of a rounding boundary: one quantization step of one input
+element, times its weight column, in the product.
+
+The rounding is installed around one impl run (``installed``): the layer's
+weight arrays are viewed through ``_Quantizing``, whose matrix products round
+the activations by the GGUF type that weight came from -- impl's code is not
+changed, and a mutant of it still runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+_F32 = np.float32
+
+
+def _blocks(x, n):
+    x = np.asarray(x, dtype=_F32)
+    if x.shape[-1] % n:
+        raise ValueError(f"row length {x.shape[-1]} is not a multiple of the {n}-wide block")
+    return x.reshape(*x.shape[:-1], x.shape[-1] // n, n)
+
+
+def round_q8_0(x: np.ndarray) -> np.ndarray:
+    """x86 quantize_row_q8_0, dequantized: ``fp16(d) * q`` (float32)."""
+    b = _blocks(x, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = (amax / _F32(127)).astype(np.float16).astype(_F32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, _F32(127) / amax, _F32(0)).astype(_F32)
+    q = np.rint((b * inv).astype(_F32))  # _mm256_round_ps(_MM_ROUND_NEAREST): half to even
+    return (q * d).astype(_F32).reshape(np.shape(x))
+
+
+def round_q8_k(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_K_ref, dequantized: ``d * q`` (float32)."""
+    b = _blocks(x, 256)
+    idx = np.abs(b).argmax(axis=-1)[..., None]  # the first of the largest |x| ("if (ax > amax)")
+    mx = np.take_along_axis(b, idx, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.where(mx != 0, _F32(-127) / mx, _F32(0)).astype(_F32)
+        d = np.where(mx != 0, _F32(1) / iscale, _F32(0)).astype(_F32)
+    q = np.minimum(np.rint((iscale * b).astype(_F32)), 127)  # nearest_int: half to even
+    return (q * d).astype(_F32).reshape(np.shape(x))
+
+
+def round_f16(x: np.ndarray) -> np.ndarray:
+    """ggml_cpu_fp32_to_fp16 (F16C / round to nearest even), back to float32."""
+    return np.asarray(x, dtype=_F32).astype(np.float16).astype(_F32)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """ggml_compute_fp32_to_bf16: round to nearest even on the upper 16 bits."""
+    u = np.asarray(x, dtype=_F32).view(np.uint32).astype(np.uint64)
+    u = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16) << 16
+    return u.astype(np.uint32).view(_F32)
+
+
+# the activation type -> the rounding ggml applies. An F16 / BF16 weight left in a
+# quantized file (a row a quantized block cannot tile): on x86 llamafile's tinyBLAS
+# takes only F16 x F16 (sgemm.cpp, AVX / AVX2+F16C / AVX512 alike), so the
+# activations are converted to the weight's vec_dot_type first, as for Q8_0
+ROUNDING = {"q8_0": round_q8_0, "q8_1": round_q8_0, "q8_k": round_q8_k, "f16": round_f16, "bf16": round_bf16}
+
+
+def impl_weight_sources(family, model, config, i: int) -> dict[str, set[str]]:
+    """impl weight name -> the HF parameters (full names) it is built from, for
+    layer ``i``: each of the layer's parameters is filled with its own code,
+    ``family.layer_weights`` is called, and the codes in each impl weight are
+    read back (the parameters are restored after)."""
+    import torch
+
+    layer = family.decoder_layers(model)[i]
+    prefix = f"{family.layers_path}.{i}."
+    params = list(layer.named_parameters())
+    saved = [p.detach().clone() for _, p in params]
+    try:
+        with torch.no_grad():
+            for k, (_, p) in enumerate(params):
+                p.fill_(float(k + 1))
+            ws = family.layer_weights(model, config, i)
+    finally:
+        with torch.no_grad():
+            for (_, p), s in zip(params, saved):
+                p.copy_(s)
+    out = {}
+    for name, arr in ws.items():
+        codes = {int(c) for c in np.unique(np.asarray(arr)) if float(c).is_integer() and 1 <= c <= len(params)}
+        out[name] = {prefix + params[c - 1][0] for c in codes}
+    return out
+
+
+def layer_act_types(family, model, config, i: int, hf_types: dict[str, set[str]]) -> dict[str, str]:
+    """impl weight name -> the activation type ggml multiplies it with, for the
+    weights that come from quantized GGUF tensors of one activation type
+    (``hf_types``: HF parameter -> the types of the GGUF tensors it came from)."""
+    from harness.gguf.types import vec_dot_type
+
+    out = {}
+    for name, params in impl_weight_sources(family, model, config, i).items():
+        types = set().union(*(hf_types.get(p, set()) for p in params)) if params else set()
+        acts = {vec_dot_type(t) for t in types if t != "f32"}
+        if len(acts) == 1 and None not in acts:
+            out[name] = acts.pop()
+    return out
+
+
+class _Quantizing(np.ndarray):
+    """A weight array (a view, no copy) whose matrix products round the OTHER
+    operand -- the activations, along the reduction axis -- as ggml quantizes
+    them: every ``matmul`` impl makes with the weight (``impl.ops.linear``, the
+    absorbed MLA's per-head ``wk_b`` / ``wv_b`` products) sees it; transposes and
+    other views keep it. Any other operation computes on the plain array."""
+
+    def __array_finalize__(self, obj):
+        self._round = getattr(obj, "_round", None)
+        self._hit = getattr(obj, "_hit", None)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = [np.asarray(x).view(np.ndarray) if isinstance(x, _Quantizing) else x for x in inputs]
+        if ufunc is np.matmul and method == "__call__" and len(inputs) == 2 and isinstance(inputs[1], _Quantizing) \
+                and not isinstance(inputs[0], _Quantizing):
+            a = plain[0]
+            plain[0] = inputs[1]._round(a).astype(a.dtype, copy=False)
+            inputs[1]._hit()
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+
+@contextlib.contextmanager
+def installed(layer, act_types: dict[str, str]):
+    """For the block, every matrix product impl makes with one of ``layer``'s
+    weights named in ``act_types`` rounds its activations as ggml quantizes them
+    (``_Quantizing``; NumPy backends -- on another backend nothing is rounded and
+    nothing is met). Yields the set the names of the weights actually met are
+    added to: the caller judges a layer at ``ggml_<act>`` only if every one was."""
+    hits: set[str] = set()
+    saved = {}
+    for name, act in act_types.items():
+        w = layer.w.get(name)
+        if not isinstance(w, np.ndarray):
+            continue
+        q = w.view(_Quantizing)
+        q._round, q._hit = ROUNDING[act], (lambda n=name: hits.add(n))
+        saved[name] = w
+        layer.w[name] = q
+    try:
+        yield hits
+    finally:
+        layer.w.update(saved)

@@ -1,0 +1,159 @@
+"""llama.cpp capture, run in its own process.
+
+``python -m harness.references.llamacpp.worker REQUEST.json OUT_DIR``
+
+The parent (``harness.references.llamacpp.capture``) runs this in a subprocess so that an
+abort or a segfault inside llama.cpp ends THIS process, and becomes an error
+row there, while the run goes on.
+
+The request names the GGUF, the decode calls (each a list of ``[token, pos,
+seq]``), and which graph tensor names to keep. Every ``llama_decode`` call
+evaluates its graph with the eval callback set (``cb_eval``): on the "ask"
+call we answer yes for the names we want, on the "data" call we read the
+tensor (``ggml_ctypes.Ggml.read``). A name may occur several times in one graph
+(``Qcur-0`` after the projection, after the bias, after the reshape, after
+RoPE); every occurrence is kept in graph order with its op, so the parent can
+choose by meaning, not by position. Each tensor is written to ``OUT_DIR`` the
+moment it is read (``<n>.npy``; ``index.json`` at the end lists them), so the
+worker holds one tensor at a time, whatever the model's size and length.
+
+Settings that make the capture comparable: flash attention OFF (so
+``kq_soft_max`` exists), an F32 KV cache (the default F16 cache would round
+every K and V), logits requested for every token (so the last layer keeps all
+rows instead of ``ggml_get_rows(out_ids)``), full-size SWA cache (cells are
+never reused, so a cell index is a position), one stream per sequence. The
+request may turn flash attention on and name other KV cache types
+(``flash_attn``, ``type_k`` / ``type_v`` as ggml type names): the
+``llamacpp-fa*`` candidates (harness/candidates/llamacpp_fa.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+
+import numpy as np
+
+
+def main(req_path: str, out_dir: str) -> int:
+    req = json.loads(open(req_path).read())
+    import llama_cpp as lc
+
+    from harness.references.llamacpp.ggml_ctypes import Ggml
+
+    ggml = Ggml()
+    wanted = set(req["names"])
+    verbose = bool(req.get("verbose"))
+
+    if not verbose:
+        @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+        def _quiet(level, text, user):
+            if level == 4 and text:  # GGML_LOG_LEVEL_ERROR: keep errors for the error row
+                sys.stderr.write(text.decode(errors="replace"))
+
+        lc.llama_log_set(_quiet, None)
+    lc.llama_backend_init()
+
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    index: list[dict] = []
+    state = {"call": 0, "occ": {}}
+
+    @lc.ggml_backend_sched_eval_callback
+    def on_eval(t, ask, user):
+        name = ggml.name(t)
+        base = name.rsplit("-", 1)[0] if name.rsplit("-", 1)[-1].isdigit() else name
+        # a base name ("Qcur") keeps every layer's tensor; a full name ("inp_norm-0")
+        # keeps that one tensor (bloom's embedding norm is cb'd with il=0)
+        if base not in wanted and name not in wanted:
+            return not ask  # ask: not needed; data: keep going
+        if ask:
+            return True
+        hdr = ggml.header(t)
+        occ = state["occ"].get(name, 0)
+        state["occ"][name] = occ + 1
+        key = str(len(index))
+        try:
+            np.save(out / f"{key}.npy", ggml.read(t), allow_pickle=False)
+            index.append({"key": key, "call": state["call"], "name": name, "occ": occ, "op": ggml.op_name(hdr),
+                          "ne": [int(hdr.ne[i]) for i in range(4)]})
+        except TypeError as e:
+            index.append({"key": key, "call": state["call"], "name": name, "occ": occ, "op": ggml.op_name(hdr),
+                          "error": str(e)})
+        return True
+
+    mparams = lc.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    model = lc.llama_model_load_from_file(req["gguf"].encode(), mparams)
+    if not model:
+        print(f"llama.cpp could not load {req['gguf']}", file=sys.stderr)
+        return 3
+    cparams = lc.llama_context_default_params()
+    n_seq = int(req["n_seq"])
+    cparams.n_ctx = int(req["n_ctx"])
+    cparams.n_batch = int(req["n_batch"])
+    cparams.n_ubatch = int(req["n_batch"])
+    cparams.n_seq_max = n_seq
+    cparams.n_threads = cparams.n_threads_batch = int(req.get("threads", 2))
+    fa = bool(req.get("flash_attn", False))
+    cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ggml_types = {"f32": 0, "f16": 1, "q8_0": 8}  # enum ggml_type (ggml/include/ggml.h)
+    cparams.type_k = ggml_types[req.get("type_k", "f32")]
+    cparams.type_v = ggml_types[req.get("type_v", "f32")]
+    if not req.get("plain"):  # plain: no callback at all (scripts/bench_real_size.py: what the capture costs)
+        cparams.cb_eval = on_eval
+        cparams.cb_eval_user_data = None
+    cparams.swa_full = True
+    cparams.kv_unified = bool(req.get("kv_unified", False))
+    cparams.no_perf = True
+    ctx = lc.llama_init_from_model(model, cparams)
+    if not ctx:
+        print("llama.cpp could not create a context", file=sys.stderr)
+        return 3
+
+    calls = req["calls"]
+    batch = lc.llama_batch_init(max(len(c) for c in calls), 0, n_seq)
+    try:
+        for ci, call in enumerate(calls):
+            state["call"] = ci
+            state["occ"] = {}
+            batch.n_tokens = len(call)
+            for i, (tok, pos, seq) in enumerate(call):
+                batch.token[i] = int(tok)
+                batch.pos[i] = int(pos)
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = int(seq)
+                batch.logits[i] = 1
+            rc = lc.llama_decode(ctx, batch)
+            if rc != 0:
+                print(f"llama_decode returned {rc} on call {ci}", file=sys.stderr)
+                return 4
+    finally:
+        lc.llama_batch_free(batch)
+    lc.llama_free(ctx)
+    lc.llama_model_free(model)
+
+    (out / "index.json").write_text(json.dumps(index))
+    (out / "usage.json").write_text(json.dumps({"peak_rss_gb": _own_peak_rss_gb()}))
+    return 0
+
+
+def _own_peak_rss_gb() -> float | None:
+    """This process's own peak resident memory: VmHWM of /proc/self/status, which
+    belongs to the address space exec made. getrusage's ru_maxrss does not: Linux
+    carries the pre-exec peak across execve (the forked / vforked parent's), so a
+    worker started by a 4 GB harness would report 4 GB whatever it used."""
+    try:
+        for line in open("/proc/self/status").read().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 2**30
+    except OSError:
+        pass
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
