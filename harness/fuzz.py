@@ -353,14 +353,14 @@ def _split(draw, st, t: int) -> list[int]:
 def _mla_cfg(st, hid: int):
     @st.composite
     def draw(draw):
-        from impl import MlaConfig, MlaYarn, NormSpec, make_rope
+        from impl import MlaConfig, NormSpec, make_rope, mla_yarn
 
         h = draw(st.integers(1, 4))
         rd = draw(st.sampled_from((0, 2, 4)))
         rope = make_rope("default", 10000.0, rd, "interleaved") if rd else None
         yarn = None
         if rope is not None and draw(st.booleans()):
-            yarn = MlaYarn.from_params(rope, {"factor": 4.0, "original_max_position_embeddings": 16,
+            yarn = mla_yarn(rope, {"factor": 4.0, "original_max_position_embeddings": 16,
                                               "max_position_embeddings": 64, "mscale": 1.0,
                                               "mscale_all_dim": draw(st.sampled_from((0.707, 1.0)))},
                                        draw(st.sampled_from((1.0, 1.1))))
@@ -576,7 +576,7 @@ def spec_to_dict(ex: SpecExample) -> dict:
 
 
 def spec_from_dict(d: dict) -> SpecExample:
-    from impl import LayerConfig, MlaConfig, MlaYarn, NormSpec, QkNormSpec, RopeSpec, TemperatureSpec, WindowSpec
+    from impl import LayerConfig, MlaConfig, MlaYarn, mla_yarn, NormSpec, QkNormSpec, RopeSpec, TemperatureSpec, WindowSpec
 
     d = dict(d)
     c = dict(d.pop("cfg"))

@@ -5,13 +5,14 @@ the ref-vs-ref FFN finding pinned on its cause (ggml's fp16 GELU table)."""
 
 from __future__ import annotations
 
+from impl.config import softmax_scale
 import numpy as np
 
 from conftest import case_run, llamacpp_statuses, run, statuses
 from harness.families import get
 from harness.families.gemma2 import O_BIAS, QPAS_24, SWAPPED_LAYERS, THETA_1E5
 from harness.mutants import registry
-from helpers.ggml_gelu import assert_fp16_gelu_explains_layer_out, gemma_ffn_half
+from harness.testing.ggml_gelu import assert_fp16_gelu_explains_layer_out, gemma_ffn_half
 
 
 def test_tiny_config_exercises_its_decorations(policy):
@@ -25,7 +26,7 @@ def test_tiny_config_exercises_its_decorations(policy):
     hf = r.capture("hf").probes
     q, k = hf["L1.q_rope"], hf["L1.k_rope"]  # [S, T, H, D]
     k = np.repeat(k, lc1.n_rep, axis=2)
-    scores = np.einsum("sthd,suhd->shtu", q, k) * lc1.softmax_scale
+    scores = np.einsum("sthd,suhd->shtu", q, k) * softmax_scale(lc1)
     bend = np.abs(lc1.softcap * np.tanh(scores / lc1.softcap) - scores).max()
     assert bend > 0.3, bend
 

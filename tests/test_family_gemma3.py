@@ -70,7 +70,7 @@ def test_gelu_finding_is_the_fp16_table(policy):
     GELU table on llama.cpp's resid_mid reproduces llama.cpp's layer_out; the exact
     GELU does not (gemma3 has a post-FFN norm, like gemma2)."""
     from harness.families import get
-    from helpers.ggml_gelu import assert_fp16_gelu_explains_layer_out, gemma_ffn_half
+    from harness.testing.ggml_gelu import assert_fp16_gelu_explains_layer_out, gemma_ffn_half
 
     r = case_run(policy, "gemma3", ref="all", kv="decode")
     layer = get("gemma3").decoder_layers(r.base_model)[0]

@@ -4,6 +4,7 @@ compared at the scaled embedding, and the converter's multiplier keys."""
 
 from __future__ import annotations
 
+from impl.config import softmax_scale
 import numpy as np
 
 from conftest import case_run
@@ -15,7 +16,7 @@ def test_tiny_config_exercises_its_decorations(policy):
     r = case_run(policy, "granite", ref="hf")
     assert {"attn_scale", "residual_multiplier", "o_bias", "qkv_bias"} <= set(r.features)
     lc = r.layer_cfgs[0]
-    assert lc.softmax_scale == 0.15 and lc.residual_multiplier == 0.22
+    assert softmax_scale(lc) == 0.15 and lc.residual_multiplier == 0.22
     hf = r.capture("hf").probes
     # resid_mid = layer_in + 0.22 * attn_out (GraniteDecoderLayer.forward)
     np.testing.assert_allclose(hf["L0.resid_mid"], hf["L0.layer_in"] + 0.22 * hf["L0.attn_out"], atol=1e-5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run
+from harness.features import layer_features
 
 FAMILY = "kimi_linear"
 
@@ -30,7 +31,7 @@ def test_mla_has_no_rope(policy):
 
     fam = get(FAMILY)
     lc = fam.layer_configs(fam.make_config({}))[1]
-    assert lc.rope is None and lc.q_lora_rank is None and "mla_rope" not in lc.features()
+    assert lc.rope is None and lc.q_lora_rank is None and "mla_rope" not in layer_features(lc)
 
 
 @pytest.mark.parametrize("kv", ["decode", "paged"])

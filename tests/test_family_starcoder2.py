@@ -8,7 +8,7 @@ from conftest import case_run, llamacpp_statuses, run
 from harness.families import get
 from harness.families.starcoder2 import WINDOW_4
 from harness.mutants import registry
-from helpers.ggml_gelu import assert_fp16_gelu_explains_layer_out
+from harness.testing.ggml_gelu import assert_fp16_gelu_explains_layer_out
 
 
 def test_tiny_config_exercises_its_decorations(policy):

@@ -108,7 +108,7 @@ def test_a_switched_case_is_its_own_case(policy):
 
 def test_a_module_switch_is_refused_against_llamacpp(policy):
     """A module switch replaces an HF module, which llama.cpp never sees."""
-    with pytest.raises(UsageError, match="only the HF reference"):
+    with pytest.raises(UsageError, match="only HF transformers sees"):
         _ = CaseRun(Case(family="qwen3", ref="all", kv="paged", switch_off=("qk_norm_head",)), policy).layer_cfgs
 
 

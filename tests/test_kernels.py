@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from impl import (Backend, LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec, alibi_slopes,
+from impl import (Backend, softmax_scale, LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec, alibi_slopes,
                   make_rope)
 from impl.attention import Layer
 from impl.config import ConfigError
@@ -149,7 +149,7 @@ def test_attention_probs_match_formula():
     _, traces, _ = _run(layer, [x], "decode", "decode")
     got = traces[0].assemble()
     # recompute the formula's probabilities from impl's own q_rope / k_rope
-    _, probs = ref_attention(got["q_rope"], got["k_rope"], got["v"], cfg.softmax_scale, window=cfg.window,
+    _, probs = ref_attention(got["q_rope"], got["k_rope"], got["v"], softmax_scale(cfg), window=cfg.window,
                              softcap=cfg.softcap, sinks=w["sinks"])
     np.testing.assert_allclose(got["attn_probs"], probs, rtol=1e-10, atol=1e-12)
     # a sink takes mass: rows sum to less than one

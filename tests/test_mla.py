@@ -9,11 +9,12 @@ import pytest
 
 from harness.mutants import applied
 from harness.kinds.mla.mutants import GATE_MUTANTS
-from impl import Backend, MlaConfig, MlaYarn, NormSpec, make_rope
+from impl import Backend, MlaConfig, MlaYarn, NormSpec, kq_scale, make_rope, mla_yarn
 from impl.config import ConfigError
 from harness.schedule import chunk_sizes
 from impl.runner import load_layer, run_layer
 from impl.trace import LAYER_PROBES
+from harness.features import layer_features
 
 H, HID, R, NOPE, ROPE, V, QL = 4, 64, 24, 12, 8, 10, 16
 SHARED_PROBES = ("attn_in", "q_latent", "q", "kv_latent", "q_pe", "k_pe", "q_rope", "attn_probs", "attn_heads",
@@ -29,7 +30,7 @@ def _rope():
 
 
 def _yarn(mscale=1.07):
-    return MlaYarn.from_params(_rope(), YARN_PARAMS, mscale)
+    return mla_yarn(_rope(), YARN_PARAMS, mscale)
 
 
 def _weights(seed=0, gate=False):
@@ -112,10 +113,10 @@ def test_the_cache_holds_what_the_form_says():
 
 def test_kq_scale_is_the_unabsorbed_width_with_mscale_squared():
     cfg = _cfg()
-    assert cfg.kq_scale == pytest.approx(1.07**2 / np.sqrt(NOPE + ROPE))
-    assert cfg.replace(yarn=None).kq_scale == pytest.approx(1 / np.sqrt(NOPE + ROPE))
-    assert cfg.features() == {"mla", "mla_absorbed", "mla_low_rank_q", "mla_rope", "mla_yarn"}
-    assert _cfg("naive", gate=True, rope=False).features() == {"mla", "mla_naive", "mla_low_rank_q", "mla_gate"}
+    assert kq_scale(cfg) == pytest.approx(1.07**2 / np.sqrt(NOPE + ROPE))
+    assert kq_scale(cfg.replace(yarn=None)) == pytest.approx(1 / np.sqrt(NOPE + ROPE))
+    assert layer_features(cfg) == {"mla", "mla_absorbed", "mla_low_rank_q", "mla_rope", "mla_yarn"}
+    assert layer_features(_cfg("naive", gate=True, rope=False)) == {"mla", "mla_naive", "mla_low_rank_q", "mla_gate"}
 
 
 def test_shared_k_rot_is_rotated_once_at_its_position():
@@ -238,5 +239,5 @@ def test_yarn_reaches_the_rotation_and_the_scale_together():
     np.testing.assert_allclose(tr[0]["k_pe"], want, rtol=1e-10, atol=1e-12)
     raw_q = rot(p["q_pe"], inv_plain, -1)
     np.testing.assert_allclose(tr[0]["q_pe"], rot(raw_q, inv_yarn, +1) * yarn.pe_magnitude, rtol=1e-10, atol=1e-12)
-    assert _cfg().kq_scale == pytest.approx(yarn.mscale**2 / np.sqrt(NOPE + ROPE))
+    assert kq_scale(_cfg()) == pytest.approx(yarn.mscale**2 / np.sqrt(NOPE + ROPE))
     assert yarn.pe_magnitude != 1.0 and not np.allclose(yarn.freq_factors, 1.0)  # both halves act here

@@ -13,7 +13,8 @@ import weakref
 import numpy as np
 import pytest
 
-from tests.conftest import run
+from harness.pipeline import oracle as oracle_stage
+from harness.testing import run
 
 
 def _case_run(family="llama", **kw):

@@ -49,6 +49,7 @@ import numpy as np
 from impl import NormSpec, make_rope
 from impl.config import ConfigError
 from impl.mla import MlaConfig, MlaYarn
+from impl.mla import mla_yarn as yarn_from_params
 
 from ..errors import UsageError
 from .base import (Family, LcPoint, Point, gguf_moe_convert, gguf_size_params, gguf_yarn_params,
@@ -158,7 +159,7 @@ class MlaFamily(Family):
         if rp.get("rope_type", "default") != "yarn":
             return None
         rp.setdefault("max_position_embeddings", config.max_position_embeddings)
-        return MlaYarn.from_params(rope, rp, self.softmax_mscale(config))
+        return yarn_from_params(rope, rp, self.softmax_mscale(config))
 
     def softmax_mscale(self, config) -> float:
         """HF ``yarn_apply_mscale``: ``scaling *= yarn_get_mscale(factor,

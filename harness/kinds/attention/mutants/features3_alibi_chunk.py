@@ -30,8 +30,8 @@ MUTANTS = [
            "return (q_pos // window.size) * window.size", "return (q_pos // window.size) * window.size - 1",
            LLAMA4_CHUNK, "attn_probs", doc="a chunk also reads the last key of the previous chunk"),
     Mutant("chunk-window-after-push", "chunked_window", "impl.attention",
-           "visible &= k_pos[None, :] >= window.lowest_visible(q_pos)[:, None]",
-           "visible &= k_pos[None, :] >= window.lowest_visible(q_pos + 1)[:, None]",
+           "visible &= k_pos[None, :] >= lowest_visible(window, q_pos)[:, None]",
+           "visible &= k_pos[None, :] >= lowest_visible(window, q_pos + 1)[:, None]",
            LLAMA4_CHUNK, "attn_probs",
            doc="the window is taken from the position after the push, not the query's own "
                "(spec layer_window_for_query): a chunk's last query sees the next chunk's window"),
