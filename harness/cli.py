@@ -11,7 +11,6 @@ import argparse
 import json
 import re
 import sys
-import time
 
 from .errors import UsageError, suggest
 
@@ -127,114 +126,21 @@ def _require_device(case) -> None:
         raise UsageError(str(e)) from None
 
 
-def cmd_run(a) -> int:
-    return cmd_run_case(lambda: case_from_args(a), a.policy, a.out)
-
-
-def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: str = "run") -> int:
-    """Run one case (``make_case()``, called once the run directory is known to be
-    usable) into a run directory, print its table; the exit status."""
-    from . import budget, report, runlog
-    from .case import CaseRun
-    from .policy import load_policy
-
-    policy = load_policy(policy_path)
-    run_id = report.new_run_id()
-    d = report.check_out(out, run_id)  # before any work: a run never finds out at the end
-    case = make_case()
-    case.validate()
-    _require_device(case)
-    run = CaseRun(case, policy, progress=lambda m: print(m, file=sys.stderr))
-    _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
-    budget.check(run)  # and a case the model or this machine cannot hold
-    t0 = time.time()
-    rows = run.rows()
-    df = report.write_rows(d, rows)
-    runlog.attach(d / runlog.LOG_NAME)
-    report.write_meta(d, {"run_id": run_id, "command": command, "argv": sys.argv[1:], "case": case.to_dict(),
-                          "candidate": run.candidate.name, "notes": run.notes,
-                          "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
-                          "plan": run.plan.meta(), "resources": budget.usage(), **run.meta_extra()})
-    print(report.case_table(df))
-    for note in run.notes:
-        print(f"note: {note}")
-    print(f"report: {d}")
-    return report.exit_status(df)
-
-
-def cmd_list(a) -> int:
-    """Families (variants, feature tags, whether ``--gguf`` reads their files),
-    references, backends, probes. Imports neither torch nor transformers when the
-    features are cached (``harness/catalog.py``)."""
-    from impl.backend import BACKENDS, DEVICES, DTYPES
-    from impl.kv import KV_MODES
-    from .schedule import SCHEDULES
-    from contract.probes import LAYER_PROBES, MODEL_PROBES
-
-    from . import catalog, families
-    from . import references
-    from .case import GGUF_TYPES
-
-    reg = families.registry()
-    feats = catalog.family_features(reg, catalog.say_stderr) if a.features else {}
-    print("families (--family; --variant: the first is the default; --gguf FILE: files of which families it reads):")
-    for name, fam in reg.items():
-        print(f"  {name:<16} hf={fam.hf_model_type:<16} gguf={fam.gguf_arch or '-':<12} {fam.description}")
-        pad = f"  {'':<16} "
-        if fam.variants:
-            print(f"{pad}variants: {', '.join(fam.variants)}")
-        why = fam.gguf_import_unsupported()
-        print(f"{pad}--gguf: " + (f"reads {fam.gguf_arch} files" if why is None else f"no ({why})"))
-        for v in catalog.variants(fam) if feats else ():
-            label = f"features ({v})" if v else "features"
-            print(f"{pad}{label}: {', '.join(feats[name][v or ''])}")
-    print(f"references (--ref): {', '.join(references.choices())}")
-    from . import candidates
-
-    print("candidates (--candidate; entry points of the group attn_conformance.candidates; or dump:DIR):")
-    for name in candidates.registry():
-        try:
-            desc = candidates.get(name).description
-        except UsageError as e:
-            desc = f"(does not load: {e})"
-        print(f"  {name:<20} {desc}")
-    print(f"backends: {', '.join(BACKENDS)}; devices: {', '.join(DEVICES)}; dtypes: {', '.join(DTYPES)}")
-    print(f"kv modes: {', '.join(KV_MODES)}; schedules: {', '.join(SCHEDULES)} or chunk sizes (5,1,1)")
-    print(f"GGUF weight types (--gguf-type; --gguf reads the same): {', '.join(GGUF_TYPES)}")
-    print(f"layer probes: {', '.join(LAYER_PROBES)}")
-    print(f"model probes: {', '.join(MODEL_PROBES)}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """Every command is a plug-in (entry point group ``attn_conformance.commands``, one
+    module each under harness/commands: ``register(sub)`` adds its parser), in the
+    order pyproject.toml declares them; a user's package adds its own the same way."""
+    from . import plugins
+
     p = _Parser(prog="conformance", description="Differential conformance harness for attention implementations")
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
-    r = sub.add_parser("run", help="run one case and write reports/<run-id>/")
-    _add_case_args(r)
-    r.add_argument("--out", metavar="DIR", help="run directory (default ./reports/<run-id>)")
-    add_verbose(r)
-    r.set_defaults(fn=cmd_run)
-    ls = sub.add_parser("list", help="families, features, probes, backends")
-    ls.add_argument("--no-features", dest="features", action="store_false",
-                    help="skip the feature tags (derived once per code version by building each family; cached)")
-    ls.set_defaults(fn=cmd_list)
-    for mod in _extra_commands():
+    for name, ep in plugins.entry_points("commands", sort=False).items():
+        try:
+            mod = plugins.load("commands", name, ep)
+        except plugins.PluginError as e:
+            raise UsageError(str(e)) from None
         mod.register(sub)
     return p
-
-
-def _extra_commands():
-    """Subcommands that live in their own modules (matrix, features, diff, ...)."""
-    import importlib
-
-    mods = []
-    for name in ("matrix", "merge", "featmap", "diff", "bisect", "mutate", "mla_cache", "fuzz", "engines"):
-        try:
-            mods.append(importlib.import_module(f"harness.commands.{name}"))
-        except ModuleNotFoundError as e:
-            if e.name != f"harness.commands.{name}" and e.name != "harness.commands":
-                raise
-    return mods
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ Two kinds of example, each labelled in every report line:
   drawn: every config goes through the family's own HF config validation
   (``Family.make_config``, which also builds impl's layers) and a draw it
   refuses is discarded, and each knob is offered only to the families whose
-  llama.cpp graph reads the GGUF key it becomes (``SPACES`` says which, citing
+  llama.cpp graph reads the GGUF key it becomes (each family's ``fuzz_space`` says which, citing
   the converter / graph); a setting only HF can express (``hf_only``) runs
   against HF alone.
 - ``spec``: one layer outside what any reference family can say (both gates on
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from . import references
+from . import kinds, references
 from .case import Case
 
 
@@ -57,37 +57,13 @@ def _module_reference() -> str:
 #   partial:    partial_rotary_factor (the arch's rope dimension count)
 #   mla:        MLA ranks and widths (deepseek2.cpp reads q_lora_rank, kv_lora_rank,
 #               key/value lengths _mla), YaRN on/off
-SPACES: dict[str, dict] = {
-    "llama": {"knobs": ("heads", "head_dim", "bias", "rope", "theta"), "rope": ("default", "linear", "yarn", "llama3")},
-    "qwen2": {"knobs": ("heads", "theta", "window")},
-    "qwen3": {"knobs": ("heads", "head_dim", "theta")},
-    "olmo": {"knobs": ("heads", "theta")},
-    "olmo2": {"knobs": ("heads", "theta")},
-    "granite": {"knobs": ("heads", "theta")},
-    "bitnet": {"knobs": ("heads", "theta")},
-    # NoPE layer patterns: llama.cpp's smollm3 / llama4 fix the step at 4 (n_no_rope_layer_step, no
-    # GGUF key), so another interval is HF-only
-    "smollm3": {"knobs": ("heads", "theta", "nope_interval"), "hf_only": ("nope_interval",)},
-    "starcoder2": {"knobs": ("heads", "theta", "window")},
-    "gemma2": {"knobs": ("heads", "head_dim", "window", "softcap")},
-    "gemma3": {"knobs": ("heads", "head_dim", "window")},
-    "cohere2": {"knobs": ("heads", "theta", "window")},
-    "afmoe": {"knobs": ("heads", "head_dim", "window")},
-    "gpt_oss": {"knobs": ("heads", "head_dim", "window", "yarn_params")},
-    "mimo_v2_flash": {"knobs": ("heads", "window")},
-    # llama4.cpp hard-codes the chunk size (n_swa = 8192, no GGUF key): a chunk size HF honours is HF-only
-    "llama4": {"knobs": ("heads", "head_dim", "chunk", "nope_interval"), "hf_only": ("chunk", "nope_interval")},
-    "qwen3_next": {"knobs": ("heads", "head_dim", "partial", "bias"), "hf_only": ("bias",)},
-    "qwen3_5_text": {"knobs": ("heads",)},
-    "bloom": {"knobs": ("heads_hidden",)},
-    "mpt": {"knobs": ()},
-    "deepseek_v2": {"knobs": ("mla", "mla_yarn")},
-    "deepseek_v3": {"knobs": ("mla", "mla_yarn")},
-    "glm_moe_dsa": {"knobs": ("mla",)},
-    # kimi-linear.cpp sizes the KDA layers from n_head (ssm_conv1d_q: n_embd_head_kda * n_head)
-    # while HF's take linear_attn_config's heads: an MLA head count other than the KDA's is HF-only
-    "kimi_linear": {"knobs": ("mla_nope", "kimi_heads"), "hf_only": ("kimi_heads",)},
-}
+# Each family's space lives with it (``Family.fuzz_space`` in its folder); a family
+# without one gets the generic knob its heads allow.
+DEFAULT_SPACE = {"knobs": ("heads",)}
+
+
+def space_of(fam) -> dict:
+    return getattr(fam, "fuzz_space", None) or DEFAULT_SPACE
 
 
 @dataclass(frozen=True)
@@ -132,7 +108,7 @@ def case_strategy(family_names: list[str], ref: str = "all"):
 
         name = draw(st.sampled_from(family_names))
         fam = families.get(name)
-        space = SPACES.get(name, {"knobs": ("heads",)})
+        space = space_of(fam)
         tokens = draw(st.integers(1, 20))
         ov: dict = {}
         hf_only = False
@@ -463,7 +439,6 @@ def run_spec(ex: SpecExample) -> Outcome:
     from impl import Backend
     from impl.runner import load_layer, run_layer
 
-    from . import specref
     from .features import layer_features
 
     t0 = time.perf_counter()
@@ -480,7 +455,7 @@ def run_spec(ex: SpecExample) -> Outcome:
         return Outcome("spec", label, True, f"impl raised {type(e).__name__}: {e}", tuple(sorted(feats)),
                        seconds=time.perf_counter() - t0, signature=f"raised {type(e).__name__}")
     for s, x in enumerate(xs):
-        got, want = traces[s].assemble(), specref.layer(ex.cfg, w, x)
+        got, want = traces[s].assemble(), kinds.spec_layer(ex.cfg, w, x)
         for probe in want:
             if probe not in got:
                 continue
@@ -576,7 +551,7 @@ def spec_to_dict(ex: SpecExample) -> dict:
 
 
 def spec_from_dict(d: dict) -> SpecExample:
-    from impl import LayerConfig, MlaConfig, MlaYarn, mla_yarn, NormSpec, QkNormSpec, RopeSpec, TemperatureSpec, WindowSpec
+    from impl import LayerConfig, MlaConfig, MlaYarn, NormSpec, QkNormSpec, RopeSpec, TemperatureSpec, WindowSpec
 
     d = dict(d)
     c = dict(d.pop("cfg"))

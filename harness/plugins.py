@@ -57,15 +57,19 @@ def declared_here(group: str) -> dict[str, str]:
     return dict(_pyproject().get("project", {}).get("entry-points", {}).get(PREFIX + group, {}))
 
 
-def entry_points(group: str) -> dict:
+def entry_points(group: str, sort: bool = True) -> dict:
     """``{name: entry point}`` of ``group``: installed ones, overridden for their
-    names by this checkout's own declarations."""
+    names by this checkout's own declarations (``sort``: by name; else this
+    project's in the order pyproject.toml declares them, then the others')."""
     if group not in GROUPS:
         raise ValueError(f"unknown plugin group {group!r}; valid: {', '.join(GROUPS)}")
     from importlib.metadata import entry_points as installed
 
     found = {ep.name: ep for ep in installed(group=PREFIX + group)}
-    found.update({n: Declared(n, v) for n, v in declared_here(group).items()})
+    mine = {n: Declared(n, v) for n, v in declared_here(group).items()}
+    if not sort:
+        return {**mine, **{n: ep for n, ep in found.items() if n not in mine}}
+    found.update(mine)
     return dict(sorted(found.items()))
 
 

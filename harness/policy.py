@@ -1,5 +1,8 @@
-"""The tolerance policy: a TOML file under fixtures/, keyed by dtype and probe,
-with per-family overrides that each carry a written reason."""
+"""The tolerance policy: a TOML file under fixtures/ (the cross-family tables:
+keyed by dtype and probe, with overrides that each carry a written reason), and
+each family folder's ``findings.toml`` (harness/families/<name>/: where the
+references compute different models for that family, each bounded by the size
+it was measured at), merged when the policy is loaded."""
 
 from __future__ import annotations
 
@@ -14,7 +17,11 @@ PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "kv_q8_0", "q8_0
 _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
-                 "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason"}
+                 "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason", "seen_by"}
+# what a [finding.seen_by] inherits from the statement it belongs to (the same disagreement,
+# the same reference config; its own probes, bounds and, optionally, words)
+_INHERITED = ("family", "config", "layer_kind", "dtypes", "reason")
+FAMILIES_DIR = Path(__file__).resolve().parent / "families"
 _MISSING = object()
 
 
@@ -146,7 +153,7 @@ class Policy:
             # finding's size: scripts/measure_cpu_variants.py)
             if bounded and (nmse is None or not nmse <= self.finding_bound(f, tokens, _depth(layer, n_layers))):
                 continue
-            return f"finding #{f['_n']}: {f['reason']}"
+            return f"finding {f['_n']}: {f['reason']}"
         return None
 
     @staticmethod
@@ -164,7 +171,7 @@ class Policy:
         for key, (what, n) in scaled.items():
             if key in f:
                 if n is None:
-                    raise ValueError(f"finding #{f.get('_n')} is bounded per {what[:-1]}: the case's {what} are needed")
+                    raise ValueError(f"finding {f.get('_n')} is bounded per {what[:-1]}: the case's {what} are needed")
                 bound = max(bound, f[key] * n)
         return bound
 
@@ -188,6 +195,92 @@ class Policy:
             tol.update({k: v for k, v in o.items() if k in _TOL_KEYS})
             reason = o["reason"]
         return tol, reason
+
+
+def _check_finding(p, n, f) -> None:
+    """One finding, refused in one line where it could not be applied as written."""
+    _known_keys(p, f"finding {n}", {k: v for k, v in f.items() if k != "_n"}, _FINDING_KEYS)
+    for key in ("max_nmse", "max_nmse_per_token", "max_nmse_per_layer"):
+        v = f.get(key)
+        # a bound is compared and multiplied at judging time: a string or NaN there would
+        # be a traceback mid-run (or excuse nothing / everything), so it is refused here
+        if key in f and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
+            raise UsageError(f"tolerance policy {p}: finding {n} ({f.get('family')}) {key} must be a positive "
+                             f"number, got {v!r}")
+    if not str(f.get("reason", "")).strip() or "family" not in f:
+        raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason (finding {n})")
+    fam = f["family"]
+    if not (isinstance(fam, str) and fam) and not (
+            isinstance(fam, list) and fam and all(isinstance(x, str) and x for x in fam)):
+        raise UsageError(f"tolerance policy {p}: finding {n} family must be a family name or a list of them, "
+                         f"got {fam!r}")
+    if "candidate" not in f or "reference" not in f:
+        raise UsageError(f"tolerance policy {p}: finding {n} ({f['family']}) must name its pair "
+                         "(candidate and reference)")
+    # an excuse of a candidate (impl or another engine, not a reference) is bounded: the
+    # reference config it holds under, the probes it names, the size it was measured at
+    if f["candidate"] not in _reference_names() and (
+            not any(k in f for k in ("max_nmse", "max_nmse_per_token", "max_nmse_per_layer"))
+            or not f.get("probes") or not isinstance(f.get("config"), dict) or not f["config"]):
+        raise UsageError(f"tolerance policy {p}: finding {n} ({f['family']}, {f['candidate']} vs "
+                         f"{f['reference']}) excuses the candidate, so it needs config (the reference's "
+                         "settings it holds under), probes and max_nmse")
+
+
+def _expand(p, label: str, f: dict) -> list[dict]:
+    """A finding as the matcher reads it: the statement, and its ``seen_by`` (the same
+    disagreement as a candidate sees it) as a finding of its own. ``label`` names it
+    in every row it excuses."""
+    f = dict(f)
+    seen = f.pop("seen_by", None)
+    f["_n"] = label
+    _check_finding(p, label, f)
+    out = [f]
+    if seen is not None:
+        if not isinstance(seen, dict):
+            raise UsageError(f"tolerance policy {p}: finding {label} seen_by must be a table, got {seen!r}")
+        g = {**{k: f[k] for k in _INHERITED if k in f}, "candidate": "impl", **seen}
+        g["_n"] = f"{label} (seen by {g['candidate']})"
+        _check_finding(p, g["_n"], g)
+        out.append(g)
+    return out
+
+
+def family_finding_files() -> list[Path]:
+    """Every family folder's findings.toml: the built-in folders
+    (harness/families/<name>/findings.toml), then the folder of each family
+    another package registers (entry point group ``attn_conformance.families``)."""
+    import importlib.util
+
+    from . import plugins
+
+    files = sorted(FAMILIES_DIR.glob("*/findings.toml"))
+    for name, ep in plugins.entry_points("families").items():
+        # the folder of the module the entry point names, found without importing it
+        spec = importlib.util.find_spec(str(getattr(ep, "value", "")).partition(":")[0] or "-")
+        if spec is None or not spec.origin:
+            continue
+        f = Path(spec.origin).resolve().parent / "findings.toml"
+        if f.is_file() and f not in files:
+            files.append(f)
+    return files
+
+
+def _family_findings(path: Path) -> list[dict]:
+    """A family folder's findings, ``family`` defaulting to the folder's name."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"findings file {path} is not valid TOML: {e}") from None
+    bad = set(data) - {"finding"}
+    if bad:
+        raise UsageError(f"findings file {path}: unknown tables {sorted(bad)}; valid: finding")
+    fam = path.parent.name
+    out = []
+    for k, f in enumerate(data.get("finding", []), 1):
+        f = {"family": fam, **f}
+        out += _expand(path, f"{fam}#{k}", f)
+    return out
 
 
 def _known_keys(p, what: str, table: dict, valid: set) -> None:
@@ -220,34 +313,10 @@ def load_policy(path: str | Path | None = None) -> Policy:
         _known_keys(p, "an override", o, _OVERRIDE_KEYS)
         if not str(o.get("reason", "")).strip():
             raise UsageError(f"tolerance policy {p}: every override needs a written reason ({o})")
-    findings = data.get("finding", [])
-    for n, f in enumerate(findings, 1):
-        _known_keys(p, f"finding #{n}", f, _FINDING_KEYS)
-        f["_n"] = n  # its place in the file: rows name the finding that excused them
-        for key in ("max_nmse", "max_nmse_per_token", "max_nmse_per_layer"):
-            v = f.get(key)
-            # a bound is compared and multiplied at judging time: a string or NaN there would
-            # be a traceback mid-run (or excuse nothing / everything), so it is refused here
-            if key in f and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
-                raise UsageError(f"tolerance policy {p}: finding #{n} ({f.get('family')}) {key} must be a positive "
-                                 f"number, got {v!r}")
-        if not str(f.get("reason", "")).strip() or "family" not in f:
-            raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason (finding #{n})")
-        fam = f["family"]
-        if not (isinstance(fam, str) and fam) and not (
-                isinstance(fam, list) and fam and all(isinstance(x, str) and x for x in fam)):
-            raise UsageError(f"tolerance policy {p}: finding #{n} family must be a family name or a list of them, "
-                             f"got {fam!r}")
-        if "candidate" not in f or "reference" not in f:
-            raise UsageError(f"tolerance policy {p}: finding #{n} ({f['family']}) must name its pair "
-                             "(candidate and reference)")
-        # an excuse of a candidate (impl or another engine, not a reference) is bounded: the
-        # reference config it holds under, the probes it names, the size it was measured at
-        if f["candidate"] not in _reference_names() and (
-                not any(k in f for k in ("max_nmse", "max_nmse_per_token", "max_nmse_per_layer"))
-                or not f.get("probes") or not isinstance(f.get("config"), dict) or not f["config"]):
-            raise UsageError(f"tolerance policy {p}: finding #{n} ({f['family']}, {f['candidate']} vs "
-                             f"{f['reference']}) excuses the candidate, so it needs config (the reference's "
-                             "settings it holds under), probes and max_nmse")
+    findings = []
+    for n, f in enumerate(data.get("finding", []), 1):
+        findings += _expand(p, f"#{n}", f)
+    for fp in family_finding_files():
+        findings += _family_findings(fp)
     reg = data.get("regression", {})
     return Policy(str(p), dtypes, overrides, float(reg.get("factor", 4.0)), findings)

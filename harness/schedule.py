@@ -9,7 +9,7 @@ borrows the other's reading of it.
 
 from __future__ import annotations
 
-from impl.config import ConfigError
+from contract.errors import ConfigError
 
 SCHEDULES = ("prefill", "decode", "mixed")
 

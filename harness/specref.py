@@ -13,7 +13,7 @@ Each layer kind writes its own formula from these pieces
 ``push_and_attend_row`` / ``attn_branch_rows`` / ``project_attn_rows``, MLA
 ``mla_forward_token``); each returns the canonical probes (``contract.probes``
 names and shapes) of one sequence, so a comparison can say where a difference
-starts. ``layer`` dispatches by the description's kind.
+starts. ``harness.kinds.spec_layer`` dispatches by the description's kind.
 """
 
 from __future__ import annotations
@@ -115,12 +115,3 @@ def attention(q, k, v, scale, *, window=None, softcap=None, sinks=None, slopes=N
 
 
 # ----------------------------------------------------------------- the GQA layer
-def layer(cfg, w: dict, x: np.ndarray) -> dict:
-    """The spec's probes of one layer, by its kind's own formula
-    (``harness/kinds/<kind>/spec.py``)."""
-    from . import kinds
-
-    kind = kinds.of(cfg)
-    if kind is None:
-        raise ValueError(f"no spec formula for a layer of kind {getattr(cfg, 'kind', cfg)!r}")
-    return kind.spec_layer(cfg, w, x)

@@ -123,15 +123,15 @@ def test_a_plugin_is_found_by_its_entry_point_and_judged(tiny_engine_installed, 
 def test_a_plugin_refuses_what_it_does_not_compute(tiny_engine_installed, policy, monkeypatch):
     """gemma2 has a softcap the tiny engine lacks: a skipped case that says so, never a pass."""
     monkeypatch.syspath_prepend(str(tiny_engine_installed))
-    from harness.candidates import api
+    import harness.candidates as cands
 
-    api.registry.cache_clear()
-    api._get.cache_clear()
+    cands.registry.cache_clear()
+    cands._get.cache_clear()
     try:
         rows = run(policy, family="gemma2", ref="hf", candidate="tiny-engine")
     finally:
-        api.registry.cache_clear()
-        api._get.cache_clear()
+        cands.registry.cache_clear()
+        cands._get.cache_clear()
     assert [r["status"] for r in rows] == ["skipped"]
     assert "does not compute layer 0's" in rows[0]["reason"]
 

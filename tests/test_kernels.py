@@ -22,6 +22,7 @@ from impl.rope import cos_sin, rotate
 from impl.runner import run_layer
 from impl.trace import LAYER_PROBES
 
+from harness.kinds import spec_layer
 from harness import specref
 from harness.mutants import applied
 from harness.kinds.attention.mutants.features4 import SPEC_MUTANTS
@@ -40,7 +41,7 @@ def ref_layer(cfg: LayerConfig, w: dict, x: np.ndarray):
     """``(branch, resid_mid)`` of the spec's layer (None, x for an absent one)."""
     if cfg.shape == "absent":
         return None, x
-    p = specref.layer(cfg, w, x)
+    p = spec_layer(cfg, w, x)
     return p["attn_out"], p.get("resid_mid")
 
 
@@ -351,7 +352,7 @@ def test_q_bias_is_at_the_q_width_after_the_gate_split():
     assert w["bq"].shape == (6 * 8,)
     x = RNG.normal(size=(7, 48))
     out, traces, _ = _run(layer, [x], "decode", "mixed")
-    want = specref.layer(cfg, w, x)
+    want = spec_layer(cfg, w, x)
     np.testing.assert_allclose(traces[0].assemble()["q"], want["q"], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(out[0], want["attn_out"], rtol=1e-10, atol=1e-10)
     # the gate's bias is its own: Q does not move when it changes, the branch does
@@ -370,9 +371,9 @@ def test_both_gates_apply_independently():
     x = RNG.normal(size=(7, 48))
     _, traces, _ = _run(layer, [x], "decode", "decode")
     got = traces[0].assemble()
-    want = specref.layer(cfg, w, x)
+    want = spec_layer(cfg, w, x)
     np.testing.assert_allclose(got["attn_branch"], want["attn_branch"], rtol=1e-10, atol=1e-12)
-    one = specref.layer(cfg.replace(output_gate=False), {k: v for k, v in w.items() if k != "wg"}, x)
+    one = spec_layer(cfg.replace(output_gate=False), {k: v for k, v in w.items() if k != "wg"}, x)
     assert not np.allclose(got["attn_branch"], one["attn_branch"])  # the second gate acts
 
 
@@ -410,7 +411,7 @@ def test_gate_order_mutants_are_caught_by_the_spec_formula(mutant):
     formula judges it, and a break of the order is caught at its probe."""
     cfg, w, layer = _layer("both-gates-subnorm")
     x = RNG.normal(size=(7, 48))
-    want = specref.layer(cfg, w, x)
+    want = spec_layer(cfg, w, x)
 
     def first_failure():
         got = _run(Layer.load(cfg, w, layer.backend), [x], "decode", "mixed")[1][0].assemble()

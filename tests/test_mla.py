@@ -9,7 +9,7 @@ import pytest
 
 from harness.mutants import applied
 from harness.kinds.mla.mutants import GATE_MUTANTS
-from impl import Backend, MlaConfig, MlaYarn, NormSpec, kq_scale, make_rope, mla_yarn
+from impl import Backend, MlaConfig, NormSpec, kq_scale, make_rope, mla_yarn
 from impl.config import ConfigError
 from harness.schedule import chunk_sizes
 from impl.runner import load_layer, run_layer

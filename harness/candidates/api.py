@@ -33,16 +33,13 @@ carry every upstream layer's rounding. Engines outside Python write dumps
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from functools import lru_cache
 
 import numpy as np
 
-from ..errors import UsageError, suggest
+from contract.candidate import PROBE_SHAPES, CandidateCapture, LayerCall, NotExposed  # noqa: F401 (re-exported)
 
 GROUP = "attn_conformance.candidates"
 DEFAULT = "impl"
-
-from contract.candidate import PROBE_SHAPES, CandidateCapture, LayerCall, NotExposed  # noqa: F401 (re-exported)
 
 
 class Candidate(ABC):
@@ -140,55 +137,3 @@ class LayerCandidate(Candidate):
             elif run.selection.probe(probe):
                 cap.probes[f"L{i}.{probe}"] = np.asarray(arr)
         return cap
-
-
-# ---------------------------------------------------------------- the registry
-@lru_cache(maxsize=1)
-def registry() -> dict:
-    """``{name: entry point}`` of the group (harness/plugins.py: installed entry points
-    and this project's own declared ones). A name may not be a reference's: a
-    row's candidate column must say which side was checked."""
-    from .. import plugins, references
-
-    found = plugins.entry_points("candidates")
-    for n in (*references.names(), "-"):
-        found.pop(n, None)
-    return found
-
-
-DUMP_PREFIX = "dump:"
-
-
-def names() -> list[str]:
-    return list(registry())
-
-
-def get(name: str) -> Candidate:
-    """The candidate called ``name`` (``dump:DIR``: a dump directory's engine)."""
-    return _get(name)
-
-
-@lru_cache(maxsize=64)
-def _get(name: str) -> Candidate:
-    if name.startswith(DUMP_PREFIX):
-        from .dump import DumpCandidate
-
-        return DumpCandidate(name[len(DUMP_PREFIX):])
-    reg = registry()
-    if name not in reg:
-        raise UsageError(f"unknown candidate {name!r}; {suggest(name, list(reg) + ['dump:DIR'])}")
-    from .. import plugins
-
-    try:
-        obj = plugins.load("candidates", name, reg[name])
-    except plugins.PluginError as e:  # a plug-in that does not import is bad input, said in one line
-        raise UsageError(str(e)) from None
-    import copy
-
-    # a class is instantiated; an instance (one parametrised engine under several
-    # names) is copied, so each name keeps its own
-    cand = obj() if isinstance(obj, type) else copy.copy(obj)
-    if not isinstance(cand, Candidate):
-        raise UsageError(f"candidate {name!r} is a {type(cand).__name__}, not a harness.candidates.Candidate")
-    cand.name = name
-    return cand

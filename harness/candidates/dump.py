@@ -176,23 +176,6 @@ def read_manifest(d: Path) -> dict:
     return m
 
 
-def case_of(d: Path):
-    """The case a dump answers, its candidate being the dump (and its references
-    the runs the dump holds)."""
-    from ..case import Case
-
-    m = read_manifest(d)
-    c = dict(m["case"])
-    runs = [r for r in m["runs"] if r != FREE]
-    c["ref"] = c.get("ref", references.default()) if not runs else (
-        "all" if len(runs) == len(references.names()) > 1 else runs[0])
-    c["candidate"] = f"dump:{Path(d)}"
-    try:
-        return Case.from_dict(c)
-    except TypeError as e:
-        raise UsageError(f"dump {d}: its case is not a case: {e}") from None
-
-
 class DumpCandidate(Candidate):
     """The engine that wrote a dump directory."""
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..errors import UsageError
+
 
 def register(sub) -> None:
     from ..cli import _add_case_args
@@ -52,7 +54,25 @@ def cmd_export(a) -> int:
 
 
 def cmd_judge(a) -> int:
-    from ..candidates.dump import case_of
-    from ..cli import cmd_run_case
+    from .run import cmd_run_case
 
     return cmd_run_case(lambda: case_of(Path(a.dump)), a.policy, a.out, command="judge")
+
+
+def case_of(d: Path):
+    """The case a dump answers, its candidate being the dump (and its references
+    the runs the dump holds)."""
+    from .. import references
+    from ..candidates.dump import FREE, read_manifest
+    from ..case import Case
+
+    m = read_manifest(d)
+    c = dict(m["case"])
+    runs = [r for r in m["runs"] if r != FREE]
+    c["ref"] = c.get("ref", references.default()) if not runs else (
+        "all" if len(runs) == len(references.names()) > 1 else runs[0])
+    c["candidate"] = f"dump:{Path(d)}"
+    try:
+        return Case.from_dict(c)
+    except TypeError as e:
+        raise UsageError(f"dump {d}: its case is not a case: {e}") from None

@@ -1,18 +1,36 @@
-"""The family registry: every module in this package that defines a ``FAMILY``
-is a family. Discovered, not listed, so adding a family is adding one file."""
+"""The family registry.
+
+A family is ONE folder (``harness/families/<name>/``): its module
+(``__init__.py``, defining ``FAMILY``: the HF config mapping, the probe maps,
+the GGUF export and import, its fuzz space), its ``findings.toml`` (where the
+references compute different models for it, each bounded by its measured size;
+harness/policy.py merges them), and its test (``test_<name>.py``). The
+built-in folders are discovered, not listed (``discover``, declared as the
+``builtin`` entry point of ``attn_conformance.families``); another package adds
+its own families by entry point -- a ``Family`` instance, or a callable that
+returns ``{name: Family}`` -- and a ``findings.toml`` beside the module that
+defines it is read the same way.
+
+The machinery every family shares is the underscored modules and ``base.py``
+here (``Family`` is assembled from one mixin per concern; see base.py).
+"""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from functools import lru_cache
+from pathlib import Path
 
 from ..errors import UsageError, suggest
 from .base import Family
 
+GROUP = "families"
 
-@lru_cache(maxsize=1)
-def registry() -> dict[str, Family]:
+
+def discover() -> dict[str, Family]:
+    """The built-in families: every folder of this package whose module defines ``FAMILY``."""
     found: dict[str, Family] = {}
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if mod.name.startswith("_") or mod.name == "base":
@@ -21,14 +39,34 @@ def registry() -> dict[str, Family]:
         fam = getattr(module, "FAMILY", None)
         if isinstance(fam, Family):
             found[fam.name] = fam
+    return found
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, Family]:
+    from .. import plugins
+
+    found: dict[str, Family] = {}
+    for name, ep in plugins.entry_points(GROUP).items():
+        obj = plugins.load(GROUP, name, ep)
+        got = obj() if callable(obj) and not isinstance(obj, Family) else obj
+        fams = got if isinstance(got, dict) else {getattr(got, "name", name): got}
+        for fname, fam in fams.items():
+            if not isinstance(fam, Family):
+                raise plugins.PluginError(f"family entry point {name!r} gave a {type(fam).__name__} for "
+                                          f"{fname!r}, not a harness.families.Family")
+            found[fam.name] = fam
     return dict(sorted(found.items()))
+
+
+def folder(fam: Family) -> Path:
+    """The folder of the module that defines ``fam`` (its findings.toml and test live there)."""
+    return Path(sys.modules[type(fam).__module__].__file__).resolve().parent
 
 
 def base_sources() -> list:
     """The files of the family machinery every family runs through (their content
     keys the reference captures, harness/cache.py)."""
-    from pathlib import Path
-
     return [Path(__file__).with_name("base.py")]
 
 

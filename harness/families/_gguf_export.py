@@ -97,7 +97,7 @@ class GGUFExport:
                     raise ValueError(f"{self.name}: no GGUF name for HF tensor {hf_name!r}")
                 yield new, out
         if self.converter_rope_freqs:
-            from .llama import llama3_rope_factors
+            from ._convert import llama3_rope_factors
 
             factors = llama3_rope_factors(config)
             if factors is not None:

@@ -511,6 +511,8 @@ class GGUFImport:
         """What the HF model built from the read-back config still lacks (default:
         a RoPE table with llama.cpp's per-pair frequency factors, where the config
         carries them)."""
+        from ..references.hf.rope import apply_freq_factors
+
         apply_freq_factors(model, config)
 
     def gguf_import_tensors(self, tensors: dict, model, config, variant: str | None = None,
@@ -580,7 +582,7 @@ def rope_freqs(meta: GGUFMeta, kw: dict, tensors: dict) -> None:
     (conversion/llama.py ``generate_extra_tensors``), else the factors as they
     are (``freq_factors``, applied by ``rope_from_config`` and
     ``apply_freq_factors``: llama.cpp's random-model generator writes random ones)."""
-    from .llama import llama3_from_factors
+    from ._convert import llama3_from_factors
 
     if "rope_freqs.weight" not in tensors:
         return
@@ -595,25 +597,6 @@ def rope_freqs(meta: GGUFMeta, kw: dict, tensors: dict) -> None:
         if factors.size != hd // 2 or rp.get("rope_type") != "default":
             raise
         kw["rope_parameters"] = {**rp, "freq_factors": [float(f) for f in factors]}
-
-
-def apply_freq_factors(model, config) -> None:
-    """HF's RoPE table divided, pair by pair, by the file's ``rope_freqs``
-    (``config.rope_parameters["freq_factors"]``, set where no HF RoPE type
-    reproduces them): llama.cpp's ``ggml_rope_ext`` rotates pair i by
-    ``pos * theta_i / ff_i``; HF's rotary embedding reads its ``inv_freq`` buffer."""
-    import torch
-
-    factors = (getattr(config, "rope_parameters", None) or {}).get("freq_factors")
-    if factors is None:
-        return
-    ff = torch.tensor([float(f) for f in factors], dtype=torch.float32)
-    for mod in model.modules():
-        inv = getattr(mod, "inv_freq", None)
-        if isinstance(inv, torch.Tensor) and inv.shape == ff.shape:
-            mod.inv_freq = inv / ff.to(inv.dtype)
-            if hasattr(mod, "original_inv_freq"):
-                mod.original_inv_freq = mod.inv_freq.clone()
 
 
 def _squeeze_leading(shape) -> tuple:

@@ -59,6 +59,11 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
     # Named variants of the family's impl mapping and GGUF export (MLA: the naive
     # and absorbed forms); the first is the default.
     variants: tuple[str, ...] = ()
+    # The fuzzer's space of the family (harness/fuzz.py): the knobs it may turn -- each
+    # offered only where the family's llama.cpp graph reads the GGUF key it becomes --
+    # and those only HF expresses (``hf_only``: judged against HF alone); None: the
+    # family is not fuzzed.
+    fuzz_space: dict | None = None
     # HF's experts kernel, passed to from_config where set (None: HF's default).
     # "eager": the experts' own forward loop from the modeling file; the default
     # grouped_mm kernel refuses float64 (HF at --dtype float64).
@@ -148,7 +153,7 @@ def rope_from_config(config, layer_type: str | None = None, layout: str = "neox"
     factors = params.get("freq_factors")
     if factors is not None:
         # a GGUF's rope_freqs tensor (ggml_rope_ext freq_factors: theta_i / ff_i), read
-        # back by --gguf where no HF RoPE type reproduces it (_gguf_import.apply_freq_factors)
+        # back by --gguf where no HF RoPE type reproduces it (references/hf/rope.py apply_freq_factors)
         spec = dataclasses.replace(spec, inv_freq=tuple(f / float(ff) for f, ff in zip(spec.inv_freq, factors)))
     return spec
 

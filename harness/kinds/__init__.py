@@ -93,6 +93,15 @@ def label(desc) -> str:
     return "model" if desc is None else desc.label
 
 
+def spec_layer(desc, weights: dict, x):
+    """The spec's own float64 probes of one layer, by its kind's formula
+    (``harness/kinds/<kind>/spec.py``, from the pieces in harness/specref.py)."""
+    kind = of(desc)
+    if kind is None:
+        raise ValueError(f"no spec formula for a layer of kind {getattr(desc, 'kind', desc)!r}")
+    return kind.spec_layer(desc, weights, x)
+
+
 def decorations() -> dict[str, tuple[str, str]]:
     """Every kind's decorations (tag -> what it is, where the spec names it)."""
     out: dict[str, tuple[str, str]] = {}

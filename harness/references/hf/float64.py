@@ -150,7 +150,7 @@ def _rebuild_rotary(model) -> list[tuple[object, str, object]]:
     Returns ``(parent, attribute, original)`` for each, to put back."""
     import torch
 
-    from harness.families._gguf_import import apply_freq_factors
+    from .rope import apply_freq_factors
 
     replaced = []
     for name, mod in list(model.named_modules()):
@@ -159,7 +159,7 @@ def _rebuild_rotary(model) -> list[tuple[object, str, object]]:
         parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
         fresh = type(mod)(mod.config).to(torch.float64)
         # a GGUF's rope_freqs (--gguf), which no HF RoPE type computes from the config:
-        # divided in again, now in float64 (_gguf_import.apply_freq_factors)
+        # divided in again, now in float64 (references/hf/rope.py apply_freq_factors)
         apply_freq_factors(fresh, mod.config)
         attr = name.rpartition(".")[2]
         replaced.append((parent, attr, mod))

@@ -1,0 +1,140 @@
+"""``conformance explain FAMILY``: one family, flat.
+
+A family is assembled from shared mixins and bases (harness/families/base.py
+and its underscored modules, sometimes another family's class); what it does is
+spread over that chain. This prints it resolved, the way HF's flat modeling
+file shows a model without its inheritance: which class (and file:line)
+answers each hook, the tiny config, every layer's description and kind, where
+each probe is read in HF and in llama.cpp's graph, the weight map, the fuzz
+space, the model switches, and the family's findings with their bounds.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from ..errors import UsageError
+
+# The family hooks a reader looks for first, in the order data flows (Family's interface)
+HOOKS = (
+    "make_config", "config_kwargs", "validate_config", "build_model", "init_value", "layer_configs",
+    "layer_config", "layer_weights", "variant_weights", "decoder_layers", "hf_points_for", "hf_taps",
+    "hf_derived", "hf_canonical", "lc_points_for", "lc_layer_input", "lc_canonical", "gguf_params",
+    "gguf_transform", "gguf_convert", "gguf_tensors", "config_from_gguf", "gguf_import_tensors",
+    "gguf_import_unsupported", "feature_switches", "model_switches",
+)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("explain", help="one family, flat: its resolved hooks, layers, probe maps and findings")
+    p.add_argument("family", metavar="FAMILY", help="a family name (see `conformance list`)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="an HF config override (as for run)")
+    p.add_argument("--variant", help="a named variant of the family")
+    p.set_defaults(fn=cmd_explain)
+
+
+def _where(fn) -> str:
+    try:
+        f = Path(inspect.getsourcefile(fn)).resolve()
+        line = inspect.getsourcelines(fn)[1]
+    except (TypeError, OSError):
+        return "?"
+    root = Path(__file__).resolve().parents[2]
+    try:
+        f = f.relative_to(root)
+    except ValueError:
+        pass
+    return f"{f}:{line}"
+
+
+def _owner(cls, name: str):
+    for c in cls.__mro__:
+        if name in c.__dict__:
+            return c
+    return None
+
+
+def explain(fam, overrides: dict, variant: str | None) -> str:
+    from .. import families, kinds
+    from ..policy import load_policy
+
+    cls = type(fam)
+    out = [f"# {fam.name}", "", fam.description, "",
+           f"- HF model type: `{fam.hf_model_type}`; llama.cpp arch: `{fam.gguf_arch or '-'}`",
+           f"- folder: `{families.folder(fam).relative_to(Path(__file__).resolve().parents[2])}`",
+           f"- class chain: {' -> '.join(f'{c.__name__} ({c.__module__})' for c in cls.__mro__ if c is not object)}",
+           f"- variants: {', '.join(fam.variants) or '(none)'}", ""]
+    out += ["## Hooks, resolved", "", "| hook | answered by | where |", "|---|---|---|"]
+    for h in HOOKS:
+        owner = _owner(cls, h)
+        if owner is None:
+            continue
+        out.append(f"| `{h}` | {owner.__name__} | `{_where(getattr(cls, h))}` |")
+    config = fam.make_config(overrides)
+    lcs = fam.layer_configs(config, variant or (fam.variants[0] if fam.variants else None))
+    out += ["", "## Tiny config", "", "```", ", ".join(f"{k}={v!r}" for k, v in sorted({**fam.tiny, **overrides}.items())),
+            "```", "", "## Layers", ""]
+    for i, lc in enumerate(lcs):
+        kind = kinds.of(lc)
+        feats = sorted(kind.features(lc, {})) if kind else []
+        what = (f"{lc.label}: not implemented ({lc.reason})" if kind is None
+                else f"{lc.label} [{', '.join(feats)}]")
+        out.append(f"- L{i}: {what}")
+    out += ["", "## Where each probe is read", "", "| layer | probe | HF (module, in/out) | llama.cpp (cb name, pick, layout) |",
+            "|---|---|---|---|"]
+    seen = set()
+    for i in range(len(lcs)):
+        hp = fam.hf_points_for(config, i)
+        lp = fam.lc_points_for(config, i) if fam.gguf_arch else {}
+        sig = (tuple(sorted(hp.items())), tuple(sorted(lp.items())))
+        if sig in seen:
+            continue
+        seen.add(sig)
+        for probe in sorted(set(hp) | set(lp), key=lambda p: _order(p)):
+            h = hp.get(probe)
+            c = lp.get(probe)
+            hf_at = f"`{h.path or '(layer)'}` {h.io}" if h else "-"
+            lc_at = f"`{c.name}` {c.pick} {c.layout}" if c else "-"
+            out.append(f"| L{i} | {probe} | {hf_at} | {lc_at} |")
+    out.append(f"\n(HF's eager attention function `{fam.eager_name}` is wrapped for q_rope, k_rope, attn_probs, "
+               "attn_heads; a layer not listed repeats the one above it.)")
+    wm = getattr(fam, "weight_map", None)
+    if wm:
+        out += ["", "## Weights (HF name in the decoder layer -> impl)", ""]
+        out += [f"- `{k}` -> `{v}`" for k, v in wm.items()]
+    if fam.fuzz_space:
+        out += ["", "## Fuzz space", "", f"`{fam.fuzz_space}`"]
+    out += ["", "## Model switches (feature bisection)", ""]
+    out += [f"- `{t}`: {sw.what}{' (HF only)' if sw.hf_only else ''}" for t, sw in fam.model_switches(config).items()]
+    mine = [f for f in load_policy().findings
+            if (f["family"] == fam.name if isinstance(f["family"], str) else fam.name in f["family"])]
+    out += ["", "## Findings (harness/policy.py; bounded by their measured size)", ""]
+    if not mine:
+        out.append("(none: every comparison of this family must pass at the dtype's bound)")
+    for f in mine:
+        bounds = ", ".join(f"{k} {f[k]:g}" for k in ("max_nmse", "max_nmse_per_token", "max_nmse_per_layer") if k in f)
+        cond = f" when {f['config']}" if f.get("config") else ""
+        probes = f" at {', '.join(f['probes'])}" if f.get("probes") else ""
+        start = f" from {f['downstream_of']}" if f.get("downstream_of") else ""
+        out.append(f"- **{f['_n']}** {f['candidate']} vs {f['reference']}{cond}{probes}{start} ({bounds or 'unbounded'}): "
+                   f"{f['reason']}")
+    return "\n".join(out) + "\n"
+
+
+def _order(probe: str) -> int:
+    from contract.probes import order
+
+    return order(probe)
+
+
+def cmd_explain(a) -> int:
+    from .. import families
+    from ..cli import parse_set
+
+    fam = families.get(a.family)
+    if a.variant is not None and a.variant not in fam.variants:
+        raise UsageError(f"unknown variant {a.variant!r} for family {fam.name}; valid: "
+                         f"{', '.join(fam.variants) or '(none)'}")
+    print(explain(fam, dict(parse_set(a.set)), a.variant), end="")
+    return 0

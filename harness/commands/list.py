@@ -1,0 +1,56 @@
+"""``conformance list``: families (variants, feature tags, whether ``--gguf``
+reads their files), references, candidates, backends, probes."""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+
+
+def register(sub) -> None:
+    ls = sub.add_parser("list", help="families, features, probes, backends")
+    ls.add_argument("--no-features", dest="features", action="store_false",
+                    help="skip the feature tags (derived once per code version by building each family; cached)")
+    ls.set_defaults(fn=cmd_list)
+
+
+def cmd_list(a) -> int:
+    """Families (variants, feature tags, whether ``--gguf`` reads their files),
+    references, backends, probes. Imports neither torch nor transformers when the
+    features are cached (``harness/catalog.py``)."""
+    from impl.backend import BACKENDS, DEVICES, DTYPES
+    from impl.kv import KV_MODES
+    from ..schedule import SCHEDULES
+    from contract.probes import LAYER_PROBES, MODEL_PROBES
+
+    from .. import catalog, families, references
+    from ..case import GGUF_TYPES
+
+    reg = families.registry()
+    feats = catalog.family_features(reg, catalog.say_stderr) if a.features else {}
+    print("families (--family; --variant: the first is the default; --gguf FILE: files of which families it reads):")
+    for name, fam in reg.items():
+        print(f"  {name:<16} hf={fam.hf_model_type:<16} gguf={fam.gguf_arch or '-':<12} {fam.description}")
+        pad = f"  {'':<16} "
+        if fam.variants:
+            print(f"{pad}variants: {', '.join(fam.variants)}")
+        why = fam.gguf_import_unsupported()
+        print(f"{pad}--gguf: " + (f"reads {fam.gguf_arch} files" if why is None else f"no ({why})"))
+        for v in catalog.variants(fam) if feats else ():
+            label = f"features ({v})" if v else "features"
+            print(f"{pad}{label}: {', '.join(feats[name][v or ''])}")
+    print(f"references (--ref): {', '.join(references.choices())}")
+    from .. import candidates
+
+    print("candidates (--candidate; entry points of the group attn_conformance.candidates; or dump:DIR):")
+    for name in candidates.registry():
+        try:
+            desc = candidates.get(name).description
+        except UsageError as e:
+            desc = f"(does not load: {e})"
+        print(f"  {name:<20} {desc}")
+    print(f"backends: {', '.join(BACKENDS)}; devices: {', '.join(DEVICES)}; dtypes: {', '.join(DTYPES)}")
+    print(f"kv modes: {', '.join(KV_MODES)}; schedules: {', '.join(SCHEDULES)} or chunk sizes (5,1,1)")
+    print(f"GGUF weight types (--gguf-type; --gguf reads the same): {', '.join(GGUF_TYPES)}")
+    print(f"layer probes: {', '.join(LAYER_PROBES)}")
+    print(f"model probes: {', '.join(MODEL_PROBES)}")
+    return 0

@@ -1,0 +1,62 @@
+"""kimi_linear specifics: the KDA layers are listed as not implemented and still
+compared HF vs llama.cpp; NoPE MLA; the naive form meets HF only, because
+llama.cpp's kimi-linear cannot run it (checked, not assumed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.testing import run
+from harness.features import layer_features
+
+FAMILY = "kimi_linear"
+
+
+def test_kda_layers_not_implemented_but_compared(policy, need_llamacpp):
+    rows = run(policy, family=FAMILY, ref="all", kv="batched")
+    assert not [r for r in rows if r["status"] in ("fail", "error")]
+    ni = {(r["reference"], r["layer"]) for r in rows if r["status"] == "not-implemented"}
+    assert ni == {("hf", 0), ("hf", 2), ("llamacpp", 0), ("llamacpp", 2)}
+    assert all(r["layer_kind"] == "kda" for r in rows if r["status"] == "not-implemented")
+    refs = {(r["layer"], r["probe"]) for r in rows if r["candidate"] == "llamacpp" and r["status"] == "pass"}
+    assert {(0, "attn_out"), (2, "attn_out"), (2, "resid_mid"), (1, "attn_out")} <= refs
+    # the MLA layer against llama.cpp: latent, the unrotated rope slices, probs, heads
+    lc = {r["probe"] for r in rows if r["candidate"] == "impl" and r["reference"] == "llamacpp"
+          and r["status"] == "pass" and r["layer"] == 1}
+    assert {"kv_latent", "q_pe", "k_pe", "q_absorbed", "attn_probs", "attn_heads", "attn_out"} <= lc
+
+
+def test_mla_has_no_rope(policy):
+    from harness.families import get
+
+    fam = get(FAMILY)
+    lc = fam.layer_configs(fam.make_config({}))[1]
+    assert lc.rope is None and lc.q_lora_rank is None and "mla_rope" not in layer_features(lc)
+
+
+@pytest.mark.parametrize("kv", ["decode", "paged"])
+def test_naive_form_meets_hf(policy, kv):
+    rows = run(policy, family=FAMILY, ref="hf", kv=kv, variant="naive")
+    assert not [r for r in rows if r["status"] in ("fail", "error")]
+    assert any(r["probe"] == "k_rope" and r["status"] == "pass" for r in rows)
+
+
+def test_naive_form_against_llamacpp_is_an_error_that_says_why(policy, need_llamacpp):
+    rows = run(policy, family=FAMILY, ref="llamacpp", variant="naive")
+    err = [r for r in rows if r["status"] == "error"]
+    assert len(err) == 1 and "segfault" in err[0]["reason"] and "compared with HF only" in err[0]["reason"]
+
+
+def test_llamacpp_really_cannot_run_the_kv_b_file(need_llamacpp):
+    """The reason above, measured: the file with attn_kv_b (and the _mla keys the
+    loader requires) kills llama.cpp."""
+    from harness.families import get
+    from harness.gguf import export as gguf_export
+    from harness.references.llamacpp import capture as llamacpp
+
+    fam = type(get(FAMILY))()
+    fam.lc_naive_unsupported = None
+    config = fam.make_config({})
+    path = gguf_export.export(fam, fam.build_model(config, 0), config, "f32", 0, "naive")
+    with pytest.raises(RuntimeError, match="signal|exit status"):
+        llamacpp.run_worker(path, [[(1, 0, 0), (5, 1, 0)]], 1, {"l_out"})

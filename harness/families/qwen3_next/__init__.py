@@ -1,0 +1,279 @@
+"""qwen3_next: gated attention in a hybrid stack (HF ``Qwen3NextForCausalLM``;
+llama.cpp ``src/models/qwen3next.cpp``, converter ``conversion/qwen.py``
+``Qwen3NextModel``).
+
+Every ``full_attention_interval``-th layer is attention, the others are gated
+delta-net (linear attention) layers, which impl does not implement: they are
+listed as ``not-implemented`` (kind ``linear_attention``) and HF and llama.cpp
+are still compared on their ``layer_in``, ``attn_in``, ``attn_out`` (the
+delta-net's ``out_proj`` output), ``resid_mid`` and ``layer_out``.
+
+The attention layers carry:
+- the interleaved Q gate: ``q_proj`` is twice as wide, per head
+  ``[q(D), gate(D)]`` (HF ``Qwen3NextAttention.forward``:
+  ``torch.chunk(q_proj(x).view(..., -1, head_dim * 2), 2, dim=-1)``), and
+  ``sigmoid(gate)`` multiplies the attention output before ``o_proj``;
+- zero-centred ``(1 + w)`` RMS norms (HF ``Qwen3NextRMSNorm``) on the input
+  and, per head before RoPE, on Q and K;
+- partial neox RoPE (``partial_rotary_factor``).
+The FFN is a mixture of experts with a gated shared expert (llama.cpp's
+qwen3next cannot load a dense FFN layer: ``load_arch_tensors`` requires the
+expert tensors), which only the reference-vs-reference rows see.
+
+Tiny config: 4 layers ``[linear, attention, linear, attention]``
+(``full_attention_interval=2``), hidden 64, 4 heads / 2 KV heads of 16, rotary
+on 8 of the 16 channels, 4 experts (2 used). ``rms_norm_eps`` stays 1e-6: the
+delta-net's q/k L2 norm uses a fixed 1e-6 in HF and ``rms_norm_eps`` in
+llama.cpp (qwen3next.cpp ``build_gdn_l2_norm(..., hparams.f_norm_rms_eps)``).
+
+HF-only setting: ``--set attention_bias=true`` (q/k/v biases, the q bias double
+width like ``q_proj``, and an ``o_proj`` bias) is compared against HF only:
+llama.cpp's qwen3next has no ``attn_output.bias`` slot and refuses the file the
+converter would write ("wrong number of tensors"), an error row for ``--ref
+llamacpp``. The same holds for qwen3_5_text.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from impl import LayerConfig, NormSpec, QkNormSpec
+
+from .._gguf_export import NegExpALog, NormPlusOne
+from .._gguf_import import llama_like_config
+from ..base import LcPoint, LlamaLike, NotInImpl, Point, gguf_moe_convert, gguf_size_params
+
+
+class GatedHybrid(NegExpALog, NormPlusOne, LlamaLike):
+    """What qwen3_next and qwen3_5_text share: the gated attention layer, the
+    delta-net layers impl does not implement, the probe maps of both kinds."""
+
+    extra_settable = ("head_dim", "full_attention_interval")  # popped by the config's __post_init__
+    linear_kind = "linear_attention"
+    linear_reason = "gated delta-net"
+    # llama.cpp names the pre-norm Q view differently in the two graphs
+    lc_q_view = "Qcur_view"
+
+    # the delta-net layers: what HF exposes around the token mixer
+    hf_linear_points = {
+        "layer_in": Point("", "in"),
+        "attn_in": Point("linear_attn", "in"),
+        "attn_out": Point("linear_attn", "out"),
+        "resid_mid": Point("post_attention_layernorm", "in"),
+        "layer_out": Point("", "out"),
+    }
+    # ... and what llama.cpp names there (qwen3next.cpp / qwen35.cpp graph()):
+    # `attn_norm`, the delta-net's `linear_attn_out` (ssm_out matmul), the
+    # `attn_residual` add, `l_out`.
+    lc_linear_points = {
+        "attn_in": LcPoint("attn_norm"),
+        "attn_out": LcPoint("linear_attn_out"),
+        "resid_mid": LcPoint("attn_residual"),
+        "layer_out": LcPoint("l_out"),
+    }
+
+    def is_linear(self, config, i: int) -> bool:
+        return config.layer_types[i] == "linear_attention"
+
+    # Qwen3NextRMSNorm: x / rms(x) * (1 + w), in float32
+    input_norm_kind = "rms1p"
+    # q_norm / k_norm: the same (1 + w) norm over head_dim, before RoPE
+    qk_norm = QkNormSpec(NormSpec("rms1p"), over="head", where="pre_rope")
+
+    def layer_config(self, config, i: int):
+        if self.is_linear(config, i):
+            return NotInImpl(self.linear_kind, self.linear_reason)
+        # RoPE: partial rotary, int(head_dim * partial_rotary_factor) leading channels, neox
+        return super().layer_config(config, i).replace(q_gate_interleaved=True)
+
+    def layer_weights(self, model, config, i: int):
+        w = super().layer_weights(model, config, i)
+        if "bq" in w and not self.is_linear(config, i):
+            # HF q_proj's bias is as wide as q_proj: per head [q(D) | gate(D)]. impl (the
+            # spec) biases Q at the Q width after the split; the gate halves are the
+            # gate's own bias (added to the gate after the split, as HF's chunk does).
+            h, d = config.num_attention_heads, self.head_dim(config)
+            b = w["bq"].reshape(h, 2 * d)
+            w["bq"], w["bq_gate"] = b[:, :d].reshape(-1).copy(), b[:, d:].reshape(-1).copy()
+        return w
+
+    # ------------------------------------------------------------------ probes
+    def hf_points_for(self, config, i: int):
+        return self.hf_linear_points if self.is_linear(config, i) else self.hf_points
+
+    def hf_canonical(self, probe, arr, lc):
+        if probe == "q" and isinstance(lc, LayerConfig) and lc.q_gate_interleaved:
+            # q_proj's output carries [q, gate] per head; the canonical q is the
+            # query half (the gate is not a probe of its own).
+            s, t = arr.shape[:2]
+            return arr.reshape(s, t, lc.n_heads, 2 * lc.head_dim)[..., : lc.head_dim]
+        return super().hf_canonical(probe, arr, lc)
+
+    def lc_points_for(self, config, i: int):
+        if self.is_linear(config, i):
+            return self.lc_linear_points
+        # build_layer_attn: Qcur_full (q + gate) -> the query view -> Qcur_normed -> Qcur
+        # (ROPE); Kcur (MUL_MAT) -> Kcur_normed -> Kcur (ROPE); Vcur (reshape, last);
+        # build_attn's kqv_out is renamed `attn_pregate`, then `attn_gated` (x sigmoid
+        # gate) enters wo, whose output is `attn_output`.
+        return {
+            "attn_in": LcPoint("attn_norm"),
+            "q": LcPoint(self.lc_q_view, "last", "heads"),
+            "k": LcPoint("Kcur", "pre_rope", "rows"),
+            "v": LcPoint("Vcur", "last", "heads"),
+            "q_rope": LcPoint("Qcur", "rope", "heads"),
+            "k_rope": LcPoint("Kcur", "rope", "heads"),
+            "attn_probs": LcPoint("kq_soft_max", "last", "probs"),
+            "attn_heads": LcPoint("attn_pregate"),
+            "attn_branch": LcPoint("attn_gated"),
+            "attn_out": LcPoint("attn_output"),
+            "resid_mid": LcPoint("attn_residual"),
+            "layer_out": LcPoint("l_out"),
+        }
+
+    # ------------------------------------------------------------------ GGUF import
+    def hybrid_config(self, meta, shapes, hp, moe: bool) -> dict:
+        """What qwen3next.cpp and qwen35.cpp load_arch_hparams read alike: the RMS
+        eps, the delta-net sizes (conv kernel, inner size = value head dim x
+        value heads, state size = key head dim, time-step rank = value heads,
+        group count = key heads), the recurrent layers (the per-layer array, else
+        every layer but each ``full_attention_interval``-th, default 4). The
+        attention layers rotate ``rope.dimension_count`` leading channels."""
+        n = hp.n_layer
+        recr = meta.get_per_layer("attention.recurrent_layers", n, None)
+        if recr[0] is None:
+            interval = int(meta.get("full_attention_interval", 4))
+            recr = [(i + 1) % interval != 0 for i in range(n)]
+        else:
+            meta.skip("full_attention_interval", "attention.recurrent_layers is present (read first)")
+        kw = llama_like_config(self, meta, shapes, hp, moe=moe, rotary=False)
+        nv, inner = int(meta.get("ssm.time_step_rank")), int(meta.get("ssm.inner_size"))
+        if not nv or inner % nv:
+            meta.refuse("ssm.inner_size", inner, f"not a multiple of ssm.time_step_rank {nv} (value heads)")
+        kw.update(rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
+                  linear_conv_kernel_dim=int(meta.get("ssm.conv_kernel")),
+                  linear_key_head_dim=int(meta.get("ssm.state_size")),
+                  linear_num_key_heads=int(meta.get("ssm.group_count")),
+                  linear_num_value_heads=nv, linear_value_head_dim=inner // nv,
+                  layer_types=["linear_attention" if r else "full_attention" for r in recr])
+        kw["rope_parameters"]["partial_rotary_factor"] = hp.n_rot / hp.n_embd_head_k
+        return kw
+
+    # ------------------------------------------------------------------ GGUF
+    def _params_common(self, w, config) -> None:
+        """conversion/base.py TextModel.set_gguf_parameters + Qwen3NextModel's additions
+        (conversion/qwen.py), for an HF config without MTP layers (``--no-mtp``)."""
+        gguf_size_params(w, config)
+        rp = dict(config.rope_parameters or {})
+        # rope_type "default": the converter only warns "Unknown RoPE type" and writes no scaling
+        if "mrope_section" in rp:
+            # base.py: mrope_section padded to 4 [time, height, width, extra]
+            sec = list(rp["mrope_section"])
+            w.add_rope_dimension_sections((sec + [0] * 4)[:4])
+        w.add_rope_freq_base(rp["rope_theta"])
+        w.add_layer_norm_rms_eps(config.rms_norm_eps)
+        w.add_key_length(self.head_dim(config))
+        w.add_value_length(self.head_dim(config))
+        # Qwen3NextModel.set_gguf_parameters
+        w.add_ssm_conv_kernel(config.linear_conv_kernel_dim)
+        w.add_ssm_state_size(config.linear_key_head_dim)
+        w.add_ssm_group_count(config.linear_num_key_heads)
+        w.add_ssm_time_step_rank(config.linear_num_value_heads)
+        w.add_ssm_inner_size(config.linear_value_head_dim * config.linear_num_value_heads)
+        # gguf_writer.add_recurrent_layers (the vendored gguf-py; the installed gguf
+        # 0.19 lacks the helper, so the key is written by name)
+        w.add_array(f"{w.arch}.attention.recurrent_layers", [t == "linear_attention" for t in config.layer_types])
+        # hparams.get("full_attention_interval", 4): HF does not save the interval
+        # (its __post_init__ pops it), so the converter always writes 4; the
+        # recurrent_layers array above is what llama.cpp reads first.
+        w.add_full_attention_interval(4)
+        prf = rp.get("partial_rotary_factor", 0.25)
+        w.add_rope_dimension_count(int(self.head_dim(config) * prf))
+
+    # Qwen3NextModel.modify_tensors: every *norm.weight except the delta-net's gated
+    # norm gets + 1 (NormPlusOne: llama.cpp's RMS norm multiplies by w, HF by 1 + w)
+    norm_plus_one_skip = ("linear_attn.norm.weight",)
+
+    def gguf_convert(self, name, data, config, variant=None):
+        """Qwen3NextModel.modify_tensors, then Qwen2MoeModel.modify_tensors (the
+        fused-QKVZ and expert steps find no tensor in qwen3_5_text's dense model
+        with split projections)."""
+        if name.endswith(".dt_bias"):
+            yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
+            return
+        if "conv1d" in name:
+            yield name, data.squeeze()  # (C, 1, K) -> (C, K)
+            return
+        if "in_proj_qkvz.weight" in name:
+            # per key head [q, k, v, z] -> [Q_all | K_all | V_all] (attn_qkv) and Z_all (attn_gate)
+            hk, hv = config.linear_key_head_dim, config.linear_value_head_dim
+            nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
+            sizes = [hk, hk, nv // nk * hv, nv // nk * hv]
+            t = data.T.reshape(config.hidden_size, nk, sum(sizes))
+            q, k, v, z = np.split(t, np.cumsum(sizes)[:-1], axis=-1)
+            flat = [x.reshape(config.hidden_size, -1) for x in (q, k, v, z)]
+            base = name.rpartition(".in_proj_qkvz")[0]
+            yield base + ".in_proj_qkv.weight", np.concatenate(flat[:3], axis=-1).T.copy()
+            yield base + ".in_proj_z.weight", flat[3].T.copy()
+            return
+        # HF's fused experts [E, 2F, H] split on dim -2 into gate and up
+        yield from gguf_moe_convert(name, data) or [(name, data)]
+
+
+class Qwen3Next(GatedHybrid):
+    name = "qwen3_next"
+    # the fuzzer's knobs (harness/fuzz.py; hf_only: a knob only HF expresses, judged against HF alone)
+    fuzz_space = {"knobs": ("heads", "head_dim", "partial", "bias"), "hf_only": ("bias",)}
+    hf_model_type = "qwen3_next"
+    description = "hybrid: gated attention (interleaved Q gate, (1+w) norms, partial RoPE) + delta-net layers, MoE"
+    tiny = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        norm_topk_prob=True, full_attention_interval=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False,
+    )
+    gguf_arch = "qwen3next"
+    lc_q_view = "Qcur_view"
+    linear_reason = "gated delta-net: HF Qwen3NextGatedDeltaNet, llama.cpp qwen3next.cpp build_layer_attn_linear"
+    # qwen3next.cpp graph(): the embeddings are renamed `model.embed_tokens`
+    lc_model_points = {
+        "embeddings": LcPoint("model.embed_tokens"),
+        "final_norm": LcPoint("result_norm"),
+        "logits": LcPoint("result_output"),
+    }
+
+    experts_implementation = "eager"
+
+    def gguf_params(self, w, config, variant=None):
+        self._params_common(w, config)
+        # base.py: expert_count / expert_used_count; Qwen2MoeModel: the expert and
+        # shared-expert feed-forward lengths
+        w.add_expert_count(config.num_experts)
+        w.add_expert_used_count(config.num_experts_per_tok)
+        w.add_expert_feed_forward_length(config.moe_intermediate_size)
+        w.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+
+
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """qwen3next.cpp load_arch_hparams: the hybrid keys, the experts' width
+        (default ``n_ff / n_expert_used``) and the shared expert's (default
+        ``n_ff``); the graph routes by softmax and always renormalises
+        (build_moe_ffn norm_w = true), every layer MoE."""
+        from .._gguf_import import experts, one_per_layer, read_hparams
+
+        hp = read_hparams(meta)
+        kw = self.hybrid_config(meta, shapes, hp, moe=True)
+        n_exp, n_used = experts(meta, hp, self.name)
+        kw.update(num_experts=n_exp, num_experts_per_tok=n_used, norm_topk_prob=True,
+                  moe_intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer,
+                                                      hp.ff // n_used),
+                  shared_expert_intermediate_size=int(meta.get("expert_shared_feed_forward_length", hp.ff)))
+        return kw
+
+
+FAMILY = Qwen3Next()
