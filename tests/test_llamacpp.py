@@ -85,7 +85,7 @@ LLAMA3 = (("rope_parameters", {"rope_type": "llama3", "rope_theta": 10000.0, "fa
 
 
 @pytest.mark.parametrize("family", ["llama", "granite"])
-def test_llama3_rope_scaling_reaches_llamacpp_as_rope_freqs(policy, monkeypatch, family):
+def test_llama3_rope_scaling_reaches_llamacpp_as_rope_freqs(policy, monkeypatch, family, tmp_path):
     """granite: GraniteModel is a LlamaModel, so the converter writes rope_freqs and
     granite.cpp reads it; the export left it out, and every granite case with llama3
     RoPE failed impl vs llama.cpp at q_rope."""
@@ -93,9 +93,11 @@ def test_llama3_rope_scaling_reaches_llamacpp_as_rope_freqs(policy, monkeypatch,
     assert all(r["status"] in ("pass", "not-exposed") for r in rows)
     assert "rope_scaling" in rows[0]["features"]
     # without the converter's rope_freqs tensor llama.cpp rotates unscaled: caught at q_rope
-    from harness.families import llama
+    from harness.families import _convert
 
-    monkeypatch.setattr(llama, "llama3_rope_factors", lambda config: None)
+    monkeypatch.setattr(_convert, "llama3_rope_factors", lambda config: None)
+    # a cache of its own: the broken export must not be served from (or left in) the session's
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path))
     rows = run(policy, family=family, ref="llamacpp", overrides=LLAMA3, seed=5)
     st = {(r["layer"], r["probe"]): r["status"] for r in rows}
     assert st[(0, "q")] == "pass" and st[(0, "q_rope")] == "fail"
