@@ -270,9 +270,11 @@ class CaseRun(Build):
         self.timings.update(judge.timings)
         self.notes += [n for n in judge.notes if n not in self.notes]
         good = [rc for rc in caps if not rc.error]
+        t = time.perf_counter()
+        for i, ref in enumerate(good):  # each reference with every other: the later judged against the earlier
+            for later in good[i + 1:]:
+                rows += judge.compare_refs(later, ref)
         if len(good) >= 2:
-            t = time.perf_counter()
-            rows += judge.compare_refs(good[1], good[0])
             self.timings["refs_compare"] = time.perf_counter() - t
         # a pass must mean the candidate was checked (harness/verdict.py): findings need a
         # guard, every implemented layer a passing attn_out against some reference

@@ -136,12 +136,8 @@ def parse_spec(text: str, label: str) -> Spec:
     for n, g in enumerate(groups, 1):
         where = f"matrix spec {label}, [[group]] {g.get('name', '#' + str(n))!r}"
         _check_keys(g, GROUP_KEYS, where)
-        for case in _expand({**defaults, **{k: v for k, v in g.items() if k in AXES}}, where):
-            hit = next((i for i, ex in enumerate(excludes) if _matches(case, ex)), None)
-            if hit is not None:
-                hits[hit] += 1
-            else:
-                cases.setdefault(case.case_id(), case)  # groups may overlap: a case runs once
+        for case in _expand({**defaults, **{k: v for k, v in g.items() if k in AXES}}, where, excludes, hits):
+            cases.setdefault(case.case_id(), case)  # groups may overlap: a case runs once
     excluded = [{"reason": ex["reason"], "count": c} for ex, c in zip(excludes, hits)]
     return Spec(label, str(data.get("name", Path(label).stem)), text, list(cases.values()), excluded)
 
@@ -185,7 +181,10 @@ def _flat_overrides(table: dict) -> tuple:
     return tuple(out)
 
 
-def _expand(axes: dict, where: str) -> list[Case]:
+def _expand(axes: dict, where: str, excludes: list = (), hits: list | None = None) -> list[Case]:
+    """The cases of one group, the ``excludes`` they match dropped (counted in
+    ``hits``) BEFORE their configs are checked: an excluded case is one the spec
+    says cannot run (a config key a family lacks), so it is never built."""
     vals = {a: _values(a, axes.get(a, default), where) for a, (_, default) in AXES.items()}
     fams = list(families.registry()) if vals["families"] == ["*"] else vals["families"]
     for f in fams:
@@ -201,6 +200,11 @@ def _expand(axes: dict, where: str) -> list[Case]:
             kw = {AXES[a][0]: v for a, v in zip(rest, combo)}
             kw["overrides"] = _flat_overrides(kw["overrides"])
             case = Case(family=fam, variant=variant, **kw)
+            hit = next((i for i, ex in enumerate(excludes) if _matches(case, ex)), None)
+            if hit is not None:
+                if hits is not None:
+                    hits[hit] += 1
+                continue
             try:
                 case.validate()
             except UsageError as e:
@@ -230,8 +234,7 @@ def _check_configs(cases: list[Case], where: str) -> None:
             if p not in planned:
                 planned.add(p)
                 r = CaseRun(c, None)
-                r.__dict__["layer_cfgs"] = seen[k].layer_cfgs
-                r.__dict__["config"] = seen[k].config
+                r.adopt_model(seen[k])  # the same model: its config and layers, built once
                 budget.check(r)
         except UsageError as e:
             raise UsageError(f"{where}: {e}") from None

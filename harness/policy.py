@@ -315,7 +315,7 @@ def load_policy(path: str | Path | None = None) -> Policy:
             raise UsageError(f"tolerance policy {p}: every override needs a written reason ({o})")
     findings = []
     for n, f in enumerate(data.get("finding", []), 1):
-        findings += _expand(p, f"#{n}", f)
+        findings += _expand(p, f"shared#{n}", f)
     for fp in family_finding_files():
         findings += _family_findings(fp)
     reg = data.get("regression", {})

@@ -40,12 +40,13 @@ def _where(fn) -> str:
         line = inspect.getsourcelines(fn)[1]
     except (TypeError, OSError):
         return "?"
+    return f"{_rel(f)}:{line}"
+
+
+def _rel(path: Path) -> str:
+    """``path`` relative to this checkout, where it is inside it (a plug-in family's is not)."""
     root = Path(__file__).resolve().parents[2]
-    try:
-        f = f.relative_to(root)
-    except ValueError:
-        pass
-    return f"{f}:{line}"
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def _owner(cls, name: str):
@@ -62,7 +63,7 @@ def explain(fam, overrides: dict, variant: str | None) -> str:
     cls = type(fam)
     out = [f"# {fam.name}", "", fam.description, "",
            f"- HF model type: `{fam.hf_model_type}`; llama.cpp arch: `{fam.gguf_arch or '-'}`",
-           f"- folder: `{families.folder(fam).relative_to(Path(__file__).resolve().parents[2])}`",
+           f"- folder: `{_rel(families.folder(fam))}`",
            f"- class chain: {' -> '.join(f'{c.__name__} ({c.__module__})' for c in cls.__mro__ if c is not object)}",
            f"- variants: {', '.join(fam.variants) or '(none)'}", ""]
     out += ["## Hooks, resolved", "", "| hook | answered by | where |", "|---|---|---|"]

@@ -67,6 +67,12 @@ class Build:
             self._memo[key] = make()
         return self._memo[key]
 
+    def adopt_model(self, other: "Build") -> None:
+        """Take ``other``'s config and layer descriptions (a case of the same family,
+        variant and overrides: the same model), so they are built once."""
+        self.__dict__["config"] = other.config
+        self.__dict__["layer_cfgs"] = other.layer_cfgs
+
     def request(self) -> CaptureRequest:
         """What a reference is given to capture this case (harness/references)."""
         return self.memo("request", lambda: CaptureRequest(

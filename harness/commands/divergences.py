@@ -1,0 +1,153 @@
+"""``conformance divergences``: where HF and llama.cpp compute different models.
+
+Every finding between two references (the policy's ``[[finding]]`` statements
+whose candidate and reference are both references: fixtures/tolerance.toml and
+each family folder's findings.toml) is listed with what a user needs to report
+it upstream: the family, the setting it holds under, the bound it is excused
+at, the largest NMSE a run measured for it (and how many rows), the source
+lines its reason cites on each side, a command that reproduces it (a case of
+the run where it was measured), and the reason in full.
+
+Measured sizes come from a run directory (default: the committed baseline of
+the default matrix, ``fixtures/baselines/default``); a finding no case of that
+run reached says so -- it is written from another run (the long matrix, a
+test).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..errors import UsageError
+
+DEFAULT_RUN = Path(__file__).resolve().parents[2] / "fixtures" / "baselines" / "default"
+# the source files a finding's reason cites, by side
+_LC = re.compile(r"((?:src/models/|src/llama-|ggml/src/|conversion/|convert_hf_to_gguf)[\w./-]*(?:\s+\w+\(?\)?)?)")
+_HF = re.compile(r"((?:modeling_|configuration_)\w+\.py(?:\s+\w+(?:\.\w+)?)?|(?:HF|transformers') [A-Z]\w+(?:\.\w+)?)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("divergences", help="every disagreement between the references: family, setting, size, "
+                                           "source lines and a command that reproduces it")
+    p.add_argument("--run", metavar="DIR", help="the run whose rows give each finding's measured size and command "
+                                                "(default fixtures/baselines/default)")
+    p.add_argument("--family", action="append", help="only this family (repeatable)")
+    p.add_argument("--md", metavar="FILE", help="also write the markdown to FILE")
+    p.set_defaults(fn=cmd_divergences)
+
+
+def _command(row) -> str:
+    """A ``conformance run`` of the case a row belongs to."""
+    parts = ["conformance run", f"--family {row['family']}", "--ref all"]
+    for flag, col, default in (("--backend", "backend", "numpy"), ("--dtype", "dtype", "float32"),
+                               ("--kv", "kv", "decode"), ("--schedule", "schedule", "mixed"),
+                               ("--seed", "seed", 0), ("--tokens", "tokens", 16), ("--gguf-type", "gguf_type", "f32")):
+        v = row.get(col)
+        if v is not None and str(v) != str(default) and str(v) != "":
+            parts.append(f"{flag} {v}")
+    if row.get("kv") != "decode" and int(row.get("seqs") or 2) != 2:
+        parts.append(f"--seqs {row['seqs']}")
+    if row.get("variant"):
+        parts.append(f"--variant {row['variant']}")
+    for kv in str(row.get("overrides") or "").split(";"):
+        if kv:
+            parts.append(f"--set {kv}")
+    return " ".join(parts)
+
+
+def _cond(f: dict) -> str:
+    c = f.get("config")
+    if not c:
+        return "always (the family's default config)"
+    out = []
+    for k, v in c.items():
+        if isinstance(v, dict):
+            if "ne_key" in v:
+                out.append(f"{k} != {v['ne_key']}")
+            if "ne" in v:
+                out.append(f"{k} != {v['ne']}")
+            if "set" in v:
+                out.append(f"{k} {'set' if v['set'] else 'unset'}")
+        else:
+            out.append(f"{k} = {v}")
+    return ", ".join(out)
+
+
+def _bound(f: dict) -> str:
+    names = {"max_nmse": "NMSE", "max_nmse_per_token": "NMSE per token", "max_nmse_per_layer": "NMSE per layer"}
+    return ", ".join(f"{names[k]} {f[k]:g}" for k in names if k in f) or "unbounded"
+
+
+def divergences(run_dir: Path, families: list[str] | None = None) -> str:
+    import pandas as pd
+
+    from .. import references
+    from ..policy import load_policy
+    from ..report import read_rows
+
+    refs = set(references.names())
+    pol = load_policy()
+    try:
+        df = read_rows(Path(run_dir))
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    df = df[df["status"] == "finding"]
+    stated = [f for f in pol.findings if f["candidate"] in refs and f["reference"] in refs]
+    seen_by = {f["_n"].split(" (seen by")[0]: f for f in pol.findings if "(seen by" in f["_n"]}
+    out = ["# Divergences between the references", "",
+           f"Every place HF transformers and llama.cpp compute different models, as the policy's findings state "
+           f"them (fixtures/tolerance.toml, harness/families/<name>/findings.toml), measured in "
+           f"`{Path(run_dir).name}`. Each is something a user can report upstream: the setting, the size, the "
+           "source lines on each side and a command that shows it.", "",
+           "| finding | family | holds when | excused up to | measured (max NMSE, rows) | first at |",
+           "|---|---|---|---|---|---|"]
+    sections = []
+    for f in stated:
+        fams = f["family"] if isinstance(f["family"], list) else [f["family"]]
+        if families and not set(fams) & set(families):
+            continue
+        label = f["_n"]
+        pat = re.escape(f"finding {label}:")
+        mine = df[df["reason"].str.contains(pat, regex=True)]
+        cand = seen_by.get(label)
+        theirs = df[df["reason"].str.contains(re.escape(f"finding {cand['_n']}:"), regex=True)] if cand else df[:0]
+        measured = (f"{pd.to_numeric(mine['nmse']).max():.3g} ({len(mine)})" if len(mine)
+                    else "not reached in this run")
+        first = f.get("downstream_of") or (", ".join(f.get("probes", [])[:3]) or "-")
+        out.append(f"| `{label}` | {', '.join(fams)} | {_cond(f)} | {_bound(f)} | {measured} | {first} |")
+        lc = sorted(set(m.strip() for m in _LC.findall(f["reason"])))
+        hf = sorted(set(m.strip() for m in _HF.findall(f["reason"])))
+        dts = f" (comparison dtypes {', '.join(f['dtypes'])})" if f.get("dtypes") else ""
+        sec = [f"## `{label}`: {', '.join(fams)}", "",
+               f"- **holds when**: {_cond(f)}{dts}",
+               f"- **excused up to**: {_bound(f)}, {f['candidate']} vs {f['reference']}"
+               + (f", from {f['downstream_of']} on" if f.get("downstream_of") else ""),
+               f"- **measured**: {measured}"]
+        if cand:
+            cm = (f"{pd.to_numeric(theirs['nmse']).max():.3g} ({len(theirs)} rows)" if len(theirs)
+                  else "not reached in this run")
+            sec.append(f"- **as {cand['candidate']} sees it** against {cand['reference']} (teacher-forced, at "
+                       f"{', '.join(cand.get('probes', []))}): excused up to {_bound(cand)}; measured {cm}")
+        sec.append(f"- **llama.cpp side**: {', '.join(f'`{x}`' for x in lc) or '(see the reason)'}")
+        sec.append(f"- **HF side**: {', '.join(f'`{x}`' for x in hf) or '(see the reason)'}")
+        rows = mine if len(mine) else theirs
+        if len(rows):
+            worst = rows.loc[pd.to_numeric(rows["nmse"]).idxmax()]
+            sec.append(f"- **reproduce**: `{_command(worst)}` (worst at layer {worst['layer']} {worst['probe']})")
+        else:
+            sec.append("- **reproduce**: no case of this run reaches it; the reason says where it was measured")
+        sec += ["", f["reason"], ""]
+        sections.append("\n".join(sec))
+    return "\n".join(out) + "\n\n" + "\n".join(sections)
+
+
+def cmd_divergences(a) -> int:
+    run = Path(a.run) if a.run else DEFAULT_RUN
+    if not run.is_dir():
+        raise UsageError(f"--run {run} is not a run directory")
+    text = divergences(run, a.family)
+    if a.md:
+        Path(a.md).write_text(text)
+    print(text, end="")
+    return 0

@@ -1,0 +1,70 @@
+"""The docs (README short, every page reachable from it, no dated measurement in
+it, no broken link) and the generated reference pages (fresh)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
+
+
+def _links(page: Path) -> list[Path]:
+    out = []
+    for target, _ in LINK.findall(page.read_text()):
+        if "://" in target:
+            continue
+        out.append((page.parent / target).resolve())
+    return out
+
+
+def test_readme_is_short_and_holds_no_dated_measurement():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "a dated result belongs in docs/measurements/"
+    assert "bash scripts/setup.sh && .venv/bin/conformance matrix" in text
+    assert "bash scripts/setup.sh && .venv/bin/python -m pytest -n 2" in text
+
+
+def test_every_docs_page_is_reachable_from_the_readme_and_no_link_is_broken():
+    seen, todo = set(), [ROOT / "README.md"]
+    broken = []
+    while todo:
+        page = todo.pop()
+        if page in seen:
+            continue
+        seen.add(page)
+        for target in _links(page):
+            if not target.exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+            elif target.suffix == ".md" and target.is_relative_to(ROOT):
+                todo.append(target)
+    assert not broken, broken
+    pages = set((ROOT / "docs").rglob("*.md"))
+    assert pages and pages <= seen, sorted(str(p.relative_to(ROOT)) for p in pages - seen)
+
+
+def test_the_generated_reference_pages_are_fresh():
+    """scripts/gen_docs.py --check: the CLI, report schema, probes, kinds, families and
+    divergences pages are what the code generates now."""
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_docs.py"), "--check"], capture_output=True,
+                       text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_a_stale_page_is_noticed(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gen_docs
+
+    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
+    (tmp_path / "docs" / "reference").mkdir(parents=True)
+    monkeypatch.setattr(gen_docs, "PAGES", {"docs/reference/probes.md": gen_docs.probes_page})
+    assert gen_docs.main(["--check"]) == 1  # missing
+    gen_docs.main([])
+    assert gen_docs.main(["--check"]) == 0
+    page = tmp_path / "docs" / "reference" / "probes.md"
+    page.write_text(page.read_text().replace("`q_rope`", "`q_rotated`"))
+    assert gen_docs.main(["--check"]) == 1
