@@ -147,16 +147,15 @@ def _gb(b: float) -> str:
 
 
 def _layer_dims(lc) -> tuple[int, int, int, int, int]:
-    """(hidden, query heads, kv heads, query/key width, value width) of a layer description."""
-    hidden = int(getattr(lc, "hidden_size", 0) or 0)
-    h = int(getattr(lc, "n_heads", 0) or 0)
-    if hasattr(lc, "kv_lora_rank"):  # MLA: per-head keys in the naive form, one latent row in the absorbed
-        d = int(lc.qk_nope_head_dim + lc.qk_rope_head_dim)
-        return hidden, h, h, max(d, int(lc.kv_lora_rank) + int(lc.qk_rope_head_dim)), int(lc.v_head_dim)
-    hkv = int(getattr(lc, "n_kv_heads", 0) or h)
-    d = int(getattr(lc, "head_dim", 0) or 0)
-    dv = int(getattr(lc, "dv", d) or d)
-    return hidden, h, hkv, d, dv
+    """(hidden, query heads, kv heads, query/key width, value width) of a layer
+    description's cache row: its kind's reading (``LayerKind.dims``); an
+    unimplemented layer holds no cache impl sizes."""
+    from . import kinds
+
+    kind = kinds.of(lc)
+    if kind is None:
+        return int(getattr(lc, "hidden_size", 0) or 0), 0, 0, 0, 0
+    return kind.dims(lc)
 
 
 @dataclass

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -242,71 +241,13 @@ def spec_strategy():
 
     @st.composite
     def draw_example(draw):
-        from impl import LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec, make_rope
-        from impl.config import ConfigError
-
         n = draw(st.integers(1, 12))
-        shape = draw(st.sampled_from(("gqa",) * 8 + ("linear", "absent")))
         hid = draw(st.sampled_from((8, 16, 24)))
-        norm_kinds = ("rms", "rms1p", "layer", "none")
         opts: dict = {}
-        # every decoration's "on" is away from where hypothesis shrinks (0, False, the
-        # first choice), so a shrunk failure keeps only the decorations it needs
-        if draw(st.integers(0, 9)) == 9:  # MLA, the spec's second half (its gate has no HF family)
-            cfg = draw(_mla_cfg(st, hid))
-            opts["mla"] = True
-        elif shape != "gqa":
-            cfg = LayerConfig(hidden_size=hid, shape=shape, input_norm=NormSpec(draw(st.sampled_from(norm_kinds)), 1e-5))
-        else:
-            h = draw(st.integers(1, 6))
-            hkv = _divisor(draw, st, h)
-            d = draw(st.sampled_from((2, 4, 6, 8)))
-            gate_i = draw(st.booleans())
-            dv = None if gate_i else draw(st.sampled_from((None, 2, 4, 6)))
-            rope = None
-            alibi = None
-            if draw(st.integers(0, 4)) == 4:
-                alibi = draw(st.sampled_from((8.0, 4.0)))
-            elif draw(st.integers(0, 5)):
-                rot = draw(st.sampled_from([r for r in (2, 4, 6, 8) if r <= d]))
-                kind = draw(st.sampled_from(("default", "linear", "llama3", "yarn")))
-                p = {}
-                if kind != "default":
-                    p["factor"] = draw(st.sampled_from((2.0, 4.0)))
-                if kind in ("llama3", "yarn"):
-                    p["original_max_position_embeddings"] = 16
-                if kind == "llama3":
-                    p.update(low_freq_factor=1.0, high_freq_factor=4.0)
-                rope = make_rope(kind, draw(st.sampled_from((100.0, 10000.0))), rot,
-                                 draw(st.sampled_from(("neox", "interleaved"))), p)
-            window = None
-            if draw(st.booleans()):
-                window = WindowSpec(draw(st.sampled_from(("sliding", "chunked"))), draw(st.integers(1, n + 2)))
-            qk = None
-            if draw(st.booleans()):
-                where = draw(st.sampled_from(("pre_rope", "post_rope")))
-                kind = "l2" if where == "post_rope" and draw(st.booleans()) else draw(st.sampled_from(("rms", "rms1p")))
-                qk = QkNormSpec(NormSpec(kind, 1e-6), draw(st.sampled_from(("head", "row"))), where)
-            try:
-                cfg = LayerConfig(
-                    hidden_size=hid, n_heads=h, n_kv_heads=hkv, head_dim=d, v_head_dim=dv,
-                    input_norm=NormSpec(draw(st.sampled_from(norm_kinds)), 1e-5),
-                    qkv_clamp=draw(st.sampled_from((None, None, 0.5))), qk_norm=qk, rope=rope,
-                    scale=draw(st.sampled_from((None, None, 0.3))),
-                    temperature=TemperatureSpec(2.0, 0.3) if draw(st.integers(0, 4)) == 4 else None,
-                    window=window, softcap=draw(st.sampled_from((None, None, 1.5, 20.0))), alibi_max_bias=alibi,
-                    q_gate_interleaved=gate_i, output_gate=draw(st.booleans()),
-                    sub_norm=NormSpec("rms", 1e-5) if draw(st.booleans()) else None,
-                    o_scale=draw(st.sampled_from((None, 0.5))), value_scale=draw(st.sampled_from((None, 1.5))),
-                    post_norm=NormSpec(draw(st.sampled_from(("rms", "rms1p"))), 1e-6) if draw(st.booleans()) else None,
-                    residual=draw(st.sampled_from(("sequential", "parallel"))),
-                    residual_multiplier=draw(st.sampled_from((1.0, 1.0, 0.5))))
-            except ConfigError:
-                from hypothesis import assume
-
-                assume(False)
-            opts.update(biases=draw(st.booleans()), sinks=draw(st.booleans()), obias=draw(st.booleans()),
-                        gate_bias=draw(st.booleans()))
+        # a layer kind draws its own description and the weights it needs
+        # (harness/kinds/<kind>/fuzz.py); MLA one time in ten
+        kind = kinds.registry()["mla" if draw(st.integers(0, 9)) == 9 else "attention"]
+        cfg = draw(kind.spec_strategy(st, n, hid, opts))
         kv = draw(st.sampled_from(("decode", "batched", "paged")))
         n_seq = 1 if kv == "decode" else draw(st.integers(1, 3))
         lengths = tuple(draw(st.integers(max(1, n - 3), n)) for _ in range(n_seq))
@@ -326,94 +267,12 @@ def _split(draw, st, t: int) -> list[int]:
     return [b - a for a, b in zip([0] + cuts, cuts + [t])]
 
 
-def _mla_cfg(st, hid: int):
-    @st.composite
-    def draw(draw):
-        from impl import MlaConfig, NormSpec, make_rope, mla_yarn
-
-        h = draw(st.integers(1, 4))
-        rd = draw(st.sampled_from((0, 2, 4)))
-        rope = make_rope("default", 10000.0, rd, "interleaved") if rd else None
-        yarn = None
-        if rope is not None and draw(st.booleans()):
-            yarn = mla_yarn(rope, {"factor": 4.0, "original_max_position_embeddings": 16,
-                                              "max_position_embeddings": 64, "mscale": 1.0,
-                                              "mscale_all_dim": draw(st.sampled_from((0.707, 1.0)))},
-                                       draw(st.sampled_from((1.0, 1.1))))
-        return MlaConfig(hidden_size=hid, n_heads=h, kv_lora_rank=draw(st.sampled_from((4, 8))),
-                         qk_nope_head_dim=draw(st.sampled_from((2, 4))), qk_rope_head_dim=rd,
-                         v_head_dim=draw(st.sampled_from((2, 4, 6))), q_lora_rank=draw(st.sampled_from((None, 4))),
-                         input_norm=NormSpec("rms", 1e-6), rope=rope, yarn=yarn,
-                         form=draw(st.sampled_from(("naive", "absorbed"))), use_output_gate=draw(st.booleans()),
-                         residual=draw(st.sampled_from(("sequential", "parallel"))))
-
-    return draw()
-
-
 def spec_weights(ex: SpecExample) -> dict:
     """Seeded float64 weights for the example's layer, every optional one the
-    options switch on (the tensor decides, as in the spec)."""
-    cfg, opts = ex.cfg, dict(ex.opts)
+    options switch on (the tensor decides, as in the spec): its kind's own
+    (``LayerKind.spec_weights``)."""
     rng = np.random.default_rng(ex.weight_seed)
-    hid = cfg.hidden_size
-
-    def mat(o, i):
-        return rng.standard_normal((o, i)) / math.sqrt(i)
-
-    def vec(k, around=0.0, s=0.1):
-        return around + s * rng.standard_normal(k)
-
-    w = {}
-    if opts.get("mla"):
-        h, r, nope, rd, dv = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        w.update(attn_norm=vec(hid, 1.0), wkv_a=mat(r + rd, hid), kv_a_norm=vec(r, 1.0), wo=mat(hid, h * dv))
-        if cfg.q_lora_rank is None:
-            w["wq"] = mat(h * (nope + rd), hid)
-        else:
-            w.update(wq_a=mat(cfg.q_lora_rank, hid), q_a_norm=vec(cfg.q_lora_rank, 1.0),
-                     wq_b=mat(h * (nope + rd), cfg.q_lora_rank))
-        kvb = mat(h * (nope + dv), r)
-        if cfg.form == "naive":
-            w["wkv_b"] = kvb
-        else:
-            kv3 = kvb.reshape(h, nope + dv, r)
-            w.update(wk_b=np.ascontiguousarray(kv3[:, :nope].transpose(0, 2, 1)), wv_b=np.ascontiguousarray(kv3[:, nope:]))
-        if cfg.use_output_gate:
-            w["wg"] = mat(h * dv, hid)
-        return w
-    if cfg.shape == "absent":
-        return w
-    if cfg.input_norm.kind != "none":
-        w["attn_norm"] = vec(hid, 1.0)
-        if cfg.input_norm.kind == "layer":
-            w["attn_norm_b"] = vec(hid)
-    if cfg.shape == "linear":
-        w["wo"] = mat(hid, hid)
-        return w
-    h, hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
-    w.update(wq=mat(h * d * (2 if cfg.q_gate_interleaved else 1), hid), wk=mat(hkv * d, hid), wv=mat(hkv * dv, hid),
-             wo=mat(hid, h * dv))
-    if opts.get("biases"):
-        w.update(bq=vec(h * d), bk=vec(hkv * d), bv=vec(hkv * dv))
-        if cfg.q_gate_interleaved:
-            w["bq_gate"] = vec(h * d)
-    if opts.get("sinks"):
-        w["sinks"] = vec(h, 0.0, 1.0)
-    if opts.get("obias"):
-        w["bo"] = vec(hid)
-    if cfg.output_gate:
-        w["wg"] = mat(h * dv, hid)
-        if opts.get("gate_bias"):
-            w["bg"] = vec(h * dv)
-    if cfg.qk_norm is not None and cfg.qk_norm.norm.kind != "l2":
-        row = cfg.qk_norm.over == "row"
-        around = 0.0 if cfg.qk_norm.norm.kind == "rms1p" else 1.0
-        w.update(q_norm=vec(h * d if row else d, around), k_norm=vec(hkv * d if row else d, around))
-    if cfg.sub_norm is not None:
-        w["sub_norm"] = vec(h * dv, 1.0)
-    if cfg.post_norm is not None:
-        w["post_norm"] = vec(hid, 0.0 if cfg.post_norm.kind == "rms1p" else 1.0)
-    return w
+    return kinds.of(ex.cfg).spec_weights(ex.cfg, dict(ex.opts), rng)
 
 
 # ---------------------------------------------------------------- judging

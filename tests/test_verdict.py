@@ -5,7 +5,6 @@ emitting, a bug at bfloat16, a non-finite oracle -- and float64 means float64.""
 
 from __future__ import annotations
 
-import tomllib
 
 import numpy as np
 import pytest

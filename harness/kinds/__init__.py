@@ -15,7 +15,9 @@ of that kind that is not a family's business:
 - ``dims(desc)``: ``(hidden, query heads, kv heads, key width, value width)`` of
   one position's cache row, for the memory plan (harness/budget.py);
 - ``spec_layer(desc, weights, x)``: the spec's own float64 formula for one layer
-  (harness/specref.py: the oracle for what no reference can express);
+  (harness/specref.py: the oracle for what no reference can express), and the
+  fuzzer's strategy over the kind's descriptions (``spec_strategy``,
+  ``spec_weights``: one layer outside what any reference family can say);
 - ``mutant_modules``: the modules holding the kind's mutants (deliberate impl
   bugs, harness/mutants);
 - ``switches(family)``: the kind's feature-bisection switches of the seeded model.
@@ -58,6 +60,13 @@ class LayerKind:
     def switches(self, family) -> dict:
         """``{tag: harness.families.ModelSwitch}``: the kind's switches of the seeded model."""
         return {}
+
+    def spec_strategy(self, st, n: int, hid: int, opts: dict):
+        """A hypothesis strategy of one description of this kind (harness/fuzz.py)."""
+        raise NotImplementedError(f"the fuzzer draws no {self.name} layer")
+
+    def spec_weights(self, desc, opts: dict, rng) -> dict:
+        raise NotImplementedError(f"the fuzzer draws no {self.name} layer")
 
 
 @lru_cache(maxsize=1)

@@ -158,6 +158,16 @@ class Attention(LayerKind):
         h = int(lc.n_heads or 0)
         return int(lc.hidden_size), h, int(lc.n_kv_heads or h), int(lc.head_dim or 0), int(lc.dv or 0)
 
+    def spec_strategy(self, st, n: int, hid: int, opts: dict):
+        from .fuzz import spec_strategy
+
+        return spec_strategy(st, n, hid, opts)
+
+    def spec_weights(self, desc, opts: dict, rng) -> dict:
+        from .fuzz import spec_weights
+
+        return spec_weights(desc, opts, rng)
+
     def spec_layer(self, desc, weights, x):
         from .spec import attn_layer
 

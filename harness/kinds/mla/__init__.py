@@ -56,6 +56,16 @@ class Mla(LayerKind):
         return (int(lc.hidden_size), int(lc.n_heads), int(lc.n_heads),
                 max(d, int(lc.kv_lora_rank) + int(lc.qk_rope_head_dim)), int(lc.v_head_dim))
 
+    def spec_strategy(self, st, n: int, hid: int, opts: dict):
+        from .fuzz import spec_strategy
+
+        return spec_strategy(st, n, hid, opts)
+
+    def spec_weights(self, desc, opts: dict, rng) -> dict:
+        from .fuzz import spec_weights
+
+        return spec_weights(desc, opts, rng)
+
     def spec_layer(self, desc, weights, x):
         from .spec import mla_layer
 
