@@ -29,6 +29,7 @@ ROW_COLUMNS = {
     "tokens": "rows per sequence",
     "seqs": "sequences",
     "gguf_type": "the GGUF weight type llama.cpp ran",
+    "weights": "the seeded model's weights: random, or realistic (a trained model's statistics)",
     "overrides": "HF config overrides, ';'-separated key=value",
     "candidate": "the side judged (impl, another engine, or a reference compared with another)",
     "reference": "the side it is judged against ('-' for a row about the case itself)",

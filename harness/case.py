@@ -74,6 +74,9 @@ class Case:
     evict: bool = False
     # the engine judged (harness/candidates: an entry point's name, or dump:DIR)
     candidate: str = "impl"
+    # the seeded model's weights: "random" (O(1) activations) or "realistic" (a trained
+    # model's statistics: outlier channels, scores that span tens; Family.realistic_weights)
+    weights: str = "random"
 
     @property
     def refs(self) -> list[str]:
@@ -100,6 +103,8 @@ class Case:
             parts.append(f"gguf-{self.gguf_type}")
         if self.evict:
             parts.append("kv-evict")
+        if self.weights != "random":
+            parts.append(f"weights={self.weights}")
         for k, v in self.overrides:
             parts.append(f"{k}={v}")
         if self.switch_off:
@@ -163,6 +168,12 @@ class Case:
             raise UsageError(f"--page-size must be a positive integer, got {self.page_size}")
         parse_layers(self.layers)
         parse_probes(self.probes)
+        from .families.base import WEIGHT_KINDS
+
+        if self.weights not in WEIGHT_KINDS:
+            raise UsageError(f"unknown weights {self.weights!r}; {suggest(self.weights, WEIGHT_KINDS)}")
+        if self.weights != "random" and (self.gguf or self.hf_model):
+            raise UsageError("--weights applies to the seeded model; a --gguf / --hf-model file has its own weights")
         if not isinstance(self.evict, bool):
             raise UsageError(f"kv eviction is true or false, got {self.evict!r}")
         if self.evict and self.kv == "paged":

@@ -84,6 +84,10 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
                    "from the end) -- HF, llama.cpp, impl and the float64 oracle alike")
     p.add_argument("--probes", metavar="P,Q,...", help="capture and compare only these probes (q_rope,attn_probs; "
                    "layer_in, attn_out and resid_mid always come too: a pass needs them)")
+    p.add_argument("--weights", default="random", metavar="KIND",
+                   help="the seeded model's weights: random (default: O(1) activations) or realistic (a trained "
+                        "model's statistics: outlier channels 20-100x in the embeddings and norms, Q/K so the "
+                        "scores span tens)")
     p.add_argument("--candidate", default="impl", metavar="NAME",
                    help="the engine judged (default impl; `conformance list` names the installed ones; dump:DIR)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
@@ -111,7 +115,7 @@ def case_from_args(a):
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
                 variant=a.variant, prompt=a.prompt, layers=a.layers,
-                probes=a.probes, evict=a.kv_evict, candidate=a.candidate)
+                probes=a.probes, evict=a.kv_evict, candidate=a.candidate, weights=a.weights)
 
 
 def _require_device(case) -> None:
@@ -155,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
 
             runlog.setup(a.verbose)
         return int(a.fn(a) or 0)
+    except BrokenPipeError:  # the reader went away (| head): not an error of ours
+        sys.stderr.close()
+        return 0
     except UsageError as e:
         print(f"conformance: error: {e}", file=sys.stderr)
         return 2

@@ -70,6 +70,7 @@ AXES = {
     "kv_evict": ("evict", [False]),
     "references": ("ref", ["hf"]),
     "candidates": ("candidate", ["impl"]),  # the engines judged (harness/candidates)
+    "weights": ("weights", ["random"]),  # the seeded model's weights (random, realistic)
     "gguf_types": ("gguf_type", ["f32"]),
     "backends": ("backend", ["numpy"]),
     "devices": ("device", ["cpu"]),

@@ -45,7 +45,9 @@ from ._switches import ModelSwitch, Switches, rope_identity_overrides  # noqa: F
 NotInImpl = Unimplemented
 
 
-INIT_FLOAT64_MAX = 1 << 24  # parameters; above it, seeded weights are drawn in float32 (Family.init_weights)
+INIT_FLOAT64_MAX = 1 << 24
+# the seeded weights a case's model is built with (Family.build_model; Case.weights)
+WEIGHT_KINDS = ("random", "realistic")  # parameters; above it, seeded weights are drawn in float32 (Family.init_weights)
 
 
 class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
@@ -70,15 +72,76 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
     experts_implementation: str | None = None
 
     # ------------------------------------------------------------------ model
-    def build_model(self, config, seed: int, dtype: str = "float32"):
+    def build_model(self, config, seed: int, dtype: str = "float32", weights: str = "random"):
+        """The HF model of ``config`` with seeded weights: ``random`` (O(1) activations,
+        ``init_weights``) or ``realistic`` (the same, then a trained model's statistics:
+        ``realistic_weights``)."""
         import torch
         from transformers import AutoModelForCausalLM
 
+        if weights not in WEIGHT_KINDS:
+            from ..errors import UsageError, suggest
+
+            raise UsageError(f"unknown weights {weights!r}; {suggest(weights, WEIGHT_KINDS)}")
         torch.manual_seed(seed)
         kw = {} if self.experts_implementation is None else {"experts_implementation": self.experts_implementation}
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32, **kw)
         self.init_weights(model, seed)
+        if weights == "realistic":
+            self.realistic_weights(model, config, seed)
         return model.to(dtype=getattr(torch, dtype)).eval()
+
+    # The names (endings) of the projections whose product is the attention score: scaled
+    # by ``realistic_weights`` so the pre-softmax scores span tens, as a trained model's do.
+    qk_weight_names: tuple[str, ...] = ("q_proj.weight", "k_proj.weight", "q_b_proj.weight", "kv_b_proj.weight")
+    # ... and of the QK norms' weights, which a QK-norm family's scores scale with instead
+    qk_norm_names: tuple[str, ...] = ("q_norm.weight", "k_norm.weight", "q_layernorm.weight", "k_layernorm.weight")
+
+    def realistic_weights(self, model, config, seed: int) -> None:
+        """A trained model's statistics on top of the random weights, where random
+        N(0, 1/in) weights have none (issue 27 / 28: bounds fitted on those raised
+        false alarms on real checkpoints, and low-precision bugs hid behind O(1)
+        scores):
+
+        - **outlier channels**: a few hidden channels (``max(2, hidden // 64)``, seeded)
+          carry most of the residual stream's magnitude in trained models ("massive
+          activations", Sun et al. 2024; LLM.int8()'s outlier features, Dettmers et
+          al. 2022): the embeddings' columns at those channels are scaled 20-100x and
+          every hidden-sized norm weight 1-3x there -- so the normed input that every
+          projection reads, and the K-quant blocks that hold it, carry them too;
+        - **scores that span tens**: the outliers alone take ``q.k / sqrt(d)`` to a
+          standard deviation of ~5-8 and extremes of 15-30 (measured on llama,
+          qwen3, gemma2/3), where a float16 softmax without max subtraction
+          overflows and a low-precision accumulation loses what a real model loses;
+          a family whose QK norm erases the projections' scale gets it through the
+          norm's weight instead (``qk_norm_names``, 2.5x), as trained qwen3 / gemma3
+          do. ``qk_weight_names`` are the projections a family may scale (1x here).
+
+        A norm in the ``(1 + w)`` convention (``input_norm_kind == "rms1p"``) is scaled
+        in its effective weight: ``w' = f (1 + w) - 1``."""
+        import torch
+
+        hidden = int(config.hidden_size if hasattr(config, "hidden_size") else getattr(config, "d_model"))
+        gen = torch.Generator().manual_seed(10_007 + seed)
+        k = max(2, hidden // 64)
+        chans = torch.randperm(hidden, generator=gen)[:k]
+        emb_f = 20.0 + 80.0 * torch.rand(k, generator=gen, dtype=torch.float64)
+        norm_f = 1.0 + (3.0 - 1.0) * torch.rand(k, generator=gen, dtype=torch.float64)
+        offset = 1.0 if getattr(self, "input_norm_kind", "rms") == "rms1p" else 0.0
+        qk_f, qk_norm_f = 1.0, 2.5
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.ndim == 2 and p.shape[-1] == hidden and ("embed" in name or name.endswith(("wte.weight",
+                                                                                               "word_embeddings.weight"))):
+                    p[:, chans] = (p[:, chans].double() * emb_f).to(p.dtype)
+                elif p.ndim == 1 and p.shape[0] == hidden and "norm" in name and not name.endswith("bias"):
+                    p[chans] = ((p[chans].double() + offset) * norm_f - offset).to(p.dtype)
+                elif p.ndim == 2 and name.endswith(self.qk_weight_names):
+                    p.mul_(qk_f)
+                elif p.ndim == 1 and name.endswith(self.qk_norm_names):
+                    # a QK norm erases the projections' scale: its weight carries it (trained
+                    # qwen3 / gemma3 q_norm and k_norm weights sit well above 1)
+                    p.copy_(((p.double() + offset) * qk_norm_f - offset).to(p.dtype))
 
     def init_weights(self, model, seed: int) -> None:
         """Seeded weights with O(1) activations: HF's own init (std 0.02) leaves the

@@ -164,6 +164,8 @@ class Build:
         stamp = [self.case.hf_model, checkpoint_stamp(self.case.hf_model)] if self.case.hf_model else None
         if self.case.switch_off:  # weights neutralised in the seeded model (Family.model_switches)
             stamp = [stamp, ["switch_off", list(self.case.switch_off)]]
+        if self.case.weights != "random":  # a trained model's statistics (Family.realistic_weights)
+            stamp = [stamp, ["weights", self.case.weights]]
         model = self.float_model
         t = time.perf_counter()
         path = export_for_case(self.family, model, self.config, self.case.gguf_type, self.case.seed, self.variant,
@@ -201,7 +203,7 @@ class Build:
 
             m = load_model(self.case.hf_model, self.family, self.config)
         else:
-            m = self.family.build_model(self.config, self.case.seed, "float32")
+            m = self.family.build_model(self.config, self.case.seed, "float32", weights=self.case.weights)
         # what each switch changed (0: nothing there to switch, e.g. a config switch
         # of the same case already removed it); feature bisection reads it
         self.switched = {tag: sw.edit(m, self.config, self.raw_layer_cfgs)

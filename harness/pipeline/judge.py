@@ -262,7 +262,8 @@ class Judge:
         row = dict(
             case_id=c.case_id(), family=req.family, features=";".join(req.features), backend=c.backend,
             device=c.device, dtype=c.dtype, kv=c.kv, schedule=c.schedule, seed=c.seed, tokens=c.tokens,
-            seqs=c.n_seqs, gguf_type=c.gguf_type, overrides=";".join(f"{k}={v}" for k, v in c.overrides),
+            seqs=c.n_seqs, gguf_type=c.gguf_type, weights=c.weights,
+            overrides=";".join(f"{k}={v}" for k, v in c.overrides),
             candidate=cand, reference=ref, layer=-1 if layer is None else layer, probe=probe,
             variant=req.variant or "", layer_kind=kw.pop("layer_kind", None) or kinds.label(lc),
             status=status, reason=reason,

@@ -47,6 +47,7 @@ class HF(Reference):
                       case.seed, req.tokens.tolist(), dtype, case.hf_model, req.checkpoint_stamp,
                       versions().get("torch"), versions().get("transformers"), src,
                       *((["switch_off", list(case.switch_off)],) if case.switch_off else ()),
+                      *((["weights", case.weights],) if case.weights != "random" else ()),
                       *req.weights_stamp,
                       *((["weights", weights],) if weights != dtype else ()),
                       *((["forced_by", force.key],) if force is not None else ()),
