@@ -203,6 +203,7 @@ class RunModel:
     views of one run cannot say different things."""
 
     name: str
+    kind: str  # "matrix", or "run" for one case (conformance run / judge)
     verdict: str  # PASS / FAIL / ERROR (only errors failed: nothing judged wrong, something crashed)
     headline: str  # one sentence: how many cases failed, or that nothing was compared
     case_counts: dict  # status -> cases, in CASE_ORDER
@@ -268,7 +269,8 @@ def run_model(df: pd.DataFrame, meta: dict) -> RunModel:
     footer = (f"spec {spec.get('path', '?')} · commit {v.get('git_commit')} · "
               + " · ".join(f"{k} {v.get(k)}" for k in ("python", "numpy", "torch", "transformers",
                                                         "llama_cpp_python", "gguf")))
-    return RunModel(str(spec.get("name", "?")), word, headline, cc, rc, cs, failing, grid(cs), candidate_grid(cs),
+    kind = "run" if meta.get("command") in ("run", "judge") else "matrix"
+    return RunModel(str(spec.get("name", "?")), kind, word, headline, cc, rc, cs, failing, grid(cs), candidate_grid(cs),
                     findings, _unverified(cs), not_compared,
                     [(e["count"], e["reason"]) for e in spec.get("excluded", []) if e.get("count")], footer)
 
@@ -276,7 +278,7 @@ def run_model(df: pd.DataFrame, meta: dict) -> RunModel:
 # ---------------------------------------------------------------- summary.md
 def summary_md(df: pd.DataFrame, meta: dict) -> str:
     m = run_model(df, meta)
-    lines = [f"# Conformance matrix `{_md(m.name)}`: {m.verdict}", "", f"**{_md(m.headline)}**"]
+    lines = [f"# Conformance {m.kind} `{_md(m.name)}`: {m.verdict}", "", f"**{_md(m.headline)}**"]
     if len(df):
         lines[-1] += (" · cases: " + m.counts_text() + " · rows: "
                       + " · ".join(f"{s} {n}" for s, n in sorted(m.row_counts.items())))
@@ -480,7 +482,7 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
     cands, cfams, ccells = m.candidate_grid
     out = ["<!doctype html><html><head><meta charset='utf-8'>",
            f"<title>Conformance: {e(m.name)}</title><style>{_CSS}</style></head><body>",
-           f"<h1>Conformance matrix {e(m.name)}: <span class='verdict {e(m.verdict)}'>{e(m.verdict)}</span></h1>",
+           f"<h1>Conformance {m.kind} {e(m.name)}: <span class='verdict {e(m.verdict)}'>{e(m.verdict)}</span></h1>",
            f"<p id='headline'><strong>{e(m.headline)}</strong> · cases: {e(m.counts_text())}</p>"]
     if len(m.failing):
         out += ["<h2>Failing cases</h2>", "<table id='failing'><tr><th>case</th><th>status</th><th>first failure</th></tr>"]
