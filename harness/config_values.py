@@ -323,3 +323,70 @@ def check_values(items) -> None:
             if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi <= lo:
                 raise UsageError(f"config key {top!r}: high_freq_factor {hi!r} must exceed low_freq_factor {lo!r} "
                                  "(llama3 RoPE divides by their difference: _compute_llama3_parameters)")
+
+
+# ---------------------------------------------------------------- the fast path
+# A bad --set refused without importing transformers (issue 29, finding 4: 4-10 s to
+# refuse one): what the config class declares -- the settable keys and, per key, what
+# typed_value checks -- is read once from HF and kept in the cache, keyed by the
+# transformers version and the source of the family and of this module.
+def _type_info(tp) -> dict:
+    inner = [typing.get_args(m)[0] for m in _members(tp) if typing.get_origin(m) is list and typing.get_args(m)]
+    return {"number_only": _number_only(tp), "describe": _describe(tp),
+            "list": _type_info(inner[0]) if inner else None}
+
+
+def schema(family) -> dict:
+    """``{"settable": [...], "types": {key: info}, "rope": {key: info}}`` of the
+    family's config class (the cache's copy when it has one)."""
+    import json
+    from importlib import metadata
+
+    from . import cache
+
+    try:
+        tf = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        tf = "?"
+    k = cache.key("config-schema", family.name, tf, cache.source_hash(__file__, *cache.family_sources(family)))
+    path = cache.cache_dir() / "config-schema" / f"{family.name}-{k}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    types = field_types(family.config_class())
+    out = {"settable": family.settable_keys(),
+           "types": {n: _type_info(t) for n, t in types.items()},
+           "rope": {n: _type_info(t) for n, t in rope_types().items()}}
+    from .atomic import write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(out))
+    return out
+
+
+def _check_typed(key: str, value, info: dict | None) -> None:
+    """What ``typed_value`` refuses, from a schema entry."""
+    if info is None or value is None:
+        return
+    if isinstance(value, list) and info.get("list"):
+        for i, v in enumerate(value):
+            _check_typed(f"{key}[{i}]", v, info["list"])
+        return
+    if info["number_only"] and isinstance(value, (str, bool, dict, list)):
+        raise UsageError(f"config key {key!r} = {value!r}: expected {info['describe']}")
+
+
+def check_overrides(family, overrides) -> None:
+    """The --set keys and value types, refused as ``apply_overrides`` refuses them
+    (same words), from the cached schema: before any config class is imported."""
+    sch = schema(family)
+    valid = sch["settable"]
+    for key, value in overrides:
+        top, _, sub = key.partition(".")
+        if top not in valid:
+            raise UsageError(f"unknown config key {key!r} for family {family.name}; {suggest(top, valid)}")
+        if sub:
+            _check_typed(key, value, sch["rope"].get(sub) if top == ROPE_TABLE else None)
+        else:
+            _check_typed(key, value, sch["types"].get(top))

@@ -32,7 +32,7 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     usable) into a run directory -- rows, meta.json and the views a matrix writes
     (summary.md, report.html, junit.xml): one case is one page too --, print its
     table (not with ``quiet``) and, last, the verdict line; the exit status."""
-    from .. import budget, report, runlog, views
+    from .. import budget, report, runlog
     from ..case import CaseRun
     from ..policy import load_policy
     from ..progress import Phases
@@ -48,6 +48,8 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
     budget.check(run)  # and a case the model or this machine cannot hold
     t0 = time.time()
+    from .. import views  # pandas: imported once the input has passed every check
+
     with phases:
         rows = run.rows()
         df = report.write_rows(d, rows)
