@@ -169,11 +169,11 @@ class Case:
         parse_layers(self.layers)
         from .config_values import check_values
 
-        check_values(self.overrides)  # values every side would turn into NaN, before any config is built
         if self.overrides and self.gguf is None:
             from .config_values import check_overrides
 
             check_overrides(families.get(self.family), self.overrides)  # unknown keys, wrong types: no HF import
+        check_values(self.overrides)  # values every side would turn into NaN, before any config is built
         parse_probes(self.probes)
         from .families.base import WEIGHT_KINDS
 

@@ -51,7 +51,8 @@ BAD = [
     (["run", "--family", "gemma2", "--set", "attn_logit_softcapping=0"],
      "config key 'attn_logit_softcapping' = 0: must be a positive number (a softcap"),
     (["run", "--family", "gemma3", "--set", "query_pre_attn_scalar=-1"], "'query_pre_attn_scalar' = -1: must be"),
-    (["run", "--family", "qwen3", "--set", "partial_rotary_factor=0"], "must be in (0, 1]"),
+    (["run", "--family", "llama", "--set", "rope_parameters.partial_rotary_factor=0"],
+     "'rope_parameters.partial_rotary_factor' = 0: must be in (0, 1]"),
     (["run", "--family", "llama", "--set", "rope_parameters.rope_type=linear", "--set", "rope_parameters.factor=0"],
      "config key 'rope_parameters.factor' = 0: must be a positive number"),
 ]
@@ -83,8 +84,12 @@ def test_run_passes_and_writes_a_report(tmp_path):
     p = cli("run", "--family", "qwen3", "--kv", "paged", "--set", "num_key_value_heads=1", "--out", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "attn_probs" in p.stdout and "totals: pass" in p.stdout
-    for f in ("rows.parquet", "rows.csv", "meta.json"):
-        assert (out / f).exists()
+    # finding 8 of issue 29: one case is a page too (summary.md, report.html with its plot)
+    for f in ("rows.parquet", "rows.csv", "meta.json", "summary.md", "report.html", "junit.xml"):
+        assert (out / f).exists(), f
+    page = (out / "report.html").read_text()
+    assert "Conformance run" in page and "<span class='verdict PASS'>PASS</span>" in page
+    assert "data:image/png;base64," in page  # the case's plot, embedded
     import json
 
     meta = json.loads((out / "meta.json").read_text())
@@ -130,5 +135,3 @@ def test_run_says_pass_last_and_shows_progress_only_on_a_terminal(tmp_path):
     assert proc.returncode == 0
     assert b"capturing hf" in seen and b"judging impl vs hf" in seen, seen[-500:]
     assert out.splitlines()[-1].startswith("PASS: ") and "report.html" in out
-    page = (tmp_path / "tty" / "report.html").read_text()  # finding 8: one case is a page too
-    assert "Conformance run" in page and ": <span class='verdict PASS'>PASS</span>" in page
