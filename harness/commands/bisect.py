@@ -70,6 +70,10 @@ def cmd_bisect(a) -> int:
             print(f"  (against {d['reference']}, where the first divergence is)")
         res = feature_bisect(fcase, policy, log=lambda m: print(m, file=sys.stderr))
         print(describe_features(res))
+    from ..report import frame
+    from ..views import run_model
+
+    print(run_model(frame(rows), {}).last_line())  # the case's verdict, as run would end
     return 0 if d is None else 1
 
 
