@@ -507,7 +507,7 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
             "click a cell to list its cases.</p>",
             # families as rows, features as narrow columns with upright-rotated names: 24 families
             # and ~45 features fit a screen without scrolling sideways
-            "<table class='heat' id='features'><tr><th>family</th>"
+            "<table class='heat'><tr><th>family</th>"
             + "".join(f"<th class='feat' title='{e(SPEC_DECORATIONS.get(f, ('not a spec decoration', ''))[0])}'>"
                       f"<span>{e(f)}</span></th>" for f in feats) + "</tr>"]
     for fam in fams:
