@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,9 +38,29 @@ def main(argv=None) -> int:
     p.add_argument("--plant-error", metavar="L{i}.{probe}", help="scale this tensor by 1 + 1e-3 (a wrong dump)")
     a = p.parse_args(argv)
     case = json.loads((a.case / "case.json").read_text())
+    if a.plant_error is not None:
+        # a typo (L1.qrope) must not write a clean dump and exit 0: the name must be a tensor this writer writes
+        layers = [lay["index"] for lay in case["layers"] if lay["implemented"]]
+        m = re.fullmatch(r"L(\d+)\.(\w+)", a.plant_error)
+        if not m or int(m.group(1)) not in layers or m.group(2) not in case["probe_shapes"]:
+            print(f"dump_writer: --plant-error {a.plant_error!r} names no tensor of this dump; valid: L{{i}}.{{probe}} "
+                  f"with i in {layers} and probe one of {', '.join(case['probe_shapes'])}", file=sys.stderr)
+            return 2
+    made = not a.dump.exists()
+    rc = 1
+    try:
+        rc = write(a, case)
+        return rc
+    finally:
+        if rc != 0 and made:
+            shutil.rmtree(a.dump, ignore_errors=True)  # nothing half-written left behind
+
+
+def write(a, case) -> int:
     weights = load_file(str(a.case / case["weights"]["layers"]))
     not_exposed = {}
     runs = {}
+    planted = False
     for ref, info in case["references"].items():
         inputs = load_file(str(a.case / info["inputs"]))
         out = a.dump / ref
@@ -57,6 +79,7 @@ def main(argv=None) -> int:
             tensors = {f"L{i}.{probe}": np.stack([r[probe] for r in per_seq]) for probe in per_seq[0]}
             if a.plant_error in tensors:
                 tensors[a.plant_error] = tensors[a.plant_error] * (1 + 1e-3)
+                planted = True
             save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(out / f"L{i}.safetensors"))
         runs[ref] = ref
     manifest = {
@@ -66,6 +89,9 @@ def main(argv=None) -> int:
         "weights": str(a.case / case["weights"]["layers"]), "tokens": case["tokens"], "dtype": a.dtype,
         "runs": runs, "not_exposed": not_exposed,
     }
+    if a.plant_error is not None and not planted:
+        print(f"dump_writer: tiny_engine does not emit {a.plant_error}; nothing planted, no dump written", file=sys.stderr)
+        return 2
     (a.dump / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(f"dump: {a.dump} ({', '.join(runs)})")
     return 0

@@ -167,6 +167,13 @@ class Case:
         if self.page_size < 1:
             raise UsageError(f"--page-size must be a positive integer, got {self.page_size}")
         parse_layers(self.layers)
+        from .config_values import check_values
+
+        if self.overrides and self.gguf is None:
+            from .config_values import check_overrides
+
+            check_overrides(families.get(self.family), self.overrides)  # unknown keys, wrong types: no HF import
+        check_values(self.overrides)  # values every side would turn into NaN, before any config is built
         parse_probes(self.probes)
         from .families.base import WEIGHT_KINDS
 
@@ -209,7 +216,7 @@ class CaseRun(Build):
     def __init__(self, case: Case, policy: Policy, progress=None):
         super().__init__(case)
         self.policy = policy
-        self.progress = progress or (lambda msg: None)
+        self.progress = _progress(progress)
         self.derived: dict[tuple[str, str], str] = {}  # (reference, probe key) -> how it was derived
 
     @cached_property
@@ -247,12 +254,23 @@ class CaseRun(Build):
                                  layer=lambda rc, i: cand.capture_layer(self, rc, i), by_layer=True)
         return CandidateFeed(whole=lambda rc: cand.capture(self, rc))
 
+    def _reporting(self, feed: CandidateFeed) -> CandidateFeed:
+        """``feed`` with each layer it runs said to ``progress`` (judging layer i of n)."""
+        if not feed.by_layer:
+            return feed
+        n = len(self.layer_cfgs)
+
+        def layer(rc, i):
+            self.progress(f"judging {self.candidate.name} vs {rc.name}: layer {i + 1} of {n}", i, n)
+            return feed.layer(rc, i)
+
+        return CandidateFeed(whole=feed.whole, layer=layer, by_layer=True)
+
     # ------------------------------------------------------------ rows
     def rows(self) -> list[dict]:
         case = self.case
         cand = self.candidate
         name = cand.name
-        self.progress(f"{case.case_id()}: capturing {', '.join(case.refs)}")
         backend = Backend(case.backend, case.device, case.dtype)
         try:
             backend.check_available()
@@ -262,14 +280,18 @@ class CaseRun(Build):
         if why:  # a limit of the engine, said in the row: nothing compared, never a pass
             return [Judge(self.judge_request()).row(name, "-", None, "*", "skipped", why)]
         _ = self.plan  # decided before any capture: a case that cannot fit is refused here
-        caps = [self.capture(r) for r in case.refs]
+        caps = []
+        for r in case.refs:
+            self.progress(f"capturing {r}")
+            caps.append(self.capture(r))
         judge = Judge(self.judge_request())
-        feed = self.feed()
+        feed = self._reporting(self.feed())
         rows: list[dict] = []
         for rc in caps:
             if rc.error:
                 rows.append(judge.row(name, rc.name, None, "", "error", f"reference {rc.name} failed: {rc.error}"))
                 continue
+            self.progress(f"judging {name} vs {rc.name} (the float64 oracle first, where it runs)")
             oracle = self.oracle_for(rc)
             t = time.perf_counter()
             if oracle is not None and oracle.error:
@@ -292,6 +314,20 @@ class CaseRun(Build):
         return verdict.guard(rows, self.layer_cfgs, name,
                              lambda layer, probe, reason: judge.row(name, "-", layer, probe, "unguarded", reason),
                              fallback=None if cand.teacher_forced else "layer_out", layers=self.selection.layers)
+
+
+def _progress(fn):
+    """``fn`` as ``progress(message, done=None, total=None)`` (harness/progress.py
+    ``Phases``); a callback of one argument is given the message alone."""
+    import inspect
+
+    if fn is None:
+        return lambda message, done=None, total=None: None
+    try:
+        inspect.signature(fn).bind("", 0, 0)
+        return fn
+    except (TypeError, ValueError):
+        return lambda message, done=None, total=None: fn(message)
 
 
 def run_case(case: Case, policy: Policy, progress=None) -> tuple[list[dict], dict]:

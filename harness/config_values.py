@@ -261,3 +261,132 @@ def refusal(e: Exception, family, kw: dict, prefix: str) -> UsageError:
         valid = f"expected {_describe(tp)}" if tp is not None else " ".join(msg.split("\n", 1)[-1].split())
         return UsageError(f"{prefix}: config key {name!r} = {kw.get(name)!r}: {valid}")
     return UsageError(f"{prefix}: {' '.join(msg.split())[:400]}")
+
+
+# ---------------------------------------------------------------- values the arithmetic cannot take
+# Settings every side would turn into NaN / inf (or a division by zero) before any
+# comparison: refused as bad input, naming the field and what is valid (issue 29,
+# finding 5: --set rope_parameters.rope_theta=-5 ran and blamed 18 failures on the
+# candidate). Matched on a leaf key's name, at any depth (a RoPE table per layer type).
+# (pattern, what is valid, why -- the reference arithmetic that breaks)
+_POSITIVE = (
+    (r"rope_theta|.*_base_freq|rope_local_base_freq|theta",
+     "RoPE's base: inv_freq = theta ** (-2i/d) (HF modeling_rope_utils _compute_default_rope_parameters, "
+     "ggml_rope's theta_scale) is NaN for theta <= 0"),
+    (r".*(_|^)eps|.*epsilon",
+     "a norm's epsilon: x / sqrt(mean(x^2) + eps) is inf / NaN on a zero row without it"),
+    (r"factor|attention_factor|original_max_position_embeddings|max_position_embeddings",
+     "a RoPE scaling length or factor: HF divides by it (_compute_linear / _yarn / _llama3_parameters)"),
+    (r"query_pre_attn_scalar", "the attention scale is query_pre_attn_scalar ** -0.5"),
+    (r"beta_fast|beta_slow", "YaRN's ramp bounds are log() arguments (_yarn_find_correction_dim)"),
+    (r"low_freq_factor|high_freq_factor", "llama3's smoothing divides by wavelengths of these factors"),
+    (r".*softcap.*|.*softcapping", "a softcap divides by its cap: cap * tanh(x / cap); unset it (null) for none"),
+    # (the head and layer counts are the family's own shape check: HFConfig.validate)
+    (r"vocab_size|intermediate_size|sliding_window|attention_chunk_size|kv_lora_rank|q_lora_rank|v_head_dim",
+     "a size; null where the family takes none"),
+)
+_UNIT = ((r"partial_rotary_factor", "the fraction of each head RoPE rotates"),)
+
+
+def _walk(key: str, value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(f"{key}.{k}" if key else str(k), v)
+    else:
+        yield key, value
+
+
+def check_values(items) -> None:
+    """UsageError (one line, exit 2) for a setting the references would turn into
+    non-finite numbers: ``items`` are ``(key, value)`` pairs (``--set`` overrides, a
+    config's keyword arguments; tables walked to their leaves). Runs before any
+    config class is imported."""
+    for top, value in items:
+        for key, v in _walk(str(top), value):
+            leaf = key.rsplit(".", 1)[-1]
+            if v is None or isinstance(v, (bool, str, list)):
+                continue
+            if isinstance(v, float) and not math.isfinite(v):
+                raise UsageError(f"config key {key!r} = {v!r}: expected a finite number")
+            if not isinstance(v, (int, float)):
+                continue
+            for pat, why in _POSITIVE:
+                if re.fullmatch(pat, leaf) and v <= 0:
+                    # a zero softcap of HF's means none (modeling code tests `is not None`, the GGUF
+                    # writer and spec a positive cap): null is the way to say none
+                    raise UsageError(f"config key {key!r} = {v!r}: must be a positive number ({why})")
+            for pat, why in _UNIT:
+                if re.fullmatch(pat, leaf) and not 0 < v <= 1:
+                    raise UsageError(f"config key {key!r} = {v!r}: must be in (0, 1] ({why})")
+        if isinstance(value, dict):
+            lo, hi = value.get("low_freq_factor"), value.get("high_freq_factor")
+            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi <= lo:
+                raise UsageError(f"config key {top!r}: high_freq_factor {hi!r} must exceed low_freq_factor {lo!r} "
+                                 "(llama3 RoPE divides by their difference: _compute_llama3_parameters)")
+
+
+# ---------------------------------------------------------------- the fast path
+# A bad --set refused without importing transformers (issue 29, finding 4: 4-10 s to
+# refuse one): what the config class declares -- the settable keys and, per key, what
+# typed_value checks -- is read once from HF and kept in the cache, keyed by the
+# transformers version and the source of the family and of this module.
+def _type_info(tp) -> dict:
+    inner = [typing.get_args(m)[0] for m in _members(tp) if typing.get_origin(m) is list and typing.get_args(m)]
+    return {"number_only": _number_only(tp), "describe": _describe(tp),
+            "list": _type_info(inner[0]) if inner else None}
+
+
+def schema(family) -> dict:
+    """``{"settable": [...], "types": {key: info}, "rope": {key: info}}`` of the
+    family's config class (the cache's copy when it has one)."""
+    import json
+    from importlib import metadata
+
+    from . import cache
+
+    try:
+        tf = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        tf = "?"
+    k = cache.key("config-schema", family.name, tf, cache.source_hash(__file__, *cache.family_sources(family)))
+    path = cache.cache_dir() / "config-schema" / f"{family.name}-{k}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    types = field_types(family.config_class())
+    out = {"settable": family.settable_keys(),
+           "types": {n: _type_info(t) for n, t in types.items()},
+           "rope": {n: _type_info(t) for n, t in rope_types().items()}}
+    from .atomic import write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(out))
+    return out
+
+
+def _check_typed(key: str, value, info: dict | None) -> None:
+    """What ``typed_value`` refuses, from a schema entry."""
+    if info is None or value is None:
+        return
+    if isinstance(value, list) and info.get("list"):
+        for i, v in enumerate(value):
+            _check_typed(f"{key}[{i}]", v, info["list"])
+        return
+    if info["number_only"] and isinstance(value, (str, bool, dict, list)):
+        raise UsageError(f"config key {key!r} = {value!r}: expected {info['describe']}")
+
+
+def check_overrides(family, overrides) -> None:
+    """The --set keys and value types, refused as ``apply_overrides`` refuses them
+    (same words), from the cached schema: before any config class is imported."""
+    sch = schema(family)
+    valid = sch["settable"]
+    for key, value in overrides:
+        top, _, sub = key.partition(".")
+        if top not in valid:
+            raise UsageError(f"unknown config key {key!r} for family {family.name}; {suggest(top, valid)}")
+        if sub:
+            _check_typed(key, value, sch["rope"].get(sub) if top == ROPE_TABLE else None)
+        else:
+            _check_typed(key, value, sch["types"].get(top))

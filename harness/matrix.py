@@ -338,6 +338,8 @@ def work(case_dict: dict, policy_path: str | None, plot_dir: str | None) -> dict
     info = {"features": info.get("features", []), "timings": info.get("timings", {}),
             **({"traceback": info["traceback"]} if "traceback" in info else {})}
     info["timings"]["case_s"] = time.perf_counter() - t
+    if _WORKER_STARTUP:  # this worker's first case: what starting it cost, reported apart
+        info["worker_startup_s"] = _WORKER_STARTUP.pop()
     if plot_dir:
         from . import views
 
@@ -356,6 +358,9 @@ def crash_row(case: Case, reason: str) -> dict:
                 layer=-1, probe="*", variant=case.variant or "", layer_kind="model", status="error", reason=reason)
 
 
+_WORKER_STARTUP: list = []  # a worker's start-up seconds, until its first case reports them
+
+
 def _init_worker(threads: int, log_path: str | None = None, verbose: bool = False) -> None:
     # Before torch is imported in this process: one pool of `threads` per worker,
     # so -j workers share the cores instead of each spinning all of them.
@@ -368,10 +373,13 @@ def _init_worker(threads: int, log_path: str | None = None, verbose: bool = Fals
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.setdefault("CONFORMANCE_LLAMACPP_THREADS", str(threads))
     os.environ["MPLBACKEND"] = "Agg"
+    t = time.perf_counter()
     import torch
 
     torch.set_num_threads(threads)
     import harness.case  # noqa: F401  (the fixed cost, paid once per worker)
+    # said apart from the first case's own time (its record's info.worker_startup_s)
+    _WORKER_STARTUP.append(time.perf_counter() - t)
 
 
 def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str | None, on_start, on_done,

@@ -11,14 +11,16 @@ import secrets
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from . import atomic
 from .atomic import atomic_path
 from .errors import UsageError
 from .verdict import FAILING
 from .versions import versions
+
+if TYPE_CHECKING:  # pandas is imported where rows are made or read: bad input is refused without it
+    import pandas as pd
 
 
 def new_run_id() -> str:
@@ -70,6 +72,8 @@ def check_writable(path: Path, flag: str, file: bool = False) -> None:
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
+    import pandas as pd
+
     df = pd.DataFrame(rows)
     if not df.empty:
         for col in ("reason", "tol_reason", "overrides", "worst", "features", "layer_kind"):
@@ -96,6 +100,8 @@ def write_meta(d: Path, meta: dict) -> None:
 
 
 def read_rows(d: Path) -> pd.DataFrame:
+    import pandas as pd
+
     p = Path(d)
     if (p / "rows.parquet").exists():
         return pd.read_parquet(p / "rows.parquet")
@@ -105,6 +111,8 @@ def read_rows(d: Path) -> pd.DataFrame:
 
 
 def counts(rows) -> dict:
+    import pandas as pd
+
     df = rows if isinstance(rows, pd.DataFrame) else frame(rows)
     return df["status"].value_counts().to_dict() if not df.empty else {}
 
@@ -130,6 +138,8 @@ def _fmt(x) -> str:
 
 def case_table(rows) -> str:
     """Per reference, layer and probe: status, NMSE, max_abs, the worst element."""
+    import pandas as pd
+
     df = rows if isinstance(rows, pd.DataFrame) else frame(rows)
     if df.empty:
         return "(no rows)"

@@ -70,13 +70,24 @@ def setup(verbose: bool = False) -> None:
         # inherited by spawned workers
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.showwarning = _showwarning
-    from transformers.utils import logging as hf_logging
+    # transformers' logging is set up when transformers is first imported, not here: a
+    # command refusing bad input never imports it (issue 29: 1-4 s of a bad --set's refusal)
+    if "transformers.utils.logging" in sys.modules:
+        _route_transformers(sys.modules["transformers.utils.logging"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("transformers.utils.logging", _route_transformers))
+    for name in ("huggingface_hub", "torch", "gguf"):
+        lg = logging.getLogger(name)
+        lg.addHandler(_Handler())
+        lg.propagate = False
 
+
+def _route_transformers(hf_logging) -> None:
     hf_logging.disable_default_handler()
     root = logging.getLogger("transformers")
     root.addHandler(_Handler())
     root.propagate = False
-    if not verbose:
+    if not _SINK.verbose:
         hf_logging.disable_progress_bar()
         try:
             from huggingface_hub.utils import disable_progress_bars
@@ -84,10 +95,32 @@ def setup(verbose: bool = False) -> None:
             disable_progress_bars()
         except ImportError:
             pass
-    for name in ("huggingface_hub", "torch", "gguf"):
-        lg = logging.getLogger(name)
-        lg.addHandler(_Handler())
-        lg.propagate = False
+
+
+class _AfterImport:
+    """A meta-path finder that runs ``then(module)`` once ``name`` has been imported
+    (by whoever imports it first), then steps aside."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)  # the real finders find it
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run, then = spec.loader.exec_module, self.then
+
+        def exec_module(module):
+            run(module)
+            then(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def attach(path) -> None:

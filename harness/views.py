@@ -20,6 +20,7 @@ import json
 import math
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -165,73 +166,154 @@ def _md(s) -> str:
 
 
 def verdict(df: pd.DataFrame) -> str:
-    from .report import exit_status
-
-    return "PASS" if exit_status(df) == 0 else "FAIL"
+    return run_model(df, {}).verdict
 
 
 def unverified(cs: pd.DataFrame) -> list[str]:
-    seen = {f for fs, st in zip(cs["features"], cs["status"]) if st == "pass" for f in fs} if len(cs) else set()
-    return [t for t in SPEC_DECORATIONS if t not in seen]
+    return [t for t, _ in _unverified(cs)]
+
+
+NOT_COMPARED = ("not-implemented", "not-exposed", "skipped")
+
+
+def _unverified(cs: pd.DataFrame) -> list[tuple[str, str]]:
+    """Each spec decoration no case of the run passed, with what the run did with
+    it: failed in the cases that exercise it, exercised but never compared, or
+    never exercised (a reference gap, or no case of this run)."""
+    out = []
+    for t in SPEC_DECORATIONS:
+        st = [s for fs, s in zip(cs["features"], cs["status"]) if t in fs] if len(cs) else []
+        if "pass" in st:
+            continue
+        n_fail = sum(s in FAILING for s in st)
+        if n_fail:
+            why = f"exercised by {len(st)} case{'s' * (len(st) != 1)}, failing in {n_fail}, passing in none"
+        elif st:
+            why = f"exercised by {len(st)} case{'s' * (len(st) != 1)}, compared in none (skipped / not exposed)"
+        else:
+            why = REFERENCE_GAPS.get(t, "no case of this run exercises it")
+        out.append((t, why))
+    return out
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """One run as every view tells it (summary.md, report.html, the commands' last
+    line): each statement is made here once and only rendered by a view, so two
+    views of one run cannot say different things."""
+
+    name: str
+    kind: str  # "matrix", or "run" for one case (conformance run / judge)
+    verdict: str  # PASS / FAIL / ERROR (only errors failed: nothing judged wrong, something crashed)
+    headline: str  # one sentence: how many cases failed, or that nothing was compared
+    case_counts: dict  # status -> cases, in CASE_ORDER
+    row_counts: dict  # status -> rows
+    cases: pd.DataFrame
+    failing: pd.DataFrame  # the failing cases, in row order
+    grid: tuple  # (features, families, cells)
+    candidate_grid: tuple  # (candidates, families, cells)
+    findings: list  # (family, comparison, cases, reason)
+    unverified: list  # (decoration, what the run did with it)
+    not_compared: list  # (status, rows, reason), the most frequent first
+    excluded: list  # (cases, reason)
+    footer: str
+
+    def counts_text(self) -> str:
+        return (" · ".join(f"{s} {self.case_counts[s]}" for s in CASE_ORDER if self.case_counts.get(s))
+                or "no cases")
+
+    def last_line(self) -> str:
+        """The last line a judging command prints: the verdict and the counts."""
+        rows = ", ".join(f"{k} {v}" for k, v in sorted(self.row_counts.items())) or "none"
+        return f"{self.verdict}: {self.headline} (cases: {self.counts_text().replace(' · ', ', ')}; rows: {rows})"
+
+
+def run_model(df: pd.DataFrame, meta: dict) -> RunModel:
+    from .report import exit_status
+
+    cs = cases(df)
+    spec = meta.get("spec", {})
+    cc = cs["status"].value_counts().to_dict() if len(cs) else {}
+    rc = df["status"].value_counts().to_dict() if len(df) and "status" in df else {}
+    failing = cs[cs["status"].isin(FAILING)]
+    n_fail, n = len(failing), len(cs)
+    judged = any(rc.get(s) for s in ("pass", "fail", "finding"))
+    if not len(df):
+        headline = "Nothing was compared (zero rows): this run fails."
+    elif n_fail:
+        errs = int((failing["status"] == "error").sum())
+        headline = f"{n_fail} of {n} case{'s' * (n != 1)} failing" + (
+            f" ({errs} with an error)" if errs and errs < n_fail else " (every one an error)" if errs else "")
+        if not judged:
+            headline += "; no comparison was made"
+    elif not cc.get("pass"):
+        headline = "No case compared anything (all skipped / not exposed): this run fails."
+    else:
+        rest = n - cc.get("pass", 0)
+        headline = f"{cc['pass']} of {n} case{'s' * (n != 1)} pass" + (
+            f", {rest} not compared (skipped / not exposed / not implemented)" if rest else "")
+    if n_fail and (failing["status"] == "error").all():
+        word = "ERROR"
+    else:
+        word = "PASS" if exit_status(df) == 0 and not n_fail and cc.get("pass") else "FAIL"
+    findings = []
+    if "status" in df and (df["status"] == "finding").any():
+        fd = df[df["status"] == "finding"]
+        for (fam, cand, ref, why), g in fd.groupby(["family", "candidate", "reference",
+                                                     fd["reason"].str.split(" -- known disagreement: ").str[-1]]):
+            findings.append((fam, f"{cand} vs {ref}", g["case_id"].nunique(), why))
+    other = df[df["status"].isin(NOT_COMPARED)] if len(df) else df
+    not_compared = [(st, len(g), why) for (st, why), g in
+                    sorted(other.groupby(["status", "reason"]), key=lambda kv: -len(kv[1]))[:15]] if len(other) else []
+    v = meta.get("versions", {})
+    footer = (f"spec {spec.get('path', '?')} · commit {v.get('git_commit')} · "
+              + " · ".join(f"{k} {v.get(k)}" for k in ("python", "numpy", "torch", "transformers",
+                                                        "llama_cpp_python", "gguf")))
+    kind = "run" if meta.get("command") in ("run", "judge") else "matrix"
+    return RunModel(str(spec.get("name", "?")), kind, word, headline, cc, rc, cs, failing, grid(cs), candidate_grid(cs),
+                    findings, _unverified(cs), not_compared,
+                    [(e["count"], e["reason"]) for e in spec.get("excluded", []) if e.get("count")], footer)
 
 
 # ---------------------------------------------------------------- summary.md
 def summary_md(df: pd.DataFrame, meta: dict) -> str:
-    cs = cases(df)
-    spec = meta.get("spec", {})
-    cc = cs["status"].value_counts().to_dict() if len(cs) else {}
-    n_fail = sum(cc.get(s, 0) for s in FAILING)
-    lines = [f"# Conformance matrix `{_md(spec.get('name', '?'))}`: {verdict(df)}", ""]
-    lines.append(f"**{n_fail} of {len(cs)} cases failing** · cases: "
-                 + " · ".join(f"{s} {cc[s]}" for s in CASE_ORDER if cc.get(s)) + " · rows: "
-                 + " · ".join(f"{s} {n}" for s, n in sorted(df["status"].value_counts().items())) if len(df) else
-                 "**Nothing was compared** (zero rows): this run fails.")
-    if len(cs) and not cc.get("pass"):
-        lines += ["", "**No case compared anything** (all skipped / not exposed): this run fails."]
-    bad = cs[cs["status"].isin(FAILING)]
-    if len(bad):
+    m = run_model(df, meta)
+    lines = [f"# Conformance {m.kind} `{_md(m.name)}`: {m.verdict}", "", f"**{_md(m.headline)}**"]
+    if len(df):
+        lines[-1] += (" · cases: " + m.counts_text() + " · rows: "
+                      + " · ".join(f"{s} {n}" for s, n in sorted(m.row_counts.items())))
+    if len(m.failing):
         lines += ["", "## Failing cases", "", "| case | status | first failure |", "|---|---|---|"]
-        for c in bad.head(50).itertuples():
+        for c in m.failing.head(50).itertuples():
             lines.append(f"| `{_md(c.case_id)}` | {c.status} | {_md(c.first_fail)} |")
-        if len(bad) > 50:
-            lines.append(f"| ... {len(bad) - 50} more (rows.csv, report.html) | | |")
-    cands, cfams, ccells = candidate_grid(cs)
+        if len(m.failing) > 50:
+            lines.append(f"| ... {len(m.failing) - 50} more (rows.csv, report.html) | | |")
+    if m.not_compared:
+        lines += ["", "## Not compared", "", "| status | rows | reason |", "|---|---|---|"]
+        lines += [f"| {st} | {k} | {_md(why)} |" for st, k, why in m.not_compared]
+    cands, cfams, ccells = m.candidate_grid
     if cands:
         lines += ["", "## Candidates × families", "",
                   "Each cell: the cases of that family judging that candidate (engine); failing / cases and the "
                   "worst NMSE of the candidate against the references.", ""]
         lines += _md_grid("candidate", cands, cfams, ccells, bold=False)
-    feats, fams, cells = grid(cs)
+    feats, fams, cells = m.grid
     if feats:
         lines += ["", "## Features × families", "",
                   "Each cell: the cases of that family with that feature; worst NMSE of each case's candidate "
                   "against the references.", ""]
         lines += _md_grid("feature", feats, fams, cells, bold=True)
-    if "status" in df and (df["status"] == "finding").any():
-        fd = df[df["status"] == "finding"]
+    if m.findings:
         lines += ["", "## Findings (known reference disagreements, not failures)", "",
                   "| family | comparison | cases | reason |", "|---|---|---|---|"]
-        for (fam, cand, ref, why), g in fd.groupby(["family", "candidate", "reference",
-                                                     fd["reason"].str.split(" -- known disagreement: ").str[-1]]):
-            lines.append(f"| {_md(fam)} | {_md(cand)} vs {_md(ref)} | {g['case_id'].nunique()} | {_md(why)} |")
-    un = unverified(cs)
-    if un:
-        lines += ["", "## Unverified decorations", "",
-                  "Named in the spec, passed by no case of this run:", ""]
-        lines += [f"- `{t}`: {_md(REFERENCE_GAPS.get(t, 'no case of this run exercises it'))}" for t in un]
-    other = df[~df["status"].isin(("pass", "finding") + FAILING)] if len(df) else df
-    if len(other):
-        lines += ["", "## Not compared", "", "| status | rows | reason |", "|---|---|---|"]
-        for (st, why), g in sorted(other.groupby(["status", "reason"]), key=lambda kv: -len(kv[1]))[:15]:
-            lines.append(f"| {st} | {len(g)} | {_md(why)} |")
-    excl = [e for e in spec.get("excluded", []) if e.get("count")]
-    if excl:
+        lines += [f"| {_md(fam)} | {_md(cmp)} | {k} | {_md(why)} |" for fam, cmp, k, why in m.findings]
+    if m.unverified:
+        lines += ["", "## Unverified decorations", "", "Named in the spec, passed by no case of this run:", ""]
+        lines += [f"- `{t}`: {_md(why)}" for t, why in m.unverified]
+    if m.excluded:
         lines += ["", "## Excluded by the spec", "", "| cases | reason |", "|---|---|"]
-        lines += [f"| {e['count']} | {_md(e['reason'])} |" for e in excl]
-    v = meta.get("versions", {})
-    lines += ["", f"_spec `{_md(spec.get('path', '?'))}` · commit `{_md(v.get('git_commit'))}` · "
-              + " · ".join(f"{k} {_md(v.get(k))}" for k in ("python", "numpy", "torch", "transformers",
-                                                             "llama_cpp_python", "gguf")) + "_", ""]
+        lines += [f"| {k} | {_md(why)} |" for k, why in m.excluded]
+    lines += ["", f"_{_md(m.footer)}_", ""]
     return "\n".join(lines)
 
 
@@ -245,13 +327,12 @@ def _html_grid(head: str, keys: list, fams: list, cells: dict) -> list[str]:
         for fam in fams:
             cell = cells.get((k, fam))
             if not cell:
-                tds.append("<td style='background:#f7f7f7'></td>")
+                tds.append("<td class='empty'></td>")
                 continue
             st = cell_status(cell)
             label = (f"{cell['failing']}/{cell['cases']} fail" if st == "fail" else st) + f" · {_g(cell['worst_nmse'])}"
             title = f"{cell['cases']} cases; worst err/tol {_g(cell['worst_ratio'])}; findings in {cell['findings']}"
-            tds.append(f"<td style='background:{_colour(cell)}' data-{head}='{e(k)}' data-family='{e(fam)}' "
-                       f"title='{e(title)}'>{e(label)}</td>")
+            tds.append(_td(cell, f"data-{head}='{e(k)}' data-family='{e(fam)}'", title, label))
         out.append(f"<tr><th>{e(k)}</th>{''.join(tds)}</tr>")
     out.append("</table>")
     return out
@@ -278,19 +359,46 @@ def _md_grid(head: str, keys: list, fams: list, cells: dict, bold: bool) -> list
 
 
 # ---------------------------------------------------------------- report.html
+# The one colour scale of report.html (cells, the case table and the legend): a passing
+# cell's colour says how far inside its bound the worst error is -- green well inside,
+# yellow near the bound, red failing -- so a pass at err/tol 0.12 never reads as a warning.
+# (upper bound of err/tol, colour, legend label)
+SCALE = ((1e-3, "#1a9850", "pass, err/tol <= 0.001"), (0.1, "#66bd63", "pass, err/tol <= 0.1"),
+         (0.5, "#a6d96a", "pass, err/tol <= 0.5"), (math.inf, "#fee08b", "pass, near the bound (err/tol 0.5-1)"))
+FAIL_COLOUR, NO_RATIO, NOT_COMPARED_COLOUR = "#d73027", "#c7e9c0", "#d9d9d9"
+LEGEND = (*((c, lab) for _, c, lab in SCALE), (NO_RATIO, "pass, no err/tol recorded"),
+          (FAIL_COLOUR, "failing"), (NOT_COMPARED_COLOUR, "not compared"))
+
+
 def _colour(cell: dict | None) -> str:
-    """Green (far inside the tolerance) through yellow (at it) to red (failing)."""
+    """The scale's colour of a cell: its worst err/tol when it passes."""
     st = cell_status(cell)
     if not st or st == "not compared":
-        return "#e8e8e8"
+        return NOT_COMPARED_COLOUR
     if st == "fail":
-        return "#d73027"
+        return FAIL_COLOUR
     r = cell["worst_ratio"]
     if r is None or math.isnan(r):
-        return "#c7e9c0"
-    t = min(max((math.log10(max(r, 1e-12)) + 6) / 6, 0.0), 1.0)  # 1e-6 .. 1 of the tolerance
-    lo, hi = (26, 152, 80), (254, 224, 139)
-    return "#%02x%02x%02x" % tuple(round(a + (b - a) * t) for a, b in zip(lo, hi))
+        return NO_RATIO
+    return next(c for hi, c, _ in SCALE if r <= hi)
+
+
+def _ink(bg: str) -> str:
+    """Text that reads on ``bg``: dark on a light colour, white on a dark one
+    (WCAG relative luminance; white on light grey was unreadable)."""
+    def lin(c):
+        c /= 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (lin(int(bg[i:i + 2], 16)) for i in (1, 3, 5))
+    return "#222" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.18 else "#fff"
+
+
+def _td(cell: dict, attrs: str, title: str, label: str) -> str:
+    bg = _colour(cell)
+    ratio = cell.get("worst_ratio")
+    data = "" if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)) else f" data-ratio='{ratio!r}'"
+    return (f"<td style='background:{bg};color:{_ink(bg)}' data-status='{html.escape(cell_status(cell))}'"
+            f"{data} {attrs} title='{html.escape(title)}'>{html.escape(label)}</td>")
 
 
 def _num(x):
@@ -314,7 +422,9 @@ _CSS = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;font-size:12px}
-table.heat td{cursor:pointer;min-width:1.4em;text-align:center;color:#fff;font-weight:bold}
+table.heat td{cursor:pointer;min-width:1.4em;text-align:center;font-weight:bold}
+table.heat td.empty{background:#f7f7f7;cursor:default}
+.swatch{display:inline-block;padding:1px 6px;margin:0 2px;font-size:12px;border-radius:3px}
 table.heat th.feat{vertical-align:bottom;padding:2px 1px}
 table.heat th.feat span{writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap}
 table.heat td.sel{outline:3px solid #2166ac}
@@ -366,47 +476,68 @@ document.getElementById('all').addEventListener('click', () => {
 
 def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
     e = html.escape
-    cs = cases(df)
-    spec = meta.get("spec", {})
-    feats, fams, cells = grid(cs)
-    cands, cfams, ccells = candidate_grid(cs)
-    cc = cs["status"].value_counts().to_dict() if len(cs) else {}
+    m = run_model(df, meta)
+    cs = m.cases
+    feats, fams, cells = m.grid
+    cands, cfams, ccells = m.candidate_grid
     out = ["<!doctype html><html><head><meta charset='utf-8'>",
-           f"<title>Conformance: {e(str(spec.get('name', '?')))}</title><style>{_CSS}</style></head><body>",
-           f"<h1>Conformance matrix {e(str(spec.get('name', '?')))}: {verdict(df)}</h1>",
-           "<p>" + e(" · ".join(f"{s} {cc[s]}" for s in CASE_ORDER if cc.get(s)) or "no cases") + " (cases)</p>",
-           "<h2>Candidates × families</h2>",
-           "<p>The engines judged (impl, or another: <code>--candidate</code>), coloured as below; click a cell "
-           "to list its cases.</p>",
-           *_html_grid("candidate", cands, cfams, ccells),
-           "<h2>Families × features</h2>",
-           "<p>Colour: the worst error of each case's candidate relative to its tolerance (green far inside, "
-           "yellow at 1e-0, red failing, grey not compared); a number: the failing cases. Hover a cell for its cases and worst "
-           "NMSE, a feature for what it is; click a cell to list its cases.</p>",
-           # families as rows, features as narrow columns with upright-rotated names: 24 families
-           # and ~45 features fit a screen without scrolling sideways
-           "<table class='heat'><tr><th>family</th>"
-           + "".join(f"<th class='feat' title='{e(SPEC_DECORATIONS.get(f, ('not a spec decoration', ''))[0])}'>"
-                     f"<span>{e(f)}</span></th>" for f in feats) + "</tr>"]
+           f"<title>Conformance: {e(m.name)}</title><style>{_CSS}</style></head><body>",
+           f"<h1>Conformance {m.kind} {e(m.name)}: <span class='verdict {e(m.verdict)}'>{e(m.verdict)}</span></h1>",
+           f"<p id='headline'><strong>{e(m.headline)}</strong> · cases: {e(m.counts_text())}</p>"]
+    if len(m.failing):
+        out += ["<h2>Failing cases</h2>", "<table id='failing'><tr><th>case</th><th>status</th><th>first failure</th></tr>"]
+        out += [f"<tr><td><code>{e(c.case_id)}</code></td><td class='{e(c.status)}'>{e(c.status)}</td>"
+                f"<td>{e(c.first_fail)}</td></tr>" for c in m.failing.head(50).itertuples()]
+        if len(m.failing) > 50:
+            out.append(f"<tr><td colspan='3'>... {len(m.failing) - 50} more (the case table below)</td></tr>")
+        out.append("</table>")
+    if m.not_compared:
+        out += ["<h2>Not compared</h2>", "<table id='not-compared'><tr><th>status</th><th>rows</th><th>reason</th></tr>"]
+        out += [f"<tr><td>{e(st)}</td><td>{k}</td><td>{e(why)}</td></tr>" for st, k, why in m.not_compared]
+        out.append("</table>")
+    out += ["<p id='legend'>Colour: " + " ".join(
+                f"<span class='swatch' style='background:{c};color:{_ink(c)}'>{e(lab)}</span>" for c, lab in LEGEND)
+            + "</p>",
+            "<h2>Candidates × families</h2>",
+            "<p>The engines judged (impl, or another: <code>--candidate</code>); click a cell to list its cases.</p>",
+            *_html_grid("candidate", cands, cfams, ccells),
+            "<h2>Families × features</h2>",
+            "<p>Colour: the worst error of each case's candidate relative to its tolerance, on the scale above; "
+            "a number: the failing cases. Hover a cell for its cases and worst NMSE, a feature for what it is; "
+            "click a cell to list its cases.</p>",
+            # families as rows, features as narrow columns with upright-rotated names: 24 families
+            # and ~45 features fit a screen without scrolling sideways
+            "<table class='heat'><tr><th>family</th>"
+            + "".join(f"<th class='feat' title='{e(SPEC_DECORATIONS.get(f, ('not a spec decoration', ''))[0])}'>"
+                      f"<span>{e(f)}</span></th>" for f in feats) + "</tr>"]
     for fam in fams:
         tds = []
         for f in feats:
             cell = cells.get((f, fam))
             st = cell_status(cell)
             if not cell:
-                tds.append("<td style='background:#f7f7f7'></td>")
+                tds.append("<td class='empty'></td>")
                 continue
             label = f"{cell['failing']}" if st == "fail" else ""
             title = (f"{fam} · {f}: {cell['failing']}/{cell['cases']} fail" if st == "fail" else f"{fam} · {f}: {st}") \
                 + f"; {cell['cases']} cases; worst NMSE {_g(cell['worst_nmse'])}; worst err/tol " \
                   f"{_g(cell['worst_ratio'])}; findings in {cell['findings']}"
-            tds.append(f"<td style='background:{_colour(cell)}' data-feature='{e(f)}' data-family='{e(fam)}' "
-                       f"title='{e(title)}'>{e(label)}</td>")
+            tds.append(_td(cell, f"data-feature='{e(f)}' data-family='{e(fam)}'", title, label))
         out.append(f"<tr><th>{e(fam)}</th>{''.join(tds)}</tr>")
     out.append("</table>")
-    un = unverified(cs)
-    if un:
-        out.append("<p>Unverified decorations (no passing case): " + e(", ".join(un)) + "</p>")
+    if m.findings:
+        out += ["<h2>Findings (known reference disagreements, not failures)</h2>",
+                "<table id='findings'><tr><th>family</th><th>comparison</th><th>cases</th><th>reason</th></tr>"]
+        out += [f"<tr><td>{e(fam)}</td><td>{e(cmp)}</td><td>{k}</td><td>{e(why)}</td></tr>"
+                for fam, cmp, k, why in m.findings]
+        out.append("</table>")
+    if m.unverified:
+        out += ["<h2>Unverified decorations</h2><p>Named in the spec, passed by no case of this run:</p>",
+                "<ul id='unverified'>"] + [f"<li><code>{e(t)}</code>: {e(why)}</li>" for t, why in m.unverified]
+        out.append("</ul>")
+    if m.excluded:
+        out += ["<h2>Excluded by the spec</h2><table id='excluded'><tr><th>cases</th><th>reason</th></tr>"]
+        out += [f"<tr><td>{k}</td><td>{e(why)}</td></tr>" for k, why in m.excluded] + ["</table>"]
     out += ["<h2>Cases<span id='filter'></span> <button id='all'>show all</button></h2>",
             "<p>Click a case for its per-layer, per-probe table.</p>",
             "<table id='cases'><thead><tr><th>case</th><th>candidate</th><th>status</th><th>worst NMSE</th>"
@@ -427,10 +558,7 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
             data["rows"][cid] = [[_num(v) if k in ("nmse", "max_abs", "err_ratio") else
                                   (int(v) if k == "layer" else ("" if pd.isna(v) else str(v)))
                                   for k, v in zip(cols, r)] for r in g.itertuples(index=False)]
-    v = meta.get("versions", {})
-    out.append("<p><small>" + e(f"spec {spec.get('path', '?')} · commit {v.get('git_commit')} · "
-                                + " · ".join(f"{k} {v.get(k)}" for k in sorted(v) if k != "git_commit"))
-               + "</small></p>")
+    out.append(f"<p><small>{e(m.footer)}</small></p>")
     out.append(f"<script type='application/json' id='data'>{_script_json(data)}</script>")
     out.append(f"<script>{_JS}</script></body></html>")
     return "\n".join(out)

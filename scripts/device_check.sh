@@ -130,7 +130,7 @@ if [ -f "$WORK/matrix/summary.md" ]; then
 fi
 if [ -d "$WORK/matrix" ]; then
   tar -czf "$OUT/matrix-run.tar.gz" -C "$WORK" matrix
-  grep -E " · rows: " "$OUT/matrix.log" | tail -1 | sed "s/^/  matrix: /" >>"$SUMMARY"
+  grep -E "^(PASS|FAIL|ERROR): " "$OUT/matrix.log" | tail -1 | sed "s/^/  matrix: /" >>"$SUMMARY"
 fi
 
 # 4. one real-size layer, impl against SDPA

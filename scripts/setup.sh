@@ -33,3 +33,14 @@ if [ "$(cat "$marker" 2>/dev/null)" != "$KERNELS" ] || ! .venv/bin/python -c "im
   echo "$KERNELS" > "$marker"
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[llamacpp,dev]'
+# Debian's chromium for the report.html browser test (tests/test_report_browser.py, headless over the
+# DevTools protocol): installed where apt-get can (as root); elsewhere that test is skipped and says why
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+   && [ -z "${CONFORMANCE_CHROMIUM:-}" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+      >/dev/null 2>&1 || echo "setup.sh: could not install chromium; tests/test_report_browser.py will be skipped" >&2
+  else
+    echo "setup.sh: no chromium and no root apt-get to install it; tests/test_report_browser.py will be skipped" >&2
+  fi
+fi

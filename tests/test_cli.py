@@ -44,6 +44,17 @@ BAD = [
     *([(["run", "--family", "llama", "--backend", "torch", "--device", "cuda"],
         "device 'cuda' is not available on this machine")] if not __import__("torch").cuda.is_available() else []),
     (["frobnicate"], "unknown command 'frobnicate'"),
+    # issue 29, finding 5: settings every side turns into NaN are bad input, never the candidate's failure
+    (["run", "--family", "llama", "--set", "rope_parameters.rope_theta=-5"],
+     "config key 'rope_parameters.rope_theta' = -5: must be a positive number (RoPE's base"),
+    (["run", "--family", "llama", "--set", "rms_norm_eps=0"], "config key 'rms_norm_eps' = 0: must be a positive"),
+    (["run", "--family", "gemma2", "--set", "attn_logit_softcapping=0"],
+     "config key 'attn_logit_softcapping' = 0: must be a positive number (a softcap"),
+    (["run", "--family", "gemma3", "--set", "query_pre_attn_scalar=-1"], "'query_pre_attn_scalar' = -1: must be"),
+    (["run", "--family", "llama", "--set", "rope_parameters.partial_rotary_factor=0"],
+     "'rope_parameters.partial_rotary_factor' = 0: must be in (0, 1]"),
+    (["run", "--family", "llama", "--set", "rope_parameters.rope_type=linear", "--set", "rope_parameters.factor=0"],
+     "config key 'rope_parameters.factor' = 0: must be a positive number"),
 ]
 
 
@@ -73,8 +84,12 @@ def test_run_passes_and_writes_a_report(tmp_path):
     p = cli("run", "--family", "qwen3", "--kv", "paged", "--set", "num_key_value_heads=1", "--out", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "attn_probs" in p.stdout and "totals: pass" in p.stdout
-    for f in ("rows.parquet", "rows.csv", "meta.json"):
-        assert (out / f).exists()
+    # finding 8 of issue 29: one case is a page too (summary.md, report.html with its plot)
+    for f in ("rows.parquet", "rows.csv", "meta.json", "summary.md", "report.html", "junit.xml"):
+        assert (out / f).exists(), f
+    page = (out / "report.html").read_text()
+    assert "Conformance run" in page and "<span class='verdict PASS'>PASS</span>" in page
+    assert "data:image/png;base64," in page  # the case's plot, embedded
     import json
 
     meta = json.loads((out / "meta.json").read_text())
@@ -86,3 +101,37 @@ def test_list():
     assert p.returncode == 0
     for word in ("llama", "qwen2", "qwen3", "attn_probs", "paged", "torch"):
         assert word in p.stdout
+
+
+def test_run_says_pass_last_and_shows_progress_only_on_a_terminal(tmp_path):
+    """Issue 29, finding 3: a passing `run` printed 81 lines and never PASS or FAIL, had
+    no -q, and nothing moved while it worked. Now: the verdict line last; -q leaves only
+    it; on a terminal the phases show on stderr, off one nothing does."""
+    import os
+    import pty
+
+    p = cli("run", "--family", "llama", "-q", "--out", str(tmp_path / "q"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["PASS: 1 of 1 case pass (cases: pass 1; rows: pass 22)"], p.stdout
+    assert p.stderr.strip() == ""
+    # the same case on a terminal: stderr a pty, the phases drawn there
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", "COLUMNS": "120"}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--family", "llama", "--out",
+                             str(tmp_path / "tty")], stdout=subprocess.PIPE, stderr=slave, text=True, env=env,
+                            cwd=tmp_path)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out, _ = proc.communicate(timeout=300)
+    os.close(master)
+    assert proc.returncode == 0
+    assert b"capturing hf" in seen and b"judging impl vs hf" in seen, seen[-500:]
+    assert out.splitlines()[-1].startswith("PASS: ") and "report.html" in out

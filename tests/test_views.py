@@ -62,9 +62,16 @@ def test_nothing_compared_is_a_failing_verdict():
 def test_heatmap_colours_by_error_relative_to_tolerance():
     cell = lambda **kw: {"cases": 1, "failing": 0, "findings": 0, "passing": 1, "worst_nmse": 0.0, **kw}  # noqa: E731
     assert views._colour(cell(worst_ratio=1e-9)) == "#1a9850"
+    # well inside the bound is green, never the yellow of "near the bound" (a pass at 0.12 read as a warning)
+    for r in (1e-3, 0.05, 0.12, 0.4):
+        red, green, blue = (int(views._colour(cell(worst_ratio=r))[i:i + 2], 16) for i in (1, 3, 5))
+        assert green > red and green > blue, r
     assert views._colour(cell(worst_ratio=1.0)) == "#fee08b"
     assert views._colour(cell(failing=1, worst_ratio=5.0)) == "#d73027"
-    assert views._colour(None) == "#e8e8e8"
+    assert views._colour(None) == views.NOT_COMPARED_COLOUR
+    # text reads on its background: dark ink on the light ones ("not compared" was white on light grey)
+    assert views._ink(views.NOT_COMPARED_COLOUR) == "#222" and views._ink("#fee08b") == "#222"
+    assert views._ink(views.FAIL_COLOUR) == "#fff"
 
 
 def test_failures_come_first_in_the_summary():

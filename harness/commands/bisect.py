@@ -43,9 +43,13 @@ def cmd_bisect(a) -> int:
             return 1
         print(f"first bad commit: {res['subject']}  ({res['runs']} runs of the case)")
         return 0
-    run = CaseRun(case, policy, progress=lambda m: print(m, file=sys.stderr))
+    from ..progress import Phases
+
+    phases = Phases()
+    run = CaseRun(case, policy, progress=phases)
     _ = run.layer_cfgs
-    rows = run.rows()
+    with phases:
+        rows = run.rows()
     d = first_divergence(rows, candidate=run.candidate.name)
     if case.candidate != "impl":
         print(f"candidate: {run.candidate.name}")
@@ -66,6 +70,10 @@ def cmd_bisect(a) -> int:
             print(f"  (against {d['reference']}, where the first divergence is)")
         res = feature_bisect(fcase, policy, log=lambda m: print(m, file=sys.stderr))
         print(describe_features(res))
+    from ..report import frame
+    from ..views import run_model
+
+    print(run_model(frame(rows), {}).last_line())  # the case's verdict, as run would end
     return 0 if d is None else 1
 
 

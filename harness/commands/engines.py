@@ -4,7 +4,6 @@ outside Python, and that engine's dump judged like any other candidate
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ..errors import UsageError
@@ -17,11 +16,17 @@ def register(sub) -> None:
                                            "GGUF), tokens, each reference's layer inputs")
     _add_case_args(p)
     p.add_argument("--out", metavar="DIR", required=True, help="the directory to write (must not exist or be empty)")
+    from ..cli import add_verbose
+
+    add_verbose(p)  # HF's progress bars and warnings stay out of stderr (harness/runlog.py), as for run
     p.set_defaults(fn=cmd_export)
     j = sub.add_parser("judge", help="judge an engine's dump directory like any other candidate")
     j.add_argument("dump", metavar="DUMP_DIR", help="a dump: manifest.json + <run>/L{i}.safetensors")
     j.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
     j.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
+    from ..progress import add_quiet
+
+    add_quiet(j)
     j.set_defaults(fn=cmd_judge)
 
 
@@ -40,10 +45,14 @@ def cmd_export(a) -> int:
         raise UsageError(f"--out {out} exists and is not an empty directory")
     case = case_from_args(a)
     case.validate()
-    run = CaseRun(case, load_policy(a.policy), progress=lambda m: print(m, file=sys.stderr))
+    from ..progress import Phases
+
+    phases = Phases()
+    run = CaseRun(case, load_policy(a.policy), progress=phases)
     _ = run.layer_cfgs
     try:
-        data = export_case(run, out)
+        with phases:
+            data = export_case(run, out)
     except BaseException:
         remove_partial(out)  # nothing half-written is left behind
         raise
@@ -56,7 +65,7 @@ def cmd_export(a) -> int:
 def cmd_judge(a) -> int:
     from .run import cmd_run_case
 
-    return cmd_run_case(lambda: case_of(Path(a.dump)), a.policy, a.out, command="judge")
+    return cmd_run_case(lambda: case_of(Path(a.dump)), a.policy, a.out, command="judge", quiet=a.quiet)
 
 
 def case_of(d: Path):

@@ -46,4 +46,5 @@ def cmd_features(a) -> int:
         say_default(a.spec, spec, "features")
         df = run_dir(d, a.jobs, not a.no_plots)[1]
     print(views.feature_map(df))
+    print(views.run_model(df, {}).last_line())
     return report.exit_status(df)

@@ -138,6 +138,9 @@ def cmd_fuzz(a) -> int:
     (d / "fuzz.md").write_text(text)
     print(text.split("\n<details>")[0])  # the pair list is in fuzz.md
     print(f"report: {d}")
+    n_fail = len(res["failures"]) if isinstance(res["failures"], (list, dict)) else int(res["failures"])
+    print(f"{'FAIL' if n_fail else 'PASS'}: {n_fail} failing generated case{'s' * (n_fail != 1)} "
+          f"in {res.get('wall_s', wall):.0f} s")
     return 1 if res["failures"] else 0
 
 

@@ -32,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--shard", metavar="I/N", help="run only the I-th of N deterministic slices (join with `conformance merge`)")
     p.add_argument("--resume", metavar="DIR", help="complete an interrupted run in DIR (its spec and cases are in DIR)")
     p.add_argument("--list", action="store_true", help="print the cases the spec expands to, and exit")
+    p.add_argument("-k", metavar="EXPR", dest="keyword",
+                   help="only the cases whose id matches EXPR, as pytest's -k: substrings (case-insensitive) "
+                        "joined by and / or / not and parentheses, e.g. -k 'qwen3 and paged and not bfloat16'")
     p.set_defaults(fn=cmd_matrix)
 
 
@@ -42,8 +45,10 @@ def add_run_args(p) -> None:
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
     p.add_argument("--no-plots", action="store_true", help="skip the per-case PNG plots")
     from ..cli import add_verbose
+    from ..progress import add_quiet
 
     add_verbose(p)
+    add_quiet(p)
 
 
 def cmd_matrix(a) -> int:
@@ -52,12 +57,15 @@ def cmd_matrix(a) -> int:
     if a.jobs < 1:
         raise UsageError(f"-j/--jobs must be at least 1, got {a.jobs}")
     if a.resume:
-        if a.spec or a.shard or a.out or a.policy:
-            raise UsageError("--resume DIR takes the spec, shard and policy recorded in DIR; give none of SPEC, --shard, --out, --policy")
+        if a.spec or a.shard or a.out or a.policy or a.keyword:
+            raise UsageError("--resume DIR takes the spec, shard, selection and policy recorded in DIR; give none of "
+                             "SPEC, --shard, -k, --out, --policy")
         d = Path(a.resume)
         matrix.read_run(d)
     else:
         spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
+        if a.keyword is not None:
+            spec = select(spec, a.keyword)
         sh = matrix.parse_shard(a.shard)
         if a.list:
             say_default(a.spec, spec, "matrix")
@@ -69,10 +77,81 @@ def cmd_matrix(a) -> int:
             return 0
         d = matrix.start(spec, a.out, sh, a.policy, a.jobs, sys.argv[1:])
         say_default(a.spec, spec, "matrix")
-    return run_dir(d, a.jobs, not a.no_plots)[0]
+    return run_dir(d, a.jobs, not a.no_plots, quiet=getattr(a, "quiet", False))[0]
 
 
-def run_dir(d: Path, jobs: int, plots: bool):
+def keyword_matcher(expr: str):
+    """pytest's ``-k`` grammar over a case id: ``expr := and ('or' and)*``, ``and :=
+    not ('and' not)*``, ``not := 'not' not | '(' expr ')' | word``; a word matches
+    where it is a case-insensitive substring of the id. UsageError for a malformed one."""
+    import re
+
+    toks = re.findall(r"\(|\)|[^\s()]+", expr)
+    if not toks:
+        raise UsageError(f"-k {expr!r} is empty; give words joined by and / or / not, e.g. -k 'llama and paged'")
+    pos = 0
+
+    def peek():
+        return toks[pos] if pos < len(toks) else None
+
+    def take(want=None):
+        nonlocal pos
+        t = peek()
+        if t is None or (want is not None and t != want):
+            raise UsageError(f"-k {expr!r}: expected {want or 'a word'} at {'the end' if t is None else repr(t)}; "
+                             "the form is pytest's: words, and / or / not, parentheses")
+        pos += 1
+        return t
+
+    def p_or():
+        parts = [p_and()]
+        while peek() == "or":
+            take()
+            parts.append(p_and())
+        return lambda s: any(f(s) for f in parts)
+
+    def p_and():
+        parts = [p_not()]
+        while peek() == "and":
+            take()
+            parts.append(p_not())
+        return lambda s: all(f(s) for f in parts)
+
+    def p_not():
+        t = peek()
+        if t == "not":
+            take()
+            f = p_not()
+            return lambda s: not f(s)
+        if t == "(":
+            take()
+            f = p_or()
+            take(")")
+            return f
+        if t in ("and", "or", ")", None):
+            take("a word")  # raises: an operator where a word must be
+        w = take().lower()
+        return lambda s: w in s.lower()
+
+    f = p_or()
+    if peek() is not None:
+        raise UsageError(f"-k {expr!r}: unexpected {peek()!r}; join words with and / or")
+    return f
+
+
+def select(spec, expr: str):
+    """The spec with only the cases ``-k EXPR`` selects; none is bad input."""
+    import dataclasses
+
+    match = keyword_matcher(expr)
+    cases = [c for c in spec.cases if match(c.case_id())]
+    if not cases:
+        raise UsageError(f"-k {expr!r} selects none of the {len(spec.cases)} cases of {spec.path} "
+                         f"(see conformance matrix {spec.path} --list)")
+    return dataclasses.replace(spec, cases=cases)
+
+
+def run_dir(d: Path, jobs: int, plots: bool, quiet: bool = False):
     """Complete the run in ``d`` with a progress display; ``(exit status, rows)``."""
     from .. import matrix, report, runlog
 
@@ -80,7 +159,7 @@ def run_dir(d: Path, jobs: int, plots: bool):
     runlog.attach(Path(d) / runlog.LOG_NAME)
     total = len(run["cases"])
     held = matrix.Journal(d).records()
-    ui = Progress(total, held)
+    ui = Progress(total, held, quiet)
     # A CI cancel sends SIGTERM: stop like Ctrl-C, so the workers are told to stop
     # and the journal keeps what finished (it is flushed case by case anyway).
     old = signal.signal(signal.SIGTERM, _interrupt)
@@ -94,10 +173,24 @@ def run_dir(d: Path, jobs: int, plots: bool):
         raise KeyboardInterrupt(f"{kept}; conformance matrix --resume {d} completes the run") from None
     finally:
         signal.signal(signal.SIGTERM, old)
-    c = report.counts(df)
-    print(f"{ui.counts_line()} · rows: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
-    print(f"report: {d} (summary.md, report.html, junit.xml, rows.parquet)")
+    from ..views import run_model
+
+    if not quiet:
+        print(f"report: {d} (summary.md, report.html, junit.xml, rows.parquet)")
+    startup = [i.get("worker_startup_s") for i in meta_info(d).values() if i.get("worker_startup_s") is not None]
+    if startup and not quiet:
+        print(f"worker start-up: {len(startup)} workers, {max(startup):.1f} s at most (not counted in any case's time)")
+    print(run_model(df, {}).last_line())
     return report.exit_status(df), df
+
+
+def meta_info(d: Path) -> dict:
+    import json
+
+    try:
+        return json.loads((Path(d) / "meta.json").read_text()).get("case_info", {})
+    except (OSError, ValueError):
+        return {}
 
 
 def _interrupt(signum, frame):
@@ -108,7 +201,7 @@ class Progress:
     """A rich progress bar on a terminal (the cases in flight, a running
     pass / fail count); one line per finished case otherwise, for CI logs."""
 
-    def __init__(self, total: int, held: dict):
+    def __init__(self, total: int, held: dict, quiet: bool = False):
         from ..views import case_status
 
         self.total, self.n = total, len(held)
@@ -117,11 +210,12 @@ class Progress:
             st = case_status(r["status"] for r in rec["rows"])
             self.tally[st] = self.tally.get(st, 0) + 1
         self.inflight: dict[str, float] = {}
-        self.tty = sys.stderr.isatty()
+        self.tty = sys.stderr.isatty() and not quiet
+        self.quiet = quiet
         self.bar = None
 
     def __enter__(self):
-        if self.n:  # a resumed run
+        if self.n and not self.quiet:  # a resumed run
             print(f"resuming: {self.n} of {self.total} cases already done", file=sys.stderr, flush=True)
         if self.tty:
             from rich.console import Console
@@ -155,11 +249,15 @@ class Progress:
         from ..views import case_status
 
         cid = case.case_id()
-        t = time.perf_counter() - self.inflight.pop(cid, time.perf_counter())
+        wall = time.perf_counter() - self.inflight.pop(cid, time.perf_counter())
+        info = rec.get("info", {})
+        t = info.get("timings", {}).get("case_s", wall)  # the case's own time, not its worker's start-up
         st = case_status(r["status"] for r in rec["rows"])
         self.tally[st] = self.tally.get(st, 0) + 1
         self.n += 1
         if self.bar:
             self._refresh()
-        else:
-            print(f"[{self.n}/{self.total}] {st:<8} {cid} ({t:.1f}s)", file=sys.stderr, flush=True)
+        elif not self.quiet:
+            up = info.get("worker_startup_s")
+            extra = f"; worker start-up {up:.1f}s before it" if up is not None else ""
+            print(f"[{self.n}/{self.total}] {st:<8} {cid} ({t:.1f}s{extra})", file=sys.stderr, flush=True)

@@ -19,4 +19,7 @@ def cmd_merge(a) -> int:
     d, df, _ = matrix.merge(a.dirs, a.out, sys.argv[1:])
     print(", ".join(f"{k} {v}" for k, v in sorted(report.counts(df).items())) or "no rows")
     print(f"report: {d}")
+    from ..views import run_model
+
+    print(run_model(df, {}).last_line())
     return report.exit_status(df)

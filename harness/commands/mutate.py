@@ -668,7 +668,10 @@ def cmd_mutate(a) -> int:
         print(md)
         print(f"report: {d} (sensitivity.md, sensitivity.json)")
         # a perturbation below a precision's own rounding (Mutant.dtypes) is not expected to be caught there
-        return 0 if all(r["smallest_caught"] is not None for r in res["rows"] if r["visible"]) else 1
+        missed = [r for r in res["rows"] if r["visible"] and r["smallest_caught"] is None]
+        print(f"{'FAIL' if missed else 'PASS'}: {len(missed)} visible parametric mutant slices never caught "
+              f"(of {sum(1 for r in res['rows'] if r['visible'])})")
+        return 0 if not missed else 1
     say(f"mutate: {len(mutants)} mutants on {spec.path} ({len(spec.cases)} cases), -j {a.jobs}")
     try:
         res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
@@ -684,4 +687,9 @@ def cmd_mutate(a) -> int:
     print(table(res))
     print(f"report: {d} (mutation.md, mutation.json, mutation_rows.parquet)")
     low = [sl for sl, e in res.get("slices", {}).items() if e["score"] < a.min_score]
-    return 0 if res["score"] >= a.min_score and not res["stale"] and not low else 1
+    ok = res["score"] >= a.min_score and not res["stale"] and not low
+    # the last line, as every judging command ends: this one judges the matrix itself
+    print(f"{'PASS' if ok else 'FAIL'}: mutation score {res['score']:.0%}, {res['killed']} of {res['total']} "
+          f"mutants killed (at least {a.min_score:.0%} needed)"
+          + (f"; below it in {', '.join(low)}" if low else "") + (f"; {len(res['stale'])} stale" if res["stale"] else ""))
+    return 0 if ok else 1

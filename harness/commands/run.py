@@ -4,30 +4,38 @@ backends, probes)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
 from ..cli import _add_case_args, _require_device, add_verbose, case_from_args
+from ..progress import add_quiet
 
 
 def register(sub) -> None:
     r = sub.add_parser("run", help="run one case and write reports/<run-id>/")
     _add_case_args(r)
     r.add_argument("--out", metavar="DIR", help="run directory (default ./reports/<run-id>)")
+    r.add_argument("--no-plots", action="store_true", help="skip the case's PNG plot (report.html shows it)")
     add_verbose(r)
+    add_quiet(r)
     r.set_defaults(fn=cmd_run)
 
 
 def cmd_run(a) -> int:
-    return cmd_run_case(lambda: case_from_args(a), a.policy, a.out)
+    return cmd_run_case(lambda: case_from_args(a), a.policy, a.out, quiet=a.quiet, plots=not a.no_plots)
 
 
-def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: str = "run") -> int:
+def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: str = "run", quiet: bool = False,
+                 plots: bool = True) -> int:
     """Run one case (``make_case()``, called once the run directory is known to be
-    usable) into a run directory, print its table; the exit status."""
+    usable) into a run directory -- rows, meta.json and the views a matrix writes
+    (summary.md, report.html, junit.xml): one case is one page too --, print its
+    table (not with ``quiet``) and, last, the verdict line; the exit status."""
     from .. import budget, report, runlog
     from ..case import CaseRun
     from ..policy import load_policy
+    from ..progress import Phases
 
     policy = load_policy(policy_path)
     run_id = report.new_run_id()
@@ -35,19 +43,33 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     case = make_case()
     case.validate()
     _require_device(case)
-    run = CaseRun(case, policy, progress=lambda m: print(m, file=sys.stderr))
+    phases = Phases(quiet)
+    run = CaseRun(case, policy, progress=phases)
     _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
     budget.check(run)  # and a case the model or this machine cannot hold
     t0 = time.time()
-    rows = run.rows()
-    df = report.write_rows(d, rows)
-    runlog.attach(d / runlog.LOG_NAME)
-    report.write_meta(d, {"run_id": run_id, "command": command, "argv": sys.argv[1:], "case": case.to_dict(),
-                          "candidate": run.candidate.name, "notes": run.notes,
-                          "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
-                          "plan": run.plan.meta(), "resources": budget.usage(), **run.meta_extra()})
-    print(report.case_table(df))
-    for note in run.notes:
-        print(f"note: {note}")
-    print(f"report: {d}")
+    from .. import views  # pandas: imported once the input has passed every check
+
+    with phases:
+        rows = run.rows()
+        df = report.write_rows(d, rows)
+        runlog.attach(d / runlog.LOG_NAME)
+        report.write_meta(d, {"run_id": run_id, "command": command, "argv": sys.argv[1:], "case": case.to_dict(),
+                              "spec": {"name": run.case.case_id(), "path": f"conformance {command}"},
+                              "candidate": run.candidate.name, "notes": run.notes,
+                              "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
+                              "plan": run.plan.meta(), "resources": budget.usage(), **run.meta_extra()})
+        if plots:
+            phases("drawing the plot")
+            try:
+                views.plot_case(df, d / "plots" / views.plot_name(run.case.case_id()))
+            except Exception as e:  # noqa: BLE001 -- a plot is a view; its failure must not lose the rows
+                print(f"note: no plot: {type(e).__name__}: {e}", file=sys.stderr)
+        views.write_all(d, df, json.loads((d / "meta.json").read_text()))
+    if not quiet:
+        print(report.case_table(df))
+        for note in run.notes:
+            print(f"note: {note}")
+        print(f"report: {d} (summary.md, report.html, rows.parquet)")
+    print(views.run_model(df, {}).last_line())
     return report.exit_status(df)

@@ -95,7 +95,9 @@ class HFConfig:
         from transformers import AutoConfig
 
         self.validate(kw)
-        from ..config_values import hf_refusals, refusal
+        from ..config_values import check_values, hf_refusals, refusal
+
+        check_values(kw.items())
 
         try:
             config = AutoConfig.for_model(self.hf_model_type, **kw)

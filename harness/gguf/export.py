@@ -27,12 +27,18 @@ WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0")
 EXPORT_SCHEMA = 1
 
 
+# the smallest seeded vocabulary with the 256 byte tokens: llama.cpp's SPM tokenizer
+# falls back to them for text no piece covers, and without them aborts
+# (std::out_of_range from unordered_map::at in llama-vocab.cpp byte_to_token)
+BYTE_VOCAB_MIN = 3 + 256 + 1
+
+
 def tiny_vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     """A SentencePiece-style ("llama") vocabulary of ``n`` tokens: unk, bos, eos,
     the 256 byte tokens when there is room, then plain pieces. Token types are
     gguf.TokenType values (NORMAL 1, UNKNOWN 2, CONTROL 3, BYTE 6)."""
     toks, scores, types = ["<unk>", "<s>", "</s>"], [0.0, 0.0, 0.0], [2, 3, 3]
-    if n >= 3 + 256 + 1:
+    if n >= BYTE_VOCAB_MIN:
         for b in range(256):
             toks.append(f"<0x{b:02X}>")
             scores.append(0.0)

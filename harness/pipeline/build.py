@@ -242,6 +242,14 @@ class Build:
         tokenized with the GGUF's own vocabulary (the user's file, or the export)
         by llama.cpp -- the same ids for every sequence and every side."""
         if self.case.prompt is not None:
+            if self.source is None:  # the export's seeded vocabulary (harness/gguf/export.py tiny_vocab)
+                from ..gguf.export import BYTE_VOCAB_MIN
+
+                if int(self.config.vocab_size) < BYTE_VOCAB_MIN:  # before any export or capture
+                    raise UsageError(
+                        f"--prompt needs a tokenizer: the GGUF written for family {self.family.name} holds a seeded "
+                        f"{self.config.vocab_size}-token vocabulary of no text; give --gguf FILE (the file's own "
+                        f"tokenizer), or --set vocab_size={BYTE_VOCAB_MIN} or more for the seeded byte vocabulary")
             tok = next((r for r in references.registry().values() if r.file_weights), None)
             if tok is None:
                 raise UsageError("--prompt needs a reference that reads the GGUF's vocabulary (llama.cpp); none is installed")
