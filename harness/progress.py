@@ -46,4 +46,7 @@ class Phases:
 
     def __call__(self, message: str, done: int | None = None, total: int | None = None) -> None:
         if self.bar is not None:
+            new_phase = message != self.bar.tasks[0].description
             self.bar.update(self.task, description=message, completed=done or 0, total=total)
+            if new_phase:  # draw every phase once: the timed refresh (10/s) skips the short ones
+                self.bar.refresh()

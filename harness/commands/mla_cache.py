@@ -19,8 +19,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import UsageError
 from ..schedule import chunk_sizes
 
@@ -68,6 +66,8 @@ def mla_families(names: list[str] | None = None) -> dict:
 def measure(family, tokens: int = 16, backend: str = "numpy", dtype: str = "float32", seed: int = 0) -> list[dict]:
     """One row per (form, KV mode): the cache bytes per token impl holds for
     ``family``'s tiny model, all MLA layers together."""
+    import numpy as np
+
     from impl import Backend
     from impl.mla import MlaConfig
     from impl.runner import load_layer, run_layer
@@ -115,6 +115,8 @@ def _itemsize(dtype: str) -> int:
 
 def plot(rows: list[dict], path: Path) -> Path:
     """Bars: naive vs absorbed bytes per token, grouped by KV mode (Agg backend)."""
+    import numpy as np
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -32,36 +32,17 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-from .. import references
-from .. import atomic
-from ..case import Case
+from .. import atomic, references
 from ..errors import UsageError, suggest
 
+if TYPE_CHECKING:  # the case machinery (numpy, impl, the families) is imported where used:
+    from ..case import Case  # `conformance --help` builds every command's parser
+
 SPEC_HELP = "matrix spec TOML (default fixtures/matrix/default.toml)"
-
-
-@dataclass(frozen=True)
-class MutantCase(Case):
-    """One case run under one mutant: a Case (so the matrix's worker pool runs it)
-    whose id and dict carry the mutant's name."""
-
-    mutant: str = ""
-    mutant_d: float | None = None  # a parametric mutant's perturbation (None: its default)
-
-    def case_id(self) -> str:
-        at = "" if self.mutant_d is None else f"@{self.mutant_d:.3g}"
-        return f"{self.mutant}{at}::{super().case_id()}"
-
-    def plain(self) -> Case:
-        d = self.to_dict()
-        d.pop("mutant")
-        d.pop("mutant_d")
-        return Case.from_dict(d)
 
 
 def slice_of(case: Case) -> str:
@@ -105,6 +86,10 @@ def register(sub) -> None:
 def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) -> dict:
     """Run one case with one mutant applied (in a worker process, or in-process
     for -j1); return the verdict, not the rows."""
+    import numpy as np
+
+    from ..case import Case
+    from ..mutants.cases import MutantCase
     from .. import matrix
     from ..mutants import StaleMutant, applied, registry
 
@@ -164,6 +149,8 @@ def select_mutants(names: str | None, decoration: str | None) -> list:
 
 
 def own_case(m, candidate: str = "impl") -> Case:
+    from ..case import Case
+
     kw = dict(m.case)
     kw.setdefault("ref", references.default())
     kw["overrides"] = tuple(tuple(x) for x in kw.get("overrides", ()))
@@ -220,6 +207,8 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
                  candidate: str = "impl") -> dict:
     """Baseline, then every mutant on the cases that exercise it; the result as plain data.
     ``log``: one line per finished run; ``phase``: one line per phase."""
+    from ..mutants.cases import MutantCase
+
     from .. import matrix
     from ..bisect import FAILING
     from ..mutants import StaleMutant, applied
@@ -430,6 +419,8 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
     clean case of the slice exercising its decoration still catches -- found by
     bisecting the ladder, assuming (as the errors are smooth in ``d``) that a
     larger perturbation is caught whenever a smaller one is."""
+    from ..mutants.cases import MutantCase
+
     from .. import matrix
     from ..bisect import FAILING
 

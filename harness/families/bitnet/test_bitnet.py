@@ -86,8 +86,8 @@ def test_the_relu2_finding_needs_its_setting(policy, monkeypatch):
     fam = get("bitnet")
     orig = fam.build_model
 
-    def relu2_inside(config, seed, dtype="float32"):
-        m = orig(config, seed, dtype)
+    def relu2_inside(config, seed, dtype="float32", **kw):
+        m = orig(config, seed, dtype, **kw)
         for layer in fam.decoder_layers(m):  # HF's model computes relu2; its config still says silu
             layer.mlp.act_fn = ACT2FN["relu2"]
         return m
