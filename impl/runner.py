@@ -27,7 +27,8 @@ from .trace import Trace
 
 def load_layer(cfg, weights: dict, backend):
     """The resident layer for a config: the attention body for a ``LayerConfig``,
-    the MLA body for an ``MlaConfig`` (each config type names its loader)."""
+    the MLA body for an ``MlaConfig``, the recurrent body for a ``RecurrentConfig``
+    (each config type names its loader)."""
     loader = getattr(cfg, "loader", None)
     return loader().load(cfg, weights, backend) if loader else Layer.load(cfg, weights, backend)
 
@@ -94,7 +95,9 @@ def _make_steps(layer, kv_mode: str, lengths: list[int], page_size: int, seed: i
     if kv_mode == "paged":
         if page_size < 1:
             raise ConfigError(f"page size must be >= 1, got {page_size}")
-        n_pages = sum(-(-t // page_size) for t in lengths) + 1
+        # a layer without KV rows (absent; recurrent, whose state is in each sequence's
+        # slot, impl.kv.recurrent_slot) gets an empty pool: nothing to reserve
+        n_pages = sum(-(-t // page_size) for t in lengths) + 1 if layer.has_kv() else 0
         k_shape, v_shape = layer.kv_row_shapes() if layer.has_kv() else ((1,), None)
         pool = kvmod.PagePool(be, n_pages, page_size, k_shape, v_shape, seed=seed)
         return [kvmod.Paged(kvmod.PagedSeq([]), pool) for _ in lengths]

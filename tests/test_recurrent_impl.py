@@ -1,0 +1,477 @@
+"""impl's recurrent body (impl/recurrent.py) against HF's own modules, kind by kind.
+
+Each kind builds its HF module from a tiny HF config with seeded random weights,
+copies the weights into impl (split per role, as a family's ``to_impl`` would),
+and runs the same rows through both on the same schedule (one call, one row per
+call, mixed chunks): the branch (``attn_out``), the residual, and the state
+after every call (HF's ``conv_states`` / ``recurrent_states`` / MiniMax's
+``linear_cache``, in the canonical layout of ``impl.recurrent.RECURRENT_STATES``).
+
+Precision: impl runs in float64 (NumPy); HF's module in float64 too, but HF's
+scans cast to float32 inside (``torch_*_gated_delta_rule``,
+``*_kimi_delta_attention``: ``.to(torch.float32)``; ``mamba2_chunk_scan``:
+``.float()``; MambaMixer: ``A = -exp(A_log.float())``, so A is rounded to
+float32 even in a float64 module), so those kinds are held to a float32-sized
+bound (``F32_NMSE``); short conv and lightning are float64 throughout in HF and
+are held to ``F64_NMSE``. Every bound is a few orders above what the run
+measures (printed with ``-s``) and orders below what a planted bug gives
+(``test_planted_bug_is_caught``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from impl import Backend, ConfigError, NormSpec, RecurrentConfig
+from impl.recurrent import RECURRENT_PROBES, RECURRENT_STATES
+from impl.runner import load_layer, run_layer
+
+F64_NMSE = 1e-24  # HF float64 throughout (short conv, lightning)
+F32_NMSE = 1e-10  # HF's scan in float32 (measured up to 5e-12, a late state snapshot, at these sizes)
+T = 70  # past HF's 64-row delta-rule chunk
+SCHEDULES = {"prefill": None, "decode": [1] * T, "mixed": [3, 1, 2, 1, 40, 1, 22], "5,1,1": [5, 1, 1, 63]}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread: these are tiny arrays, and on a shared 2-core machine a
+    parallel region's start-up (HF's depthwise ``F.conv1d`` on a new length: 0.5 s per
+    call with 2 threads under load, 1 ms with one) dwarfs the arithmetic. Restored after."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(was)
+
+
+def nmse(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sum((a - b) ** 2) / max(np.sum(b**2), 1e-300))
+
+
+# ------------------------------------------------------------------------ HF side
+
+
+def _randomize(module, seed: int, skip=()):
+    """Seeded random weights on every parameter: projections ~ 1/sqrt(fan_in), norm
+    weights around 1, biases / dt_bias ~ 0.5, conv kernels ~ 0.5."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name in skip:
+                continue
+            if "norm" in name and p.ndim == 1:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+            elif "conv" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+            elif p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) / p.shape[-1] ** 0.5)
+            else:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+
+
+@dataclasses.dataclass
+class Kind:
+    """One kind's HF module, its input norm and its impl description + weights."""
+
+    name: str
+    cfg: RecurrentConfig
+    weights: dict
+    module: object
+    norm: object
+    hf_cfg: object
+    bound: float
+    hf_call: object = None  # (module, normed, cache) -> out
+    new_cache: object = None
+    hf_states: object = None  # cache -> (conv [C, K-1] | None, rec canonical | None)
+    residual: object = None  # (x, normed, out) -> resid
+
+    def hf_run(self, x: np.ndarray, chunks, dtype=torch.float64):
+        """HF on ``chunks`` (None: one call WITHOUT a cache, HF's plain forward)."""
+        xt = torch.as_tensor(x, dtype=torch.float64)[None].to(dtype)
+        mod, norm = self.module.to(dtype), self.norm.to(dtype)
+        outs, states, normed_all = [], [], []
+        with torch.no_grad():
+            if chunks is None:
+                normed = norm(xt)
+                outs.append(self.hf_call(mod, normed, None))
+                normed_all.append(normed)
+            else:
+                cache, a = self.new_cache(), 0
+                for c in chunks:
+                    normed = norm(xt[:, a:a + c])
+                    outs.append(self.hf_call(mod, normed, cache))
+                    normed_all.append(normed)
+                    states.append(self.hf_states(cache))
+                    a += c
+        self.module.double(), self.norm.double()
+        out = torch.cat(outs, 1)[0].double().numpy()
+        normed = torch.cat(normed_all, 1)[0].double().numpy()
+        return out, normed, states
+
+
+def _lin_cache_states(cache):
+    layer = cache.layers[0]
+    conv = layer.conv_states[0]
+    rec = layer.recurrent_states[0]
+    # clone: HF updates its cache tensors in place (copy_), a view would alias the last state
+    return (None if conv is None else conv[0, :, 1:].clone().double().numpy(),
+            None if rec is None else rec[0].clone().double().numpy())
+
+
+def _call_mixer(mod, normed, cache):
+    return mod(normed, cache=cache)
+
+
+def gdn_kind(seed=0, variant="qwen3_next", n_k=2, n_v=4, dk=8, dv=8, conv_k=4, head_map="grouped"):
+    """qwen3_next (fused in_proj_qkvz / in_proj_ba, interleaved per key head) or qwen3_5
+    (split in_proj_qkv / z / b / a), to impl's per-role weights."""
+    from transformers import DynamicCache
+
+    if variant == "qwen3_next":
+        from transformers import Qwen3NextConfig as Cfg
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet as Mod
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm as Norm
+    else:
+        from transformers import Qwen3_5TextConfig as Cfg
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet as Mod
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm as Norm
+    hid = 32
+    hf = Cfg(hidden_size=hid, num_hidden_layers=1, layer_types=["linear_attention"], linear_num_key_heads=n_k,
+             linear_num_value_heads=n_v, linear_key_head_dim=dk, linear_value_head_dim=dv,
+             linear_conv_kernel_dim=conv_k, num_attention_heads=2, num_key_value_heads=1, head_dim=8, vocab_size=16,
+             rms_norm_eps=1e-5)
+    torch.manual_seed(seed)
+    mod = Mod(hf, 0).double()
+    _randomize(mod, seed, skip=("A_log",))
+    norm = Norm(hid, eps=hf.rms_norm_eps).double()
+    _randomize(norm, seed + 1)
+    p = {k: v.detach().double().numpy() for k, v in mod.named_parameters()}
+    r = n_v // n_k
+    if variant == "qwen3_next":
+        # HF fix_query_key_value_ordering: [q_h | k_h | v_h (r heads) | z_h (r heads)] per key head h
+        qkvz = p["in_proj_qkvz.weight"].reshape(n_k, 2 * dk + 2 * r * dv, hid)
+        q, k = qkvz[:, :dk], qkvz[:, dk:2 * dk]
+        v, z = qkvz[:, 2 * dk:2 * dk + r * dv], qkvz[:, 2 * dk + r * dv:]
+        w_in = np.concatenate([q.reshape(-1, hid), k.reshape(-1, hid), v.reshape(-1, hid)])
+        w_z = z.reshape(-1, hid)
+        ba = p["in_proj_ba.weight"].reshape(n_k, 2 * r, hid)
+        w_beta, w_decay = ba[:, :r].reshape(-1, hid), ba[:, r:].reshape(-1, hid)
+    else:
+        w_in, w_z = p["in_proj_qkv.weight"], p["in_proj_z.weight"]
+        w_beta, w_decay = p["in_proj_b.weight"], p["in_proj_a.weight"]
+    weights = {"attn_norm": norm.weight.detach().numpy().copy(), "w_in": w_in, "w_z": w_z, "w_beta": w_beta,
+               "w_decay": w_decay, "dt_bias": p["dt_bias"], "A_log": p["A_log"], "conv": p["conv1d.weight"][:, 0],
+               "out_norm": p["norm.weight"], "wo": p["out_proj.weight"]}
+    cfg = RecurrentConfig.of("gated_delta_net", hidden_size=hid, n_k_heads=n_k, n_v_heads=n_v, k_dim=dk, v_dim=dv,
+                             conv_kernel=conv_k, out_norm_eps=hf.rms_norm_eps, qk_norm_eps=1e-6,
+                             input_norm=NormSpec("rms1p", hf.rms_norm_eps))
+    if head_map == "tiled":
+        cfg, weights = cfg.replace(head_map="tiled"), tile_v_heads(weights, n_k, r, dk, dv)
+    return Kind(variant, cfg, weights, mod, norm, hf, F32_NMSE, _call_mixer, lambda: DynamicCache(config=hf),
+                _lin_cache_states)
+
+
+def tile_v_heads(w: dict, n_k: int, r: int, dk: int, dv: int) -> dict:
+    """Value heads grouped (HF: head g*r + i reads key head g) -> tiled (i*Hk + g reads g % Hk),
+    across every tensor that carries a value-head axis -- llama.cpp conversion/qwen.py
+    ``_LinearAttentionVReorderBase._reorder_v_heads`` (Qwen3_5TextModel)."""
+
+    def perm(a, axis, width):
+        sh = list(a.shape)
+        a = a.reshape(sh[:axis] + [n_k, r, width] + sh[axis + 1:])
+        a = np.swapaxes(a, axis, axis + 1)
+        return np.ascontiguousarray(a).reshape(sh)
+
+    out = dict(w)
+    qk = 2 * n_k * dk
+    out["w_in"] = np.concatenate([w["w_in"][:qk], perm(w["w_in"][qk:], 0, dv)])
+    out["conv"] = np.concatenate([w["conv"][:qk], perm(w["conv"][qk:], 0, dv)])
+    out["w_z"] = perm(w["w_z"], 0, dv)
+    for name in ("w_beta", "w_decay"):
+        out[name] = perm(w[name], 0, 1)
+    for name in ("A_log", "dt_bias"):
+        out[name] = perm(w[name], 0, 1)
+    out["wo"] = perm(w["wo"], 1, dv)
+    return out
+
+
+KINDS = {
+    "qwen3_next": lambda seed=0, **kw: gdn_kind(seed, "qwen3_next", **kw),
+    "qwen3_5": lambda seed=0, **kw: gdn_kind(seed, "qwen3_5", **kw),
+}
+
+
+def impl_run(kind: Kind, x: np.ndarray, chunks, backend=None, kv="decode", cfg=None, others=()):
+    be = backend or Backend("numpy", "cpu", "float64")
+    layer = load_layer(cfg or kind.cfg, kind.weights, be)
+    outs, traces, steps = run_layer(layer, [x, *others], kv, None if chunks is None else
+                                    [chunks] + [[o.shape[0]] for o in others])
+    return outs[0], traces[0].assemble(), steps
+
+
+def _x(seed: int, n: int = T, hid: int = 32) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, hid))
+
+
+# ------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_matches_hf_on_every_schedule(name):
+    kind = KINDS[name]()
+    x = _x(1)
+    # one call without a cache: HF's plain forward
+    want, normed, _ = kind.hf_run(x, None)
+    got, tr, _ = impl_run(kind, x, None)
+    assert nmse(tr["attn_in"], normed) < kind.bound  # Qwen3NextRMSNorm: `x.float()` even in float64
+    e = nmse(tr["attn_out"], want)
+    print(f"{name} prefill attn_out nmse {e:.2e} max_abs {np.abs(tr['attn_out'] - want).max():.2e}")
+    assert e < kind.bound
+    for sched in ("decode", "mixed", "5,1,1"):
+        chunks = SCHEDULES[sched]
+        want, _, states = kind.hf_run(x, chunks)
+        got, tr, _ = impl_run(kind, x, chunks)
+        e = nmse(tr["attn_out"], want)
+        assert e < kind.bound, (sched, e)
+        assert tr["state_rec"].shape[0] == len(chunks)
+        for i, (conv, rec) in enumerate(states):
+            if conv is not None:
+                assert nmse(tr["state_conv"][i], conv) < kind.bound, (sched, i)
+            if rec is not None:
+                assert nmse(tr["state_rec"][i], rec) < kind.bound, (sched, i)
+        print(f"{name} {sched} attn_out nmse {e:.2e} state_rec nmse {nmse(tr['state_rec'][-1], states[-1][1]):.2e}")
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_every_schedule_and_scan_gives_the_same_rows(name):
+    """Prefill in one call == one row per call == mixed chunks == 5,1,1, in float64 within
+    rounding, and the chunked (WY) form of the scan == the sequential one."""
+    kind = KINDS[name]()
+    x = _x(2)
+    ref, tr0, _ = impl_run(kind, x, None)
+    forms = [kind.cfg] + ([kind.cfg.replace(scan="chunked", chunk_size=16)] if kind.cfg.has_recurrence else [])
+    for cfg in forms:
+        for sched, chunks in SCHEDULES.items():
+            got, tr, _ = impl_run(kind, x, chunks, cfg=cfg)
+            for probe in ("attn_out", "resid_mid", "rec_conv", "rec_out"):
+                if probe in tr0:
+                    assert nmse(tr[probe], tr0[probe]) < 1e-24, (cfg.scan, sched, probe)
+            for st in ("state_conv", "state_rec"):
+                if st in tr0:
+                    assert nmse(tr[st][-1], tr0[st][-1]) < 1e-24, (cfg.scan, sched, st)
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_kv_backings_agree_bit_for_bit_and_a_sequence_is_its_own(name):
+    """Decode / Batched / Paged hold the state per sequence: the same bits in all three,
+    and a sequence batched with others of different content, length and schedule gets
+    exactly what it gets alone."""
+    kind = KINDS[name]()
+    be = Backend("torch", "cpu", "float32")
+    xs = [_x(3, 23), _x(4, 17), _x(5, 9)]
+    plans = [[5, 1, 1, 16], [1] * 17, [9]]
+    layer = load_layer(kind.cfg, kind.weights, be)
+    runs = {}
+    for mode in ("decode", "batched", "paged"):
+        outs, traces, steps = run_layer(layer, xs, mode, plans)
+        runs[mode] = (outs, [t.assemble() for t in traces])
+        if mode == "paged":
+            assert steps[0].pool.free == [] and all(s.seq.block_table == [] for s in steps)  # no pages for no KV
+            assert len({id(s.seq.recurrent) for s in steps}) == 3  # a state per sequence
+    alone = run_layer(layer, xs[:1], "decode", plans[:1])
+    for mode, (outs, trs) in runs.items():
+        for s in range(3):
+            np.testing.assert_array_equal(outs[s], runs["decode"][0][s])
+            for probe, arr in runs["decode"][1][s].items():
+                np.testing.assert_array_equal(trs[s][probe], arr, err_msg=f"{mode} seq {s} {probe}")
+        np.testing.assert_array_equal(outs[0], alone[0][0])
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_numpy_and_torch_agree_and_bfloat16_is_close(name):
+    kind = KINDS[name]()
+    x = _x(6)
+    chunks = SCHEDULES["mixed"]
+    f64 = {b: impl_run(kind, x, chunks, Backend(b, "cpu", "float64"))[1] for b in ("numpy", "torch")}
+    f32 = {b: impl_run(kind, x, chunks, Backend(b, "cpu", "float32"))[1] for b in ("numpy", "torch")}
+    for probe in f64["numpy"]:
+        assert nmse(f64["torch"][probe], f64["numpy"][probe]) < 1e-24, probe
+        assert nmse(f32["torch"][probe], f32["numpy"][probe]) < 1e-10, probe
+    # bfloat16: judged against the float64 oracle, relative to HF's own bfloat16 run's distance to it
+    oracle, _, _ = kind.hf_run(x, chunks)
+    bf = impl_run(kind, x, chunks, Backend("torch", "cpu", "bfloat16"))[1]
+    assert np.isfinite(bf["attn_out"]).all() and np.isfinite(bf["state_rec" if "state_rec" in bf else "state_conv"]).all()
+    hf_bf, _, _ = kind.hf_run(x, chunks, dtype=torch.bfloat16)
+    e_impl, e_hf = nmse(bf["attn_out"], oracle), nmse(hf_bf, oracle)
+    print(f"{name} bf16 attn_out nmse vs f64: impl {e_impl:.2e}, HF bf16 {e_hf:.2e}")
+    assert e_impl < max(2 * e_hf, 1e-5)
+
+
+def hf_distance(kind: Kind, x: np.ndarray, sched: str) -> float:
+    """The largest NMSE of impl against HF over attn_out and every state snapshot."""
+    chunks = SCHEDULES[sched]
+    want, _, states = kind.hf_run(x, chunks)
+    _, tr, _ = impl_run(kind, x, chunks)
+    errs = [nmse(tr["attn_out"], want)]
+    for i, (conv, rec) in enumerate(states):
+        if conv is not None:
+            errs.append(nmse(tr["state_conv"][i], conv))
+        if rec is not None:
+            errs.append(nmse(tr["state_rec"][i], rec))
+    return max(errs)
+
+
+def _shift_conv_state(monkeypatch):
+    """The conv state handed to the next call is one row stale (shifted by one)."""
+    import impl.recurrent as rec
+
+    orig = rec._causal_conv
+
+    def bad(be, layer, rows, slot):
+        out = orig(be, layer, rows, slot)
+        if slot.conv.shape[0] > 1:
+            slot.conv = be.xp.concat([slot.conv[:1], slot.conv[:-1]], axis=0)
+        return out
+
+    monkeypatch.setattr(rec, "_causal_conv", bad)
+
+
+def _flip_decay_sign(monkeypatch):
+    import impl.recurrent as rec
+
+    orig = rec._softplus
+    monkeypatch.setattr(rec, "_softplus", lambda xp, x: -orig(xp, x) * 0.01)  # g > 0: the state grows
+
+
+def _beta_not_squashed(monkeypatch):
+    import impl.recurrent as rec
+
+    orig = rec._recurrence_inputs
+
+    def bad(layer, normed, conv_out, put):
+        q, k, v, beta, g, vw, skip = orig(layer, normed, conv_out, put)
+        xp = layer.backend.xp
+        return q, k, v, xp.log(beta / (1 - beta)), g, vw, skip  # the logit, not its sigmoid
+
+    monkeypatch.setattr(rec, "_recurrence_inputs", bad)
+
+
+BUGS = {"conv_state_shifted": _shift_conv_state, "decay_sign_flipped": _flip_decay_sign,
+        "beta_not_squashed": _beta_not_squashed}
+BUG_KINDS = {"conv_state_shifted": ["qwen3_next"], "decay_sign_flipped": ["qwen3_next"],
+             "beta_not_squashed": ["qwen3_next"]}
+
+
+@pytest.mark.parametrize("bug,name", [(b, k) for b, ks in BUG_KINDS.items() for k in ks])
+def test_planted_bug_is_caught(bug, name, monkeypatch):
+    kind = KINDS[name]()
+    x = _x(7)
+    clean = hf_distance(kind, x, "decode")
+    assert clean < kind.bound
+    BUGS[bug](monkeypatch)
+    bad = hf_distance(kind, x, "decode")
+    print(f"{bug} on {name}: nmse {clean:.1e} clean -> {bad:.1e} planted")
+    assert bad > 1e3 * kind.bound, bad
+    if bug == "conv_state_shifted":  # a state bug only shows between calls: one call still passes
+        want, _, _ = kind.hf_run(x, None)
+        assert nmse(impl_run(kind, x, None)[1]["attn_out"], want) < kind.bound
+
+
+def test_v_head_tiling_is_a_named_parameter():
+    """qwen3_5's llama.cpp layout: V heads reordered grouped -> tiled (the converter's
+    _reorder_v_heads) read key head h % Hk (head_map='tiled') and compute the same
+    branch; the same weights under the other map do not."""
+    grouped = KINDS["qwen3_5"]()
+    tiled = KINDS["qwen3_5"](head_map="tiled")
+    x = _x(8)
+    out_g, tr_g, _ = impl_run(grouped, x, SCHEDULES["mixed"])
+    out_t, tr_t, _ = impl_run(tiled, x, SCHEDULES["mixed"])
+    assert nmse(out_t, out_g) < 1e-26
+    hk, hv = grouped.cfg.n_k_heads, grouped.cfg.n_v_heads
+    order = [i * hk + g for g in range(hk) for i in range(hv // hk)]  # grouped head g*r+i sits at tiled i*Hk+g
+    np.testing.assert_allclose(tr_t["state_rec"][:, order], tr_g["state_rec"], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(tr_t["rec_v"][:, order], tr_g["rec_v"], rtol=1e-12, atol=1e-14)
+    wrong = impl_run(tiled, x, SCHEDULES["mixed"], cfg=tiled.cfg.replace(head_map="grouped"))[0]
+    assert nmse(wrong, out_g) > 1e-6
+
+
+def test_probe_and_state_names_and_shapes():
+    kind = KINDS["qwen3_5"]()
+    _, tr, _ = impl_run(kind, _x(9, 12), [5, 1, 1, 5])
+    c = kind.cfg
+    want = {"layer_in": (12, 32), "attn_in": (12, 32), "rec_conv_in": (12, c.conv_channels),
+            "rec_conv": (12, c.conv_channels), "rec_z": (12, 4, 8), "rec_q": (12, 2, 8), "rec_k": (12, 2, 8),
+            "rec_v": (12, 4, 8), "rec_beta": (12, 4), "rec_decay": (12, 4), "rec_out": (12, 4, 8),
+            "attn_branch": (12, 32), "attn_out": (12, 32), "resid_mid": (12, 32),
+            "state_conv": (4, c.conv_channels, 3), "state_rec": (4, 4, 8, 8)}
+    assert {k: v.shape for k, v in tr.items()} == want
+    assert set(RECURRENT_PROBES) | set(RECURRENT_STATES) == set(want)
+    probes = [p for p in tr if not p.startswith("state_")]
+    assert probes == [p for p in RECURRENT_PROBES if p in tr]  # recorded in RECURRENT_PROBES' (dataflow) order
+    # the recurrence reads unit-norm keys and a query scaled by Dk ** -0.5
+    np.testing.assert_allclose(np.linalg.norm(tr["rec_k"], axis=-1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(tr["rec_q"], axis=-1), 8 ** -0.5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(conv_kernel=0), "conv_kernel=0"),
+    (dict(n_k_heads=3), "n_k_heads=3 does not divide n_v_heads=4"),
+    (dict(kind="kimi_delta", v_dim=4), "k_dim=8 != v_dim=4"),
+    (dict(conv_activation="gelu"), "unknown conv_activation 'gelu'"),
+    (dict(kind="mamba3"), "unknown recurrent kind 'mamba3'"),
+    (dict(head_map="striped"), "unknown head_map"),
+    (dict(out_norm_groups=3), "out_norm_groups=3 does not divide"),
+    (dict(decay="per_key"), "decay / decay_param / update"),
+    (dict(scan="parallel"), "unknown scan"),
+])
+def test_config_refuses_in_one_line(kw, msg):
+    base = dict(kind="gated_delta_net", hidden_size=32, n_k_heads=2, n_v_heads=4, k_dim=8, v_dim=8)
+    fields = {**base, **kw}
+    kind = fields.pop("kind")
+    with pytest.raises(ConfigError, match=msg) as e:
+        if kind in ("gated_delta_net", "kimi_delta"):
+            RecurrentConfig.of(kind, **fields)
+        else:
+            RecurrentConfig(kind=kind, **fields)
+    assert "\n" not in str(e.value)
+
+
+def test_weights_are_checked_against_the_config():
+    kind = KINDS["qwen3_5"]()
+    be = Backend()
+    w = dict(kind.weights)
+    w["conv"] = w["conv"][:, :3]
+    with pytest.raises(ConfigError, match=r"weight conv has shape \(64, 3\), expected \(64, 4\)"):
+        load_layer(kind.cfg, w, be)
+    w = dict(kind.weights)
+    del w["A_log"]
+    with pytest.raises(ConfigError, match="lack 'A_log'"):
+        load_layer(kind.cfg, w, be)
+    with pytest.raises(ConfigError, match="'D' does not apply"):
+        load_layer(kind.cfg, {**kind.weights, "D": np.ones(4)}, be)
+    with pytest.raises(ConfigError, match="unknown recurrent weights"):
+        load_layer(kind.cfg, {**kind.weights, "in_proj_qkvz": np.ones(4)}, be)
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("name", list(KINDS))
+@pytest.mark.parametrize("scan", ["sequential", "chunked"])
+def test_the_body_stays_on_the_device(name, scan):
+    """On torch's data-less meta device under impl.device_guard: no host tensor, no pull to
+    the host, no float64 on the device, in every backing (tests/test_device.py's rule)."""
+    from impl.device_guard import DeviceGuard, GuardedBackend
+
+    kind = KINDS[name]()
+    if scan == "chunked" and not kind.cfg.has_recurrence:
+        pytest.skip("short conv has no scan")
+    layer = load_layer(kind.cfg.replace(scan=scan, chunk_size=4), kind.weights,
+                       GuardedBackend("torch", "meta", "bfloat16"))
+    for mode in ("decode", "batched", "paged"):
+        with DeviceGuard("meta", forbid_float64=True) as g:
+            outs, traces, steps = run_layer(layer, [_x(1, 9), _x(2, 7)], mode, [[5, 1, 1, 2], [7]])
+        assert outs[0].shape == (9, kind.cfg.hidden_size) and g.ops > 50
+        assert set(traces[0].assemble()) >= {"attn_out", "rec_conv" if kind.cfg.kind != "lightning" else "rec_out"}
