@@ -227,10 +227,44 @@ def short_conv_kind(seed=0, conv_bias=True, conv_k=3):
                 _lin_cache_states)
 
 
+def kda_kind(seed=0, heads=2, dim=8, conv_k=4):
+    """kimi_linear: q/k/v_proj through one conv; per-key-channel decay f_b(f_a(x)); beta;
+    o_norm(y) * sigmoid(g_b(g_a(x))) (HF KimiLinearDeltaAttention)."""
+    from transformers import DynamicCache, KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearDeltaAttention, KimiLinearRMSNorm
+
+    hid = 32
+    hf = KimiLinearConfig(hidden_size=hid, num_hidden_layers=1, layer_types=["linear_attention"],
+                          mlp_layer_types=["dense"], linear_num_heads=heads, linear_head_dim=dim,
+                          linear_conv_kernel_dim=conv_k, num_attention_heads=2, num_key_value_heads=2,
+                          vocab_size=16, intermediate_size=64, rms_norm_eps=1e-5, kv_lora_rank=8,
+                          qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, pad_token_id=None,
+                          bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(seed)
+    mod = KimiLinearDeltaAttention(hf, 0).double()
+    _randomize(mod, seed)
+    norm = KimiLinearRMSNorm(hid, eps=hf.rms_norm_eps).double()
+    _randomize(norm, seed + 1)
+    p = {k: v.detach().double().numpy() for k, v in mod.named_parameters()}
+    weights = {"attn_norm": norm.weight.detach().numpy().copy(),
+               "w_in": np.concatenate([p["q_proj.weight"], p["k_proj.weight"], p["v_proj.weight"]]),
+               "conv": p["conv1d.weight"][:, 0], "w_decay_a": p["forget_gate.f_a_proj.weight"],
+               "w_decay": p["forget_gate.f_b_proj.weight"], "dt_bias": p["forget_gate.dt_bias"],
+               "A_log": p["forget_gate.A_log"].reshape(heads), "w_beta": p["b_proj.weight"],
+               "w_z_a": p["g_a_proj.weight"], "w_z": p["g_b_proj.weight"], "out_norm": p["o_norm.weight"],
+               "wo": p["o_proj.weight"]}
+    cfg = RecurrentConfig.of("kimi_delta", hidden_size=hid, n_k_heads=heads, n_v_heads=heads, k_dim=dim, v_dim=dim,
+                             conv_kernel=conv_k, decay_rank=dim, z_rank=dim, out_norm_eps=hf.rms_norm_eps,
+                             qk_norm_eps=1e-6, input_norm=NormSpec("rms", hf.rms_norm_eps))
+    return Kind("kimi_linear", cfg, weights, mod, norm, hf, F32_NMSE, _call_mixer, lambda: DynamicCache(config=hf),
+                _lin_cache_states)
+
+
 KINDS = {
     "qwen3_next": lambda seed=0, **kw: gdn_kind(seed, "qwen3_next", **kw),
     "qwen3_5": lambda seed=0, **kw: gdn_kind(seed, "qwen3_5", **kw),
     "lfm2": lambda seed=0, **kw: short_conv_kind(seed, **kw),
+    "kimi_linear": lambda seed=0, **kw: kda_kind(seed, **kw),
 }
 
 
@@ -403,8 +437,8 @@ def _beta_not_squashed(monkeypatch):
 
 BUGS = {"conv_state_shifted": _shift_conv_state, "decay_sign_flipped": _flip_decay_sign,
         "beta_not_squashed": _beta_not_squashed}
-BUG_KINDS = {"conv_state_shifted": ["qwen3_next", "lfm2"], "decay_sign_flipped": ["qwen3_next"],
-             "beta_not_squashed": ["qwen3_next"]}
+BUG_KINDS = {"conv_state_shifted": ["qwen3_next", "lfm2"], "decay_sign_flipped": ["qwen3_next", "kimi_linear"],
+             "beta_not_squashed": ["qwen3_next", "kimi_linear"]}
 
 
 @pytest.mark.parametrize("bug,name", [(b, k) for b, ks in BUG_KINDS.items() for k in ks])
