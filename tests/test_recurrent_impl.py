@@ -260,11 +260,46 @@ def kda_kind(seed=0, heads=2, dim=8, conv_k=4):
                 _lin_cache_states)
 
 
+def mamba2_kind(seed=0, heads=4, head_dim=8, groups=2, state=8, conv_k=4, use_bias=True, chunk=32):
+    """mamba2: in_proj -> z | xBC | dt; conv + silu over xBC; the SSD scan (dt = softplus(dt +
+    dt_bias), dA = exp(dt * A), write dt * x (x) B, read C, D skip); y * silu(z), grouped RMS
+    (HF Mamba2Mixer.torch_forward, MambaRMSNormGated)."""
+    from transformers import DynamicCache, Mamba2Config
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer, Mamba2RMSNorm
+
+    hid = 32
+    hf = Mamba2Config(hidden_size=hid, num_hidden_layers=1, num_heads=heads, head_dim=head_dim, n_groups=groups,
+                      state_size=state, expand=heads * head_dim // hid, conv_kernel=conv_k, use_bias=use_bias,
+                      use_conv_bias=True, chunk_size=chunk, vocab_size=16, layer_norm_epsilon=1e-5)
+    torch.manual_seed(seed)
+    mod = Mamba2Mixer(hf, 0).double()
+    _randomize(mod, seed)
+    norm = Mamba2RMSNorm(hid, eps=hf.layer_norm_epsilon).double()
+    _randomize(norm, seed + 1)
+    p = {k: v.detach().double().numpy() for k, v in mod.named_parameters()}
+    di, cd = heads * head_dim, heads * head_dim + 2 * groups * state
+    w = p["in_proj.weight"]  # HF `projected_states.split([intermediate, conv_dim, num_heads])`
+    weights = {"attn_norm": norm.weight.detach().numpy().copy(), "w_z": w[:di], "w_in": w[di:di + cd],
+               "w_decay": w[di + cd:], "conv": p["conv1d.weight"][:, 0], "conv_b": p["conv1d.bias"],
+               "dt_bias": p["dt_bias"], "A_log": p["A_log"], "D": p["D"], "out_norm": p["norm.weight"],
+               "wo": p["out_proj.weight"]}
+    if use_bias:
+        b = p["in_proj.bias"]
+        weights.update(b_z=b[:di], b_in=b[di:di + cd], b_decay=b[di + cd:], bo=p["out_proj.bias"])
+    cfg = RecurrentConfig.of("mamba2", hidden_size=hid, n_k_heads=groups, n_v_heads=heads, k_dim=state,
+                             v_dim=head_dim, conv_kernel=conv_k, in_bias=use_bias, out_bias=use_bias,
+                             out_norm_groups=groups, out_norm_eps=hf.layer_norm_epsilon,
+                             dt_limit=tuple(hf.time_step_limit), input_norm=NormSpec("rms", hf.layer_norm_epsilon))
+    return Kind("mamba2", cfg, weights, mod, norm, hf, F32_NMSE, _call_mixer, lambda: DynamicCache(config=hf),
+                _lin_cache_states)
+
+
 KINDS = {
     "qwen3_next": lambda seed=0, **kw: gdn_kind(seed, "qwen3_next", **kw),
     "qwen3_5": lambda seed=0, **kw: gdn_kind(seed, "qwen3_5", **kw),
     "lfm2": lambda seed=0, **kw: short_conv_kind(seed, **kw),
     "kimi_linear": lambda seed=0, **kw: kda_kind(seed, **kw),
+    "mamba2": lambda seed=0, **kw: mamba2_kind(seed, **kw),
 }
 
 
@@ -400,7 +435,7 @@ def hf_distance(kind: Kind, x: np.ndarray, sched: str) -> float:
     return max(errs)
 
 
-def _shift_conv_state(monkeypatch):
+def _shift_conv_state(monkeypatch, kind):
     """The conv state handed to the next call is one row stale (shifted by one)."""
     import impl.recurrent as rec
 
@@ -415,14 +450,14 @@ def _shift_conv_state(monkeypatch):
     monkeypatch.setattr(rec, "_causal_conv", bad)
 
 
-def _flip_decay_sign(monkeypatch):
+def _flip_decay_sign(monkeypatch, kind):
     import impl.recurrent as rec
 
     orig = rec._softplus
     monkeypatch.setattr(rec, "_softplus", lambda xp, x: -orig(xp, x) * 0.01)  # g > 0: the state grows
 
 
-def _beta_not_squashed(monkeypatch):
+def _beta_not_squashed(monkeypatch, kind):
     import impl.recurrent as rec
 
     orig = rec._recurrence_inputs
@@ -435,10 +470,16 @@ def _beta_not_squashed(monkeypatch):
     monkeypatch.setattr(rec, "_recurrence_inputs", bad)
 
 
+def _gate_order_swapped(monkeypatch, kind):
+    """mamba2's gate-then-norm read as norm-then-gate (falcon_h1's norm_before_gate=True)."""
+    kind.cfg = kind.cfg.replace(gate_order="norm_then_gate")
+
+
 BUGS = {"conv_state_shifted": _shift_conv_state, "decay_sign_flipped": _flip_decay_sign,
-        "beta_not_squashed": _beta_not_squashed}
-BUG_KINDS = {"conv_state_shifted": ["qwen3_next", "lfm2"], "decay_sign_flipped": ["qwen3_next", "kimi_linear"],
-             "beta_not_squashed": ["qwen3_next", "kimi_linear"]}
+        "beta_not_squashed": _beta_not_squashed, "gate_order_swapped": _gate_order_swapped}
+BUG_KINDS = {"conv_state_shifted": ["qwen3_next", "lfm2", "mamba2"],
+             "decay_sign_flipped": ["qwen3_next", "kimi_linear", "mamba2"],
+             "beta_not_squashed": ["qwen3_next", "kimi_linear"], "gate_order_swapped": ["mamba2"]}
 
 
 @pytest.mark.parametrize("bug,name", [(b, k) for b, ks in BUG_KINDS.items() for k in ks])
@@ -447,7 +488,7 @@ def test_planted_bug_is_caught(bug, name, monkeypatch):
     x = _x(7)
     clean = hf_distance(kind, x, "decode")
     assert clean < kind.bound
-    BUGS[bug](monkeypatch)
+    BUGS[bug](monkeypatch, kind)
     bad = hf_distance(kind, x, "decode")
     print(f"{bug} on {name}: nmse {clean:.1e} clean -> {bad:.1e} planted")
     assert bad > 1e3 * kind.bound, bad
