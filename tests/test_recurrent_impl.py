@@ -88,6 +88,9 @@ class Kind:
     new_cache: object = None
     hf_states: object = None  # cache -> (conv [C, K-1] | None, rec canonical | None)
     residual: object = None  # (x, normed, out) -> resid
+    # HF mamba_selective_scan takes no initial state: a multi-row call after the first
+    # restarts the SSM state from zero (its multi-row continuation is HF's divergence)
+    drops_state_on_multirow: bool = False
 
     def hf_run(self, x: np.ndarray, chunks, dtype=torch.float64):
         """HF on ``chunks`` (None: one call WITHOUT a cache, HF's plain forward)."""
@@ -294,12 +297,55 @@ def mamba2_kind(seed=0, heads=4, head_dim=8, groups=2, state=8, conv_k=4, use_bi
                 _lin_cache_states)
 
 
+def mamba1_kind(seed=0, variant="mamba", state=8, conv_k=4, use_bias=True, dt_rank=4):
+    """mamba / falcon_mamba: in_proj -> x | z; conv + silu; x_proj -> dt | B | C (falcon_mamba:
+    weightless RMS of each, mixer_rms_eps); dt_proj; the selective scan with a per-(channel,
+    state) decay; D skip; y * silu(z) (HF MambaMixer / FalconMambaMixer, torch path)."""
+    from transformers import DynamicCache
+
+    if variant == "mamba":
+        from transformers import MambaConfig as Cfg
+        from transformers.models.mamba.modeling_mamba import MambaMixer as Mod
+        from transformers.models.mamba.modeling_mamba import MambaRMSNorm as Norm
+    else:
+        from transformers import FalconMambaConfig as Cfg
+        from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer as Mod
+        from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaRMSNorm as Norm
+    hid = 32
+    hf = Cfg(hidden_size=hid, num_hidden_layers=1, state_size=state, expand=2, conv_kernel=conv_k, use_bias=use_bias,
+             use_conv_bias=True, time_step_rank=dt_rank, vocab_size=16, layer_norm_epsilon=1e-5, use_mambapy=False)
+    torch.manual_seed(seed)
+    # initialize_mixer_weights=False as the HF blocks pass it (FalconMambaMixer's own init reads
+    # dt_layernorm before __init__ has made it: AttributeError); every parameter is seeded below
+    mod = Mod(hf, 0, initialize_mixer_weights=False).double()
+    _randomize(mod, seed)
+    norm = Norm(hid, eps=hf.layer_norm_epsilon).double()
+    _randomize(norm, seed + 1)
+    p = {k: v.detach().double().numpy() for k, v in mod.named_parameters()}
+    di = 2 * hid
+    w = p["in_proj.weight"]  # HF `projected_states.chunk(2, dim=1)`: x | z
+    weights = {"attn_norm": norm.weight.detach().numpy().copy(), "w_in": w[:di], "w_z": w[di:],
+               "conv": p["conv1d.weight"][:, 0], "conv_b": p["conv1d.bias"], "w_x_proj": p["x_proj.weight"],
+               "w_dt": p["dt_proj.weight"], "dt_bias": p["dt_proj.bias"], "A_log": p["A_log"], "D": p["D"],
+               "wo": p["out_proj.weight"]}
+    if use_bias:
+        weights.update(b_in=p["in_proj.bias"][:di], b_z=p["in_proj.bias"][di:], bo=p["out_proj.bias"])
+    bc = None if variant == "mamba" else NormSpec("rms", hf.mixer_rms_eps)  # weightless: no dt/b/c_norm weights
+    cfg = RecurrentConfig.of("mamba1", hidden_size=hid, n_v_heads=di, k_dim=state, dt_rank=dt_rank,
+                             conv_kernel=conv_k, in_bias=use_bias, out_bias=use_bias, bc_norm=bc,
+                             input_norm=NormSpec("rms", hf.layer_norm_epsilon))
+    return Kind(variant, cfg, weights, mod, norm, hf, F32_NMSE, _call_mixer, lambda: DynamicCache(config=hf),
+                _lin_cache_states, drops_state_on_multirow=True)
+
+
 KINDS = {
     "qwen3_next": lambda seed=0, **kw: gdn_kind(seed, "qwen3_next", **kw),
     "qwen3_5": lambda seed=0, **kw: gdn_kind(seed, "qwen3_5", **kw),
     "lfm2": lambda seed=0, **kw: short_conv_kind(seed, **kw),
     "kimi_linear": lambda seed=0, **kw: kda_kind(seed, **kw),
     "mamba2": lambda seed=0, **kw: mamba2_kind(seed, **kw),
+    "mamba": lambda seed=0, **kw: mamba1_kind(seed, "mamba", **kw),
+    "falcon_mamba": lambda seed=0, **kw: mamba1_kind(seed, "falcon_mamba", **kw),
 }
 
 
@@ -339,10 +385,23 @@ def test_matches_hf_on_every_schedule(name):
     e = nmse(tr["attn_out"], want)
     print(f"{name} prefill attn_out nmse {e:.2e} max_abs {np.abs(tr['attn_out'] - want).max():.2e}")
     assert e < kind.bound
+    prefill = want
     for sched in ("decode", "mixed", "5,1,1"):
         chunks = SCHEDULES[sched]
         want, normed, states = kind.hf_run(x, chunks)
         got, tr, _ = teacher_forced(kind, normed, chunks)
+        if kind.drops_state_on_multirow and any(c > 1 for c in chunks[1:]):
+            # HF's own schedule diverges from HF's one call (a finding, not rounding); impl
+            # continues the state and matches HF's one call; only the conv states compare
+            hf_drift = nmse(want, prefill)
+            print(f"{name} {sched}: HF's multi-row continuation vs HF's one call nmse {hf_drift:.2e}")
+            assert hf_drift > 1e3 * kind.bound
+            assert nmse(tr["attn_out"], prefill) < kind.bound
+            # the state after the last call == HF's state after ONE call over all rows
+            one_call_state = kind.hf_run(x, [len(x)])[2][0][1]
+            assert nmse(tr["state_rec"][-1], one_call_state) < kind.bound
+            states = [(conv, None) for conv, _ in states]
+            want = prefill
         e = nmse(tr["attn_out"], want)
         assert e < kind.bound, (sched, e)
         assert tr["state_conv" if "state_conv" in tr else "state_rec"].shape[0] == len(chunks)
@@ -352,7 +411,7 @@ def test_matches_hf_on_every_schedule(name):
             if rec is not None:
                 assert nmse(tr["state_rec"][i], rec) < kind.bound, (sched, i)
         st = ", ".join(f"{n} nmse {nmse(tr[n][-1], states[-1][i]):.2e}" for i, n in enumerate(("state_conv", "state_rec"))
-                       if n in tr)
+                       if n in tr and states[-1][i] is not None)
         print(f"{name} {sched} attn_out nmse {e:.2e} {st}")
 
 
@@ -412,10 +471,11 @@ def test_numpy_and_torch_agree_and_bfloat16_is_close(name):
         assert nmse(f64["torch"][probe], f64["numpy"][probe]) < 1e-24, probe
         assert nmse(f32["torch"][probe], f32["numpy"][probe]) < 1e-10, probe
     # bfloat16: judged against the float64 oracle, relative to HF's own bfloat16 run's distance to it
-    oracle, _, _ = kind.hf_run(x, chunks)
+    ref_chunks = None if kind.drops_state_on_multirow else chunks  # HF's one call where its schedule drifts
+    oracle, _, _ = kind.hf_run(x, ref_chunks)
     bf = impl_run(kind, x, chunks, Backend("torch", "cpu", "bfloat16"))[1]
     assert np.isfinite(bf["attn_out"]).all() and np.isfinite(bf["state_rec" if "state_rec" in bf else "state_conv"]).all()
-    hf_bf, _, _ = kind.hf_run(x, chunks, dtype=torch.bfloat16)
+    hf_bf, _, _ = kind.hf_run(x, ref_chunks, dtype=torch.bfloat16)
     e_impl, e_hf = nmse(bf["attn_out"], oracle), nmse(hf_bf, oracle)
     print(f"{name} bf16 attn_out nmse vs f64: impl {e_impl:.2e}, HF bf16 {e_hf:.2e}")
     assert e_impl < max(2 * e_hf, 1e-5)
@@ -477,8 +537,8 @@ def _gate_order_swapped(monkeypatch, kind):
 
 BUGS = {"conv_state_shifted": _shift_conv_state, "decay_sign_flipped": _flip_decay_sign,
         "beta_not_squashed": _beta_not_squashed, "gate_order_swapped": _gate_order_swapped}
-BUG_KINDS = {"conv_state_shifted": ["qwen3_next", "lfm2", "mamba2"],
-             "decay_sign_flipped": ["qwen3_next", "kimi_linear", "mamba2"],
+BUG_KINDS = {"conv_state_shifted": ["qwen3_next", "lfm2", "mamba2", "mamba"],
+             "decay_sign_flipped": ["qwen3_next", "kimi_linear", "mamba2", "mamba"],
              "beta_not_squashed": ["qwen3_next", "kimi_linear"], "gate_order_swapped": ["mamba2"]}
 
 
