@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ops import device_kw as _dev
+from .ops import solve_unit_lower
 
 
 def scan_sequential(be, q, k, v, g, beta, s, delta: bool):
@@ -108,7 +109,7 @@ def scan_chunked(be, q, k, v, g, beta, s, delta: bool, chunk: int):
             kb = k_dec if bt is None else k_dec * bt
             amat = xp.where(strict[None], kk if bt is None else kk * bt, zero)
             eye = xp.eye(m, dtype=acc, **_dev(be))
-            sol = xp.linalg.solve(eye + amat, xp.concat([vb, kb], axis=-1))  # one solve for U | W
+            sol = solve_unit_lower(be, eye + amat, xp.concat([vb, kb], axis=-1))  # one solve for U | W
             dv = vh.shape[-1]
             v_new = sol[..., :dv] - xp.matmul(sol[..., dv:], s)
         else:
