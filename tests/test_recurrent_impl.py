@@ -720,3 +720,110 @@ def test_lightning_slopes_follow_each_references_rule():
     assert 0 < np.max(np.abs(ll / ours - 1)) < 1e-5
     with pytest.raises(ConfigError, match="n_layers >= 2"):
         lightning_slopes(2, 0, 1, "llamacpp")
+
+
+# ------------------------------------------------------- probes against HF's internals
+# HF exposes the recurrence's inputs and output only as the arguments and result of its
+# scan function (a module global the forward calls by name): the test wraps it, and a
+# forward pre-hook on out_proj gives what enters it (attn_branch).
+
+
+def _l2(a, eps=1e-6):
+    return a / np.sqrt((a * a).sum(-1, keepdims=True) + eps)
+
+
+def _softplus(a):
+    return np.where(a > 20, a, np.log1p(np.exp(np.minimum(a, 20))))
+
+
+def _t(a):
+    return a.detach().double().numpy()[0]
+
+
+def _gdn_probes(args, kw, out, kind):
+    q, k, v = (_t(a) for a in args[:3])
+    n = q.shape[0]
+    return {"rec_conv": np.concatenate([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], 1),
+            "rec_q": _l2(q) * q.shape[-1] ** -0.5, "rec_k": _l2(k), "rec_v": v, "rec_beta": _t(kw["beta"]),
+            "rec_decay": _t(kw["g"]), "rec_out": _t(out[0])}
+
+
+def _mamba2_probes(args, kw, out, kind):
+    x, dt, _, b, c = (_t(a) if i != 2 else None for i, a in enumerate(args[:5]))
+    dt = np.clip(_softplus(dt + kw["dt_bias"].detach().double().numpy()), *kw["dt_limit"])
+    n = x.shape[0]
+    return {"rec_conv": np.concatenate([x.reshape(n, -1), b.reshape(n, -1), c.reshape(n, -1)], 1),
+            "rec_q": c, "rec_k": b, "rec_v": x, "rec_decay": dt, "rec_out": _t(out)}
+
+
+def _mamba1_probes(args, kw, out, kind):
+    x, dt, _, b, c = (a.detach().double().numpy()[0].T if i != 2 else None for i, a in enumerate(args[:5]))
+    return {"rec_conv": x, "rec_q": c, "rec_k": b, "rec_v": x,
+            "rec_decay": _softplus(dt + kw["delta_bias"].detach().double().numpy()),
+            "attn_branch": out.detach().double().numpy()[0].T}  # HF's scan returns y * silu(z)
+
+
+def _conv_probes(args, kw, out, kind):
+    return {"rec_conv_in": args[0].detach().double().numpy()[0].T, "rec_conv": out.detach().double().numpy()[0].T}
+
+
+CAPTURE = {  # kind -> (modeling module, function the forward calls by name, probes from (args, kwargs, result))
+    "qwen3_next": ("qwen3_next.modeling_qwen3_next", "torch_chunk_gated_delta_rule", _gdn_probes),
+    "qwen3_5": ("qwen3_5.modeling_qwen3_5", "torch_chunk_gated_delta_rule", _gdn_probes),
+    "kimi_linear": ("kimi_linear.modeling_kimi_linear", "chunk_kimi_delta_attention", _gdn_probes),
+    "mamba2": ("mamba2.modeling_mamba2", "mamba2_chunk_scan", _mamba2_probes),
+    "mamba": ("mamba.modeling_mamba", "mamba_selective_scan", _mamba1_probes),
+    "falcon_mamba": ("falcon_mamba.modeling_falcon_mamba", "mamba_selective_scan", _mamba1_probes),
+    "lfm2": ("lfm2.modeling_lfm2", "causal_conv1d_fn", _conv_probes),
+    "minimax": None,  # the scan is inline in the forward: module hooks instead (below)
+}
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_probes_match_hf_internals(name, monkeypatch):
+    """Each probe in HF's own layout: impl (teacher-forced, one call) against what HF's scan
+    function received and returned, and what HF's out_proj received."""
+    import importlib
+
+    kind = KINDS[name]()
+    x = _x(10)
+    seen, want = {}, {}
+    if CAPTURE[name] is not None:
+        modname, fn, probes = CAPTURE[name]
+        mod = importlib.import_module(f"transformers.models.{modname}")
+        orig = getattr(mod, fn)
+
+        def spy(*args, **kw):
+            out = orig(*args, **kw)
+            seen.update(args=args, kw=kw, out=out)
+            return out
+
+        monkeypatch.setattr(mod, fn, spy)
+    m = kind.module
+    hooks = [getattr(m, "out_proj", None) or m.o_proj]
+    hooks = [hooks[0].register_forward_pre_hook(lambda _, a: want.update(attn_branch=_t(a[0])))]
+    if name == "minimax":  # the scan is inline: its output enters `norm`, its q | k | v leave qkv_proj
+        h, d = kind.cfg.n_v_heads, kind.cfg.v_dim
+
+        def qkv(_, a, o):
+            q, k, v = np.split(_t(torch.nn.functional.silu(o)).reshape(-1, h, 3 * d), 3, axis=-1)
+            want.update(rec_q=q, rec_k=k, rec_v=v)
+
+        hooks += [m.norm.register_forward_pre_hook(lambda _, a: want.update(rec_out=_t(a[0]).reshape(-1, h, d))),
+                  m.output_gate.register_forward_hook(lambda _, a, o: want.update(rec_z=_t(o).reshape(-1, h, d))),
+                  m.qkv_proj.register_forward_hook(qkv)]
+    try:
+        out, normed, _ = kind.hf_run(x, None)
+    finally:
+        for hk in hooks:
+            hk.remove()
+    if seen:
+        want.update(CAPTURE[name][2](seen["args"], seen["kw"], seen["out"], kind))
+    _, tr, _ = teacher_forced(kind, normed, None)
+    assert len(want) >= 2
+    worst = {}
+    for probe, arr in want.items():
+        assert tr[probe].shape == arr.shape, (probe, tr[probe].shape, arr.shape)
+        worst[probe] = nmse(tr[probe], arr)
+        assert worst[probe] < kind.bound, (probe, worst[probe])
+    print(name, " ".join(f"{p} {e:.1e}" for p, e in worst.items()))
