@@ -139,7 +139,7 @@ class RecurrentLayer:
 def expected_shapes(cfg: RecurrentConfig) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """``(required, optional)``: every weight the layer may carry, with its shape."""
     hid, c, wd = cfg.hidden_size, cfg.conv_channels, cfg.width
-    hk, hv, dk, dv = cfg.n_k_heads, cfg.n_v_heads, cfg.k_dim, cfg.v_dim
+    hv, dk, dv = cfg.n_v_heads, cfg.k_dim, cfg.v_dim
     req = {"w_in": ((3 * hv * dv) if cfg.kind == "lightning" else c, hid), "w_z": (wd, hid), "wo": (hid, wd)}
     opt = {"attn_norm": (hid,), "attn_norm_b": (hid,)}
     if cfg.kind != "lightning":
@@ -301,7 +301,10 @@ def _recurrence_inputs(layer: RecurrentLayer, normed, conv_out, put):
     xp, w, acc = be.xp, layer.w, be.acc_dtype
     n = conv_out.shape[0]
     hk, hv, dk, dv = cfg.n_k_heads, cfg.n_v_heads, cfg.k_dim, cfg.v_dim
-    f = lambda a: xp.astype(a, acc, copy=False)  # noqa: E731
+
+    def f(a):
+        return xp.astype(a, acc, copy=False)
+
     beta = skip = None
     if cfg.kind in ("gated_delta_net", "kimi_delta", "lightning"):
         # HF `torch.split(mixed_qkv, [key_dim, key_dim, value_dim])` (after the conv);

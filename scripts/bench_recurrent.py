@@ -96,7 +96,7 @@ def main(argv=None):
         layer = load_layer(cfg.replace(scan=form), weights, be)
         xb = be.asarray(x)
 
-        def run():
+        def run(layer=layer, xb=xb):
             with torch.no_grad():
                 out, _ = layer.block(xb, Decode(ContiguousKv(be)), None)
             return be.to_numpy(out)

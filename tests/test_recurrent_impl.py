@@ -423,7 +423,7 @@ def test_matches_hf_on_every_schedule(name):
     x = _x(1)
     # one call without a cache: HF's plain forward; impl from the layer input, norm included
     want, normed, _ = kind.hf_run(x, None)
-    got, tr, _ = impl_run(kind, x, None)
+    _, tr, _ = impl_run(kind, x, None)
     assert nmse(tr["attn_in"], normed) < F32_NMSE  # HF's norms: float32 inside, even in float64
     assert nmse(tr["attn_out"], want) < F32_NMSE
     resid = (kind.residual or (lambda x, normed, out: x + out))(x, normed, want)  # the HF decoder layer's
@@ -436,7 +436,7 @@ def test_matches_hf_on_every_schedule(name):
     for sched in ("decode", "mixed", "5,1,1"):
         chunks = SCHEDULES[sched]
         want, normed, states = kind.hf_run(x, chunks)
-        got, tr, _ = teacher_forced(kind, normed, chunks)
+        _, tr, _ = teacher_forced(kind, normed, chunks)
         if kind.drops_state_on_multirow and any(c > 1 for c in chunks[1:]):
             # HF's own schedule diverges from HF's one call (a finding, not rounding); impl
             # continues the state and matches HF's one call; only the conv states compare
@@ -468,11 +468,11 @@ def test_every_schedule_and_scan_gives_the_same_rows(name):
     rounding, and the chunked (WY) form of the scan == the sequential one."""
     kind = KINDS[name]()
     x = _x(2)
-    ref, tr0, _ = impl_run(kind, x, None)
+    _, tr0, _ = impl_run(kind, x, None)
     forms = [kind.cfg] + ([kind.cfg.replace(scan="chunked", chunk_size=16)] if kind.cfg.has_recurrence else [])
     for cfg in forms:
         for sched, chunks in SCHEDULES.items():
-            got, tr, _ = impl_run(kind, x, chunks, cfg=cfg)
+            _, tr, _ = impl_run(kind, x, chunks, cfg=cfg)
             for probe in ("attn_out", "resid_mid", "rec_conv", "rec_out"):
                 if probe in tr0:
                     assert nmse(tr[probe], tr0[probe]) < 1e-24, (cfg.scan, sched, probe)
@@ -702,7 +702,7 @@ def test_the_body_stays_on_the_device(name, scan):
                        GuardedBackend("torch", "meta", "bfloat16"))
     for mode in ("decode", "batched", "paged"):
         with DeviceGuard("meta", forbid_float64=True) as g:
-            outs, traces, steps = run_layer(layer, [_x(1, 9), _x(2, 7)], mode, [[5, 1, 1, 2], [7]])
+            outs, traces, _ = run_layer(layer, [_x(1, 9), _x(2, 7)], mode, [[5, 1, 1, 2], [7]])
         assert outs[0].shape == (9, kind.cfg.hidden_size) and g.ops > 50
         assert set(traces[0].assemble()) >= {"attn_out", "rec_conv" if kind.cfg.kind != "lightning" else "rec_out"}
 
@@ -789,7 +789,7 @@ def test_probes_match_hf_internals(name, monkeypatch):
     x = _x(10)
     seen, want = {}, {}
     if CAPTURE[name] is not None:
-        modname, fn, probes = CAPTURE[name]
+        modname, fn, _ = CAPTURE[name]
         mod = importlib.import_module(f"transformers.models.{modname}")
         orig = getattr(mod, fn)
 
@@ -813,7 +813,7 @@ def test_probes_match_hf_internals(name, monkeypatch):
                   m.output_gate.register_forward_hook(lambda _, a, o: want.update(rec_z=_t(o).reshape(-1, h, d))),
                   m.qkv_proj.register_forward_hook(qkv)]
     try:
-        out, normed, _ = kind.hf_run(x, None)
+        _, normed, _ = kind.hf_run(x, None)
     finally:
         for hk in hooks:
             hk.remove()
