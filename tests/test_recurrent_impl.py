@@ -526,6 +526,9 @@ def test_numpy_and_torch_agree_and_bfloat16_is_close(name):
     e_impl, e_hf = nmse(bf["attn_out"], oracle), nmse(hf_bf, oracle)
     print(f"{name} bf16 attn_out nmse vs f64: impl {e_impl:.2e}, HF bf16 {e_hf:.2e}")
     assert e_impl < max(2 * e_hf, 1e-5)
+    # float16 (HF's CPU half path is not judged here): finite, and at float16's rounding
+    f16 = impl_run(kind, x, chunks, Backend("torch", "cpu", "float16"))[1]
+    assert nmse(f16["attn_out"], f64["numpy"]["attn_out"]) < 1e-4
 
 
 def hf_distance(kind: Kind, x: np.ndarray, sched: str) -> float:
