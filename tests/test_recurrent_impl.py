@@ -830,3 +830,21 @@ def test_probes_match_hf_internals(name, monkeypatch):
         worst[probe] = nmse(tr[probe], arr)
         assert worst[probe] < kind.bound, (probe, worst[probe])
     print(name, " ".join(f"{p} {e:.1e}" for p, e in worst.items()))
+
+
+def test_l2_eps_is_the_familys_choice_and_is_seen():
+    """HF's l2norm fixes eps 1e-6; llama.cpp's build_gdn_l2_norm reads rms_norm_eps (1e-5 here).
+    With small q / k (a conv kernel scaled down, so sum(k^2) is near eps) the two eps give
+    different layers: HF's eps agrees with HF, the file's eps does not."""
+    kind = KINDS["qwen3_5"]()
+    with torch.no_grad():
+        kind.module.conv1d.weight.mul_(1e-3)
+    kind.weights = {**kind.weights, "conv": kind.module.conv1d.weight.detach().double().numpy()[:, 0]}
+    x = _x(11)
+    want, normed, _ = kind.hf_run(x, SCHEDULES["5,1,1"])
+    hf_eps = teacher_forced(kind, normed, SCHEDULES["5,1,1"])[1]["attn_out"]
+    assert nmse(hf_eps, want) < kind.bound
+    kind.cfg = kind.cfg.replace(qk_norm_eps=kind.hf_cfg.rms_norm_eps)
+    llama_eps = teacher_forced(kind, normed, SCHEDULES["5,1,1"])[1]["attn_out"]
+    print(f"l2 eps 1e-6 vs rms_norm_eps 1e-5 on small q/k: nmse {nmse(llama_eps, want):.1e}")
+    assert nmse(llama_eps, want) > 1e3 * kind.bound
