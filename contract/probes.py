@@ -81,7 +81,7 @@ _LAYER = (
           "first; HF conv_states[..., 1:], llama.cpp's r_l)", kinds=_CONV),
     Probe("rec_z", "[S, T, Hv, Dv]", HEADS, "recurrent: the output gate's input z before its activation "
                                             "(short_conv: C, [S, T, hidden])", kinds=RECURRENT),
-    Probe("rec_q", "[S, T, Hk, Dk]", HEADS, "recurrent: q entering the recurrence (after its L2 norm and scale)",
+    Probe("rec_q", "[S, T, Hk, Dk]", HEADS, "recurrent: q entering the recurrence (after its L2 norm, before the q scale its read applies)",
           kinds=_REC_ONLY),
     Probe("rec_k", "[S, T, Hk, Dk]", HEADS, "recurrent: k entering the recurrence (after its L2 norm)",
           kinds=_REC_ONLY),

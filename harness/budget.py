@@ -158,6 +158,15 @@ def _layer_dims(lc) -> tuple[int, int, int, int, int]:
     return kind.dims(lc)
 
 
+def _probe_elems(lc, seqs: int, tokens: int) -> int:
+    """Elements of a layer's probes its ``dims`` do not count (a recurrent layer's
+    probes and per-call states: ``LayerKind.probe_elems``)."""
+    from . import kinds
+
+    kind = kinds.of(lc)
+    return kind.probe_elems(lc, seqs, tokens) if kind is not None else 0
+
+
 @dataclass
 class EstimateContext:
     """What a reference's ``estimate`` reads of the case (harness/references)."""
@@ -218,7 +227,7 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
 
     def rows(i):  # elements of one layer's row probes (attn_in, q, k, v, ropes, heads, branch, out, resid, layer_out)
         hidden, h, hkv, d, dv = dims[i]
-        return s * t * (6 * hidden + 3 * h * d + 3 * hkv * d + 2 * h * dv)
+        return s * t * (6 * hidden + 3 * h * d + 3 * hkv * d + 2 * h * dv) + _probe_elems(layer_cfgs[i], s, t)
 
     keep_probs = selection is None or selection.probe("attn_probs")
     layer_probe = max((rows(i) + (probs if keep_probs else 0) for i in layers), default=0)

@@ -82,8 +82,8 @@ RECURRENT_PROBES = {
     "rec_conv": "[T, C] the conv output after its activation (lightning: none)",
     "rec_z": "[T, Hv, Dv] the output gate's input z, before its activation (short_conv: C [T, hidden]; "
              "mamba1: [T, d_inner])",
-    "rec_q": "[T, Hk, Dk] q as it enters the recurrence: after the L2 norm and the q scale (mamba: C [T, G, N]; "
-             "mamba1 [T, N])",
+    "rec_q": "[T, Hk, Dk] q as it enters the recurrence: after the L2 norm, before the q scale the recurrence's "
+             "read applies (mamba: C [T, G, N]; mamba1 [T, N])",
     "rec_k": "[T, Hk, Dk] k as it enters the recurrence: after the L2 norm (mamba: B [T, G, N]; mamba1 [T, N])",
     "rec_v": "[T, Hv, Dv] v as it enters the recurrence (mamba: x, BEFORE the dt scale the write applies; "
              "mamba1 [T, d_inner])",
@@ -337,12 +337,14 @@ def _recurrence_inputs(layer: RecurrentLayer, normed, conv_out, put):
         # llama.cpp build_gdn_l2_norm `rms_norm(x, eps / n) / sqrt(n)` = x / sqrt(sum x^2 + eps), eps = rms_norm_eps
         q = q / xp.sqrt(xp.sum(q * q, axis=-1, keepdims=True) + cfg.qk_norm_eps)
         k = k / xp.sqrt(xp.sum(k * k, axis=-1, keepdims=True) + cfg.qk_norm_eps)
+    # q / k as both references expose them: after the L2 norm, before the q scale (HF scales inside
+    # torch_*_gated_delta_rule, ggml inside gated_delta_net)
+    put("rec_q", q[:, 0] if cfg.kind == "mamba1" else q)
+    put("rec_k", k[:, 0] if cfg.kind == "mamba1" else k)
     scale = query_scale(cfg)
     if scale != 1.0:
         # HF `query * head_k_dim ** -0.5`; ggml gated_delta_net scales the read (`sum * scale`): the same product
         q = q * scale
-    put("rec_q", q[:, 0] if cfg.kind == "mamba1" else q)
-    put("rec_k", k[:, 0] if cfg.kind == "mamba1" else k)
     put("rec_v", v[:, :, 0] if cfg.kind == "mamba1" else v)
     vf = f(v)
 

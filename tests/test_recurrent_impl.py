@@ -645,9 +645,9 @@ def test_probe_and_state_names_and_shapes():
     assert set(RECURRENT_PROBES) | set(RECURRENT_STATES) == set(want)
     probes = [p for p in tr if not p.startswith("state_")]
     assert probes == [p for p in RECURRENT_PROBES if p in tr]  # recorded in RECURRENT_PROBES' (dataflow) order
-    # the recurrence reads unit-norm keys and a query scaled by Dk ** -0.5
+    # q and k as they enter the recurrence: unit-norm (the Dk ** -0.5 q scale is the recurrence's read, after)
     np.testing.assert_allclose(np.linalg.norm(tr["rec_k"], axis=-1), 1.0, rtol=1e-5)
-    np.testing.assert_allclose(np.linalg.norm(tr["rec_q"], axis=-1), 8 ** -0.5, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(tr["rec_q"], axis=-1), 1.0, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -747,7 +747,7 @@ def _gdn_probes(args, kw, out, kind):
     q, k, v = (_t(a) for a in args[:3])
     n = q.shape[0]
     return {"rec_conv": np.concatenate([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], 1),
-            "rec_q": _l2(q) * q.shape[-1] ** -0.5, "rec_k": _l2(k), "rec_v": v, "rec_beta": _t(kw["beta"]),
+            "rec_q": _l2(q), "rec_k": _l2(k), "rec_v": v, "rec_beta": _t(kw["beta"]),
             "rec_decay": _t(kw["g"]), "rec_out": _t(out[0])}
 
 
