@@ -43,9 +43,11 @@ CONV_FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update")
 
 
 def _np(t):
+    """A float64 NumPy COPY: HF updates its cache's states in place (``copy_``), and a
+    float64 tensor's ``.numpy()`` would share that memory -- every call's snapshot the last."""
     import torch
 
-    return t.detach().to(dtype=torch.float64).cpu().numpy()
+    return t.detach().to(dtype=torch.float64).cpu().numpy().copy()
 
 
 class RecurrentProbes:
