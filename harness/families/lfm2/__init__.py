@@ -33,8 +33,6 @@ off: HF's and the converter's adjustments agree only at the defaults).
 
 from __future__ import annotations
 
-import numpy as np
-
 from contract.recurrent import RecurrentConfig
 from impl import NormSpec, QkNormSpec
 
