@@ -77,6 +77,10 @@ def check(run) -> None:
         key, n = lim
         raise UsageError(f"--tokens {case.tokens} is past family {run.family.name}'s {key}={n}; use at most {n} "
                          f"tokens, or --set {key}=N")
+    for ref in case.refs:  # a setting a reference's graph asserts against (Family.reference_refusal)
+        why = run.family.reference_refusal(run.config, ref)
+        if why:
+            raise UsageError(why)
     _ = run.plan  # raises when even the smallest plan does not fit
 _BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 

@@ -54,7 +54,8 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     from impl.backend import BACKENDS, DEVICES, DTYPES
 
     p.add_argument("--family", help="model family (see `conformance list`)")
-    p.add_argument("--ref", default=None, help="hf, llamacpp or all (default hf; llamacpp with --gguf)")
+    p.add_argument("--ref", default=None, help="hf, hf_cached (HF's own cache on the schedule), llamacpp, several "
+                                                "comma-separated (hf,hf_cached), or all (default hf; llamacpp with --gguf)")
     p.add_argument("--backend", default="numpy", help=f"{', '.join(BACKENDS)} (default numpy)")
     p.add_argument("--device", default="cpu", help=f"{', '.join(DEVICES)} (default cpu)")
     p.add_argument("--dtype", default="float32", help=f"{', '.join(DTYPES)} (default float32)")

@@ -112,16 +112,18 @@ def test_every_description_says_which_probes_it_must_emit():
                 assert guard_probe(lc) in probes
             else:
                 assert probes == () and guard_probe(lc) is None
-    assert {"attention", "mla_absorbed", "linear_attention"} <= seen
+    assert {"attention", "mla_absorbed", "gated_delta_net", "kimi_delta", "short_conv"} <= seen
 
 
 def test_the_references_are_plugins_and_their_differences_attributes():
     """What was `if ref == "hf"` is an attribute of the reference."""
     from harness import references
 
-    hf, lc = references.get("hf"), references.get("llamacpp")
-    assert references.names() == ("hf", "llamacpp")
+    hf, lc, cached = references.get("hf"), references.get("llamacpp"), references.get("hf_cached")
+    assert references.names() == ("hf", "hf_cached", "llamacpp")
     assert hf.oracle and hf.sees_modules and hf.graph_dtype is None and not hf.file_weights
+    # HF's cached path: HF's model on the case's schedule, its own oracle, HF's findings hold for it
+    assert cached.oracle and cached.cached and not hf.cached and cached.model_of == "hf" and hf.model_of is None
     assert lc.file_weights and lc.default_for_file and lc.graph_dtype == "float32" and not lc.oracle
     assert references.default() == "hf" and references.default(file=True) == "llamacpp"
     assert references.oracle_reference() is hf

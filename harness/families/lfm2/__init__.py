@@ -36,6 +36,7 @@ from __future__ import annotations
 from contract.recurrent import RecurrentConfig
 from impl import NormSpec, QkNormSpec
 
+from ...errors import UsageError
 from .._gguf_export import text_model_gguf_params
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, LlamaLike, Point, tensor
@@ -120,6 +121,23 @@ class Lfm2(RecurrentProbes, LlamaLike):
 
     def is_recurrent(self, config, i: int) -> bool:
         return config.layer_types[i] == "conv"
+
+    def validate(self, kw: dict) -> None:
+        """The conv's kernel, by its HF name, before HF builds a model on it."""
+        super().validate(kw)
+        k = kw.get("conv_L_cache", self.tiny.get("conv_L_cache"))
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise UsageError(f"conv_L_cache={k!r}: the short conv needs a kernel of at least 1 row; "
+                             f"valid: an integer >= 1")
+
+    def reference_refusal(self, config, reference: str) -> str | None:
+        """lfm2.cpp's short conv keeps L - 1 rows of state: ``build_shortconv_block``
+        ``GGML_ASSERT(hparams.n_shortconv_l_cache > 1)`` aborts on a kernel of one row."""
+        if reference == "llamacpp" and config.conv_L_cache < 2:
+            return (f"conv_L_cache={config.conv_L_cache}: llama.cpp's short conv asserts a kernel of at least 2 rows "
+                    f"(lfm2.cpp GGML_ASSERT(hparams.n_shortconv_l_cache > 1)); valid for --ref llamacpp: >= 2 "
+                    f"(HF computes a kernel of 1: --ref hf or hf_cached)")
+        return None
 
     def layer_config(self, config, i: int):
         if self.is_recurrent(config, i):

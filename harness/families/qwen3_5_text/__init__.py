@@ -68,6 +68,18 @@ class Qwen35Text(GatedHybrid):
                 "w_beta": tensor(layer, "linear_attn.in_proj_b.weight"),
                 "w_decay": tensor(layer, "linear_attn.in_proj_a.weight")}
 
+    def ggml_input_orders(self, desc) -> dict:
+        """``out_proj``'s input columns are the value heads, which the converter stores
+        tiled (``_reorder_v_heads(data, 1, ...)``): the file's column j = (i Hk + g) Dv + d
+        is impl's (g r + i) Dv + d -- ggml rounds ``final_output`` in that order."""
+        from contract.recurrent import RecurrentConfig
+
+        if not isinstance(desc, RecurrentConfig) or not self.reorder_v_heads or desc.n_k_heads == desc.n_v_heads:
+            return {}
+        nk, r, dv = desc.n_k_heads, desc.n_v_heads // desc.n_k_heads, desc.v_dim
+        grouped = np.arange(desc.n_v_heads * dv).reshape(nk, r, dv)
+        return {"wo": np.ascontiguousarray(grouped.transpose(1, 0, 2)).reshape(-1)}
+
     def lc_v_head_order(self, config) -> str:
         """The converter reorders the value heads grouped -> tiled where key and value
         heads differ (conversion/qwen.py ``_LinearAttentionVReorderBase``), and

@@ -51,6 +51,7 @@ from impl import LayerConfig, NormSpec, QkNormSpec
 from .._gguf_export import NegExpALog, NormPlusOne
 from .._gguf_import import llama_like_config
 from .._recurrent import RecurrentProbes
+from ...errors import UsageError
 from ..base import LcPoint, LlamaLike, Point, gguf_moe_convert, gguf_size_params, tensor
 
 # HF's l2norm inside the delta-rule scans (modeling_qwen3_next.py l2norm, called from
@@ -101,6 +102,32 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
 
     def is_linear(self, config, i: int) -> bool:
         return config.layer_types[i] == "linear_attention"
+
+    def validate(self, kw: dict) -> None:
+        """The delta-net's sizes, by their HF names, before HF builds a model on them:
+        a causal conv of at least one row, value heads in whole groups per key head
+        (HF ``fix_query_key_value_ordering`` views the projection per key head)."""
+        super().validate(kw)
+        k = kw.get("linear_conv_kernel_dim", self.tiny.get("linear_conv_kernel_dim"))
+        if k is not None and (not isinstance(k, int) or k < 1):
+            raise UsageError(f"linear_conv_kernel_dim={k!r}: the delta-net's causal conv needs a kernel of at least "
+                             f"1 row; valid: an integer >= 1")
+        nk = kw.get("linear_num_key_heads", self.tiny["linear_num_key_heads"])
+        nv = kw.get("linear_num_value_heads", self.tiny["linear_num_value_heads"])
+        if isinstance(nk, int) and isinstance(nv, int) and nk >= 1 and nv % nk:
+            raise UsageError(f"linear_num_key_heads={nk} does not divide linear_num_value_heads={nv}; valid: a "
+                             f"divisor of {nv} ({', '.join(str(d) for d in range(1, nv + 1) if nv % d == 0)})")
+
+    def reference_refusal(self, config, reference: str) -> str | None:
+        """llama.cpp's delta net needs key and value heads of one width:
+        delta-net-base.cpp ``GGML_ASSERT(S_k == S_v)`` (build_delta_net_chunking,
+        _autoregressive, _fused) aborts the process otherwise; HF computes either."""
+        dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+        if reference == "llamacpp" and dk != dv:
+            return (f"linear_key_head_dim={dk} != linear_value_head_dim={dv}: llama.cpp's delta net asserts equal "
+                    f"widths (delta-net-base.cpp GGML_ASSERT(S_k == S_v)); valid for --ref llamacpp: equal widths "
+                    f"(HF computes either: --ref hf or hf_cached)")
+        return None
 
     def is_recurrent(self, config, i: int) -> bool:
         return self.is_linear(config, i)

@@ -27,6 +27,7 @@ from ..hf import HF
 class HFCached(HF):
     label = "HF transformers, cached path on the case's schedule"
     cached = True
+    model_of = "hf"  # HF's model, computed call by call: HF's findings against llama.cpp hold for it too
 
     def calls(self, req) -> list[int]:
         """The case's schedule: the same chunk sizes impl's runner and llama.cpp are handed."""
