@@ -5,7 +5,8 @@ project (import-linter holds it so: see pyproject.toml ``[tool.importlinter]``).
   shape and axes, in dataflow order, per layer kind and per model;
 - ``contract.layers``: the layer descriptions a candidate is handed (attention,
   MLA, and a description of a layer nobody implements yet), frozen and
-  validated at construction;
+  validated at construction; ``contract.recurrent``: the recurrent layers'
+  (gated delta-net, Kimi delta attention, short conv, Mamba, lightning);
 - ``contract.rows``: a report row's columns, the statuses and their order;
 - ``contract.candidate``: the candidate API (``LayerCall``, ``CandidateCapture``,
   ``NotExposed``) an outside engine implements.
@@ -29,10 +30,12 @@ from .layers import (
     WindowSpec,
 )
 from .probes import ALL_PROBES, LAYER_PROBES, MODEL_PROBES, PROBES, Probe
+from .recurrent import RECURRENT_KINDS, RecurrentConfig
 from .rows import CASE_ORDER, FAILING, ROW_COLUMNS, STATUSES
 
 __all__ = [
-    "ALL_PROBES", "CASE_ORDER", "FAILING", "LAYER_PROBES", "MODEL_PROBES", "PROBES", "PROBE_SHAPES", "ROW_COLUMNS",
-    "STATUSES", "CandidateCapture", "ConfigError", "LayerCall", "LayerConfig", "MlaConfig", "MlaYarn", "NormSpec",
-    "NotExposed", "Probe", "QkNormSpec", "RopeSpec", "TemperatureSpec", "Unimplemented", "WindowSpec",
+    "ALL_PROBES", "CASE_ORDER", "FAILING", "LAYER_PROBES", "MODEL_PROBES", "PROBES", "PROBE_SHAPES",
+    "RECURRENT_KINDS", "ROW_COLUMNS", "STATUSES", "CandidateCapture", "ConfigError", "LayerCall", "LayerConfig",
+    "MlaConfig", "MlaYarn", "NormSpec", "NotExposed", "Probe", "QkNormSpec", "RecurrentConfig", "RopeSpec",
+    "TemperatureSpec", "Unimplemented", "WindowSpec",
 ]

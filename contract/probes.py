@@ -8,7 +8,16 @@ the model probes; the leading axis is always the sequence (``S``).
 Symbols of the shapes: ``S`` sequences, ``T`` tokens, ``H`` query heads, ``Hkv``
 KV heads, ``D`` head_dim, ``Dv`` v_head_dim; MLA: ``nope`` / ``rope`` the
 non-rotated and rotated query-key widths, ``r`` kv_lora_rank, ``qr``
-q_lora_rank. Which probes a layer must emit is its description's business
+q_lora_rank; recurrent (``contract.recurrent``): ``C`` the channels entering
+the causal conv, ``K`` its kernel, ``Hk`` / ``Dk`` the q/k heads and width,
+``Hv`` / ``Dv`` the value (and state) heads and width, ``W`` the output row.
+
+The STATE probes (``state_conv``, ``state_rec``) are not rows of tokens: they
+are the recurrent layer's state after each CALL of the case's schedule (axis
+``calls``), compared at call boundaries -- prefill in one call, one row per
+call, mixed chunks must leave the same state behind, and a sequence's state is
+its own. A reference that runs no calls of the schedule (HF's full forward)
+does not expose them. Which probes a layer must emit is its description's business
 (``contract.layers``: ``expected_probes()``), derived from its kind and shape,
 never from what a candidate chose to record.
 
@@ -20,8 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .recurrent import RECURRENT_KINDS
+
 ROW = ("seq", "tok", "ch")
 HEADS = ("seq", "tok", "head", "ch")
+RECURRENT = RECURRENT_KINDS
+_REC_ONLY = tuple(k for k in RECURRENT if k != "short_conv")  # the kinds with a recurrence
+_CONV = tuple(k for k in RECURRENT if k != "lightning")  # the kinds with a causal conv
 
 
 @dataclass(frozen=True)
@@ -58,7 +72,30 @@ _LAYER = (
     Probe("attn_probs", "[S, H, T, T]", ("seq", "head", "tok", "key"),
           "softmax over keys (query rows, key columns; zero where masked)"),
     Probe("attn_heads", "[S, T, H, Dv]", HEADS, "softmax(QK)V per head, before any gate"),
-    Probe("attn_branch", "[S, T, H * Dv]", ROW, "what enters wo (after gates and sub-norm)"),
+    # recurrent layers (contract.recurrent), in the body's dataflow order
+    Probe("rec_conv_in", "[S, T, C]", ROW, "recurrent: what enters the causal conv (short_conv: B * x)",
+          kinds=_CONV),
+    Probe("rec_conv", "[S, T, C]", ROW, "recurrent: the causal conv's output after its activation", kinds=_CONV),
+    Probe("state_conv", "[S, calls, C, K-1]", ("seq", "call", "ch", "col"),
+          "recurrent: the conv state after each call (the last K-1 rows that entered the conv, oldest column "
+          "first; HF conv_states[..., 1:], llama.cpp's r_l)", kinds=_CONV),
+    Probe("rec_z", "[S, T, Hv, Dv]", HEADS, "recurrent: the output gate's input z before its activation "
+                                            "(short_conv: C, [S, T, hidden])", kinds=RECURRENT),
+    Probe("rec_q", "[S, T, Hk, Dk]", HEADS, "recurrent: q entering the recurrence (after its L2 norm, before the q scale its read applies)",
+          kinds=_REC_ONLY),
+    Probe("rec_k", "[S, T, Hk, Dk]", HEADS, "recurrent: k entering the recurrence (after its L2 norm)",
+          kinds=_REC_ONLY),
+    Probe("rec_v", "[S, T, Hv, Dv]", HEADS, "recurrent: v entering the recurrence", kinds=_REC_ONLY),
+    Probe("rec_beta", "[S, T, Hv]", ("seq", "tok", "head"), "recurrent: the write strength beta after its sigmoid",
+          kinds=("gated_delta_net", "kimi_delta")),
+    Probe("rec_decay", "[S, T, Hv]", ("seq", "tok", "head"), "recurrent: the log-decay g (per head; Kimi: per key "
+                                                              "channel, [S, T, Hv, Dk])", kinds=_REC_ONLY),
+    Probe("rec_out", "[S, T, Hv, Dv]", HEADS, "recurrent: the recurrence's output y, before the output norm / gate",
+          kinds=_REC_ONLY),
+    Probe("state_rec", "[S, calls, Hv, Dk, Dv]", ("seq", "call", "head", "dk", "dv"),
+          "recurrent: the recurrent matrix after each call (HF recurrent_states' layout)", kinds=_REC_ONLY),
+    Probe("attn_branch", "[S, T, H * Dv]", ROW, "what enters wo (after gates and sub-norm; recurrent: what enters "
+                                                "out_proj, after the output norm / gate, [S, T, W])"),
     Probe("attn_out", "[S, T, hidden]", ROW, "what is added to the residual (after wo, its scale and bias, value "
                                              "scale, post-attention norm)"),
     Probe("resid_mid", "[S, T, hidden]", ROW, "the residual after the attention half (sequential blocks)"),
@@ -71,6 +108,8 @@ _MODEL = (
 )
 
 PROBES: dict[str, Probe] = {p.name: p for p in _LAYER + _MODEL}
+# the probes compared at call boundaries ([S, calls, ...]), not per token
+STATE_PROBES: tuple[str, ...] = tuple(p.name for p in _LAYER if p.shape.startswith("[S, calls"))
 LAYER_PROBES: tuple[str, ...] = tuple(p.name for p in _LAYER)
 MODEL_PROBES: tuple[str, ...] = tuple(p.name for p in _MODEL)
 ALL_PROBES: tuple[str, ...] = LAYER_PROBES + MODEL_PROBES

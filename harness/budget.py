@@ -77,6 +77,10 @@ def check(run) -> None:
         key, n = lim
         raise UsageError(f"--tokens {case.tokens} is past family {run.family.name}'s {key}={n}; use at most {n} "
                          f"tokens, or --set {key}=N")
+    for ref in case.refs:  # a setting a reference's graph asserts against (Family.reference_refusal)
+        why = run.family.reference_refusal(run.config, ref)
+        if why:
+            raise UsageError(why)
     _ = run.plan  # raises when even the smallest plan does not fit
 _BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -158,6 +162,15 @@ def _layer_dims(lc) -> tuple[int, int, int, int, int]:
     return kind.dims(lc)
 
 
+def _probe_elems(lc, seqs: int, tokens: int) -> int:
+    """Elements of a layer's probes its ``dims`` do not count (a recurrent layer's
+    probes and per-call states: ``LayerKind.probe_elems``)."""
+    from . import kinds
+
+    kind = kinds.of(lc)
+    return kind.probe_elems(lc, seqs, tokens) if kind is not None else 0
+
+
 @dataclass
 class EstimateContext:
     """What a reference's ``estimate`` reads of the case (harness/references)."""
@@ -218,7 +231,7 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
 
     def rows(i):  # elements of one layer's row probes (attn_in, q, k, v, ropes, heads, branch, out, resid, layer_out)
         hidden, h, hkv, d, dv = dims[i]
-        return s * t * (6 * hidden + 3 * h * d + 3 * hkv * d + 2 * h * dv)
+        return s * t * (6 * hidden + 3 * h * d + 3 * hkv * d + 2 * h * dv) + _probe_elems(layer_cfgs[i], s, t)
 
     keep_probs = selection is None or selection.probe("attn_probs")
     layer_probe = max((rows(i) + (probs if keep_probs else 0) for i in layers), default=0)

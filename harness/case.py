@@ -47,7 +47,7 @@ STATUSES = verdict.STATUSES
 @dataclass(frozen=True)
 class Case:
     family: str
-    ref: str = "hf"  # a reference's name (harness/references), or "all"
+    ref: str = "hf"  # a reference's name (harness/references), several comma-separated, or "all"
     backend: str = "numpy"
     device: str = "cpu"
     dtype: str = "float32"
@@ -80,7 +80,10 @@ class Case:
 
     @property
     def refs(self) -> list[str]:
-        return list(references.names()) if self.ref == "all" else [self.ref]
+        if self.ref == "all":
+            return list(references.names())
+        # "hf,hf_cached": these references, each judged with the others (registry order)
+        return [r for r in references.names() if r in self.ref.split(",")] if "," in self.ref else [self.ref]
 
     @property
     def n_seqs(self) -> int:
@@ -142,8 +145,9 @@ class Case:
                 valid = fam.variants or ("(none: this family has no variants)",)
                 raise UsageError(f"unknown variant {self.variant!r} for family {self.family}; {suggest(self.variant, valid)}")
         choices = (*references.names(), "all")
-        if self.ref not in choices:
-            raise UsageError(f"unknown reference {self.ref!r}; {suggest(self.ref, choices)}")
+        for r in self.ref.split(",") if "," in self.ref else [self.ref]:
+            if r not in choices or ("," in self.ref and r == "all"):
+                raise UsageError(f"unknown reference {r!r}; {suggest(r, choices)} (or several, comma-separated)")
         if self.kv not in KV_MODES:
             raise UsageError(f"unknown kv mode {self.kv!r}; {suggest(self.kv, KV_MODES)}")
         if self.gguf is None and self.gguf_type not in GGUF_TYPES:

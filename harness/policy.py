@@ -31,6 +31,17 @@ def _reference_names() -> tuple[str, ...]:
     return references.names()
 
 
+def _names(side: str) -> tuple[str, ...]:
+    """The names a finding may give one side of a comparison by: the side's own, and
+    the reference whose model it computes (``Reference.model_of``: HF's cached path
+    computes HF's model, so a finding of llama.cpp vs HF holds for llama.cpp vs
+    hf_cached too; a finding naming hf_cached holds for it alone)."""
+    from . import references
+
+    ref = references.registry().get(side)
+    return (side,) if ref is None or not ref.model_of else (side, ref.model_of)
+
+
 def config_value(config, dotted: str):
     """A value of the reference's own config by dotted path (``rope_parameters.truncate``,
     ``attn_config.alibi_bias_max``: a table or an attribute at each step)."""
@@ -131,7 +142,7 @@ class Policy:
             # a list: one disagreement of several families' llama.cpp archs (the same cause)
             if (family not in fam) if isinstance(fam, list) else fam != family:
                 continue
-            if f.get("candidate", candidate) != candidate or f.get("reference", reference) != reference:
+            if f.get("candidate", candidate) not in _names(candidate) or f.get("reference", reference) not in _names(reference):
                 continue
             if "probes" in f and probe not in f["probes"]:
                 continue

@@ -49,6 +49,7 @@ class ContiguousKv:
         self.v = None
         self.positions = np.zeros((0,), dtype=np.int64)
         self.next_pos = 0  # positions pushed so far (the next query's position)
+        self.recurrent: RecurrentState | None = None  # a recurrent layer's state (recurrent_slot)
 
     def push(self, k, v):
         xp = self.backend.xp
@@ -114,6 +115,7 @@ class PagePool:
         self.free.extend(reversed(seq.block_table))
         seq.block_table.clear()
         seq.seq_len = 0
+        seq.recurrent = None
 
     def write(self, seq: "PagedSeq", k, v) -> None:
         n = k.shape[0]
@@ -153,9 +155,24 @@ class PagePool:
 
 
 @dataclass
+class RecurrentState:
+    """One sequence's state for one recurrent layer, as the body left it after its
+    last call: ``conv`` the last ``K - 1`` rows that entered the causal conv
+    (``[K - 1, C]``, oldest first, in the compute dtype), ``rec`` the recurrent
+    matrix (``[Hv, Dk, Dv]``, in the backend's accumulation dtype), ``rows`` the
+    rows seen so far. ``None`` before the first call (zeros, as HF's and
+    llama.cpp's fresh caches)."""
+
+    conv: object = None
+    rec: object = None
+    rows: int = 0
+
+
+@dataclass
 class PagedSeq:
     block_table: list
     seq_len: int = 0
+    recurrent: RecurrentState | None = None  # a recurrent layer's state: the sequence's, not the pool's
 
     def reserved_rows(self, page_size: int) -> int:
         return len(self.block_table) * page_size
@@ -191,6 +208,17 @@ def query_start(kv: KvStep) -> int:
             return cache.next_pos
         case Paged(seq, _):
             return seq.seq_len
+    raise TypeError(f"not a KV step: {kv!r}")
+
+
+def recurrent_slot(kv: KvStep) -> RecurrentState:
+    """The sequence's recurrent-state slot for this layer, whichever backing holds
+    it (spec ``KvStep::recurrent_slot``): made empty on first use."""
+    match kv:
+        case Decode(holder) | Batched(holder) | Paged(holder, _):
+            if holder.recurrent is None:
+                holder.recurrent = RecurrentState()
+            return holder.recurrent
     raise TypeError(f"not a KV step: {kv!r}")
 
 

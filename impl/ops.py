@@ -20,3 +20,15 @@ def device_kw(be) -> dict:
 
 def noop(*_a, **_k):
     return None
+
+
+def solve_unit_lower(be, m, b):
+    """``m^-1 b`` for a batch of unit lower-triangular ``m [..., n, n]``: the UT / WY
+    transform of the chunked recurrence (HF ``torch_chunk_gated_delta_rule``:
+    ``torch.linalg.solve_triangular(..., upper=False, unitriangular=True)``; llama.cpp
+    ``ggml_solve_tri``). The array API has no triangular solve: torch's is used where
+    the namespace is torch's (a third of the general solve's time), the general
+    ``linalg.solve`` elsewhere (the same answer: the matrix is unit lower-triangular)."""
+    if be.name == "torch":
+        return be.torch.linalg.solve_triangular(m, b, upper=False, unitriangular=True)
+    return be.xp.linalg.solve(m, b)

@@ -26,12 +26,15 @@ from .trace import Trace
 
 
 def load_layer(cfg, weights: dict, backend):
-    """The resident layer for a description (``contract.layers``): the body its
-    kind names in ``LOADERS`` -- the attention body for a ``LayerConfig``, the MLA
-    body for an ``MlaConfig``."""
+    """The resident layer for a description (``contract.layers``,
+    ``contract.recurrent``): the body its kind names in ``LOADERS`` -- the
+    attention body for a ``LayerConfig``, the MLA body for an ``MlaConfig``, the
+    one recurrent body for a ``RecurrentConfig`` of every recurrent kind."""
     from .mla import MlaLayer
+    from .recurrent import RecurrentLayer
+    from .recurrent_kinds import RECURRENT_KINDS
 
-    loaders = {"attention": Layer, "mla": MlaLayer}
+    loaders = {"attention": Layer, "mla": MlaLayer, **{k: RecurrentLayer for k in RECURRENT_KINDS}}
     kind = getattr(cfg, "kind", None)
     if kind not in loaders:
         raise ConfigError(f"impl has no body for a layer of kind {kind!r}; valid: {', '.join(loaders)}")
@@ -100,7 +103,9 @@ def _make_steps(layer, kv_mode: str, lengths: list[int], page_size: int, seed: i
     if kv_mode == "paged":
         if page_size < 1:
             raise ConfigError(f"page size must be >= 1, got {page_size}")
-        n_pages = sum(-(-t // page_size) for t in lengths) + 1
+        # a layer without KV rows (absent; recurrent, whose state is in each sequence's
+        # slot, impl.kv.recurrent_slot) gets an empty pool: nothing to reserve
+        n_pages = sum(-(-t // page_size) for t in lengths) + 1 if layer.has_kv() else 0
         k_shape, v_shape = layer.kv_row_shapes() if layer.has_kv() else ((1,), None)
         pool = kvmod.PagePool(be, n_pages, page_size, k_shape, v_shape, seed=seed)
         return [kvmod.Paged(kvmod.PagedSeq([]), pool) for _ in lengths]

@@ -108,6 +108,18 @@ BAD = [
     (7, lambda t: ["run", "--family", "llama", "--variant", "wo_scal", "--out", OUT], "did you mean 'wo_scale'?"),
     # 10. mla-cache refuses before making its directory
     (10, lambda t: ["mla-cache", "--tokens", "0", "--out", OUT], "--tokens must be a positive integer"),
+    # a recurrent setting impl or a reference cannot express: the field, what is valid
+    (0, lambda t: ["run", "--family", "qwen3_next", "--set", "linear_conv_kernel_dim=0", "--out", OUT],
+     "linear_conv_kernel_dim=0: the delta-net's causal conv needs a kernel of at least 1 row; valid: an integer >= 1"),
+    (0, lambda t: ["run", "--family", "qwen3_5_text", "--set", "linear_num_key_heads=3", "--out", OUT],
+     "linear_num_key_heads=3 does not divide linear_num_value_heads=4; valid: a divisor of 4 (1, 2, 4)"),
+    (0, lambda t: ["run", "--family", "qwen3_next", "--ref", "all", "--set", "linear_key_head_dim=8", "--out", OUT],
+     "linear_key_head_dim=8 != linear_value_head_dim=16: llama.cpp's delta net asserts equal widths"),
+    (0, lambda t: ["run", "--family", "lfm2", "--set", "conv_L_cache=0", "--out", OUT],
+     "conv_L_cache=0: the short conv needs a kernel of at least 1 row; valid: an integer >= 1"),
+    (0, lambda t: ["run", "--family", "lfm2", "--ref", "llamacpp", "--set", "conv_L_cache=1", "--out", OUT],
+     "conv_L_cache=1: llama.cpp's short conv asserts a kernel of at least 2 rows"),
+    (0, lambda t: ["run", "--family", "lfm2", "--ref", "hf,bogus", "--out", OUT], "unknown reference 'bogus'"),
 ]
 
 

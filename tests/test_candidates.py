@@ -110,9 +110,10 @@ def test_a_plugin_is_found_by_its_entry_point_and_judged(tiny_engine_installed, 
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
     rows = pd.read_parquet(tmp_path / "ok" / "rows.parquet")
     mine = rows[rows["candidate"] == "tiny-engine"]
-    assert set(mine["reference"]) == {"hf", "llamacpp"}
+    assert set(mine["reference"]) == {"hf", "hf_cached", "llamacpp"}
     assert (mine["status"] == "pass").sum() >= 30 and set(mine["status"]) == {"pass"}
-    assert set(rows["candidate"]) == {"tiny-engine", "llamacpp"}  # no impl row: impl was not run
+    # no impl row: impl was not run (the others are the references judged against each other)
+    assert set(rows["candidate"]) == {"tiny-engine", "hf_cached", "llamacpp"}
 
     bug = _cli("bisect", "--family", "llama", "--candidate", "tiny-engine-rope-bug", "--ref", "hf", env=env)
     assert bug.returncode == 1, bug.stdout[-2000:] + bug.stderr[-2000:]
@@ -152,7 +153,7 @@ def test_dump_round_trip_and_a_planted_error(tmp_path, need_llamacpp, capsys):
     case = tmp_path / "case"
     assert main(["export-case", "--family", "llama", "--ref", "all", "--out", str(case)]) == 0
     data = json.loads((case / "case.json").read_text())
-    assert data["format"] == "attn-conformance-case/1" and data["references"].keys() == {"hf", "llamacpp"}
+    assert data["format"] == "attn-conformance-case/1" and data["references"].keys() == {"hf", "hf_cached", "llamacpp"}
     assert (case / "model.gguf").is_file() and (case / "hf" / "config.json").is_file()
     assert data["layers"][0]["expected_probes"][-2:] == ["attn_out", "resid_mid"]
 
@@ -286,7 +287,7 @@ def test_llamacpp_fa_against_the_plain_path_hf_and_the_oracle(policy, need_llama
     r = CaseRun(Case(family="gemma2", ref="all", candidate="llamacpp-fa"), policy)
     rows = r.rows()
     mine = _mine(rows)
-    assert {x["reference"] for x in mine} == {"hf", "llamacpp"}
+    assert {x["reference"] for x in mine} == {"hf", "hf_cached", "llamacpp"}
     assert not [x for x in mine if x["status"] not in ("pass", "not-exposed")]
     judged = [x for x in mine if x["status"] == "pass"]
     # free-running: its layer inputs and the logits are judged too, through the float64 oracle

@@ -60,6 +60,34 @@ def test_impl_trace_names_are_the_contracts():
     assert all(PROBES[p].shape.startswith("[S,") for p in PROBES)
 
 
+def test_impl_recurrent_probe_names_are_the_contracts():
+    """impl's recurrent body documents its probes and states by the contract's names, in its
+    dataflow order, and every recurrent description expects only those of its kind."""
+    from contract.probes import LAYER_PROBES, PROBES, STATE_PROBES
+    from contract.recurrent import RECURRENT_KINDS
+    from impl.recurrent import RECURRENT_PROBES, RECURRENT_STATES
+
+    assert set(RECURRENT_PROBES) <= set(LAYER_PROBES) and set(RECURRENT_STATES) == set(STATE_PROBES)
+    body = [p for p in RECURRENT_PROBES if p not in ("layer_in", "resid_mid")]
+    assert [p for p in LAYER_PROBES if p in body] == body
+    for name in STATE_PROBES:
+        assert PROBES[name].axes[1] == "call"
+    for kind in RECURRENT_KINDS:
+        for p in RECURRENT_PROBES:
+            if p.startswith("rec_"):
+                assert (kind in PROBES[p].kinds) == (p in _probes_of(kind)), (kind, p)
+
+
+def _probes_of(kind):
+    """The probes a small valid description of ``kind`` expects."""
+    from contract.recurrent import RecurrentConfig
+
+    heads = dict(n_k_heads=1, n_v_heads=1, k_dim=2, v_dim=2)
+    fields = {"short_conv": {}, "mamba1": dict(heads, n_v_heads=4, v_dim=1, dt_rank=1),
+              "lightning": dict(heads, decay_slopes=(0.5,)), "mamba2": dict(heads, out_norm_groups=1)}
+    return RecurrentConfig.of(kind, hidden_size=8, **fields.get(kind, heads)).expected_probes()
+
+
 def test_probe_shapes_tell_an_outside_engine_every_layer_probe():
     """PROBE_SHAPES is generated from the vocabulary: MLA's probes and layer_out are there."""
     from contract.candidate import PROBE_SHAPES
@@ -84,16 +112,18 @@ def test_every_description_says_which_probes_it_must_emit():
                 assert guard_probe(lc) in probes
             else:
                 assert probes == () and guard_probe(lc) is None
-    assert {"attention", "mla_absorbed", "linear_attention"} <= seen
+    assert {"attention", "mla_absorbed", "gated_delta_net", "kimi_delta", "short_conv"} <= seen
 
 
 def test_the_references_are_plugins_and_their_differences_attributes():
     """What was `if ref == "hf"` is an attribute of the reference."""
     from harness import references
 
-    hf, lc = references.get("hf"), references.get("llamacpp")
-    assert references.names() == ("hf", "llamacpp")
+    hf, lc, cached = references.get("hf"), references.get("llamacpp"), references.get("hf_cached")
+    assert references.names() == ("hf", "hf_cached", "llamacpp")
     assert hf.oracle and hf.sees_modules and hf.graph_dtype is None and not hf.file_weights
+    # HF's cached path: HF's model on the case's schedule, its own oracle, HF's findings hold for it
+    assert cached.oracle and cached.cached and not hf.cached and cached.model_of == "hf" and hf.model_of is None
     assert lc.file_weights and lc.default_for_file and lc.graph_dtype == "float32" and not lc.oracle
     assert references.default() == "hf" and references.default(file=True) == "llamacpp"
     assert references.oracle_reference() is hf

@@ -89,7 +89,8 @@ def test_weight_switches_hold_for_llamacpp_too(policy, need_llamacpp, family, ta
     rows = CaseRun(_switched(case, [usable[tag]]), policy).rows()
     assert first_divergence(rows) is None
     assert first_divergence(rows, candidate="llamacpp") is None
-    assert {r["reference"] for r in rows if r["candidate"] == "impl" and r["status"] == "pass"} == {"hf", "llamacpp"}
+    assert {r["reference"] for r in rows if r["candidate"] == "impl" and r["status"] == "pass"} == {"hf", "hf_cached",
+                                                                                              "llamacpp"}
 
 
 def test_a_switched_case_is_its_own_case(policy):

@@ -28,8 +28,14 @@ class ImplCandidate(LayerCandidate):
 
         layer = load_layer(call.config, call.weights, self.backend(call))
         # against llama.cpp on quantized weights, the projections' inputs rounded as ggml's
-        # CPU quantizes activations (LayerCall.ggml_act; impl's code is not changed)
-        with installed(layer, call.ggml_act) as met:
+        # CPU quantizes activations (LayerCall.ggml_act; impl's code is not changed), in the
+        # order the file holds each weight's input columns (Family.ggml_input_orders)
+        orders = {}
+        if call.ggml_act:
+            from .. import families
+
+            orders = families.get(call.family).ggml_input_orders(call.config)
+        with installed(layer, call.ggml_act, orders) as met:
             # the case's schedule, the same chunks for every sequence (harness/schedule.py)
             _, traces, _ = run_layer(layer, call.inputs, call.kv, [list(call.chunks)] * len(call.inputs),
                                      page_size=call.page_size, seed=call.seed, evict=call.evict)

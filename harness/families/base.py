@@ -181,6 +181,17 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
     def layer_weights(self, model, config, i: int) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def ggml_input_orders(self, desc) -> dict:
+        """impl weight name -> the order of its input columns in the GGUF, where the
+        converter permuted them (default: none): ggml quantizes an activation row in
+        blocks of the FILE's columns (harness/references/llamacpp/ggml_matmul.py)."""
+        return {}
+
+    def reference_refusal(self, config, reference: str) -> str | None:
+        """Why ``reference`` cannot run this config at all (a setting its graph asserts
+        against: one line, exit 2 before any work), or None (default)."""
+        return None
+
     def variant_weights(self, weights: dict, config, i: int, variant: str | None) -> dict:
         """Layer ``i``'s impl weights (``layer_weights``' dict) as a named variant
         stores them (default: every variant reads the same weights; llama's

@@ -2,7 +2,8 @@
 
 A layer's description (``contract.layers``) names its ``kind``; the kind's
 plug-in (entry point group ``attn_conformance.kinds``; the built-ins are the
-folders of this package: ``attention``, ``mla``) owns everything about layers
+folders of this package: ``attention``, ``mla``, ``recurrent`` -- the last
+registered under every recurrent kind name) owns everything about layers
 of that kind that is not a family's business:
 
 - ``decorations``: the feature tags the kind can carry, what each is and where
@@ -13,7 +14,9 @@ of that kind that is not a family's business:
 - ``rope_probe``: the first probe downstream of the layer's RoPE (its bound's
   RoPE term starts there, harness/scaling.py);
 - ``dims(desc)``: ``(hidden, query heads, kv heads, key width, value width)`` of
-  one position's cache row, for the memory plan (harness/budget.py);
+  one position's cache row, for the memory plan (harness/budget.py), and
+  ``probe_elems``: what else one layer's probes hold (a recurrent layer's
+  probes and per-call states, where there is no cache row);
 - ``spec_layer(desc, weights, x)``: the spec's own float64 formula for one layer
   (harness/specref.py: the oracle for what no reference can express), and the
   fuzzer's strategy over the kind's descriptions (``spec_strategy``,
@@ -53,6 +56,11 @@ class LayerKind:
 
     def dims(self, desc) -> tuple[int, int, int, int, int]:
         raise NotImplementedError
+
+    def probe_elems(self, desc, seqs: int, tokens: int) -> int:
+        """Elements of one layer's probes that ``dims`` does not describe (a recurrent
+        layer's probes and per-call state snapshots), for the memory plan."""
+        return 0
 
     def spec_layer(self, desc, weights: dict, x):
         raise NotImplementedError(f"no spec formula for layers of kind {self.name}")

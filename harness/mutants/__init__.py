@@ -107,7 +107,8 @@ def registry() -> dict[str, Mutant]:
     from .. import kinds
 
     found: dict[str, Mutant] = {}
-    modules = [m for k in kinds.registry().values() for m in k.mutant_modules]
+    # once each: one plug-in may serve several kinds (harness/kinds/recurrent: every recurrent kind)
+    modules = list(dict.fromkeys(m for k in kinds.registry().values() for m in k.mutant_modules))
     for name in modules:
         module = importlib.import_module(name)
         for m in getattr(module, "MUTANTS", ()):

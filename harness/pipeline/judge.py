@@ -118,8 +118,9 @@ class Judge:
                                           f"{name} emitted no {probe} for this layer {what}"))
                 return
             if key not in rc.probes:
+                why = (rc.meta.get("not_exposed") or {}).get(probe)  # the reference says why, where it can
                 rows.append(self.row(name, rc.name, layer, probe, "not-exposed",
-                                     f"{rc.name} does not expose {probe} for {req.family}"))
+                                     f"{rc.name} does not expose {probe} for {req.family}" + (f": {why}" if why else "")))
                 return
             orc = None if oracle is None else oracle.probes.get(key)
             if oracle is not None and orc is None and not forced:

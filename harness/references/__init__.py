@@ -70,6 +70,9 @@ class Reference(ABC):
     file_weights: bool = False
     sees_modules: bool = False
     default_for_file: bool = False
+    # the reference whose MODEL this one computes another way (hf_cached: HF's), or None;
+    # a finding naming that reference holds for this one too (harness/policy.py)
+    model_of: str | None = None
     # the extra that installs it (pytest's `llamacpp` marker; README setup)
     requires: str = ""
 

@@ -20,10 +20,18 @@ HF only -- llama.cpp's kimi-linear needs the ``_mla`` keys to load, and then
 ``attn_kv_b`` arm dereferences a null input (measured: exit 139); the
 export refuses with that reason (an error row naming it).
 
-The KDA layers (``KimiLinearDeltaAttention``) are NOT implemented in impl:
-they are listed as ``not-implemented`` (kind ``kda``) and HF and llama.cpp are
-still compared on them (``attn_in``, ``attn_out`` = the KDA ``o_proj`` output /
-``kda_out``, ``resid_mid``, ``layer_out``).
+The KDA layers (HF ``KimiLinearDeltaAttention``; llama.cpp ``kimi-linear.cpp``,
+the ``is_recr`` branch) are ``contract.recurrent.RecurrentConfig`` kind
+``kimi_delta``: q / k / v projections through ONE SiLU conv over their 3 x
+``linear_attn_config.num_heads x head_dim`` channels (llama.cpp: three convs, whose
+states sit side by side in one ``r_l`` row -- the same channels in the same order),
+the per-key-channel log-decay ``-exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)``
+(``KimiLinearForgetGate``), beta = sigmoid(b_proj(x)), q / k L2-normalised (HF eps
+1e-6, llama.cpp ``rms_norm_eps``), the delta rule, ``o_norm(y) * sigmoid(g_b(g_a(x)))``
+per head and ``o_proj``. llama.cpp names the decay (``kda_g1``), the gate's input
+(``g2 g_b(g_a(cur_2d))``), the recurrence's output (``attn_output``) and ``kda_out``;
+the conv, q / k / v, beta after its sigmoid and the gated branch are unnamed there
+(not exposed), and the states come from ``llama_state_seq_get_data``.
 
 Tiny config: hidden 64, 3 layers ``[KDA, MLA, KDA]`` (llama.cpp's hybrid
 memory needs at least one recurrent layer), 4 heads, kv_lora_rank 24, nope 12 /
@@ -44,23 +52,27 @@ from __future__ import annotations
 
 import numpy as np
 
+from contract.recurrent import RecurrentConfig
+from impl import NormSpec
 from impl.mla import MlaConfig
 
 from .._gguf_export import NegExpALog
 from .._mla import MlaFamily
-from ..base import LcPoint, NotInImpl, Point
+from .._recurrent import RecurrentProbes
+from ..base import LcPoint, Point, tensor
 
-KDA_REASON = "Kimi delta attention: HF KimiLinearDeltaAttention, llama.cpp kimi-linear.cpp (the is_recr branch)"
+# HF's l2norm in both KDA scans (modeling_kimi_linear.py l2norm(..., eps=1e-6))
+HF_QK_L2_EPS = 1e-6
 
 
-class KimiLinear(NegExpALog, MlaFamily):
+class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
     name = "kimi_linear"
     # kimi-linear.cpp sizes the KDA layers from n_head (ssm_conv1d_q: n_embd_head_kda * n_head)
     # while HF's take linear_attn_config's heads: an MLA head count other than the KDA's is HF-only
     # the fuzzer's knobs (harness/fuzz.py; hf_only: a knob only HF expresses, judged against HF alone)
     fuzz_space = {"knobs": ("mla_nope", "kimi_heads"), "hf_only": ("kimi_heads",)}
     hf_model_type = "kimi_linear"
-    description = "hybrid: NoPE MLA (absorbed; naive vs HF only), direct Q + KDA linear-attention layers (not in impl), MoE"
+    description = "hybrid: NoPE MLA (absorbed; naive vs HF only), direct Q + Kimi delta attention layers, MoE"
     gguf_arch = "kimi-linear"
     lc_naive_unsupported = ("kimi-linear.cpp builds inp_attn_kv only when !is_mla(), but load_arch_hparams requires "
                             "the _mla keys (so is_mla() is always true) and the attn_kv_b arm then reads a null "
@@ -91,12 +103,21 @@ class KimiLinear(NegExpALog, MlaFamily):
     hf_kda_points = {
         "layer_in": Point("", "in"),
         "attn_in": Point("self_attn", "in"),
+        "attn_branch": Point("self_attn.o_proj", "in"),
         "attn_out": Point("self_attn", "out"),
         "resid_mid": Point("post_attention_layernorm", "in"),
         "layer_out": Point("", "out"),
     }
+    # the KDA module is the decoder layer's self_attn; its gated norm o_norm(y, gate)
+    hf_rec_module = "self_attn"
+    hf_rec_gate_norm = "o_norm"
+    # kimi-linear.cpp's KDA arm: what it names (the conv outputs, q / k / v, beta after its
+    # sigmoid and the gated branch are not)
     lc_kda_points = {
         "attn_in": LcPoint("attn_norm"),
+        "rec_z": LcPoint("g2 g_b(g_a(cur_2d))"),
+        "rec_decay": LcPoint("kda_g1", "last", "heads"),
+        "rec_out": LcPoint("attn_output", "last", "heads"),
         "attn_out": LcPoint("kda_out"),
         "resid_mid": LcPoint("ffn_inp"),
         "layer_out": LcPoint("l_out"),
@@ -127,10 +148,43 @@ class KimiLinear(NegExpALog, MlaFamily):
     def softmax_mscale(self, config) -> float:
         return 1.0  # KimiLinearAttention.__init__: self.scaling = self.qk_head_dim ** (-0.5)
 
+    def is_recurrent(self, config, i: int) -> bool:
+        return not self.is_mla(config, i)
+
+    def qk_l2_eps(self, config, reference: str = "hf") -> float:
+        """The q/k L2 norm's epsilon per reference: HF fixes 1e-6 (modeling_kimi_linear.py
+        ``l2norm(query, dim=-1, eps=1e-6)`` in both scans), llama.cpp reads
+        ``rms_norm_eps`` (kimi-linear.cpp ``build_gdn_l2_norm(ctx0, Qcur, eps_norm)``,
+        ``eps_norm = hparams.f_norm_rms_eps``). impl computes HF's model."""
+        return float(config.rms_norm_eps) if reference == "llamacpp" else HF_QK_L2_EPS
+
     def layer_config(self, config, i, variant="absorbed"):
         if not self.is_mla(config, i):
-            return NotInImpl("kda", KDA_REASON)
+            # HF KimiLinearDeltaAttention.__init__: one head count and head_dim for q, k, v;
+            # the decay and the gate through head_dim-wide bottlenecks (f_a_proj, g_a_proj)
+            h, d = config.linear_num_heads, config.linear_head_dim
+            eps = float(config.rms_norm_eps)
+            return RecurrentConfig.of("kimi_delta", hidden_size=config.hidden_size, n_k_heads=h, n_v_heads=h,
+                                      k_dim=d, v_dim=d, conv_kernel=config.linear_conv_kernel_dim, decay_rank=d,
+                                      z_rank=d, qk_norm_eps=self.qk_l2_eps(config), out_norm_eps=eps,
+                                      input_norm=NormSpec("rms", eps))
         return super().layer_config(config, i, variant)
+
+    def layer_weights(self, model, config, i):
+        if self.is_mla(config, i):
+            return super().layer_weights(model, config, i)
+        layer = self.decoder_layers(model)[i]
+        a = "self_attn."
+        w = {"attn_norm": tensor(layer, "input_layernorm.weight"),
+             "w_in": np.concatenate([tensor(layer, a + p + "_proj.weight") for p in "qkv"]),
+             "conv": tensor(layer, a + "conv1d.weight")[:, 0]}  # [3 qkv_dim, 1, K] -> [C, K]
+        for hf, ours in (("forget_gate.f_a_proj.weight", "w_decay_a"), ("forget_gate.f_b_proj.weight", "w_decay"),
+                         ("forget_gate.dt_bias", "dt_bias"), ("forget_gate.A_log", "A_log"),
+                         ("b_proj.weight", "w_beta"), ("g_a_proj.weight", "w_z_a"), ("g_b_proj.weight", "w_z"),
+                         ("o_norm.weight", "out_norm"), ("o_proj.weight", "wo")):
+            w[ours] = tensor(layer, a + hf)
+        w["A_log"] = w["A_log"].reshape(-1)  # [1, 1, H, 1] -> [H]
+        return w
 
     # ------------------------------------------------------------------ probes
     def hf_points_for(self, config, i):
@@ -140,6 +194,8 @@ class KimiLinear(NegExpALog, MlaFamily):
         return self.lc_mla_points if self.is_mla(config, i) else self.lc_kda_points
 
     def lc_canonical(self, probe, arr, lc, config):
+        if isinstance(lc, RecurrentConfig):
+            return self.lc_recurrent_canonical(probe, arr, lc, config)
         if isinstance(lc, MlaConfig) and probe in ("kv_latent", "k_pe"):
             row = arr[:, :, 0, :]  # Kcur: [S, T, 1, kv_lora_rank + rope]
             return row[..., : lc.kv_lora_rank] if probe == "kv_latent" else row[..., lc.kv_lora_rank:]

@@ -1,23 +1,35 @@
-"""kimi_linear specifics: the KDA layers are listed as not implemented and still
-compared HF vs llama.cpp; NoPE MLA; the naive form meets HF only, because
-llama.cpp's kimi-linear cannot run it (checked, not assumed)."""
+"""kimi_linear specifics: the KDA layers judged against HF, HF's cached path and
+llama.cpp (what its graph names) with their states; NoPE MLA; the naive form
+meets HF only, because llama.cpp's kimi-linear cannot run it (checked, not
+assumed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.testing import run
+from harness.testing import all_statuses, run
 from harness.features import layer_features
 
 FAMILY = "kimi_linear"
 
 
-def test_kda_layers_not_implemented_but_compared(policy, need_llamacpp):
+def test_kda_layers_three_way(policy, need_llamacpp):
     rows = run(policy, family=FAMILY, ref="all", kv="batched")
-    assert not [r for r in rows if r["status"] in ("fail", "error")]
-    ni = {(r["reference"], r["layer"]) for r in rows if r["status"] == "not-implemented"}
-    assert ni == {("hf", 0), ("hf", 2), ("llamacpp", 0), ("llamacpp", 2)}
-    assert all(r["layer_kind"] == "kda" for r in rows if r["status"] == "not-implemented")
+    assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
+    st = all_statuses(rows)
+    for layer in (0, 2):
+        assert {r["layer_kind"] for r in rows if r["layer"] == layer} == {"kimi_delta"}
+        for ref in ("hf", "hf_cached"):
+            for probe in ("rec_conv_in", "rec_conv", "rec_q", "rec_k", "rec_v", "rec_beta", "rec_decay", "rec_z",
+                          "rec_out", "attn_branch", "attn_out"):
+                assert st[("impl", ref, layer, probe)] == "pass", (ref, layer, probe)
+        # kimi-linear.cpp names the per-key decay, the gate's input, y and kda_out; not the convs
+        for probe in ("rec_decay", "rec_z", "rec_out", "attn_out", "state_conv", "state_rec"):
+            assert st[("impl", "llamacpp", layer, probe)] == "pass", (layer, probe)
+        for probe in ("rec_conv", "rec_q", "rec_beta", "attn_branch"):
+            assert st[("impl", "llamacpp", layer, probe)] == "not-exposed"
+        # llama.cpp's three convs' states, side by side in one r_l row, are HF's one conv state
+        assert st[("llamacpp", "hf_cached", layer, "state_conv")] == "pass"
     refs = {(r["layer"], r["probe"]) for r in rows if r["candidate"] == "llamacpp" and r["status"] == "pass"}
     assert {(0, "attn_out"), (2, "attn_out"), (2, "resid_mid"), (1, "attn_out")} <= refs
     # the MLA layer against llama.cpp: latent, the unrotated rope slices, probs, heads

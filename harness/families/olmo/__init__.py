@@ -79,13 +79,20 @@ class Olmo(Llama):
 
     def hf_taps(self, model, config, sink: dict):
         """Read q/k/v after OlmoAttention's in-place ``clamp_``: keep the projection
-        outputs (no copy) and read them once the forward is done."""
+        outputs (no copy) and read them once the attention's forward is done (per
+        call: HF's cached path runs the attention once per call of the schedule)."""
         from harness.references.hf.capture import _to_np
 
         @contextlib.contextmanager
         def taps():
             held: list[tuple[int, str, object]] = []
             handles = []
+
+            def flush():
+                for i, probe, t in held:
+                    sink.setdefault(i, {})[probe] = _to_np(t)
+                held.clear()
+
             for i, layer in enumerate(self.decoder_layers(model)):
                 for probe in ("q", "k", "v"):
                     mod = getattr(layer.self_attn, f"{probe}_proj")
@@ -94,13 +101,13 @@ class Olmo(Llama):
                         held.append((__i, __p, out.detach()))  # shares storage: sees the clamp_
 
                     handles.append(mod.register_forward_hook(hook))
+                handles.append(layer.self_attn.register_forward_hook(lambda m, args, out: flush()))
             try:
                 yield
             finally:
                 for h in handles:
                     h.remove()
-            for i, probe, t in held:
-                sink.setdefault(i, {})[probe] = _to_np(t)
+            flush()
 
         return taps()
 

@@ -6,7 +6,9 @@ The attention layers are qwen3_next's (``harness.families.qwen3_next``): the
 interleaved Q gate, ``(1 + w)`` RMS norms on the input and per head on Q/K
 before RoPE, partial neox RoPE. What differs: a dense SwiGLU FFN, the
 delta-net's separate ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` /
-``in_proj_a`` projections, and MRoPE. For text every position row is the same
+``in_proj_a`` projections (each one role of impl's gated delta-net: no split),
+llama.cpp's value heads in tiled order (the converter reorders them; the probes
+are put back in HF's grouped order, ``lc_v_head_order``), and MRoPE. For text every position row is the same
 (HF ``Qwen3_5TextModel.forward`` expands one row to T/H/W; llama.cpp builds
 ``[p, p, p, 0]``), so the rotation is plain partial neox RoPE in both -- as
 long as the sections cover every rotated pair: llama.cpp's interleaved MRoPE
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import LcPoint
+from ..base import LcPoint, tensor
 from ..qwen3_next import GatedHybrid
 
 
@@ -56,7 +58,34 @@ class Qwen35Text(GatedHybrid):
     gguf_arch = "qwen35"
     lc_q_view = "Qcur_reshaped"  # qwen35.cpp build_layer_attn
     reorder_v_heads = True  # what the converter does; a test switches it off
-    linear_reason = "gated delta-net: HF Qwen3_5GatedDeltaNet, llama.cpp qwen35.cpp build_layer_attn_linear"
+    # qwen35.cpp names beta after its sigmoid (qwen3next.cpp only the pre-sigmoid `b`)
+    lc_linear_points = {**GatedHybrid.lc_linear_points, "rec_beta": LcPoint("beta_sigmoid", "last", "heads")}
+
+    def recurrent_weights(self, layer, config) -> dict:
+        """Qwen3_5GatedDeltaNet's split projections, each one role already."""
+        return {"w_in": tensor(layer, "linear_attn.in_proj_qkv.weight"),
+                "w_z": tensor(layer, "linear_attn.in_proj_z.weight"),
+                "w_beta": tensor(layer, "linear_attn.in_proj_b.weight"),
+                "w_decay": tensor(layer, "linear_attn.in_proj_a.weight")}
+
+    def ggml_input_orders(self, desc) -> dict:
+        """``out_proj``'s input columns are the value heads, which the converter stores
+        tiled (``_reorder_v_heads(data, 1, ...)``): the file's column j = (i Hk + g) Dv + d
+        is impl's (g r + i) Dv + d -- ggml rounds ``final_output`` in that order."""
+        from contract.recurrent import RecurrentConfig
+
+        if not isinstance(desc, RecurrentConfig) or not self.reorder_v_heads or desc.n_k_heads == desc.n_v_heads:
+            return {}
+        nk, r, dv = desc.n_k_heads, desc.n_v_heads // desc.n_k_heads, desc.v_dim
+        grouped = np.arange(desc.n_v_heads * dv).reshape(nk, r, dv)
+        return {"wo": np.ascontiguousarray(grouped.transpose(1, 0, 2)).reshape(-1)}
+
+    def lc_v_head_order(self, config) -> str:
+        """The converter reorders the value heads grouped -> tiled where key and value
+        heads differ (conversion/qwen.py ``_LinearAttentionVReorderBase``), and
+        qwen35.cpp / ggml's ``gated_delta_net`` read them tiled (``iv1 % neq1``)."""
+        nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
+        return "tiled" if self.reorder_v_heads and nk != nv else "grouped"
     # qwen35.cpp graph(): the embeddings are renamed `model.input_embed`
     lc_model_points = {
         "embeddings": LcPoint("model.input_embed"),

@@ -3,10 +3,18 @@ llama.cpp ``src/models/qwen3next.cpp``, converter ``conversion/qwen.py``
 ``Qwen3NextModel``).
 
 Every ``full_attention_interval``-th layer is attention, the others are gated
-delta-net (linear attention) layers, which impl does not implement: they are
-listed as ``not-implemented`` (kind ``linear_attention``) and HF and llama.cpp
-are still compared on their ``layer_in``, ``attn_in``, ``attn_out`` (the
-delta-net's ``out_proj`` output), ``resid_mid`` and ``layer_out``.
+delta-net (linear attention) layers (HF ``Qwen3NextGatedDeltaNet``; llama.cpp
+``qwen3next.cpp build_layer_attn_linear`` + ``delta-net-base.cpp``), described to
+impl as ``contract.recurrent.RecurrentConfig`` kind ``gated_delta_net``: the fused
+``in_proj_qkvz`` / ``in_proj_ba`` split per key head as HF's
+``fix_query_key_value_ordering`` reads them, a SiLU causal conv of
+``linear_conv_kernel_dim`` rows, beta = sigmoid(b), the per-head log-decay
+``-exp(A_log) * softplus(a + dt_bias)``, q and k L2-normalised (HF's fixed eps
+1e-6, llama.cpp's ``rms_norm_eps``: ``qk_l2_eps``), the delta rule, the gated RMS
+norm ``rms(y) * w * silu(z)`` per value head and ``out_proj``. The probes are read
+from HF's functional conv / scan / l2norm calls and llama.cpp's ``cb()`` names
+(``harness/families/_recurrent.py``); the states after each call from HF's cache
+(``hf_cached``) and llama.cpp's ``llama_state_seq_get_data``.
 
 The attention layers carry:
 - the interleaved Q gate: ``q_proj`` is twice as wide, per head
@@ -37,36 +45,56 @@ from __future__ import annotations
 
 import numpy as np
 
+from contract.recurrent import RecurrentConfig
 from impl import LayerConfig, NormSpec, QkNormSpec
 
 from .._gguf_export import NegExpALog, NormPlusOne
 from .._gguf_import import llama_like_config
-from ..base import LcPoint, LlamaLike, NotInImpl, Point, gguf_moe_convert, gguf_size_params
+from .._recurrent import RecurrentProbes
+from ...errors import UsageError
+from ..base import LcPoint, LlamaLike, Point, gguf_moe_convert, gguf_size_params, tensor
+
+# HF's l2norm inside the delta-rule scans (modeling_qwen3_next.py l2norm, called from
+# torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule with eps=1e-6)
+HF_QK_L2_EPS = 1e-6
 
 
-class GatedHybrid(NegExpALog, NormPlusOne, LlamaLike):
+class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
     """What qwen3_next and qwen3_5_text share: the gated attention layer, the
-    delta-net layers impl does not implement, the probe maps of both kinds."""
+    gated delta-net layers, the probe maps of both kinds."""
 
     extra_settable = ("head_dim", "full_attention_interval")  # popped by the config's __post_init__
-    linear_kind = "linear_attention"
-    linear_reason = "gated delta-net"
     # llama.cpp names the pre-norm Q view differently in the two graphs
     lc_q_view = "Qcur_view"
 
-    # the delta-net layers: what HF exposes around the token mixer
+    # the delta-net layers: what HF exposes around the token mixer (module hooks); the
+    # recurrence's own probes come from the functional calls (RecurrentProbes.recurrent_taps)
     hf_linear_points = {
         "layer_in": Point("", "in"),
         "attn_in": Point("linear_attn", "in"),
+        "attn_branch": Point("linear_attn.out_proj", "in"),
         "attn_out": Point("linear_attn", "out"),
         "resid_mid": Point("post_attention_layernorm", "in"),
         "layer_out": Point("", "out"),
     }
-    # ... and what llama.cpp names there (qwen3next.cpp / qwen35.cpp graph()):
-    # `attn_norm`, the delta-net's `linear_attn_out` (ssm_out matmul), the
-    # `attn_residual` add, `l_out`.
+    # ... and what llama.cpp names there (qwen3next.cpp / qwen35.cpp build_layer_attn_linear,
+    # delta-net-base.cpp build_recurrent_attn): `attn_norm`, the qkv before the conv
+    # (`linear_attn_qkv_mixed`), the conv's SiLU output, the z projection, q / k after the
+    # L2 norm (`*_conv_predelta`: qwen3next repeats them to the value heads first), the
+    # log-decay `gate`, the recurrence's `attn_output`, the normed and gated `final_output`,
+    # the `linear_attn_out` matmul, the `attn_residual` add, `l_out`. beta after its sigmoid
+    # is named in qwen35.cpp only (`beta_sigmoid`; qwen3next.cpp names the pre-sigmoid `b`).
     lc_linear_points = {
         "attn_in": LcPoint("attn_norm"),
+        "rec_conv_in": LcPoint("linear_attn_qkv_mixed"),
+        "rec_conv": LcPoint("conv_output_silu"),
+        "rec_z": LcPoint("z"),
+        "rec_q": LcPoint("q_conv_predelta", "last", "heads"),
+        "rec_k": LcPoint("k_conv_predelta", "last", "heads"),
+        "rec_v": LcPoint("v_conv_predelta", "last", "heads"),
+        "rec_decay": LcPoint("gate"),
+        "rec_out": LcPoint("attn_output", "last", "heads"),
+        "attn_branch": LcPoint("final_output"),
         "attn_out": LcPoint("linear_attn_out"),
         "resid_mid": LcPoint("attn_residual"),
         "layer_out": LcPoint("l_out"),
@@ -75,6 +103,67 @@ class GatedHybrid(NegExpALog, NormPlusOne, LlamaLike):
     def is_linear(self, config, i: int) -> bool:
         return config.layer_types[i] == "linear_attention"
 
+    def validate(self, kw: dict) -> None:
+        """The delta-net's sizes, by their HF names, before HF builds a model on them:
+        a causal conv of at least one row, value heads in whole groups per key head
+        (HF ``fix_query_key_value_ordering`` views the projection per key head)."""
+        super().validate(kw)
+        k = kw.get("linear_conv_kernel_dim", self.tiny.get("linear_conv_kernel_dim"))
+        if k is not None and (not isinstance(k, int) or k < 1):
+            raise UsageError(f"linear_conv_kernel_dim={k!r}: the delta-net's causal conv needs a kernel of at least "
+                             f"1 row; valid: an integer >= 1")
+        nk = kw.get("linear_num_key_heads", self.tiny["linear_num_key_heads"])
+        nv = kw.get("linear_num_value_heads", self.tiny["linear_num_value_heads"])
+        if isinstance(nk, int) and isinstance(nv, int) and nk >= 1 and nv % nk:
+            raise UsageError(f"linear_num_key_heads={nk} does not divide linear_num_value_heads={nv}; valid: a "
+                             f"divisor of {nv} ({', '.join(str(d) for d in range(1, nv + 1) if nv % d == 0)})")
+
+    def reference_refusal(self, config, reference: str) -> str | None:
+        """llama.cpp's delta net needs key and value heads of one width:
+        delta-net-base.cpp ``GGML_ASSERT(S_k == S_v)`` (build_delta_net_chunking,
+        _autoregressive, _fused) aborts the process otherwise; HF computes either."""
+        dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+        if reference == "llamacpp" and dk != dv:
+            return (f"linear_key_head_dim={dk} != linear_value_head_dim={dv}: llama.cpp's delta net asserts equal "
+                    f"widths (delta-net-base.cpp GGML_ASSERT(S_k == S_v)); valid for --ref llamacpp: equal widths "
+                    f"(HF computes either: --ref hf or hf_cached)")
+        return None
+
+    def is_recurrent(self, config, i: int) -> bool:
+        return self.is_linear(config, i)
+
+    def qk_l2_eps(self, config, reference: str = "hf") -> float:
+        """The q/k L2 norm's epsilon as each reference computes it: HF fixes 1e-6
+        (modeling_qwen3_next.py / modeling_qwen3_5.py ``l2norm(..., eps=1e-6)`` in both
+        scans), llama.cpp reads ``rms_norm_eps`` (qwen3next.cpp / qwen35.cpp
+        ``build_gdn_l2_norm(ctx0, q_conv, hparams.f_norm_rms_eps)``). impl computes HF's
+        model; where they differ it is a finding (findings.toml)."""
+        return float(config.rms_norm_eps) if reference == "llamacpp" else HF_QK_L2_EPS
+
+    def recurrent_config(self, config, i: int) -> RecurrentConfig:
+        """Layer ``i``'s gated delta-net (HF Qwen3NextGatedDeltaNet.__init__ / forward)."""
+        return RecurrentConfig.of(
+            "gated_delta_net", hidden_size=config.hidden_size, n_k_heads=config.linear_num_key_heads,
+            n_v_heads=config.linear_num_value_heads, k_dim=config.linear_key_head_dim,
+            v_dim=config.linear_value_head_dim, conv_kernel=config.linear_conv_kernel_dim,
+            qk_norm_eps=self.qk_l2_eps(config), out_norm_eps=float(config.rms_norm_eps),
+            # the decoder layer's input_layernorm: Qwen3NextRMSNorm, (1 + w)
+            input_norm=NormSpec("rms1p", float(config.rms_norm_eps)))
+
+    def recurrent_weights(self, layer, config) -> dict:
+        """The delta-net's projections per role (impl.recurrent.RECURRENT_WEIGHTS):
+        ``in_proj_qkvz`` / ``in_proj_ba`` split as HF's ``fix_query_key_value_ordering``
+        reads them -- per key head ``[q (Dk) | k (Dk) | v (r Dv) | z (r Dv)]`` and
+        ``[b (r) | a (r)]``, r = value heads per key head."""
+        hid, nk, nv = config.hidden_size, config.linear_num_key_heads, config.linear_num_value_heads
+        dk, dv, r = config.linear_key_head_dim, config.linear_value_head_dim, nv // nk
+        qkvz = tensor(layer, "linear_attn.in_proj_qkvz.weight").reshape(nk, 2 * dk + 2 * r * dv, hid)
+        ba = tensor(layer, "linear_attn.in_proj_ba.weight").reshape(nk, 2 * r, hid)
+        return {"w_in": np.concatenate([qkvz[:, :dk].reshape(-1, hid), qkvz[:, dk:2 * dk].reshape(-1, hid),
+                                        qkvz[:, 2 * dk:2 * dk + r * dv].reshape(-1, hid)]),
+                "w_z": qkvz[:, 2 * dk + r * dv:].reshape(-1, hid), "w_beta": ba[:, :r].reshape(-1, hid),
+                "w_decay": ba[:, r:].reshape(-1, hid)}
+
     # Qwen3NextRMSNorm: x / rms(x) * (1 + w), in float32
     input_norm_kind = "rms1p"
     # q_norm / k_norm: the same (1 + w) norm over head_dim, before RoPE
@@ -82,11 +171,19 @@ class GatedHybrid(NegExpALog, NormPlusOne, LlamaLike):
 
     def layer_config(self, config, i: int):
         if self.is_linear(config, i):
-            return NotInImpl(self.linear_kind, self.linear_reason)
+            return self.recurrent_config(config, i)
         # RoPE: partial rotary, int(head_dim * partial_rotary_factor) leading channels, neox
         return super().layer_config(config, i).replace(q_gate_interleaved=True)
 
     def layer_weights(self, model, config, i: int):
+        if self.is_linear(config, i):
+            layer = self.decoder_layers(model)[i]
+            w = {"attn_norm": tensor(layer, "input_layernorm.weight"), **self.recurrent_weights(layer, config)}
+            for hf, ours in (("conv1d.weight", "conv"), ("dt_bias", "dt_bias"), ("A_log", "A_log"),
+                             ("norm.weight", "out_norm"), ("out_proj.weight", "wo")):
+                w[ours] = tensor(layer, f"linear_attn.{hf}")
+            w["conv"] = w["conv"][:, 0]  # [C, 1, K] -> [C, K]
+            return w
         w = super().layer_weights(model, config, i)
         if "bq" in w and not self.is_linear(config, i):
             # HF q_proj's bias is as wide as q_proj: per head [q(D) | gate(D)]. impl (the
@@ -108,6 +205,11 @@ class GatedHybrid(NegExpALog, NormPlusOne, LlamaLike):
             s, t = arr.shape[:2]
             return arr.reshape(s, t, lc.n_heads, 2 * lc.head_dim)[..., : lc.head_dim]
         return super().hf_canonical(probe, arr, lc)
+
+    def lc_canonical(self, probe, arr, lc, config):
+        if isinstance(lc, RecurrentConfig):
+            return self.lc_recurrent_canonical(probe, arr, lc, config)
+        return super().lc_canonical(probe, arr, lc, config)
 
     def lc_points_for(self, config, i: int):
         if self.is_linear(config, i):
@@ -238,7 +340,6 @@ class Qwen3Next(GatedHybrid):
     )
     gguf_arch = "qwen3next"
     lc_q_view = "Qcur_view"
-    linear_reason = "gated delta-net: HF Qwen3NextGatedDeltaNet, llama.cpp qwen3next.cpp build_layer_attn_linear"
     # qwen3next.cpp graph(): the embeddings are renamed `model.embed_tokens`
     lc_model_points = {
         "embeddings": LcPoint("model.embed_tokens"),

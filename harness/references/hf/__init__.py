@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contract.probes import STATE_PROBES
+
 from .. import Reference
 from ..capture import RefCapture
 
@@ -23,6 +25,18 @@ class HF(Reference):
     label = "HF transformers"
     oracle = True
     sees_modules = True
+    # False: ONE forward without a cache (the model as a whole); True: HF's own cached path
+    # on the case's schedule (harness/references/hf_cached)
+    cached = False
+
+    def calls(self, req) -> list[int] | None:
+        """The chunk sizes of HF's calls: None (one forward, no cache)."""
+        return None
+
+    def not_exposed(self) -> dict[str, str]:
+        """Why a probe is absent from every capture of this reference."""
+        return {p: "HF's full forward is ONE call without a cache: the state between calls is HF's cached path's "
+                   "(reference hf_cached)" for p in STATE_PROBES}
 
     def capture(self, req, dtype: str | None = None, weights: str | None = None, force: RefCapture | None = None,
                 attn_implementation: str = "eager") -> RefCapture:
@@ -43,6 +57,7 @@ class HF(Reference):
         case = req.case
         src = cache.source_hash(*cache.family_sources(req.family), Path(hf.__file__), Path(f64_file),
                                 *req.family_base_sources)
+        calls = self.calls(req)
         k = cache.key("hf", CAPTURE_SCHEMA, req.family.name, req.config.to_json_string(use_diff=False),
                       case.seed, req.tokens.tolist(), dtype, case.hf_model, req.checkpoint_stamp,
                       versions().get("torch"), versions().get("transformers"), src,
@@ -52,7 +67,8 @@ class HF(Reference):
                       *((["weights", weights],) if weights != dtype else ()),
                       *((["forced_by", force.key],) if force is not None else ()),
                       *((["selection", sel.label()],) if sel.label() else ()),
-                      *((["attn_implementation", attn_implementation],) if attn_implementation != "eager" else ()))
+                      *((["attn_implementation", attn_implementation],) if attn_implementation != "eager" else ()),
+                      *((["calls", calls],) if calls is not None else ()))
         hit = cache.load("hf", k)
         if hit is not None:
             return RefCapture(self.name, dtype, hit[0], meta=hit[1], cached=True, key=k)
@@ -65,14 +81,16 @@ class HF(Reference):
 
             model = copy.deepcopy(model)
             model.set_attn_implementation(attn_implementation)
-        meta = {"family": req.family.name, "dtype": dtype, "weights": weights, **({"built_by": how} if how else {})}
+        meta = {"family": req.family.name, "dtype": dtype, "weights": weights, **({"built_by": how} if how else {}),
+                "not_exposed": self.not_exposed(), **({"calls": len(calls)} if calls is not None else {})}
         forced = None if force is None else {k2: force.probes[k2] for k2 in force.probes if k2.endswith(".layer_in")}
         # each probe goes to disk as HF computes it (harness/store.py); the oracle stops
         # after the last layer it is asked for
         with cache.writer("hf", k, keep=sel.key) as w:
             hf.capture(req.family, model, req.config, list(req.layer_cfgs), req.tokens, meta, force_inputs=forced,
                        sink=w, layers=sel.layers, probes=sel.probes, float64=dtype == "float64",
-                       model_probes=force is None and sel.model_probes, attn_implementation=attn_implementation)
+                       model_probes=force is None and sel.model_probes, attn_implementation=attn_implementation,
+                       calls=calls)
             probes = cache.finish(w, meta)
         return RefCapture(self.name, dtype, probes, meta=meta, key=k)
 

@@ -100,6 +100,42 @@ def _wrapped_eager(family, model, sink: dict, attn_implementation: str = "eager"
                 setattr(owner, attr, orig)
 
 
+def _merge_calls(per_call: list[dict], calls: list[int], n_tok: int) -> dict:
+    """The probes of a run's calls put together as one run's: ``[S, T, ...]`` rows
+    concatenated; ``attn_probs`` ``[S, H, t, L]`` placed at the call's query rows and at
+    the L positions its cache held, the last ones before the call's end (a sliding
+    layer's cache keeps only its window); a key read with the cache's rows in front
+    (``[S, L, ...]``: ``k_rope``, bloom's and mpt's ``k`` / ``v``) the rows the call
+    added (its last t); the states ``[S, 1, ...]`` stacked into ``[S, calls, ...]``."""
+    from contract.probes import STATE_PROBES
+
+    out: dict = {}
+    keys = dict.fromkeys(k for d in per_call for k in d)
+    for key in keys:
+        probe = key.split(".", 1)[-1]
+        parts = [d.get(key) for d in per_call]
+        if any(p is None for p in parts):
+            continue  # a probe some call did not produce is not one of the run's
+        if probe in STATE_PROBES:
+            out[key] = np.concatenate(parts, axis=1)
+        elif probe == "attn_probs":
+            s, h = parts[0].shape[:2]
+            full = np.zeros((s, h, n_tok, n_tok), dtype=np.result_type(parts[0].dtype, np.float32))
+            a = 0
+            for t, p in zip(calls, parts):
+                width = p.shape[-1]
+                full[:, :, a:a + t, a + t - width:a + t] = p
+                a += t
+            out[key] = full
+        else:
+            # a key or value read with the cache's rows in front (k_rope from the eager
+            # function; bloom / mpt's taps read k, v after the past is concatenated): the
+            # rows this call added are its last t
+            out[key] = np.concatenate([p[:, p.shape[1] - t:] if p.shape[1] > t else p
+                                       for t, p in zip(calls, parts)], axis=1)
+    return out
+
+
 class StopForward(Exception):
     """Raised from the last decoder layer a capture needs: what follows it (later
     layers, the final norm, the logits) is not computed."""
@@ -132,7 +168,7 @@ class _OneLayer(dict):
 
 def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | None = None,
             force_inputs=None, sink=None, layers=None, probes=None, float64: bool | None = None,
-            model_probes: bool = True, attn_implementation: str = "eager"):
+            model_probes: bool = True, attn_implementation: str = "eager", calls: list[int] | None = None):
     """Run ``tokens[seqs, T]`` through ``model`` and read every probe into ``sink``
     (a ``harness.store.StoreWriter``: each probe goes to disk the moment it is
     read; default: a dict, returned).
@@ -159,7 +195,17 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     of a free-running model (or an MoE routing flip) accumulated before it.
 
     ``attn_implementation``: the transformers attention path ``model`` was set to
-    (``set_attn_implementation``); its function is the one wrapped."""
+    (``set_attn_implementation``); its function is the one wrapped.
+
+    ``calls`` (chunk sizes summing to the tokens; None: one forward without a
+    cache): HF's OWN cached path on that schedule -- each call a forward of the
+    next chunk of every sequence with ``use_cache=True`` and the cache the previous
+    call returned (``reference hf_cached``). Each call's probes are read as
+    always and put together after the last (``_merge_calls``: rows along the
+    tokens, the probabilities of a call's query rows over the keys its cache
+    held, the key rows the call added); the recurrent layers' state after every
+    call is read from the cache (``Family.hf_cache_states``: ``state_conv``,
+    ``state_rec``, stacked along a ``calls`` axis)."""
     import contextlib
 
     import torch
@@ -207,9 +253,12 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
                 put(key, _to_np(t))
         return post, False
 
+    span = [0, tokens.shape[1]]  # the token rows of the current call (the whole sequence without calls)
+
     def forcer(i):
         def pre(mod, args, kwargs):
-            t = torch.tensor(np.asarray(force_inputs[f"L{i}.layer_in"]), dtype=compute)  # a copy: the input is read-only
+            # a copy: the input is read-only
+            t = torch.tensor(np.asarray(force_inputs[f"L{i}.layer_in"])[:, span[0]:span[1]], dtype=compute)
             if args:
                 return (t, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": t}
@@ -233,7 +282,8 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
                 handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True))
             else:
                 handles.append(mod.register_forward_hook(fn, with_kwargs=True))
-    if not model_probes and last >= 0:
+    if not model_probes and last >= 0 and calls is None:
+        # (not on the cached path: a call stopped early returns no cache for the next)
         handles.append(dec[last].register_forward_hook(stopper, with_kwargs=True))
     if model_probes:
         for name, (path, io) in family.hf_model_points.items():
@@ -245,14 +295,37 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
 
     eager = _LayerSink(put_layer)
     out = None
+    per_call: list[dict] = []
+    final = got
     try:
         # the float64 promotion outermost: the eager wrapper then wraps the promoted function
         with (promoted(model, family) if float64 else contextlib.nullcontext()) as fp, torch.no_grad(), \
                 _wrapped_eager(family, model, eager, attn_implementation, want_layer), family.hf_taps(model, config, eager):
-            try:
-                out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), use_cache=False)
-            except StopForward:
-                pass
+            if calls is None:
+                try:
+                    out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), use_cache=False)
+                except StopForward:
+                    pass
+            else:
+                cache = None
+                for size in calls:
+                    span[:] = [span[1] if per_call else 0, (span[1] if per_call else 0) + size]
+                    got = {}  # this call's probes (put() writes here), merged after the last call
+                    ids = torch.as_tensor(tokens[:, span[0]:span[1]], dtype=torch.long)
+                    out = model(input_ids=ids, use_cache=True, **({} if cache is None else {"cache": cache}))
+                    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+                    for i in range(len(dec)):
+                        if want_layer(i) and getattr(layer_cfgs[i], "has_recurrence", None) is not None:
+                            for probe, a in family.hf_cache_states(cache, config, i, layer_cfgs[i]).items():
+                                if want_probe(probe):
+                                    got[f"L{i}.{probe}"] = a[:, None]  # [S, 1 call, ...]
+                    if want_probe("logits"):
+                        got["logits"] = out.logits.detach().cpu().double().numpy()
+                    per_call.append(got)
+                out = None
+                got = final
+                for k2, v in _merge_calls(per_call, calls, tokens.shape[1]).items():
+                    got[k2] = v
     finally:
         for h in handles:
             h.remove()

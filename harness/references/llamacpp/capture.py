@@ -171,12 +171,13 @@ def _note_worker_peak(path: Path) -> None:
 
 
 def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None,
-               engine: dict | None = None):
+               engine: dict | None = None, states: bool = False):
     """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message.
     The worker writes each tensor to ``out_dir`` as it reads it (default: a
     temporary folder, read into memory before it goes); ``arrays`` reads them from there.
     ``engine``: context settings other than the reference's (``flash_attn``,
-    ``type_k``, ``type_v``; the llamacpp-fa candidates)."""
+    ``type_k``, ``type_v``; the llamacpp-fa candidates). ``states``: the worker also
+    saves each sequence's recurrent state after every call (``parse_state``)."""
     n_tok = max(p for call in calls for (_, p, _) in call) + 1
     n_batch = max(len(c) for c in calls)
     if timeout == TIMEOUT_S:
@@ -186,7 +187,7 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
         # one stream per sequence, each holding every position (swa_full)
         "n_ctx": n_seq * max(256, -(-n_tok // 256) * 256), "n_batch": max(n_batch, 1),
         "names": sorted(names), "threads": int(os.environ.get("CONFORMANCE_LLAMACPP_THREADS", "2")),
-        **(engine or {}),
+        **({"states": True} if states else {}), **(engine or {}),
     }
     with tempfile.TemporaryDirectory(prefix="conformance-lc-") as d:
         rp, op = Path(d) / "req.json", Path(out_dir) if out_dir is not None else Path(d) / "out"
@@ -275,12 +276,13 @@ def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, nam
                 out[seq, :, pos, :width] = p[:, :width]
             continue
         flat = a.reshape(-1, *a.shape[-2:]) if point.layout == "rows" else a.reshape(-1, *a.shape[-3:])
-        if point.layout == "rows" and flat.shape[0] > 1 and flat.shape[0] * flat.shape[1] == len(call):
+        if flat.shape[0] > 1 and flat.shape[0] * flat.shape[1] == len(call):
             # [seqs, tokens per seq, C]: a graph that keeps a multi-sequence ubatch's
             # sequences apart (the recurrent layers: qwen3next.cpp's `linear_attn_out`
             # is [n_embd, n_seq_tokens, n_seqs]); the equal split holds them in the
             # call's order (sequences ascending), so the rows flatten to the call's rows
-            flat = flat.reshape(1, -1, flat.shape[-1])
+            # (heads too: `attn_output` is [S_v, H_v, n_seq_tokens, n_seqs])
+            flat = flat.reshape(1, -1, *flat.shape[2:])
         if flat.shape[0] != 1:
             raise RuntimeError(f"{name}: unexpected leading dims {a.shape}")
         flat = flat[0]
@@ -290,6 +292,71 @@ def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, nam
             out = np.zeros((n_seq, n_tok, *flat.shape[1:]), dtype=_wide(flat))
         for j, (_, pos, seq) in enumerate(call):
             out[seq, pos] = flat[j]
+    return out
+
+
+def parse_state(buf: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """One sequence's recurrent state as ``llama_state_seq_get_data_ext(...,
+    LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)`` writes it: ``(r rows, s rows)``, one float32
+    row per recurrent layer, in layer order. The format (llama-context.cpp
+    ``state_seq_get_data``; llama-memory-hybrid.cpp ``state_write`` skips the KV cache
+    under PARTIAL_ONLY; llama-memory-recurrent.cpp ``state_write``, ``state_write_meta``,
+    ``state_write_data``): magic u32, seq_id i32, cell_count u32, per cell (pos i32,
+    n_seq_id u32 = 0), s_trans u32, n_layer u32, then per layer with an ``r_l`` (type
+    i32, row size u64, the cells' rows), then per layer with an ``s_l`` the same. The
+    two sections hold one record per recurrent layer each; anything else is refused."""
+    b = bytes(np.asarray(buf, dtype=np.uint8))
+    off = 0
+
+    def take(fmt_size, dtype):
+        nonlocal off
+        v = np.frombuffer(b, dtype=dtype, count=1, offset=off)[0]
+        off += fmt_size
+        return int(v)
+
+    take(4, "<u4")  # magic
+    take(4, "<i4")  # seq_id
+    cells = take(4, "<u4")
+    if cells != 1:
+        raise RuntimeError(f"llama.cpp state: {cells} cells for one sequence (expected 1)")
+    take(4, "<i4")  # pos
+    if take(4, "<u4") != 0:
+        raise RuntimeError("llama.cpp state: per-cell sequence ids in a one-sequence state")
+    if take(4, "<u4") != 0:
+        raise RuntimeError("llama.cpp state: a transposed s_l (s_trans), which no recurrent arch here writes")
+    take(4, "<u4")  # n_layer
+    records = []
+    while off < len(b):
+        typ, size = take(4, "<i4"), take(8, "<u8")
+        if typ != 0:  # GGML_TYPE_F32: llama-memory-recurrent's type_r / type_s as the context makes them
+            raise RuntimeError(f"llama.cpp state: a state row of ggml type {typ}, expected F32 (0)")
+        records.append(np.frombuffer(b, dtype="<f4", count=size // 4, offset=off).copy())
+        off += size
+    if len(records) % 2:
+        raise RuntimeError(f"llama.cpp state: {len(records)} layer records, not one r and one s per layer")
+    half = len(records) // 2
+    return records[:half], records[half:]
+
+
+def assemble_states(fam, config, layer_cfgs, index: list[dict], arrays, n_seq: int) -> dict[str, np.ndarray]:
+    """The state probes ``{"L{i}.state_conv": [S, calls, ...], ...}`` of every recurrent
+    layer from the worker's per-call state dumps, canonical (``Family.lc_state_canonical``)."""
+    from contract.recurrent import RecurrentConfig
+
+    rec_layers = [i for i, lc in enumerate(layer_cfgs) if isinstance(lc, RecurrentConfig)]
+    per: dict[tuple[int, str], list[list]] = {}
+    for rec in sorted((r for r in index if r["name"] == "__state__"), key=lambda r: (r["seq"], r["call"])):
+        r_rows, s_rows = parse_state(arrays[rec["key"]])
+        if len(r_rows) != len(rec_layers):
+            raise RuntimeError(f"llama.cpp state: {len(r_rows)} recurrent layers, the model has {len(rec_layers)}")
+        for i, r, s in zip(rec_layers, r_rows, s_rows):
+            for name, a in fam.lc_state_canonical(r, s, layer_cfgs[i], config).items():
+                per.setdefault((i, name), [[] for _ in range(n_seq)])[rec["seq"]].append(a)
+    out = {}
+    for (i, name), seqs in per.items():
+        if len({len(x) for x in seqs}) != 1:
+            raise RuntimeError(f"L{i}.{name}: the sequences ran different numbers of calls; states are compared per call")
+        out[f"L{i}.{name}"] = np.stack([np.stack(x) for x in seqs])
     return out
 
 
@@ -369,7 +436,13 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
     with cache.writer("llamacpp", k, keep=sel.key) as probes, \
             tempfile.TemporaryDirectory(prefix="conformance-lc-", dir=cache.cache_dir()) as dump:
         t = time.perf_counter()
-        arrays, index = run_worker(gguf_path, calls, n_seq, names, out_dir=Path(dump) / "t", engine=engine)
+        from contract.probes import STATE_PROBES
+        from contract.recurrent import RecurrentConfig
+
+        want_states = (any(isinstance(lc, RecurrentConfig) for i, lc in enumerate(layer_cfgs) if i in sel.layers)
+                       and any(sel.probe(p) for p in STATE_PROBES))
+        arrays, index = run_worker(gguf_path, calls, n_seq, names, out_dir=Path(dump) / "t", engine=engine,
+                                   states=want_states)
         req.timings["llamacpp_worker"] = time.perf_counter() - t
         by_name: dict[str, list] = {}
         for rec in index:
@@ -400,6 +473,11 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
             a = one(input_name(i), inputs[i][1])
             if a is not None:
                 probes.put(f"L{i}.layer_in", a)
+        if want_states:  # the recurrent layers' states after each call (llama_state_seq_get_data)
+            for key, a in assemble_states(fam, config, layer_cfgs, index, arrays, n_seq).items():
+                i, probe = int(key.split(".")[0][1:]), key.split(".", 1)[1]
+                if i in sel.layers and sel.probe(probe):
+                    probes.put(key, a)
         derived = derive_attn_out(probes, layer_cfgs)
         meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived,
                 **({"engine": engine} if engine else {})}

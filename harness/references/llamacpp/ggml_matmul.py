@@ -164,13 +164,27 @@ class _Quantizing(np.ndarray):
         return getattr(ufunc, method)(*plain, **kwargs)
 
 
+def _in_order(rnd, order):
+    """``rnd`` applied to an activation row in the order the GGUF stores the weight's
+    input columns (``order[j]``: impl's column at the file's position j), then put
+    back in impl's order: ggml's blocks are runs of the FILE's columns."""
+    inv = np.argsort(order)
+
+    def f(a):
+        return rnd(np.asarray(a)[..., order])[..., inv]
+    return f
+
+
 @contextlib.contextmanager
-def installed(layer, act_types: dict[str, str]):
+def installed(layer, act_types: dict[str, str], orders: dict | None = None):
     """For the block, every matrix product impl makes with one of ``layer``'s
     weights named in ``act_types`` rounds its activations as ggml quantizes them
     (``_Quantizing``; NumPy backends -- on another backend nothing is rounded and
-    nothing is met). Yields the set the names of the weights actually met are
-    added to: the caller judges a layer at ``ggml_<act>`` only if every one was."""
+    nothing is met). ``orders``: weight name -> the order of its input columns in
+    the GGUF where the converter permuted them (qwen35's value heads tiled in
+    ``ssm_out``), so the rounding blocks are the file's. Yields the set the names of
+    the weights actually met are added to: the caller judges a layer at
+    ``ggml_<act>`` only if every one was."""
     hits: set[str] = set()
     saved = {}
     for name, act in act_types.items():
@@ -178,7 +192,8 @@ def installed(layer, act_types: dict[str, str]):
         if not isinstance(w, np.ndarray):
             continue
         q = w.view(_Quantizing)
-        q._round, q._hit = ROUNDING[act], (lambda n=name: hits.add(n))
+        rnd = ROUNDING[act] if not (orders and name in orders) else _in_order(ROUNDING[act], orders[name])
+        q._round, q._hit = rnd, (lambda n=name: hits.add(n))
         saved[name] = w
         layer.w[name] = q
     try:

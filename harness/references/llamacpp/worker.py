@@ -131,6 +131,9 @@ def main(req_path: str, out_dir: str) -> int:
             if rc != 0:
                 print(f"llama_decode returned {rc} on call {ci}", file=sys.stderr)
                 return 4
+            if req.get("states"):  # the recurrent state each sequence of this call leaves behind
+                for seq in sorted({int(s) for (_, _, s) in call}):
+                    _save_state(lc, ctx, seq, ci, out, index)
     finally:
         lc.llama_batch_free(batch)
     lc.llama_free(ctx)
@@ -139,6 +142,21 @@ def main(req_path: str, out_dir: str) -> int:
     (out / "index.json").write_text(json.dumps(index))
     (out / "usage.json").write_text(json.dumps({"peak_rss_gb": _own_peak_rss_gb()}))
     return 0
+
+
+def _save_state(lc, ctx, seq: int, ci: int, out, index: list) -> None:
+    """Sequence ``seq``'s recurrent state after call ``ci``, as llama.cpp serialises it
+    (``llama_state_seq_get_data_ext`` with ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``: the
+    recurrent memory alone, not a hybrid model's KV cache; the byte format is
+    llama-memory-recurrent.cpp ``state_write`` / ``state_write_data``, which the parent
+    parses: harness/references/llamacpp/capture.py ``parse_state``), written raw."""
+    flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+    n = lc.llama_state_seq_get_size_ext(ctx, seq, flags)
+    buf = (ctypes.c_uint8 * n)()
+    got = lc.llama_state_seq_get_data_ext(ctx, buf, n, seq, flags)
+    key = str(len(index))
+    np.save(out / f"{key}.npy", np.frombuffer(buf, dtype=np.uint8, count=got).copy(), allow_pickle=False)
+    index.append({"key": key, "call": ci, "name": "__state__", "seq": seq, "occ": 0, "op": "STATE", "ne": [got]})
 
 
 def _own_peak_rss_gb() -> float | None:

@@ -1,0 +1,39 @@
+"""HF transformers on its OWN cached path, on the case's schedule (``--ref hf_cached``).
+
+The ``hf`` reference runs HF's model as one forward without a cache; impl and
+llama.cpp run the case's schedule (prefill, one row per call, mixed chunks,
+``5,1,1``). This reference runs HF the way a generation loop does: each call a
+forward of the schedule's next chunk of every sequence with ``use_cache=True``
+and the cache the previous call returned (harness/references/hf/capture.py,
+``calls``) -- the path where engines break most (prefill vs decode state
+handling, chunked vs per-row scans, a conv state off by a row). Its probes are
+HF's as the ``hf`` reference reads them, call by call and put together, plus
+the recurrent layers' state after every call from the cache
+(``conv_states[..., 1:]``, ``recurrent_states``).
+
+It is judged against HF's full forward (reference vs reference rows, in every
+case that runs both) and is, like ``hf``, its own float64 oracle: a
+lower-precision case judges impl against it through HF's cached path in
+float64 on the same calls, teacher-forced on its own layer inputs. Where HF's
+cached path computes another model than its full forward, that is HF's own
+divergence: a finding with its measured size (docs/reference/divergences.md).
+"""
+
+from __future__ import annotations
+
+from ..hf import HF
+
+
+class HFCached(HF):
+    label = "HF transformers, cached path on the case's schedule"
+    cached = True
+    model_of = "hf"  # HF's model, computed call by call: HF's findings against llama.cpp hold for it too
+
+    def calls(self, req) -> list[int]:
+        """The case's schedule: the same chunk sizes impl's runner and llama.cpp are handed."""
+        from ...schedule import chunk_sizes
+
+        return chunk_sizes(req.case.schedule, int(req.tokens.shape[1]))
+
+    def not_exposed(self) -> dict[str, str]:
+        return {}
