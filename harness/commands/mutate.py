@@ -89,7 +89,7 @@ def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) 
     import numpy as np
 
     from ..case import Case
-    from ..mutants.cases import MutantCase
+    from ._mutant_case import MutantCase
     from .. import matrix
     from ..mutants import StaleMutant, applied, registry
 
@@ -207,7 +207,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
                  candidate: str = "impl") -> dict:
     """Baseline, then every mutant on the cases that exercise it; the result as plain data.
     ``log``: one line per finished run; ``phase``: one line per phase."""
-    from ..mutants.cases import MutantCase
+    from ._mutant_case import MutantCase
 
     from .. import matrix
     from ..bisect import FAILING
@@ -419,7 +419,7 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
     clean case of the slice exercising its decoration still catches -- found by
     bisecting the ladder, assuming (as the errors are smooth in ``d``) that a
     larger perturbation is caught whenever a smaller one is."""
-    from ..mutants.cases import MutantCase
+    from ._mutant_case import MutantCase
 
     from .. import matrix
     from ..bisect import FAILING
