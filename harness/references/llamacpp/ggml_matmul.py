@@ -30,9 +30,21 @@ float32 summation order:
   llamafile's tinyBLAS multiplies F16 x F16 only, so the activations are
   rounded to f16 (round to nearest even) -- bf16 likewise.
 
+- Q4_1 / Q5_1 weights (Q8_1 activations): their dot
+  (``ggml_vec_dot_q4_1_q8_1`` / ``_q5_1_q8_1``, ggml-cpu/arch/x86/quants.c)
+  is ``sum_b d_w d_x sum(q_w q_x) + m_b * s_b`` with the block's weight
+  minimum ``m_b`` and ``s_b = fp16(d * sum(q_x))`` -- ``d = max|x| / 127``
+  unrounded (x86 ``quantize_row_q8_1``) -- where a float product on the
+  rounded activations has ``m_b * fp16(d) * sum(q_x)``. ``q8_1_product`` adds
+  the difference, ``m_b * (s_b - fp16(d) sum(q_x))``, per block: ``m_b`` is
+  the least dequantized weight of the block (``quantize_row_q4_1_ref`` /
+  ``_q5_1_ref`` give the block's minimum element ``q = 0``, so it IS the
+  stored minimum; an importance-matrix quantization may leave every q above
+  0, and then the term is off by ``d_w * min(q)`` of a correction that is
+  itself an fp16 rounding: a residue below a flip).
+
 What is NOT reproduced (the residue ``fixtures/tolerance.toml`` bounds):
-float32 summation order; the fp16 ``s = d * sum(q)`` term a Q4_1 / Q5_1 dot
-uses for the weight minimum; and a FLIP -- impl's float32 input to a
+float32 summation order, and a FLIP -- impl's float32 input to a
 quantization differs from llama.cpp's by an ulp, and one element lands on the
 other side of a rounding boundary: one quantization step of one input
 element, times its weight column, in the product.
@@ -68,6 +80,40 @@ def round_q8_0(x: np.ndarray) -> np.ndarray:
         inv = np.where(amax != 0, _F32(127) / amax, _F32(0)).astype(_F32)
     q = np.rint((b * inv).astype(_F32))  # _mm256_round_ps(_MM_ROUND_NEAREST): half to even
     return (q * d).astype(_F32).reshape(np.shape(x))
+
+
+def q8_1_residue(x: np.ndarray) -> np.ndarray:
+    """Per 32-block of ``x``: ``s - fp16(d) * sum(q)``, what x86
+    ``quantize_row_q8_1`` stores as the block's sum (``s = fp16(d * sum(q))``,
+    ``d = max|x| / 127`` in float32) beyond the rounded activations' own sum
+    -- the part of a Q4_1 / Q5_1 dot's minimum term a float product misses.
+    Shape ``x.shape[:-1] + (blocks,)``, float32."""
+    b = _blocks(x, 32)
+    amax = np.abs(b).max(axis=-1)
+    d = (amax / _F32(127)).astype(_F32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, _F32(127) / amax, _F32(0)).astype(_F32)
+    qsum = np.rint((b * inv[..., None]).astype(_F32)).sum(axis=-1).astype(_F32)  # exact: |sum| <= 32 * 127
+    s = (d * qsum).astype(_F32).astype(np.float16).astype(_F32)
+    return (s - d.astype(np.float16).astype(_F32) * qsum).astype(_F32)
+
+
+def block_minima(w: np.ndarray, axis: int = -2) -> np.ndarray:
+    """Per 32-block of ``w`` along ``axis`` (the reduction axis of the product), the
+    least value: a Q4_1 / Q5_1 block's stored minimum ``m`` (see the module
+    docstring). ``axis`` is replaced by the blocks."""
+    w = np.moveaxis(np.asarray(w, dtype=_F32), axis, -1)
+    return np.moveaxis(_blocks(w, 32).min(axis=-1), -1, axis)
+
+
+def q8_1_product(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``a @ w`` as ggml's Q4_1 / Q5_1 dot computes it (``w`` the dequantized weight,
+    ``[..., in, out]``): the activations rounded to Q8_1 and the minimum term's
+    fp16 sum reproduced (``q8_1_residue`` times ``block_minima``)."""
+    a = np.asarray(a)
+    out = np.matmul(ROUNDING["q8_1"](a).astype(a.dtype, copy=False), w)
+    fix = np.matmul(q8_1_residue(a), block_minima(w, -2))
+    return (out + fix.astype(out.dtype, copy=False)).astype(out.dtype, copy=False)
 
 
 def round_q8_k(x: np.ndarray) -> np.ndarray:
@@ -159,8 +205,10 @@ class _Quantizing(np.ndarray):
         if ufunc is np.matmul and method == "__call__" and len(inputs) == 2 and isinstance(inputs[1], _Quantizing) \
                 and not isinstance(inputs[0], _Quantizing):
             a = plain[0]
-            plain[0] = inputs[1]._round(a).astype(a.dtype, copy=False)
             inputs[1]._hit()
+            if inputs[1]._round is q8_1_product and not kwargs:  # the whole product: the minimum term too
+                return q8_1_product(a, plain[1])
+            plain[0] = inputs[1]._round(a).astype(a.dtype, copy=False)
         return getattr(ufunc, method)(*plain, **kwargs)
 
 
@@ -178,7 +226,7 @@ def installed(layer, act_types: dict[str, str]):
         if not isinstance(w, np.ndarray):
             continue
         q = w.view(_Quantizing)
-        q._round, q._hit = ROUNDING[act], (lambda n=name: hits.add(n))
+        q._round, q._hit = (q8_1_product if act == "q8_1" else ROUNDING[act]), (lambda n=name: hits.add(n))
         saved[name] = w
         layer.w[name] = q
     try:
