@@ -74,3 +74,39 @@ def oracle_for(build, rc: RefCapture, teacher_forced: bool) -> RefCapture | None
     if references.oracle_reference() is None:
         return None
     return free(build)
+
+
+def drift(build, rc: RefCapture) -> RefCapture | None:
+    """The oracle reference run free at ``rc``'s float32 with ggml's activation
+    rounding on every quantized ``nn.Linear`` (``ggml_matmul.rounded_linears``):
+    the reference made to compute llama.cpp's arithmetic on the same dequantized
+    weights. Its distance to ``rc``, probe by probe and layer by layer, is the
+    drift that rounding makes on THESE weights at THIS depth -- what the policy
+    sizes the free-running llama.cpp vs HF comparison by (``drift_ratio``,
+    fixtures/tolerance.toml), instead of a constant fitted on tiny random models.
+    None where there is none to measure: float weights, another precision, a
+    reference that is not the oracle one, no Linear a quantized tensor feeds.
+    Made once per case."""
+    from ..gguf.types import is_quantized
+    from ..references.llamacpp.ggml_matmul import linear_act_types
+
+    ref = references.get(rc.name)
+    if not (ref.oracle and rc.dtype == "float32" and build.hf_types and is_quantized(build.case.gguf_type)):
+        return None
+
+    def make():
+        model, _ = build.hf_model("float32")
+        acts = linear_act_types(model, build.hf_types)
+        if not acts:
+            return None
+        t = time.perf_counter()
+        try:
+            dc = ref.capture(build.request(), dtype="float32", rounding=acts)
+        except UsageError:
+            raise
+        except Exception as e:
+            dc = _error(e)
+        build.timings["capture_hf_ggml_drift"] = time.perf_counter() - t
+        return dc
+
+    return build.memo("ggml_drift", make)

@@ -233,3 +233,77 @@ def installed(layer, act_types: dict[str, str]):
         yield hits
     finally:
         layer.w.update(saved)
+
+
+# ---------------------------------------------------------------- a whole model, free-running
+def linear_act_types(model, hf_types: dict[str, set[str]]) -> dict[str, str]:
+    """HF module name -> the activation type ggml multiplies its weight with, for
+    every ``nn.Linear`` of ``model`` whose weight came from quantized (or F16 /
+    BF16) GGUF tensors of one activation type (``hf_types``: HF parameter -> the
+    GGUF types it came from). A head tied to the embeddings takes the
+    embedding's types (llama.cpp multiplies by token_embd itself)."""
+    import torch
+
+    from harness.gguf.types import vec_dot_type
+
+    by_ptr = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if name in hf_types:
+            by_ptr[p.data_ptr()] = hf_types[name]
+    out = {}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        types = hf_types.get(f"{name}.weight") or by_ptr.get(mod.weight.data_ptr()) or set()
+        acts = {vec_dot_type(t) for t in types if t != "f32"}
+        if len(acts) == 1 and None not in acts:
+            act = acts.pop()
+            block = 256 if act == "q8_k" else 32 if act in ("q8_0", "q8_1") else 1
+            if mod.in_features % block == 0:
+                out[name] = act
+    return out
+
+
+@contextlib.contextmanager
+def rounded_linears(model, act_types: dict[str, str]):
+    """For the block, every ``nn.Linear`` of ``model`` named in ``act_types`` computes
+    as ggml's CPU does with its weight's GGUF type: the input rounded to the
+    activation type (``ROUNDING``), and for Q8_1 the weight minimum's fp16 sum
+    added (``q8_1_product``). A float reference made to compute llama.cpp's
+    arithmetic, free-running: how far that moves it from itself is the drift the
+    activation rounding makes at this depth, on these weights (the policy's
+    ``drift_ratio``, fixtures/tolerance.toml)."""
+    import torch
+
+    mods = dict(model.named_modules())
+    handles = []
+
+    def pre(act):
+        def hook(mod, args):
+            x = args[0]
+            a = x.detach().to(torch.float32).cpu().numpy()
+            r = torch.from_numpy(np.ascontiguousarray(ROUNDING[act](a))).to(x.dtype)
+            if act == "q8_1":
+                mod._ggml_residue = torch.from_numpy(np.ascontiguousarray(q8_1_residue(a)))
+            return (r, *args[1:])
+        return hook
+
+    def post(mod, args, out):
+        res = mod.__dict__.pop("_ggml_residue", None)
+        if res is None:
+            return out
+        mins = torch.from_numpy(np.ascontiguousarray(block_minima(mod.weight.detach().float().cpu().numpy(), -1)))
+        return out + (res @ mins.T).to(out.dtype)
+
+    try:
+        for name, act in act_types.items():
+            mod = mods.get(name)
+            if mod is None:
+                continue
+            handles.append(mod.register_forward_pre_hook(pre(act)))
+            if act == "q8_1":
+                handles.append(mod.register_forward_hook(post))
+        yield len(handles)
+    finally:
+        for h in handles:
+            h.remove()
