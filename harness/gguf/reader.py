@@ -285,6 +285,7 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
     # ignored, and listed in meta.json as ignored keys are
     other_mode = other_mode_tensors(infos, arch)
     used = {n: t for n, t in infos.items() if n not in other_mode}
+    types = {n: types[n] for n in used}
     shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in used.items()}
     tensors = {n: dequantizer(t) for n, t in used.items()}
     fam, kw, meta = read_config(cands, arch, values, shapes, tensors, path)
@@ -319,7 +320,7 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
                          f"(missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]})")
     layer_cfgs = fam.layer_configs(config, variant)
     lw = [{} if not kinds.implemented(lc) else fam.layer_weights(model, config, i) for i, lc in enumerate(layer_cfgs)]
-    mats = [types[n] for n in infos if len(shapes[n]) >= 2]
+    mats = [types[n] for n in used if len(shapes[n]) >= 2]
     hf_types = {h: {types[g] for g in gs if g in types} for h, gs in provenance.items()}
     return GGUFSource(str(path), fam, config, model, lw, ggml_types.coarsest(mats), types, variant,
                       meta.ignored(), unused_tensors(used, arch), hf_types, other_mode)

@@ -87,8 +87,10 @@ def drift(build, rc: RefCapture) -> RefCapture | None:
     None where there is none to measure: float weights, another precision, a
     reference that is not the oracle one, no Linear a quantized tensor feeds.
     Made once per case."""
+    import re
+
     from ..gguf.types import is_quantized
-    from ..references.llamacpp.ggml_matmul import linear_act_types
+    from ..references.llamacpp.ggml_matmul import linear_act_types, unrounded_params
 
     ref = references.get(rc.name)
     if not (ref.oracle and rc.dtype == "float32" and build.hf_types and is_quantized(build.case.gguf_type)):
@@ -107,6 +109,15 @@ def drift(build, rc: RefCapture) -> RefCapture | None:
         except Exception as e:
             dc = _error(e)
         build.timings["capture_hf_ggml_drift"] = time.perf_counter() - t
+        # where the drift run cannot round as llama.cpp does (a matmul outside nn.Linear), the
+        # drift from that layer on understates llama.cpp's: the judge keeps the table's bound
+        # there too (Judge.compare_refs)
+        left = unrounded_params(model, build.hf_types, acts)
+        where = [int(m.group(1)) for n in left
+                 if (m := re.match(re.escape(build.family.layers_path) + r"\.(\d+)\.", n))]
+        n_layers = len(build.layer_cfgs)
+        dc.meta["unrounded"] = left[:8]
+        dc.meta["unrounded_from_layer"] = (min(where) if where else n_layers) if left else None
         return dc
 
     return build.memo("ggml_drift", make)

@@ -264,6 +264,24 @@ def linear_act_types(model, hf_types: dict[str, set[str]]) -> dict[str, str]:
     return out
 
 
+def unrounded_params(model, hf_types: dict[str, set[str]], act_types: dict[str, str]) -> list[str]:
+    """The HF parameters from quantized GGUF tensors that llama.cpp multiplies (so
+    rounds the activations of) but no rounded ``nn.Linear`` holds: an MoE's expert
+    weights (transformers keeps them as fused 3-D parameters, multiplied inside the
+    experts module), an attention kernel's own matrices. An ``nn.Embedding``'s
+    weight is a lookup (ggml's get_rows: no rounding) and not one of them."""
+    import torch
+
+    from harness.gguf.types import is_quantized
+
+    covered = set()
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Embedding) or (isinstance(mod, torch.nn.Linear) and name in act_types):
+            covered |= {id(p) for p in mod.parameters(recurse=False)}
+    return sorted(n for n, p in model.named_parameters()
+                  if p.ndim >= 2 and id(p) not in covered and any(is_quantized(t) for t in hf_types.get(n, ())))
+
+
 @contextlib.contextmanager
 def rounded_linears(model, act_types: dict[str, str]):
     """For the block, every ``nn.Linear`` of ``model`` named in ``act_types`` computes
