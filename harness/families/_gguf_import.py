@@ -710,7 +710,8 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
         pieces = traced(name, p, np.int32 if n < 2**31 else np.int64)
         if len(pieces) == 1 and pieces[0][0] in tensors and _identity_trace(pieces[0][1]):
             g, arr = pieces[0]
-            data = np.asarray(tensors[g](), dtype=np.float32)
+            # an F32 tensor is a read-only view of the mapped file: copied once, a dequantized one not
+            data = np.require(np.asarray(tensors[g](), dtype=np.float32), requirements="W")
             if _squeeze_leading(data.shape) != _squeeze_leading(arr.shape):
                 raise UsageError(f"{where}: tensor {g} has shape {tuple(data.shape)} (numpy order); "
                                  f"the metadata makes it {tuple(arr.shape)} for family {family.name}")

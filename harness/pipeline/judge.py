@@ -132,7 +132,8 @@ class Judge:
             # ggml_<act> (Build.ggml_layer_dtype)
             ldt = (comparison_dtype(comparison_dtype(cap.dtype, rc.dtype), cap.layer_dtypes[layer])
                    if layer in cap.layer_dtypes else cdt)
-            row = self.judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc)
+            row = self.judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc,
+                             sides={rc.name: rc})
             if cap.note and not row.get("tol_reason"):
                 row["tol_reason"] = cap.note  # why the bound is this dtype's
             if plan_note:
@@ -203,7 +204,7 @@ class Judge:
             past = drift is not None and drift.meta.get("unrounded_from_layer") is not None and (
                 layer is None or layer >= drift.meta["unrounded_from_layer"])
             row = self.judge(cand.name, ref.name, layer, probe, cand.probes[k], ref.probes[k], cdt, None,
-                             drift=d, drift_keeps_table=past)
+                             drift=d, drift_keeps_table=past, sides={cand.name: cand, ref.name: ref})
             if note and not row.get("tol_reason"):
                 row["tol_reason"] = note
             rows.append(row)
@@ -211,7 +212,7 @@ class Judge:
 
 
     def judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle, drift=None,
-              drift_keeps_table: bool = False) -> dict:
+              drift_keeps_table: bool = False, sides: dict | None = None) -> dict:
         if np.shape(a) != np.shape(b):
             return self.row(cand_name, ref_name, layer, probe, "error",
                              f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
@@ -223,6 +224,7 @@ class Judge:
         rope = self.rope_reach(cand_name, layer, probe)
         ref_scale = absmax(b if oracle is None else oracle)
         tol = scaling.scaled(base, rope, "float64" if cdt == "float64" else "float32", ref_scale)
+        tol = self.derived_difference(tol, layer, probe, b, sides or {})
         if drift is not None and "drift_ratio" in base and np.shape(drift) == np.shape(b):
             tol, why = drift_bound(base, tol, metrics(drift, b, probe), rope, ref_scale, why, drift_keeps_table)
         if oracle is not None:
@@ -252,6 +254,30 @@ class Judge:
                         tol_nmse=tol.get("nmse"), tol_atol=tol.get("atol"), tol_reason=why)
         return row
 
+
+    def derived_difference(self, tol: dict, layer, probe: str, b, sides: dict) -> dict:
+        """A probe a side derives as the difference of two of its float32 tensors
+        (llama.cpp's ``attn_out = ffn_inp - layer_in``, references/llamacpp/capture.py)
+        carries ffn_inp's float32 rounding, up to u/2 |ffn_inp| an element, which no
+        longer shrinks with the difference: where |layer_in| >> |attn_out| the
+        difference's NMSE is (u/2)^2 sum(layer_in^2) / sum(attn_out^2), not float32's
+        (llama.cpp's random-model generator's olmo file: L1 attn_out 3.99e-10 against
+        a float32 bound of 1.01e-10). The bound grows by 4x that share (``u^2 R``) and
+        atol by ``u max|layer_in|``; a difference of comparable tensors is unaffected."""
+        if layer is None:
+            return tol
+        key = f"L{layer}.{probe}"
+        for name, cap in sides.items():
+            how = self.derived.get((name, key), "")
+            base = cap.probes.get(f"L{layer}.layer_in") if "ffn_inp - layer_in" in how else None
+            if base is None or np.shape(base) != np.shape(b):
+                continue
+            u = 2.0 ** -24
+            base = np.asarray(base, dtype=np.float64)
+            den = float(np.sum(np.square(np.asarray(b, dtype=np.float64))))
+            ratio = float(np.sum(np.square(base))) / den if den > 0 else 0.0
+            return dict(tol, nmse=tol["nmse"] + u * u * ratio, atol=tol["atol"] + u * float(np.abs(base).max()))
+        return tol
 
     def rope_reach(self, cand: str, layer: int | None, probe: str):
         """The RoPE reach (harness/scaling.py) a comparison's bound must allow for, or
