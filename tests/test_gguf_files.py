@@ -309,8 +309,10 @@ def test_a_moe_routing_flip_is_a_bounded_finding_and_impl_still_passes(policy):
     """deepseek_v3, Q8_0 weights, seed 0: HF vs llama.cpp jumps at L1 layer_out
     (resid_mid still at the rounding level) at the ONE token whose router top-2
     margin in HF is by far the smallest -- llama.cpp, rounding the router's input
-    to Q8_0, picked the other expert. That is the finding (fixtures/tolerance.toml),
-    bounded by its max_nmse; impl, rounding as ggml does, routes as llama.cpp and
+    to Q8_0, picked the other expert. The drift run (HF with ggml's rounding) picks
+    it too, so the row passes under the drift bound; the finding
+    (fixtures/tolerance.toml) bounds it by its max_nmse where no drift run is, and
+    only there; impl, rounding as ggml does, routes as llama.cpp and
     passes both references on every probe. On float weights the same case has
     no finding at all."""
     import torch
@@ -322,7 +324,12 @@ def test_a_moe_routing_flip_is_a_bounded_finding_and_impl_still_passes(policy):
     lc = {(r["layer"], r["probe"]): r for r in rows if r["candidate"] == "llamacpp"}
     assert lc[(1, "resid_mid")]["status"] == "pass" and lc[(1, "resid_mid")]["nmse"] < 1e-3
     jump = lc[(1, "layer_out")]
-    assert jump["status"] == "finding" and "routing flip" in jump["reason"] and jump["nmse"] > 1e-2
+    # the router is an nn.Linear: HF run with ggml's rounding (the drift run, pipeline/oracle.py)
+    # rounds its input too and flips the same token's expert, so the jump is within the bound
+    # the rounding itself makes (drift_ratio x the drift run's own distance to HF) -- the
+    # disagreement is the rounding's, measured; the finding still bounds it where no drift run is
+    assert jump["status"] == "pass" and "drift" in jump["tol_reason"] and jump["nmse"] > 1e-2
+    assert jump["tol_nmse"] >= jump["nmse"] > 1e-2
     flip_token = int(jump["worst"].split("tok=")[1].split(",")[0])
     assert all(r["status"] in ("pass", "finding", "not-exposed") for r in lc.values())
 
