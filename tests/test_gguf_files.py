@@ -542,3 +542,38 @@ def test_prompt_tokenizes_with_the_files_vocabulary(policy):
     assert not bad_rows(rows, ok=("pass", "not-exposed")) and {r["tokens"] for r in rows} == {len(ids)}
     seeded = CaseRun(Case(family="qwen3", overrides=(("vocab_size", 300),)), policy).tokens
     assert seeded.shape == (1, 16) and seeded[0].tolist() != ids
+
+
+@pytest.mark.parametrize("family", all_families())
+def test_export_writes_key_and_value_length_where_the_converter_does(family):
+    """The converter writes attention.key_length / value_length whenever the HF
+    config sets head_dim (conversion/base.py TextModel.set_gguf_parameters:
+    `if (head_dim := self.hparams.get("head_dim")) is not None`); without them
+    llama.cpp takes n_embd / n_head and refuses a head_dim override ("attn_q.weight
+    has wrong shape; expected 64, 64, got 64, 96" for qwen2 at 4 heads x 24). Every
+    family whose head_dim is settable writes both, equal to it."""
+    from harness import families
+    from harness.gguf import export as gguf_export
+    from harness.gguf.fastread import GGUFFile
+
+    from harness.families._mla import MlaFamily
+
+    fam = families.get(family)
+    if "head_dim" not in fam.settable_keys() or not fam.gguf_arch or isinstance(fam, MlaFamily):
+        # MLA: key_length is the latent's width (kv_lora_rank + rope), written from those
+        pytest.skip(f"{family}: head_dim is not a setting of its HF config, an MLA width, or no GGUF export")
+    config = fam.make_config({})
+    heads = int(config.num_attention_heads)
+    hd = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    try:
+        config = fam.make_config({"head_dim": hd + 8})
+        fam.layer_configs(config, fam.variants[0] if fam.variants else None)
+    except Exception as e:  # noqa: BLE001 -- a family whose layout ties head_dim to something else
+        pytest.skip(f"{family}: head_dim {hd + 8} is refused ({type(e).__name__})")
+    model = fam.build_model(config, 0)
+    path = gguf_export.export(fam, model, config, "f32", 0, fam.variants[0] if fam.variants else None)
+    v = GGUFFile(str(path)).values
+    arch = fam.gguf_arch
+    assert v.get(f"{arch}.attention.key_length") == hd + 8
+    # a family with its own V width (mimo_v2_flash's v_head_dim) writes that as value_length
+    assert v.get(f"{arch}.attention.value_length") == (getattr(config, "v_head_dim", None) or hd + 8)
