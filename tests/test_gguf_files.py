@@ -309,8 +309,10 @@ def test_a_moe_routing_flip_is_a_bounded_finding_and_impl_still_passes(policy):
     """deepseek_v3, Q8_0 weights, seed 0: HF vs llama.cpp jumps at L1 layer_out
     (resid_mid still at the rounding level) at the ONE token whose router top-2
     margin in HF is by far the smallest -- llama.cpp, rounding the router's input
-    to Q8_0, picked the other expert. That is the finding (fixtures/tolerance.toml),
-    bounded by its max_nmse; impl, rounding as ggml does, routes as llama.cpp and
+    to Q8_0, picked the other expert. The drift run (HF with ggml's rounding) picks
+    it too, so the row passes under the drift bound; the finding
+    (fixtures/tolerance.toml) bounds it by its max_nmse where no drift run is, and
+    only there; impl, rounding as ggml does, routes as llama.cpp and
     passes both references on every probe. On float weights the same case has
     no finding at all."""
     import torch
@@ -322,7 +324,12 @@ def test_a_moe_routing_flip_is_a_bounded_finding_and_impl_still_passes(policy):
     lc = {(r["layer"], r["probe"]): r for r in rows if r["candidate"] == "llamacpp"}
     assert lc[(1, "resid_mid")]["status"] == "pass" and lc[(1, "resid_mid")]["nmse"] < 1e-3
     jump = lc[(1, "layer_out")]
-    assert jump["status"] == "finding" and "routing flip" in jump["reason"] and jump["nmse"] > 1e-2
+    # the router is an nn.Linear: HF run with ggml's rounding (the drift run, pipeline/oracle.py)
+    # rounds its input too and flips the same token's expert, so the jump is within the bound
+    # the rounding itself makes (drift_ratio x the drift run's own distance to HF) -- the
+    # disagreement is the rounding's, measured; the finding still bounds it where no drift run is
+    assert jump["status"] == "pass" and "drift" in jump["tol_reason"] and jump["nmse"] > 1e-2
+    assert jump["tol_nmse"] >= jump["nmse"] > 1e-2
     flip_token = int(jump["worst"].split("tok=")[1].split(",")[0])
     assert all(r["status"] in ("pass", "finding", "not-exposed") for r in lc.values())
 
@@ -535,3 +542,38 @@ def test_prompt_tokenizes_with_the_files_vocabulary(policy):
     assert not bad_rows(rows, ok=("pass", "not-exposed")) and {r["tokens"] for r in rows} == {len(ids)}
     seeded = CaseRun(Case(family="qwen3", overrides=(("vocab_size", 300),)), policy).tokens
     assert seeded.shape == (1, 16) and seeded[0].tolist() != ids
+
+
+@pytest.mark.parametrize("family", all_families())
+def test_export_writes_key_and_value_length_where_the_converter_does(family):
+    """The converter writes attention.key_length / value_length whenever the HF
+    config sets head_dim (conversion/base.py TextModel.set_gguf_parameters:
+    `if (head_dim := self.hparams.get("head_dim")) is not None`); without them
+    llama.cpp takes n_embd / n_head and refuses a head_dim override ("attn_q.weight
+    has wrong shape; expected 64, 64, got 64, 96" for qwen2 at 4 heads x 24). Every
+    family whose head_dim is settable writes both, equal to it."""
+    from harness import families
+    from harness.gguf import export as gguf_export
+    from harness.gguf.fastread import GGUFFile
+
+    from harness.families._mla import MlaFamily
+
+    fam = families.get(family)
+    if "head_dim" not in fam.settable_keys() or not fam.gguf_arch or isinstance(fam, MlaFamily):
+        # MLA: key_length is the latent's width (kv_lora_rank + rope), written from those
+        pytest.skip(f"{family}: head_dim is not a setting of its HF config, an MLA width, or no GGUF export")
+    config = fam.make_config({})
+    heads = int(config.num_attention_heads)
+    hd = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    try:
+        config = fam.make_config({"head_dim": hd + 8})
+        fam.layer_configs(config, fam.variants[0] if fam.variants else None)
+    except Exception as e:  # noqa: BLE001 -- a family whose layout ties head_dim to something else
+        pytest.skip(f"{family}: head_dim {hd + 8} is refused ({type(e).__name__})")
+    model = fam.build_model(config, 0)
+    path = gguf_export.export(fam, model, config, "f32", 0, fam.variants[0] if fam.variants else None)
+    v = GGUFFile(str(path)).values
+    arch = fam.gguf_arch
+    assert v.get(f"{arch}.attention.key_length") == hd + 8
+    # a family with its own V width (mimo_v2_flash's v_head_dim) writes that as value_length
+    assert v.get(f"{arch}.attention.value_length") == (getattr(config, "v_head_dim", None) or hd + 8)

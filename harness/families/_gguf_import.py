@@ -528,6 +528,17 @@ class GGUFImport:
 _BIAS_THEN_SCALE = re.compile(r"blk\.\d+\.ffn_(up|gate|down)(_shexp)?\.scale$")
 
 
+def _identity_trace(arr: np.ndarray) -> bool:
+    """The traced index array is 0, 1, 2, ... in C order: the layout steps left every
+    HF element where it was, so the file's tensor IS the HF tensor and the scatter
+    can be skipped (on a 262k-vocabulary embedding, 168M indices). Checked on
+    the values, in one pass: a permutation never passes."""
+    flat = arr.reshape(-1)
+    step = 1 << 22  # in chunks: no second index array of the model's largest tensor
+    return all(np.array_equal(flat[i:i + step], np.arange(i, min(i + step, flat.size), dtype=flat.dtype))
+               for i in range(0, flat.size, step))
+
+
 def unused_tensors(names, arch: str) -> list[str]:
     """The file's tensors llama.cpp loads for ``arch`` and its graph never reads:
     every ``X.input_scale``, and each ``X.scale`` of a kind the arch's graph does
@@ -697,6 +708,18 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
     for name, p in params:
         n = int(p.numel())
         pieces = traced(name, p, np.int32 if n < 2**31 else np.int64)
+        if len(pieces) == 1 and pieces[0][0] in tensors and _identity_trace(pieces[0][1]):
+            g, arr = pieces[0]
+            # an F32 tensor is a read-only view of the mapped file: copied once, a dequantized one not
+            data = np.require(np.asarray(tensors[g](), dtype=np.float32), requirements="W")
+            if _squeeze_leading(data.shape) != _squeeze_leading(arr.shape):
+                raise UsageError(f"{where}: tensor {g} has shape {tuple(data.shape)} (numpy order); "
+                                 f"the metadata makes it {tuple(arr.shape)} for family {family.name}")
+            used.add(g)
+            out[name] = family.gguf_value_unmap(name, data.reshape(tuple(p.shape)), config)
+            if provenance is not None:
+                provenance[name] = [g]
+            continue
         flat = None
         covered = None
         missing = []

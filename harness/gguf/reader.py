@@ -26,6 +26,8 @@ file decides; ``--gguf-type`` does not apply to a file the user brings).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,7 @@ class GGUFSource:
     ignored: dict[str, str] = field(default_factory=dict)  # metadata keys llama.cpp does not read, and why
     unused: list[str] = field(default_factory=list)  # tensors llama.cpp loads and its graph never reads
     hf_types: dict[str, set] = field(default_factory=dict)  # HF tensor -> the types of the GGUF tensors it came from
+    other_mode: dict[str, str] = field(default_factory=dict)  # tensors llama.cpp reads only in another mode, and why
 
     def summary(self) -> dict:
         """What the run's meta.json records about the file."""
@@ -62,11 +65,47 @@ class GGUFSource:
         return {"path": self.path, "family": self.family.name, "arch": self.family.gguf_arch,
                 "variant": self.variant, "weight_type": self.weight_type, "tensor_types": counts,
                 "ignored_keys": self.ignored,
-                "unused_tensors": {n: f"loaded by llama.cpp, read by no op of its {self.family.gguf_arch} graph"
-                                   for n in self.unused}}
+                "unused_tensors": {**{n: f"loaded by llama.cpp, read by no op of its {self.family.gguf_arch} graph"
+                                      for n in self.unused}, **self.other_mode}}
+
+
+# The archs whose graph adds an output.bias to the logits (src/models/<arch>.cpp:
+# ``output_b = create_tensor(tn(LLM_TENSOR_OUTPUT, "bias"), ..., TENSOR_NOT_REQUIRED)`` and
+# ``cur = ggml_add(ctx0, cur, model.output_b)`` after the lm_head; qwen2.cpp lines 27, 147):
+# HF's head (bias=False in Qwen2ForCausalLM) is given the bias, so both compute the file's logits.
+OUTPUT_BIAS_ARCHS = frozenset({"qwen2", "qwen2vl", "phi2", "phi3", "phimoe", "dream"})
+
+# Tensors an arch creates only for classifier pooling (LLAMA_POOLING_TYPE_RANK: llama-graph.cpp
+# build_pooling reads cls / cls_b / cls_out / cls_out_b / cls_norm; qwen3.cpp line 29 creates
+# cls.output TENSOR_NOT_REQUIRED for its rerank head). A generation run never reads them.
+POOLING_TENSORS = ("cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias", "cls.norm.weight",
+                   "cls.norm.bias")
+
+
+def other_mode_tensors(infos, arch: str) -> dict[str, str]:
+    """The file's tensors llama.cpp reads only in a mode the harness does not run
+    (classifier pooling), and why: ignored, listed in meta.json."""
+    return {n: f"read by llama.cpp's {arch} graph only for classifier pooling (rerank: llama-graph.cpp "
+               "build_pooling); a generation run never reads it" for n in infos if n in POOLING_TENSORS}
+
+
+def head_with_bias(model) -> None:
+    """``model``'s output head replaced by one with a bias (zeros, filled by the
+    reverse map from output.bias), its weight the same parameter: a tied head
+    stays tied."""
+    import torch
+
+    old = model.get_output_embeddings()
+    new = torch.nn.Linear(old.in_features, old.out_features, bias=True, dtype=old.weight.dtype)
+    new.weight = old.weight
+    with torch.no_grad():
+        new.bias.zero_()
+    model.set_output_embeddings(new)
 
 
 def read_fields(reader) -> dict[str, Any]:
+    if hasattr(reader, "values"):  # fastread.GGUFFile: decoded once
+        return dict(reader.values)
     out = {}
     for k, f in reader.fields.items():
         try:
@@ -141,31 +180,73 @@ def read_config(cands: list, arch: str, values: dict, shapes: dict, tensors: dic
 
 
 def open_reader(path: str):
-    """``gguf.GGUFReader`` over the file, or one line saying why it cannot be read."""
-    import gguf
+    """The file's metadata and tensor table (``fastread.GGUFFile``: gguf-py's
+    reader takes 15 s over a 262k-token vocabulary), or one line saying why it
+    cannot be read."""
+    from .fastread import GGUFFile
 
     p = Path(path)
     try:
-        reader = gguf.GGUFReader(str(p), "r")
-        # every tensor's data must lie inside the file (a truncated download maps short)
-        for t in reader.tensors:
-            if t.data.nbytes != int(t.n_bytes):
-                raise ValueError(f"tensor {t.name} is cut short")
+        reader = GGUFFile(str(p))  # every tensor's data must lie inside the file (a truncated download maps short)
     except Exception as e:  # not a GGUF / truncated: the reader raises ValueError, struct errors, ...
         raise UsageError(f"--gguf {path}: not a readable GGUF file ({type(e).__name__}: "
                          f"{' '.join(str(e).split())[:160]})") from None
     return reader
 
 
-def dequantizer(info):
-    """A callable giving tensor ``info`` as float32 in numpy order (ggml's ne reversed)."""
+class _GgmlToFloat(ctypes.Structure):
+    # struct ggml_type_traits (ggml/include/ggml.h of the vendored llama.cpp)
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64), ("blck_size_interleave", ctypes.c_int64),
+                ("type_size", ctypes.c_size_t), ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                ("from_float_ref", ctypes.c_void_p)]
+
+
+_TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _ggml_to_float(type_id: int):
+    """ggml's own dequantizer of a type (``ggml_get_type_traits(type)->to_float``,
+    ggml-quants.c ``dequantize_row_*``: the numbers llama.cpp's get_rows and
+    matmuls read), or None without llama-cpp-python."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    libs = sorted(lib_dir.glob("libggml-base.so*")) + sorted(lib_dir.glob("libggml-base.dylib"))
+    if not libs:
+        return None
+    lib = ctypes.CDLL(str(libs[0]))
+    lib.ggml_get_type_traits.restype = ctypes.POINTER(_GgmlToFloat)
+    lib.ggml_get_type_traits.argtypes = [ctypes.c_int]
+    tr = lib.ggml_get_type_traits(type_id).contents
+    return _TO_FLOAT(tr.to_float) if tr.to_float else None
+
+
+def dequantize(data: np.ndarray, tensor_type) -> np.ndarray:
+    """One tensor's raw data (gguf-py's layout) as float32: ggml's own ``to_float``
+    (C, the dequantization llama.cpp runs; 20x gguf-py's numpy on K-quants),
+    else ``gguf.quants.dequantize``. Flat."""
     import gguf
 
+    fn = _ggml_to_float(int(tensor_type)) if tensor_type not in (gguf.GGMLQuantizationType.F32,) else None
+    if fn is None:
+        return np.asarray(gguf.quants.dequantize(data, tensor_type), dtype=np.float32).reshape(-1)
+    block, size = gguf.GGML_QUANT_SIZES[tensor_type]
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    n = raw.size // size * block
+    out = np.empty(n, dtype=np.float32)
+    fn(raw.ctypes.data, out.ctypes.data, n)
+    return out
+
+
+def dequantizer(info):
+    """A callable giving tensor ``info`` as float32 in numpy order (ggml's ne reversed)."""
     shape = tuple(int(d) for d in reversed(info.shape.tolist()))
 
     def get():
-        a = gguf.quants.dequantize(info.data, info.tensor_type)
-        return np.asarray(a, dtype=np.float32).reshape(shape)
+        return dequantize(info.data, info.tensor_type).reshape(shape)
     return get
 
 
@@ -200,20 +281,33 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
         raise UsageError(f"--gguf {path}: tensor type {', '.join(t.upper() for t in odd)} cannot be dequantized "
                          f"(no dequantizer in the gguf package); readable: "
                          f"{', '.join(sorted(t.upper() for t in known))}")
-    shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in infos.items()}
-    tensors = {n: dequantizer(t) for n, t in infos.items()}
+    # a tensor llama.cpp reads only in another mode than generation (classifier pooling):
+    # ignored, and listed in meta.json as ignored keys are
+    other_mode = other_mode_tensors(infos, arch)
+    used = {n: t for n, t in infos.items() if n not in other_mode}
+    types = {n: types[n] for n in used}
+    shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in used.items()}
+    tensors = {n: dequantizer(t) for n, t in used.items()}
     fam, kw, meta = read_config(cands, arch, values, shapes, tensors, path)
     config = fam.config_from_kwargs(kw, f"--gguf {path}: the HF config refused the file's settings")
     variant = fam.gguf_variant_of(shapes)
 
     kwargs = {} if fam.experts_implementation is None else {"experts_implementation": fam.experts_implementation}
     try:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32,
-                                                 **kwargs).eval()
+        # no random initialisation: every parameter is the file's (trace_import covers each
+        # element, strict below); buffers (RoPE tables) are computed in __init__ as always
+        from transformers.initialization import no_init_weights
+
+        with no_init_weights():
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32,
+                                                     **kwargs).eval()
+        model.tie_weights()  # what init_weights does besides initialising (skipped with it)
     except (ValueError, TypeError, KeyError, AssertionError, RuntimeError) as e:
         raise UsageError(f"--gguf {path}: HF cannot build family {fam.name} from the file's config: "
                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     fam.gguf_patch_model(model, config)
+    if "output.bias" in used and arch in OUTPUT_BIAS_ARCHS:
+        head_with_bias(model)
     provenance: dict[str, list[str]] = {}
     state = fam.gguf_import_tensors(tensors, model, config, variant, path, provenance)
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
@@ -226,7 +320,7 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
                          f"(missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]})")
     layer_cfgs = fam.layer_configs(config, variant)
     lw = [{} if not kinds.implemented(lc) else fam.layer_weights(model, config, i) for i, lc in enumerate(layer_cfgs)]
-    mats = [types[n] for n in infos if len(shapes[n]) >= 2]
+    mats = [types[n] for n in used if len(shapes[n]) >= 2]
     hf_types = {h: {types[g] for g in gs if g in types} for h, gs in provenance.items()}
     return GGUFSource(str(path), fam, config, model, lw, ggml_types.coarsest(mats), types, variant,
-                      meta.ignored(), unused_tensors(infos, arch), hf_types)
+                      meta.ignored(), unused_tensors(used, arch), hf_types, other_mode)

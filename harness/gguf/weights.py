@@ -19,6 +19,7 @@ against the other.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import subprocess
 import sys
@@ -102,9 +103,19 @@ def transformers_reference(src, log=None):
     arch = src.family.gguf_arch
     if arch not in GGUF_SUPPORTED_ARCHITECTURES and arch.replace("-", "_") not in GGUF_SUPPORTED_ARCHITECTURES:
         return None, f"transformers' GGUF loader does not support {arch}: the harness's reverse map"
+    quantized = sorted({t for t in src.tensor_types.values() if ggml_types.is_quantized(t)})
+    if quantized:
+        # its dequantization is gguf-py's dequantize, the one the reverse map ran: the same
+        # numbers a second time (on a 135M file 18 s, and a second float32 copy of the model);
+        # its name map and Q/K un-permutation are independent of the weight type and are
+        # checked on float files (tests/test_gguf_files.py), and llama.cpp reads this file
+        # itself -- the independent reading the three-way comparison rests on
+        return None, (f"the harness's reverse map, dequantized once (the file is {', '.join(quantized)}: "
+                      "transformers' GGUF loader would dequantize it again to the same numbers)")
     model = copy.deepcopy(src.model)
     try:
-        parsed = load_gguf_checkpoint(src.path, return_tensors=True, model_to_load=model)
+        with quiet_third_party():
+            parsed = load_gguf_checkpoint(src.path, return_tensors=True, model_to_load=model)
     except Exception as e:  # its own mapping refused the file: fall back, and say so
         return None, (f"transformers' GGUF loader refused the file ({type(e).__name__}: "
                       f"{' '.join(str(e).split())[:160]}): the harness's reverse map")
@@ -127,6 +138,32 @@ def transformers_reference(src, log=None):
             return None, (f"transformers' GGUF loader reads {k} differently from llama.cpp's graph (the reverse map): "
                           "the harness's reverse map")
     return model, "transformers' GGUF loader (load_gguf_checkpoint) into the config read here"
+
+
+@contextlib.contextmanager
+def quiet_third_party():
+    """transformers' GGUF loader without its tqdm bar ("Converting and de-quantizing
+    GGUF tensors...", written raw into the run's output: it imports tqdm.auto
+    itself, so transformers' own disable_progress_bar does not reach it) and
+    without its log lines and warnings: the run's output is the harness's."""
+    import warnings
+
+    import transformers.modeling_gguf_pytorch_utils as tg
+    from transformers.utils import logging as tlog
+
+    def silent(it=None, *args, **kwargs):
+        return it
+
+    saved, level = tg.tqdm, tlog.get_verbosity()
+    tg.tqdm = silent
+    tlog.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        tg.tqdm = saved
+        tlog.set_verbosity(level)
 
 
 def _tied(model, name: str) -> bool:

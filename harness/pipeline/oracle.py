@@ -74,3 +74,50 @@ def oracle_for(build, rc: RefCapture, teacher_forced: bool) -> RefCapture | None
     if references.oracle_reference() is None:
         return None
     return free(build)
+
+
+def drift(build, rc: RefCapture) -> RefCapture | None:
+    """The oracle reference run free at ``rc``'s float32 with ggml's activation
+    rounding on every quantized ``nn.Linear`` (``ggml_matmul.rounded_linears``):
+    the reference made to compute llama.cpp's arithmetic on the same dequantized
+    weights. Its distance to ``rc``, probe by probe and layer by layer, is the
+    drift that rounding makes on THESE weights at THIS depth -- what the policy
+    sizes the free-running llama.cpp vs HF comparison by (``drift_ratio``,
+    fixtures/tolerance.toml), instead of a constant fitted on tiny random models.
+    None where there is none to measure: float weights, another precision, a
+    reference that is not the oracle one, no Linear a quantized tensor feeds.
+    Made once per case."""
+    import re
+
+    from ..gguf.types import is_quantized
+    from ..references.llamacpp.ggml_matmul import linear_act_types, unrounded_params
+
+    ref = references.get(rc.name)
+    if not (ref.oracle and rc.dtype == "float32" and build.hf_types and is_quantized(build.case.gguf_type)):
+        return None
+
+    def make():
+        model, _ = build.hf_model("float32")
+        acts = linear_act_types(model, build.hf_types)
+        if not acts:
+            return None
+        t = time.perf_counter()
+        try:
+            dc = ref.capture(build.request(), dtype="float32", rounding=acts)
+        except UsageError:
+            raise
+        except Exception as e:
+            dc = _error(e)
+        build.timings["capture_hf_ggml_drift"] = time.perf_counter() - t
+        # where the drift run cannot round as llama.cpp does (a matmul outside nn.Linear), the
+        # drift from that layer on understates llama.cpp's: the judge keeps the table's bound
+        # there too (Judge.compare_refs)
+        left = unrounded_params(model, build.hf_types, acts)
+        where = [int(m.group(1)) for n in left
+                 if (m := re.match(re.escape(build.family.layers_path) + r"\.(\d+)\.", n))]
+        n_layers = len(build.layer_cfgs)
+        dc.meta["unrounded"] = left[:8]
+        dc.meta["unrounded_from_layer"] = (min(where) if where else n_layers) if left else None
+        return dc
+
+    return build.memo("ggml_drift", make)

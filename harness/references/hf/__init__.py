@@ -39,7 +39,7 @@ class HF(Reference):
                    "(reference hf_cached)" for p in STATE_PROBES}
 
     def capture(self, req, dtype: str | None = None, weights: str | None = None, force: RefCapture | None = None,
-                attn_implementation: str = "eager") -> RefCapture:
+                attn_implementation: str = "eager", rounding: dict | None = None) -> RefCapture:
         """HF computing in ``dtype`` (default: the case's planned one) on its weights
         as held in ``weights`` (default: ``dtype``); ``force``: teacher-force every
         decoder layer with that capture's own layer inputs (the float64 oracle);
@@ -55,8 +55,10 @@ class HF(Reference):
         weights = weights or dtype
         sel = req.selection
         case = req.case
+        from ..llamacpp import ggml_matmul
+
         src = cache.source_hash(*cache.family_sources(req.family), Path(hf.__file__), Path(f64_file),
-                                *req.family_base_sources)
+                               *req.family_base_sources, *((Path(ggml_matmul.__file__),) if rounding else ()))
         calls = self.calls(req)
         k = cache.key("hf", CAPTURE_SCHEMA, req.family.name, req.config.to_json_string(use_diff=False),
                       case.seed, req.tokens.tolist(), dtype, case.hf_model, req.checkpoint_stamp,
@@ -68,7 +70,8 @@ class HF(Reference):
                       *((["forced_by", force.key],) if force is not None else ()),
                       *((["selection", sel.label()],) if sel.label() else ()),
                       *((["attn_implementation", attn_implementation],) if attn_implementation != "eager" else ()),
-                      *((["calls", calls],) if calls is not None else ()))
+                      *((["calls", calls],) if calls is not None else ()),
+                      *((["ggml_rounding", sorted(rounding.items())],) if rounding else ()))
         hit = cache.load("hf", k)
         if hit is not None:
             return RefCapture(self.name, dtype, hit[0], meta=hit[1], cached=True, key=k)
@@ -82,11 +85,15 @@ class HF(Reference):
             model = copy.deepcopy(model)
             model.set_attn_implementation(attn_implementation)
         meta = {"family": req.family.name, "dtype": dtype, "weights": weights, **({"built_by": how} if how else {}),
-                "not_exposed": self.not_exposed(), **({"calls": len(calls)} if calls is not None else {})}
+                "not_exposed": self.not_exposed(), **({"calls": len(calls)} if calls is not None else {}),
+                **({"ggml_rounding": len(rounding)} if rounding else {})}
         forced = None if force is None else {k2: force.probes[k2] for k2 in force.probes if k2.endswith(".layer_in")}
         # each probe goes to disk as HF computes it (harness/store.py); the oracle stops
         # after the last layer it is asked for
-        with cache.writer("hf", k, keep=sel.key) as w:
+        import contextlib
+
+        rounded = ggml_matmul.rounded_linears(model, rounding) if rounding else contextlib.nullcontext()
+        with cache.writer("hf", k, keep=sel.key) as w, rounded:
             hf.capture(req.family, model, req.config, list(req.layer_cfgs), req.tokens, meta, force_inputs=forced,
                        sink=w, layers=sel.layers, probes=sel.probes, float64=dtype == "float64",
                        model_probes=force is None and sel.model_probes, attn_implementation=attn_implementation,

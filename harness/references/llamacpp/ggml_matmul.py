@@ -30,9 +30,21 @@ float32 summation order:
   llamafile's tinyBLAS multiplies F16 x F16 only, so the activations are
   rounded to f16 (round to nearest even) -- bf16 likewise.
 
+- Q4_1 / Q5_1 weights (Q8_1 activations): their dot
+  (``ggml_vec_dot_q4_1_q8_1`` / ``_q5_1_q8_1``, ggml-cpu/arch/x86/quants.c)
+  is ``sum_b d_w d_x sum(q_w q_x) + m_b * s_b`` with the block's weight
+  minimum ``m_b`` and ``s_b = fp16(d * sum(q_x))`` -- ``d = max|x| / 127``
+  unrounded (x86 ``quantize_row_q8_1``) -- where a float product on the
+  rounded activations has ``m_b * fp16(d) * sum(q_x)``. ``q8_1_product`` adds
+  the difference, ``m_b * (s_b - fp16(d) sum(q_x))``, per block: ``m_b`` is
+  the least dequantized weight of the block (``quantize_row_q4_1_ref`` /
+  ``_q5_1_ref`` give the block's minimum element ``q = 0``, so it IS the
+  stored minimum; an importance-matrix quantization may leave every q above
+  0, and then the term is off by ``d_w * min(q)`` of a correction that is
+  itself an fp16 rounding: a residue below a flip).
+
 What is NOT reproduced (the residue ``fixtures/tolerance.toml`` bounds):
-float32 summation order; the fp16 ``s = d * sum(q)`` term a Q4_1 / Q5_1 dot
-uses for the weight minimum; and a FLIP -- impl's float32 input to a
+float32 summation order, and a FLIP -- impl's float32 input to a
 quantization differs from llama.cpp's by an ulp, and one element lands on the
 other side of a rounding boundary: one quantization step of one input
 element, times its weight column, in the product.
@@ -68,6 +80,40 @@ def round_q8_0(x: np.ndarray) -> np.ndarray:
         inv = np.where(amax != 0, _F32(127) / amax, _F32(0)).astype(_F32)
     q = np.rint((b * inv).astype(_F32))  # _mm256_round_ps(_MM_ROUND_NEAREST): half to even
     return (q * d).astype(_F32).reshape(np.shape(x))
+
+
+def q8_1_residue(x: np.ndarray) -> np.ndarray:
+    """Per 32-block of ``x``: ``s - fp16(d) * sum(q)``, what x86
+    ``quantize_row_q8_1`` stores as the block's sum (``s = fp16(d * sum(q))``,
+    ``d = max|x| / 127`` in float32) beyond the rounded activations' own sum
+    -- the part of a Q4_1 / Q5_1 dot's minimum term a float product misses.
+    Shape ``x.shape[:-1] + (blocks,)``, float32."""
+    b = _blocks(x, 32)
+    amax = np.abs(b).max(axis=-1)
+    d = (amax / _F32(127)).astype(_F32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, _F32(127) / amax, _F32(0)).astype(_F32)
+    qsum = np.rint((b * inv[..., None]).astype(_F32)).sum(axis=-1).astype(_F32)  # exact: |sum| <= 32 * 127
+    s = (d * qsum).astype(_F32).astype(np.float16).astype(_F32)
+    return (s - d.astype(np.float16).astype(_F32) * qsum).astype(_F32)
+
+
+def block_minima(w: np.ndarray, axis: int = -2) -> np.ndarray:
+    """Per 32-block of ``w`` along ``axis`` (the reduction axis of the product), the
+    least value: a Q4_1 / Q5_1 block's stored minimum ``m`` (see the module
+    docstring). ``axis`` is replaced by the blocks."""
+    w = np.moveaxis(np.asarray(w, dtype=_F32), axis, -1)
+    return np.moveaxis(_blocks(w, 32).min(axis=-1), -1, axis)
+
+
+def q8_1_product(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``a @ w`` as ggml's Q4_1 / Q5_1 dot computes it (``w`` the dequantized weight,
+    ``[..., in, out]``): the activations rounded to Q8_1 and the minimum term's
+    fp16 sum reproduced (``q8_1_residue`` times ``block_minima``)."""
+    a = np.asarray(a)
+    out = np.matmul(ROUNDING["q8_1"](a).astype(a.dtype, copy=False), w)
+    fix = np.matmul(q8_1_residue(a), block_minima(w, -2))
+    return (out + fix.astype(out.dtype, copy=False)).astype(out.dtype, copy=False)
 
 
 def round_q8_k(x: np.ndarray) -> np.ndarray:
@@ -153,14 +199,18 @@ class _Quantizing(np.ndarray):
     def __array_finalize__(self, obj):
         self._round = getattr(obj, "_round", None)
         self._hit = getattr(obj, "_hit", None)
+        self._order = getattr(obj, "_order", None)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         plain = [np.asarray(x).view(np.ndarray) if isinstance(x, _Quantizing) else x for x in inputs]
         if ufunc is np.matmul and method == "__call__" and len(inputs) == 2 and isinstance(inputs[1], _Quantizing) \
                 and not isinstance(inputs[0], _Quantizing):
             a = plain[0]
-            plain[0] = inputs[1]._round(a).astype(a.dtype, copy=False)
             inputs[1]._hit()
+            if inputs[1]._round is q8_1_product and not kwargs:  # the whole product: the minimum term too
+                o = inputs[1]._order  # ggml's blocks are runs of the FILE's input columns
+                return q8_1_product(a, plain[1]) if o is None else q8_1_product(a[..., o], plain[1][..., o, :])
+            plain[0] = inputs[1]._round(a).astype(a.dtype, copy=False)
         return getattr(ufunc, method)(*plain, **kwargs)
 
 
@@ -192,11 +242,107 @@ def installed(layer, act_types: dict[str, str], orders: dict | None = None):
         if not isinstance(w, np.ndarray):
             continue
         q = w.view(_Quantizing)
-        rnd = ROUNDING[act] if not (orders and name in orders) else _in_order(ROUNDING[act], orders[name])
-        q._round, q._hit = rnd, (lambda n=name: hits.add(n))
+        order = orders.get(name) if orders else None
+        if act == "q8_1":  # the whole product (the minimum term too), in the file's column order
+            rnd = q8_1_product
+        else:
+            rnd = ROUNDING[act] if order is None else _in_order(ROUNDING[act], order)
+        q._round, q._order, q._hit = rnd, order, (lambda n=name: hits.add(n))
         saved[name] = w
         layer.w[name] = q
     try:
         yield hits
     finally:
         layer.w.update(saved)
+
+
+# ---------------------------------------------------------------- a whole model, free-running
+def linear_act_types(model, hf_types: dict[str, set[str]]) -> dict[str, str]:
+    """HF module name -> the activation type ggml multiplies its weight with, for
+    every ``nn.Linear`` of ``model`` whose weight came from quantized (or F16 /
+    BF16) GGUF tensors of one activation type (``hf_types``: HF parameter -> the
+    GGUF types it came from). A head tied to the embeddings takes the
+    embedding's types (llama.cpp multiplies by token_embd itself)."""
+    import torch
+
+    from harness.gguf.types import vec_dot_type
+
+    by_ptr = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if name in hf_types:
+            by_ptr[p.data_ptr()] = hf_types[name]
+    out = {}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        types = hf_types.get(f"{name}.weight") or by_ptr.get(mod.weight.data_ptr()) or set()
+        acts = {vec_dot_type(t) for t in types if t != "f32"}
+        if len(acts) == 1 and None not in acts:
+            act = acts.pop()
+            block = 256 if act == "q8_k" else 32 if act in ("q8_0", "q8_1") else 1
+            if mod.in_features % block == 0:
+                out[name] = act
+    return out
+
+
+def unrounded_params(model, hf_types: dict[str, set[str]], act_types: dict[str, str]) -> list[str]:
+    """The HF parameters from quantized GGUF tensors that llama.cpp multiplies (so
+    rounds the activations of) but no rounded ``nn.Linear`` holds: an MoE's expert
+    weights (transformers keeps them as fused 3-D parameters, multiplied inside the
+    experts module), an attention kernel's own matrices. An ``nn.Embedding``'s
+    weight is a lookup (ggml's get_rows: no rounding) and not one of them."""
+    import torch
+
+    from harness.gguf.types import is_quantized
+
+    covered = set()
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Embedding) or (isinstance(mod, torch.nn.Linear) and name in act_types):
+            covered |= {id(p) for p in mod.parameters(recurse=False)}
+    return sorted(n for n, p in model.named_parameters()
+                  if p.ndim >= 2 and id(p) not in covered and any(is_quantized(t) for t in hf_types.get(n, ())))
+
+
+@contextlib.contextmanager
+def rounded_linears(model, act_types: dict[str, str]):
+    """For the block, every ``nn.Linear`` of ``model`` named in ``act_types`` computes
+    as ggml's CPU does with its weight's GGUF type: the input rounded to the
+    activation type (``ROUNDING``), and for Q8_1 the weight minimum's fp16 sum
+    added (``q8_1_product``). A float reference made to compute llama.cpp's
+    arithmetic, free-running: how far that moves it from itself is the drift the
+    activation rounding makes at this depth, on these weights (the policy's
+    ``drift_ratio``, fixtures/tolerance.toml)."""
+    import torch
+
+    mods = dict(model.named_modules())
+    handles = []
+
+    def pre(act):
+        def hook(mod, args):
+            x = args[0]
+            a = x.detach().to(torch.float32).cpu().numpy()
+            r = torch.from_numpy(np.ascontiguousarray(ROUNDING[act](a))).to(x.dtype)
+            if act == "q8_1":
+                mod._ggml_residue = torch.from_numpy(np.ascontiguousarray(q8_1_residue(a)))
+            return (r, *args[1:])
+        return hook
+
+    def post(mod, args, out):
+        res = mod.__dict__.pop("_ggml_residue", None)
+        if res is None:
+            return out
+        mins = torch.from_numpy(np.ascontiguousarray(block_minima(mod.weight.detach().float().cpu().numpy(), -1)))
+        return out + (res @ mins.T).to(out.dtype)
+
+    try:
+        for name, act in act_types.items():
+            mod = mods.get(name)
+            if mod is None:
+                continue
+            handles.append(mod.register_forward_pre_hook(pre(act)))
+            if act == "q8_1":
+                handles.append(mod.register_forward_hook(post))
+        yield len(handles)
+    finally:
+        for h in handles:
+            h.remove()
