@@ -68,6 +68,8 @@ AXES = {
     "schedules": ("schedule", ["mixed"]),
     "page_sizes": ("page_size", [4]),
     "kv_evict": ("evict", [False]),
+    # true: the sequences differ in length, first call and arrival (continuous batching)
+    "ragged": ("ragged", [False]),
     "references": ("ref", ["hf"]),
     "candidates": ("candidate", ["impl"]),  # the engines judged (harness/candidates)
     "weights": ("weights", ["random"]),  # the seeded model's weights (random, realistic)
@@ -81,7 +83,7 @@ AXES = {
 }
 _ALL_AXES = {"layers", "probes"}  # None (TOML has no null): every layer / probe
 _INT_AXES = {"seeds", "tokens", "seqs", "page_sizes"}
-_BOOL_AXES = {"kv_evict"}
+_BOOL_AXES = {"kv_evict", "ragged"}
 TOP_KEYS = {"name", "description", "group", "exclude"} | set(AXES)
 GROUP_KEYS = {"name"} | set(AXES)
 EXCLUDE_KEYS = {"reason"} | set(AXES)
@@ -486,7 +488,8 @@ def run_order(cases: list[Case]) -> list[Case]:
     of the same one twice; the rows are written in spec order regardless."""
     first, rest, seen = [], [], set()
     for c in cases:
-        k = (c.family, c.variant, repr(c.overrides), c.seed, c.tokens, c.n_seqs, c.kv == "decode", c.schedule, c.gguf_type)
+        k = (c.family, c.variant, repr(c.overrides), c.seed, c.tokens, c.n_seqs, c.kv == "decode", c.schedule, c.gguf_type,
+             c.ragged)
         (rest if k in seen else first).append(c)
         seen.add(k)
     return first + rest
