@@ -106,6 +106,10 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
             continue  # it was checked, and failed: that row already says where and by how much
         seen = sorted({f"{x['reference']}: {x['status']}" for x in mine
                        if x["layer"] == i and x["probe"] in (probe, "*", "layer_in")})
-        out.append(make_row(i, probe, f"no reference passed {candidate}'s {probe} on this layer "
-                                      f"({'; '.join(seen) or 'nothing compared'}): the layer is unchecked"))
+        why = f"no reference passed {candidate}'s {probe} on this layer ({'; '.join(seen) or 'nothing compared'})"
+        # a finding that lost its guard there says what the references disagree on, and where to judge it
+        lost = next((x["reason"] for x in mine if x["layer"] == i and x["probe"] == probe
+                     and x["status"] == "unguarded"), "")
+        hint = lost[lost.index("known disagreement:"):] if "known disagreement:" in lost else ""
+        out.append(make_row(i, probe, f"{why}: the layer is unchecked" + (f" -- {hint}" if hint else "")))
     return out
