@@ -353,7 +353,7 @@ def work(case_dict: dict, policy_path: str | None, plot_dir: str | None) -> dict
 def crash_row(case: Case, reason: str) -> dict:
     return dict(case_id=case.case_id(), family=case.family, features="", backend=case.backend, device=case.device,
                 dtype=case.dtype, kv=case.kv, schedule=case.schedule, seed=case.seed, tokens=case.tokens,
-                seqs=case.n_seqs, gguf_type=case.gguf_type,
+                seqs=case.n_seqs, gguf_type=case.gguf_type, weights=case.weights, ragged=case.ragged,
                 overrides=";".join(f"{k}={v}" for k, v in case.overrides), candidate=case.candidate, reference=case.ref,
                 layer=-1, probe="*", variant=case.variant or "", layer_kind="model", status="error", reason=reason)
 
