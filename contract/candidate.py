@@ -32,12 +32,24 @@ class LayerCall:
 
     ``inputs``: one ``[tokens, hidden]`` float64 array per sequence, the
     reference's own input to this layer. ``chunks``: rows per call (the
-    schedule; ``sum(chunks) == tokens``). ``kv``: ``decode`` (each sequence
-    alone, start to end), ``batched`` (the sequences advance together, one call
-    of each per step) or ``paged`` (as batched, over one shared page pool of
-    ``page_size`` rows a page); ``evict``: a contiguous cache drops the rows a
-    windowed layer can no longer read. ``dtype``: the precision to compute in;
-    ``backend`` / ``device``: impl's array backend (a candidate may ignore them).
+    schedule; ``sum(chunks) == tokens``), the same for every sequence.
+    ``kv``: ``decode`` (each sequence alone, start to end), ``batched`` (the
+    sequences advance together, one call of each per step) or ``paged`` (as
+    batched, over one shared page pool of ``page_size`` rows a page);
+    ``evict``: a contiguous cache drops the rows a windowed layer can no longer
+    read. ``dtype``: the precision to compute in; ``backend`` / ``device``:
+    impl's array backend (a candidate may ignore them).
+
+    ``steps``: the batch's calls in order, each a tuple of ``(sequence, rows)``
+    -- which sequences advance in that call and by how many rows. In a ragged
+    case (``--ragged``: continuous batching) the sequences differ in length
+    (``len(inputs[s])``), first-call size and arrival, so no single ``chunks``
+    describes them: there ``chunks`` is ``()`` and only a candidate that reads
+    ``steps`` (``seq_chunks`` / ``arrival``; the harness's ``Candidate.ragged``)
+    is given the case. Empty (a ``LayerCall`` made without it): every sequence
+    runs ``chunks``, all from the first call. A ragged candidate may return
+    each probe as one array per sequence (its own length) instead of one
+    stacked array.
 
     ``ggml_act`` (against llama.cpp on quantized weights only, else empty): impl
     weight name -> the type ggml's CPU quantizes the activations multiplied by
@@ -64,6 +76,27 @@ class LayerCall:
     family: str
     ggml_act: dict = field(default_factory=dict)
     ggml_met: set = field(default_factory=set, compare=False)
+    steps: tuple = ()
+
+    def calls(self) -> tuple:
+        """``steps``, or the lockstep plan ``chunks`` describes where it is empty."""
+        if self.steps:
+            return self.steps
+        n = len(self.inputs)
+        if self.kv == "decode":
+            return tuple(((s, c),) for s in range(n) for c in self.chunks)
+        return tuple(tuple((s, c) for s in range(n)) for c in self.chunks)
+
+    def seq_chunks(self, s: int) -> tuple[int, ...]:
+        """The rows of each call of sequence ``s``, in order."""
+        return tuple(n for call in self.calls() for seq, n in call if seq == s)
+
+    def arrival(self, s: int) -> int:
+        """The call at which sequence ``s`` joins (0 for all in a lockstep case; a
+        decode case runs each sequence alone, so its calls count per sequence)."""
+        if self.kv == "decode":
+            return 0
+        return next(k for k, call in enumerate(self.calls()) if any(seq == s for seq, _ in call))
 
 
 @dataclass

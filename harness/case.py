@@ -38,7 +38,7 @@ from .pipeline.build import Build
 from .pipeline.judge import CandidateFeed, Judge, JudgeRequest
 from .policy import Policy
 from .references import RefCapture  # noqa: F401 (re-exported: harness.case.RefCapture)
-from .schedule import SCHEDULES, chunk_sizes
+from .schedule import SCHEDULES, chunk_sizes, plan_of
 from .select import parse_layers, parse_probes
 
 STATUSES = verdict.STATUSES
@@ -77,6 +77,9 @@ class Case:
     # the seeded model's weights: "random" (O(1) activations) or "realistic" (a trained
     # model's statistics: outlier channels, scores that span tens; Family.realistic_weights)
     weights: str = "random"
+    # the sequences of a batched / paged case differ in length, first-call size and
+    # arrival (continuous batching, drawn from the seed: harness/schedule.py ragged_plan)
+    ragged: bool = False
 
     @property
     def refs(self) -> list[str]:
@@ -108,6 +111,8 @@ class Case:
             parts.append("kv-evict")
         if self.weights != "random":
             parts.append(f"weights={self.weights}")
+        if self.ragged:
+            parts.append("ragged")
         for k, v in self.overrides:
             parts.append(f"{k}={v}")
         if self.switch_off:
@@ -190,9 +195,12 @@ class Case:
         if self.evict and self.kv == "paged":
             raise UsageError("--kv-evict applies to the contiguous KV backings (decode, batched); the paged pool "
                              "keeps its pages (spec evict_layer_kv is in the contiguous arm)")
+        if not isinstance(self.ragged, bool):
+            raise UsageError(f"ragged is true or false, got {self.ragged!r}")
         try:
             Backend(self.backend, self.device, self.dtype)
             chunk_sizes(self.schedule, self.tokens)
+            plan_of(self)
         except ConfigError as e:
             raise UsageError(str(e)) from None
         if self.schedule not in SCHEDULES and "," not in self.schedule:
@@ -244,7 +252,8 @@ class CaseRun(Build):
                             layer_cfgs=tuple(self.layer_cfgs), policy=self.policy, selection=self.selection,
                             features=tuple(self.features), variant=self.variant, candidate=cand.name,
                             teacher_forced=cand.teacher_forced, weight_dtype=self.weight_dtype,
-                            plan_notes=tuple(self.plan.notes), derived=dict(self.derived))
+                            plan_notes=tuple(self.plan.notes), derived=dict(self.derived),
+                            lengths=self.batch_plan.lengths if self.batch_plan.ragged else None)
 
     def feed(self) -> CandidateFeed:
         """How the candidate's probes reach the judge: a candidate that computes one
@@ -281,6 +290,9 @@ class CaseRun(Build):
         except ConfigError as e:
             return [Judge(self.judge_request()).row(name, "-", None, "", "skipped", str(e))]
         why = cand.unsupported(self)
+        if not why and case.ragged and not cand.ragged:
+            why = (f"candidate {name} runs one chunk plan for every sequence (LayerCall.chunks); a ragged case's "
+                   "sequences differ in length, first call and arrival (LayerCall.steps: docs/how-to/add-a-candidate.md)")
         if why:  # a limit of the engine, said in the row: nothing compared, never a pass
             return [Judge(self.judge_request()).row(name, "-", None, "*", "skipped", why)]
         _ = self.plan  # decided before any capture: a case that cannot fit is refused here
@@ -302,7 +314,13 @@ class CaseRun(Build):
                 rows.append(judge.row(name, rc.name, None, "", "error",
                                       f"the float64 oracle of {rc.name} failed: {oracle.error}"))
                 continue
-            rows += judge.compare_candidate(rc, feed, oracle)
+            # a float64 candidate against a float32 reference: also within that reference's own rounding
+            rounding = oracle_stage.rounding_for(self, rc, cand.teacher_forced) if oracle is None else None
+            if rounding is not None and rounding.error:
+                rows.append(judge.row(name, rc.name, None, "", "error",
+                                      f"the float64 run measuring {rc.name}'s rounding failed: {rounding.error}"))
+                continue
+            rows += judge.compare_candidate(rc, feed, oracle, rounding)
             self.timings[f"{name}_vs_{rc.name}"] = time.perf_counter() - t
         self.timings.update(judge.timings)
         self.notes += [n for n in judge.notes if n not in self.notes]

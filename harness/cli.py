@@ -71,6 +71,10 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-evict", dest="kv_evict", action="store_true",
                    help="impl's contiguous KV (decode, batched) drops the rows a windowed layer can no longer read "
                         "(the spec's evict_layer_kv; off by default)")
+    p.add_argument("--ragged", action="store_true",
+                   help="--kv batched / paged: the sequences differ in length, first-call size and arrival "
+                        "(sequence i joins the running batch at call i with a prefill of its own size, some leave "
+                        "before others; continuous batching, drawn from the seed)")
     p.add_argument("--gguf-type", default="f32",
                    help="weight type of the GGUF the family's export is written as: f32, f16, bf16, or any "
                         "llama_model_quantize type (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m, q4_k_m, q5_k_m, "
@@ -116,7 +120,8 @@ def case_from_args(a):
                 schedule=a.schedule, seed=a.seed, tokens=a.tokens, seqs=a.seqs, overrides=parse_set(a.set),
                 gguf_type=a.gguf_type, hf_model=a.hf_model, gguf=a.gguf, page_size=a.page_size,
                 variant=a.variant, prompt=a.prompt, layers=a.layers,
-                probes=a.probes, evict=a.kv_evict, candidate=a.candidate, weights=a.weights)
+                probes=a.probes, evict=a.kv_evict, candidate=a.candidate, weights=a.weights,
+                ragged=a.ragged)
 
 
 def _require_device(case) -> None:

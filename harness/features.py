@@ -19,6 +19,8 @@ CASE_DECORATIONS = {
     "kv_batched": ("contiguous multi-sequence KV", "KvStep::Batched"),
     "kv_paged": ("paged KV over a block table", "KvStep::Paged"),
     "kv_evict": ("window eviction of the contiguous KV (off by default)", "evict_layer_kv (FRINK_KV_WINDOW)"),
+    "kv_ragged": ("sequences of different lengths, first calls and arrivals in one batch (continuous batching)",
+                  "forward_multi_seq_kv"),
 }
 
 

@@ -127,6 +127,8 @@ def case_strategy(family_names: list[str], ref: str = "all"):
         page_size = draw(st.integers(1, 6)) if kv == "paged" else 4
         seed = draw(st.integers(0, 3))
         backend = draw(st.sampled_from(("numpy", "torch")))
+        # drawn last, so the draws before it (and the cases a seed reproduced before) stay as they were
+        ragged = kv != "decode" and seqs >= 2 and draw(st.booleans())
         # a setting only the reference that runs the model's own modules can express
         # (HF) is judged against it alone
         r = _module_reference() if hf_only else ref
@@ -134,7 +136,7 @@ def case_strategy(family_names: list[str], ref: str = "all"):
             r = _module_reference()  # llama.cpp has no graph for this form of the arch (the family says why)
         return Case(family=name, ref=r, backend=backend, kv=kv, schedule=schedule, seed=seed, tokens=tokens,
                     seqs=None if kv == "decode" else seqs, overrides=tuple(sorted(ov.items())), variant=variant,
-                    page_size=page_size, evict=evict)
+                    page_size=page_size, evict=evict, ragged=ragged)
 
     return draw_case()
 
@@ -392,6 +394,8 @@ def repro_command(case: Case) -> str:
         parts.append(f"--variant {case.variant}")
     if case.evict:
         parts.append("--kv-evict")
+    if case.ragged:
+        parts.append("--ragged")
     for k, v in case.overrides:
         parts.append(f"--set {k}={json.dumps(v) if not isinstance(v, str) else v}")
     return " ".join(parts)
@@ -457,6 +461,8 @@ def regression_group(case: Case, why: str, n: int) -> str:
              f"tokens = [{case.tokens}]", f"page_sizes = [{case.page_size}]", f"kv_evict = [{val(case.evict)}]"]
     if case.seqs is not None:
         lines.append(f"seqs = [{case.seqs}]")
+    if case.ragged:
+        lines.append("ragged = [true]")
     lines.append(f"overrides = [{{ {ov} }}]" if ov else "overrides = [{}]")
     return "\n".join(lines) + "\n"
 

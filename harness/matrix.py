@@ -68,6 +68,8 @@ AXES = {
     "schedules": ("schedule", ["mixed"]),
     "page_sizes": ("page_size", [4]),
     "kv_evict": ("evict", [False]),
+    # true: the sequences differ in length, first call and arrival (continuous batching)
+    "ragged": ("ragged", [False]),
     "references": ("ref", ["hf"]),
     "candidates": ("candidate", ["impl"]),  # the engines judged (harness/candidates)
     "weights": ("weights", ["random"]),  # the seeded model's weights (random, realistic)
@@ -81,7 +83,7 @@ AXES = {
 }
 _ALL_AXES = {"layers", "probes"}  # None (TOML has no null): every layer / probe
 _INT_AXES = {"seeds", "tokens", "seqs", "page_sizes"}
-_BOOL_AXES = {"kv_evict"}
+_BOOL_AXES = {"kv_evict", "ragged"}
 TOP_KEYS = {"name", "description", "group", "exclude"} | set(AXES)
 GROUP_KEYS = {"name"} | set(AXES)
 EXCLUDE_KEYS = {"reason"} | set(AXES)
@@ -353,7 +355,7 @@ def work(case_dict: dict, policy_path: str | None, plot_dir: str | None) -> dict
 def crash_row(case: Case, reason: str) -> dict:
     return dict(case_id=case.case_id(), family=case.family, features="", backend=case.backend, device=case.device,
                 dtype=case.dtype, kv=case.kv, schedule=case.schedule, seed=case.seed, tokens=case.tokens,
-                seqs=case.n_seqs, gguf_type=case.gguf_type,
+                seqs=case.n_seqs, gguf_type=case.gguf_type, weights=case.weights, ragged=case.ragged,
                 overrides=";".join(f"{k}={v}" for k, v in case.overrides), candidate=case.candidate, reference=case.ref,
                 layer=-1, probe="*", variant=case.variant or "", layer_kind="model", status="error", reason=reason)
 
@@ -494,7 +496,8 @@ def run_order(cases: list[Case]) -> list[Case]:
     of the same one twice; the rows are written in spec order regardless."""
     first, rest, seen = [], [], set()
     for c in cases:
-        k = (c.family, c.variant, repr(c.overrides), c.seed, c.tokens, c.n_seqs, c.kv == "decode", c.schedule, c.gguf_type)
+        k = (c.family, c.variant, repr(c.overrides), c.seed, c.tokens, c.n_seqs, c.kv == "decode", c.schedule, c.gguf_type,
+             c.ragged)
         (rest if k in seen else first).append(c)
         seen.add(k)
     return first + rest

@@ -58,7 +58,10 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
     (``layer_out``: the layer's attention flows into it, and into the next layer's
     input, which is judged too). ``layers``: the layer indices the case compared
     (``--layers``; None: all) -- each of them needs its guard."""
+    from . import references
+
     mine = [r for r in rows if r["candidate"] == candidate]
+    in_case = {r["reference"] for r in mine} - {"-"}
     passing = {(r["layer"], r["probe"], r["reference"]) for r in mine if r["status"] == "pass"}
     hidden = {(r["layer"], r["probe"], r["reference"]) for r in mine if r["status"] == "not-exposed"}
     last = {i: guard_probe(lc) for i, lc in enumerate(layer_cfgs)}
@@ -77,6 +80,10 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
             r["status"] = "unguarded"
             r["reason"] = (f"{r['reason']} -- but no other reference passes {candidate} at this probe "
                            f"({'; '.join(seen) or 'no other reference in this case'}), so nothing checks it here")
+            missing = [n for n in references.names() if n not in in_case]
+            if missing:  # the reference that computes the setting is not in the case: say where it is judged
+                r["reason"] += (f"; {r['reference']} alone cannot judge this setting: run it with "
+                                + " or ".join(f"--ref {n}" for n in missing) + " (or --ref all)")
     out = list(rows)
     if any(r["status"] in ("error", "skipped") for r in mine):
         return out  # a crash (or a device absent) already decides the case and says why
@@ -99,6 +106,10 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
             continue  # it was checked, and failed: that row already says where and by how much
         seen = sorted({f"{x['reference']}: {x['status']}" for x in mine
                        if x["layer"] == i and x["probe"] in (probe, "*", "layer_in")})
-        out.append(make_row(i, probe, f"no reference passed {candidate}'s {probe} on this layer "
-                                      f"({'; '.join(seen) or 'nothing compared'}): the layer is unchecked"))
+        why = f"no reference passed {candidate}'s {probe} on this layer ({'; '.join(seen) or 'nothing compared'})"
+        # a finding that lost its guard there says what the references disagree on, and where to judge it
+        lost = next((x["reason"] for x in mine if x["layer"] == i and x["probe"] == probe
+                     and x["status"] == "unguarded"), "")
+        hint = lost[lost.index("known disagreement:"):] if "known disagreement:" in lost else ""
+        out.append(make_row(i, probe, f"{why}: the layer is unchecked" + (f" -- {hint}" if hint else "")))
     return out

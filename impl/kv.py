@@ -189,12 +189,17 @@ class Decode:
 @dataclass
 class Batched:
     cache: ContiguousKv
+    # this call's first query position as the batch hands it to the layer (the runner
+    # sets it per call, as llama_batch.pos carries each row's position); None: the
+    # sequence's own row count, the spec's query_pos
+    pos: int | None = None
 
 
 @dataclass
 class Paged:
     seq: PagedSeq
     pool: PagePool
+    pos: int | None = None  # as Batched.pos
 
 
 KvStep = Decode | Batched | Paged
@@ -204,6 +209,8 @@ KV_MODES = {"decode": Decode, "batched": Batched, "paged": Paged}
 def query_start(kv: KvStep) -> int:
     """The position of the first row of this call: what the sequence holds BEFORE the push."""
     match kv:
+        case Batched(_, pos) | Paged(_, _, pos) if pos is not None:
+            return pos  # the batch's position for this sequence (impl.runner sets it per call)
         case Decode(cache) | Batched(cache):
             return cache.next_pos
         case Paged(seq, _):

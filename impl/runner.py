@@ -11,8 +11,14 @@ carries. Both are parameters here:
   layer can no longer read (the spec's ``evict_layer_kv`` / ``FRINK_KV_WINDOW``,
   off by default).
 - ``chunks``: the rows each call carries, one list of chunk sizes per sequence
-  (``None``: each whole sequence in one call). Which sizes a case runs is the
-  case's business (``harness.schedule``), not the implementation's.
+  (``None``: each whole sequence in one call); ``arrivals``: the call at which
+  each sequence joins a batched run (``None``: all at the first). Sequences of
+  different lengths, first calls and arrivals are continuous batching: a
+  sequence joins the running batch and leaves it when its rows are done, and a
+  paged sequence that leaves while another is still to join gives its pages
+  back to the pool (``PagePool.release``), as a server frees a finished
+  request's cache. Which sizes a case runs is the case's business
+  (``harness.schedule``), not the implementation's.
 """
 
 from __future__ import annotations
@@ -42,9 +48,10 @@ def load_layer(cfg, weights: dict, backend):
 
 
 def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", chunks=None,
-              page_size: int = 4, trace: bool = True, seed: int = 0, evict: bool = False):
+              page_size: int = 4, trace: bool = True, seed: int = 0, evict: bool = False, arrivals=None):
     """Run ``inputs`` (one ``[tokens, hidden]`` array per sequence) through one layer,
-    ``chunks[s]`` the rows of each call of sequence ``s`` (``None``: one call per sequence).
+    ``chunks[s]`` the rows of each call of sequence ``s`` (``None``: one call per sequence),
+    sequence ``s`` joining a batched run at call ``arrivals[s]`` (``None``: every one at call 0).
 
     Returns ``(outputs, traces, caches)``: the branch per sequence (``None`` for
     an absent layer), a ``Trace`` per sequence (or ``None``), and the KV steps
@@ -61,14 +68,23 @@ def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", chunks=N
     if chunks is not None and len(chunks) != n_seq:
         raise ConfigError(f"{len(chunks)} chunk plans for {n_seq} sequences; give one list of chunk sizes per sequence")
     plans = [_plan(None if chunks is None else chunks[s], t) for s, t in enumerate(lengths)]
+    if arrivals is None:
+        arrivals = [0] * n_seq
+    arrivals = [int(a) for a in arrivals]
+    if len(arrivals) != n_seq or any(a < 0 for a in arrivals):
+        raise ConfigError(f"arrivals {arrivals} must be one non-negative call index per sequence ({n_seq})")
+    if kv_mode == "decode" and any(arrivals):
+        raise ConfigError("kv mode decode runs each sequence alone; arrivals apply to batched and paged runs")
     traces = [Trace(be) if trace else None for _ in range(n_seq)]
     steps = _make_steps(layer, kv_mode, lengths, page_size, seed, evict)
     outs: list[list] = [[] for _ in range(n_seq)]
 
-    def one(s: int, start: int, size: int):
+    def one(s: int, start: int, size: int, pos: int | None = None):
         x = be.asarray(inputs[s][start : start + size])
         if isinstance(steps[s], kvmod.Paged) and layer.has_kv():
             steps[s].pool.reserve(steps[s].seq, size)  # before the push, as the spec requires
+        if pos is not None:
+            steps[s].pos = pos
         branch, _ = layer.block(x, steps[s], traces[s])
         outs[s].append(None if branch is None else be.to_numpy(branch))
 
@@ -78,13 +94,23 @@ def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", chunks=N
             for size in plans[s]:
                 one(s, start, size)
                 start += size
-    else:  # the sequences advance together, step by step
+    else:  # the sequences advance together, call by call; sequence s joins at call arrivals[s]
         starts = [0] * n_seq
-        for step in range(max(len(p) for p in plans)):
-            for s in range(n_seq):
-                if step < len(plans[s]):
-                    one(s, starts[s], plans[s][step])
-                    starts[s] += plans[s][step]
+        last = max(a + len(p) for a, p in zip(arrivals, plans))
+        for call in range(last):
+            batch = [(s, starts[s], plans[s][call - arrivals[s]]) for s in range(n_seq)
+                     if arrivals[s] <= call < arrivals[s] + len(plans[s])]
+            # the batch's query positions, one per sequence, as an engine's scheduler hands
+            # them to the kernel (llama_batch.pos): each sequence's own row count so far
+            batch_pos = [start for _, start, _ in batch]
+            for j, (s, start, size) in enumerate(batch):
+                one(s, start, size, batch_pos[j])
+                starts[s] += size
+            for s, _, _ in batch:
+                done = starts[s] == lengths[s]
+                if done and isinstance(steps[s], kvmod.Paged) and any(a > call for a in arrivals):
+                    # it left the batch and another is still to join: its pages go back to the pool
+                    steps[s].pool.release(steps[s].seq)
     outputs = [None if o[0] is None else np.concatenate(o, axis=0) for o in outs]
     return outputs, traces, steps
 

@@ -104,6 +104,21 @@ def test_default_and_smoke_specs_cover_every_registered_family_and_variant():
     assert any(c.overrides for c in d)
 
 
+def test_the_default_spec_builds_the_cases_issue_28_found_missing():
+    """Ragged batches for every family in batched and paged, float16, realistic weights
+    at float16 and bfloat16, and low-precision cases of 256 tokens or more."""
+    from harness import families
+    from harness.matrix import load_spec
+
+    d = load_spec(ROOT / "fixtures" / "matrix" / "default.toml").cases
+    ragged = {(c.family, c.kv) for c in d if c.ragged and (c.seqs or 0) >= 3}
+    assert ragged == {(f, kv) for f in families.registry() for kv in ("batched", "paged")}
+    low = [c for c in d if c.dtype in ("float16", "bfloat16")]
+    assert {c.family for c in low if c.dtype == "float16"} == set(families.registry())
+    assert {c.dtype for c in low if c.weights == "realistic"} == {"float16", "bfloat16"}
+    assert {c.dtype for c in low if c.tokens >= 256} == {"float16", "bfloat16"}
+
+
 def test_shards_partition_the_cases_and_unshard_inverts():
     from harness.matrix import shard, unshard
 

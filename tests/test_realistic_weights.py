@@ -29,6 +29,13 @@ def test_realistic_weights_have_outliers_and_large_scores(policy, family):
     assert np.abs(x1).max() > 15 * np.abs(x0).max()
     s0, s1 = _scores(rnd, 0), _scores(real, 0)
     assert s0.std() < 2 and 3 < s1.std() < 20 and 10 < np.abs(s1).max() < 100
+    # coherent: each outlier channel keeps its sign from token to token (its mean over the
+    # tokens well above its spread), where the random weights' channels average out
+    k = max(2, x1.shape[-1] // 64)
+    chans = np.argsort(energy)[::-1][:k]
+    flat = x1.reshape(-1, x1.shape[-1])[:, chans]
+    assert (np.abs(flat.mean(axis=0)) > 1.5 * flat.std(axis=0)).all()
+    assert (np.sign(flat) == np.sign(flat.mean(axis=0))).mean() > 0.9
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])

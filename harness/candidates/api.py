@@ -56,6 +56,11 @@ class Candidate(ABC):
     # snippet lies in one of these modules and not in a replaced function
     runs_modules: tuple = ()
     replaces: tuple = ()
+    # True: it runs sequences of different lengths, first-call sizes and arrivals
+    # (``--ragged``: it reads ``LayerCall.steps``, or runs no schedule at all); False: a
+    # ragged case is skipped, saying so -- it was written for one chunk plan for every
+    # sequence (``LayerCall.chunks``)
+    ragged: bool = False
 
     def validate(self, case) -> None:
         """Raise ``UsageError`` (one line) for a case this candidate can never run."""
@@ -110,7 +115,6 @@ class LayerCandidate(Candidate):
         only (made when asked: a real-size run never holds every layer's); empty
         for a layer with no description (``Unimplemented``) or no input in ``rc``."""
         from .. import kinds
-        from ..schedule import chunk_sizes
 
         case = run.case
         cap = CandidateCapture(self.name, self.dtype(run))
@@ -120,10 +124,13 @@ class LayerCandidate(Candidate):
             return cap
         try:
             x = rc.probes[key]
-            inputs = [np.asarray(x[s]) for s in range(x.shape[0])]
+            plan = run.batch_plan
+            # each sequence's own rows (a ragged case's are of different lengths)
+            inputs = [np.asarray(x[s, : plan.lengths[s]]) for s in range(x.shape[0])]
             call = LayerCall(i, lc, run.layer_weights_for(run.weights_dtype(rc), i), inputs, case.kv,
-                             tuple(chunk_sizes(case.schedule, x.shape[1])), case.page_size, case.seed, case.evict,
-                             case.backend, case.device, case.dtype, run.family.name, run.ggml_act_types(rc, i))
+                             () if plan.ragged else plan.chunks[0], case.page_size, case.seed, case.evict,
+                             case.backend, case.device, case.dtype, run.family.name, run.ggml_act_types(rc, i),
+                             steps=plan.steps())
             got = self.run_layer(call)
         except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
             cap.errors[i] = f"{self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
@@ -135,5 +142,31 @@ class LayerCandidate(Candidate):
             if isinstance(arr, NotExposed):
                 cap.not_exposed[f"L{i}.{probe}"] = arr.reason
             elif run.selection.probe(probe):
-                cap.probes[f"L{i}.{probe}"] = np.asarray(arr)
+                cap.probes[f"L{i}.{probe}"] = padded(probe, arr, x.shape[1])
         return cap
+
+
+def padded(probe: str, arr, n_tokens: int) -> np.ndarray:
+    """A candidate's probe as one ``[S, ...]`` array: a stacked array as it is, or
+    one array per sequence (a ragged case's sequences differ in length) zero-padded
+    along its token axes to ``n_tokens`` -- the rows past a sequence's length are
+    not compared (``harness.schedule.mask``)."""
+    from contract.probes import PROBES
+
+    if not isinstance(arr, (list, tuple)):
+        return np.asarray(arr)
+    parts = [np.asarray(a) for a in arr]
+    p = PROBES.get(probe)
+    axes = p.axes[1:] if p is not None else ()
+    if len({a.ndim for a in parts}) > 1:
+        raise ValueError(f"{probe}: the sequences' arrays have different ranks {[a.shape for a in parts]}")
+    # to the case's tokens, or further where a sequence's array is longer (a wrong grid: the
+    # judge then reports the shape mismatch against the reference, never a silent cut)
+    full = [max(a.shape[d] for a in parts) for d in range(parts[0].ndim)]
+    out = []
+    for a in parts:
+        names = axes if len(axes) == a.ndim else ("tok",) + ("-",) * (a.ndim - 1)
+        pad = [(0, max(full[d], n_tokens) - a.shape[d]) if names[d] in ("tok", "key") else (0, full[d] - a.shape[d])
+               for d in range(a.ndim)]
+        out.append(np.pad(a, pad))
+    return np.stack(out)

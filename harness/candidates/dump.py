@@ -126,7 +126,12 @@ def export_case(run, out: Path) -> dict:
         "hf_config": run.config.to_dict(),
         "tokens": run.tokens.tolist(),
         "kv": case.kv, "page_size": case.page_size, "evict": case.evict,
-        "chunks": chunk_sizes(case.schedule, case.tokens),
+        "chunks": [] if run.batch_plan.ragged else chunk_sizes(case.schedule, case.tokens),
+        # the batch's calls in order, each [[seq, rows], ...]; a ragged case's sequences differ in
+        # length ("lengths"), first call and arrival -- write each probe padded to the longest
+        # (rows past a sequence's length are not compared)
+        "steps": [[list(x) for x in call] for call in run.batch_plan.steps()],
+        "lengths": list(run.batch_plan.lengths),
         "dtype": case.dtype,
         "layers": layers,
         "weights": {"hf": "hf/", "layers": "layers.safetensors", **({"gguf": gguf} if gguf else {})},
@@ -179,6 +184,8 @@ def read_manifest(d: Path) -> dict:
 
 class DumpCandidate(Candidate):
     """The engine that wrote a dump directory."""
+
+    ragged = True  # export-case gave it the case's steps and lengths (case.json)
 
     def __init__(self, path: str):
         self.path = Path(path)

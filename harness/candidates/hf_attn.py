@@ -27,6 +27,7 @@ NO_PROBS = {
 
 class HfAttention(Candidate):
     teacher_forced = True
+    ragged = True  # HF's full forward over every sequence: no schedule (rows past a sequence's length are not compared)
 
     def __init__(self, implementation: str):
         self.implementation = implementation

@@ -15,6 +15,7 @@ from .api import LayerCall, LayerCandidate, NotExposed
 class ImplCandidate(LayerCandidate):
     description = "impl/: the implementation under test (the default candidate)"
     runs_modules = ("impl",)
+    ragged = True  # impl.runner takes each sequence's chunks and arrival (LayerCall.steps)
 
     def backend(self, call: LayerCall):
         from impl import Backend
@@ -36,13 +37,18 @@ class ImplCandidate(LayerCandidate):
 
             orders = families.get(call.family).ggml_input_orders(call.config)
         with installed(layer, call.ggml_act, orders) as met:
-            # the case's schedule, the same chunks for every sequence (harness/schedule.py)
-            _, traces, _ = run_layer(layer, call.inputs, call.kv, [list(call.chunks)] * len(call.inputs),
-                                     page_size=call.page_size, seed=call.seed, evict=call.evict)
+            # the case's schedule (harness/schedule.py): each sequence's chunks and the call it
+            # joins at -- the same chunks for all in a lockstep case
+            n = len(call.inputs)
+            _, traces, _ = run_layer(layer, call.inputs, call.kv, [list(call.seq_chunks(s)) for s in range(n)],
+                                     page_size=call.page_size, seed=call.seed, evict=call.evict,
+                                     arrivals=[call.arrival(s) for s in range(n)])
         # a weight the layer's form makes no product with (the absorbed MLA's wkv_b) has
         # nothing to round
         call.ggml_met.update(met | (set(call.ggml_act) - set(layer.w)))
         per_seq = [t.assemble() for t in traces]
+        if len({len(x) for x in call.inputs}) > 1:  # ragged: one array per sequence, each its own length
+            return {probe: [p[probe] for p in per_seq] for probe in per_seq[0]}
         return {probe: np.stack([p[probe] for p in per_seq]) for probe in per_seq[0]}
 
 

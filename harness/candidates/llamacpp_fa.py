@@ -37,6 +37,7 @@ PRECISION = {"f32": "float16", "f16": "float16", "q8_0": "kv_q8_0"}
 
 class FlashAttn(Candidate):
     teacher_forced = False
+    ragged = True  # the reference's own decode calls (plan_calls), ragged or not
 
     def __init__(self, kv_type: str = "f32"):
         self.kv_type = kv_type

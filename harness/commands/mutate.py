@@ -280,8 +280,10 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     tasks: list[MutantCase] = []
     clean_spec = [cid for cid in spec_ids if base[cid]["clean"]]
     for m in live:
-        targeted = [cid for cid in clean_spec if m.core or m.decoration in base[cid]["features"]]
-        cids = targeted or list(clean_spec)
+        # only where its break is visible (Mutant.dtypes): a float16 overflow is not run at float64
+        visible = [cid for cid in clean_spec if m.visible_at(by_id[cid].dtype)]
+        targeted = [cid for cid in visible if m.core or m.decoration in base[cid]["features"]]
+        cids = targeted or list(visible)
         oc = own.get(m.name)
         own_id = oc.case_id() if oc is not None else None
         if own_id is not None and own_id not in cids:

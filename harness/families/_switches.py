@@ -69,6 +69,8 @@ class Switches:
             sw["kv_paged"] = {"kv": "batched"}
         if "kv_evict" in features:  # every row kept (the spec's default)
             sw["kv_evict"] = {"evict": False}
+        if "kv_ragged" in features:  # the sequences in lockstep: one length, one chunk plan, all from call 0
+            sw["kv_ragged"] = {"ragged": False}
         return sw
 
     # HF module paths (relative to a decoder layer) of the norms a module switch

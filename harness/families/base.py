@@ -45,9 +45,11 @@ from ._switches import ModelSwitch, Switches, rope_identity_overrides  # noqa: F
 NotInImpl = Unimplemented
 
 
-INIT_FLOAT64_MAX = 1 << 24
+INIT_FLOAT64_MAX = 1 << 24  # parameters; above it, seeded weights are drawn in float32 (Family.init_weights)
 # the seeded weights a case's model is built with (Family.build_model; Case.weights)
-WEIGHT_KINDS = ("random", "realistic")  # parameters; above it, seeded weights are drawn in float32 (Family.init_weights)
+WEIGHT_KINDS = ("random", "realistic")
+# the mean of a realistic outlier channel over its spread (Family.realistic_weights)
+COHERENT = 2.0
 
 
 class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
@@ -109,6 +111,15 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
           al. 2022): the embeddings' columns at those channels are scaled 20-100x and
           every hidden-sized norm weight 1-3x there -- so the normed input that every
           projection reads, and the K-quant blocks that hold it, carry them too;
+        - **coherent outliers**: those channels keep their sign from token to token
+          (the same dimensions, the same sign, in almost every token: Dettmers et al.
+          2022; Bondarenko et al. 2021), so each embedding column there also carries
+          a mean of ``COHERENT`` (2) times its spread, of a seeded sign. Values then
+          share a large common part across keys, as a trained model's do, and a
+          key-by-key bfloat16 sum of ``attn @ V`` loses what it loses on a real
+          checkpoint (issue 28: 8.2x HF's own error at L1 attn_heads, llama, 256
+          tokens, where sign-free outliers gave 1.5x and O(1) random weights 2.9x);
+          the scores still span tens (std 4.8, max 22 on that case);
         - **scores that span tens**: the outliers alone take ``q.k / sqrt(d)`` to a
           standard deviation of ~5-8 and extremes of 15-30 (measured on llama,
           qwen3, gemma2/3), where a float16 softmax without max subtraction
@@ -127,13 +138,14 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         chans = torch.randperm(hidden, generator=gen)[:k]
         emb_f = 20.0 + 80.0 * torch.rand(k, generator=gen, dtype=torch.float64)
         norm_f = 1.0 + (3.0 - 1.0) * torch.rand(k, generator=gen, dtype=torch.float64)
+        sign = torch.where(torch.rand(k, generator=gen) < 0.5, -1.0, 1.0).double()
         offset = 1.0 if getattr(self, "input_norm_kind", "rms") == "rms1p" else 0.0
         qk_f, qk_norm_f = 1.0, 2.5
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if p.ndim == 2 and p.shape[-1] == hidden and ("embed" in name or name.endswith(("wte.weight",
                                                                                                "word_embeddings.weight"))):
-                    p[:, chans] = (p[:, chans].double() * emb_f).to(p.dtype)
+                    p[:, chans] = ((p[:, chans].double() + COHERENT * sign) * emb_f).to(p.dtype)
                 elif p.ndim == 1 and p.shape[0] == hidden and "norm" in name and not name.endswith("bias"):
                     p[chans] = ((p[chans].double() + offset) * norm_f - offset).to(p.dtype)
                 elif p.ndim == 2 and name.endswith(self.qk_weight_names):

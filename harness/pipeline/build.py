@@ -80,7 +80,7 @@ class Build:
             tokens=self.tokens, selection=self.selection, variant=self.variant, hf_dtype=self.plan.hf_dtype,
             weights_stamp=tuple(self.weights_stamp()), checkpoint_stamp=checkpoint_stamp(self.case.hf_model),
             user_file=self.source is not None, gguf=lambda: self.gguf_path, model=self.hf_model,
-            timings=self.timings, family_base_sources=tuple(families.base_sources())))
+            timings=self.timings, family_base_sources=tuple(families.base_sources()), batch_plan=self.batch_plan))
 
     def meta_extra(self) -> dict:
         """What the run's meta.json records beyond the case: for a GGUF, the file
@@ -268,6 +268,15 @@ class Build:
                 for s in range(self.case.n_seqs)]
         return np.stack(rows).astype(np.int64)
 
+    @cached_property
+    def batch_plan(self):
+        """Each sequence's rows, rows per call and arrival (harness/schedule.py): the
+        plan every side runs -- impl through ``LayerCall.steps``, llama.cpp's decode
+        calls -- after the token ids (a ``--prompt`` decides the length)."""
+        from ..schedule import plan_of
+
+        return plan_of(self.case, int(self.tokens.shape[1]))
+
     def layer_weights_for(self, dtype: str, i: int) -> dict:
         """impl's weights of layer ``i``, as the reference computing in ``dtype`` holds
         them -- made when asked and not kept: at real sizes all layers' weights in
@@ -294,6 +303,8 @@ class Build:
         f = model_features(self.layer_cfgs, (self.layer_weights_for("float32", i) for i in range(len(self.layer_cfgs))))
         f |= set(self.family.declared_features)
         f.add(f"kv_{self.case.kv}")
+        if self.case.ragged:
+            f.add("kv_ragged")
         if self.case.evict:
             f.add("kv_evict")
         return sorted(f)

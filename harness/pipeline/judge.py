@@ -27,6 +27,7 @@ from ..compare import absmax, all_finite, judge, judge_against_oracle, metrics
 from ..errors import UsageError
 from ..policy import comparison_dtype, dataflow_position
 from ..references import RefCapture
+from ..schedule import mask
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class JudgeRequest:
     weight_dtype: str  # the GGUF's weight precision (what llama.cpp's weights make of a comparison)
     plan_notes: tuple = ()
     derived: dict = field(default_factory=dict)  # (side, probe key) -> how it was derived
+    # a ragged case's rows per sequence (harness/schedule.py): rows past them are not compared
+    lengths: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,8 @@ class Judge:
         # candidate capture's own (its meta's "derived")
         self.derived: dict = dict(req.derived)
 
-    def compare_candidate(self, rc: RefCapture, feed: "CandidateFeed", oracle: RefCapture | None = None) -> list[dict]:
+    def compare_candidate(self, rc: RefCapture, feed: "CandidateFeed", oracle: RefCapture | None = None,
+                          rounding: RefCapture | None = None) -> list[dict]:
         """The candidate against one reference. ``oracle``: a float64 run on the same
         inputs (``oracle_for``); where given and the comparison dtype has an oracle
         rule, each probe is judged by the candidate's distance to it relative to the
@@ -80,7 +84,11 @@ class Judge:
 
         A teacher-forced candidate is given ``rc``'s own layer inputs, layer by
         layer; a free-running one is compared at every probe both sides hold,
-        ``layer_in`` and the model-level probes included."""
+        ``layer_in`` and the model-level probes included.
+
+        ``rounding``: a float64 run on ``rc``'s own layer inputs (``oracle.rounding_for``:
+        a float64 candidate against a float32 reference); each probe judged directly
+        must then also be within ``ratio`` times ``rc``'s own distance to it."""
         req = self.req
         name, forced = req.candidate, req.teacher_forced
         sel = req.selection
@@ -96,8 +104,8 @@ class Judge:
         cdt = comparison_dtype(whole.dtype, rc.dtype)
         if ref.file_weights:
             cdt = comparison_dtype(cdt, req.weight_dtype)
-        if oracle is not None and "ratio" not in req.policy.tolerance(cdt, "default")[0]:
-            oracle = None  # no oracle rule at this precision: judged directly
+        if "ratio" not in req.policy.tolerance(cdt, "default")[0]:
+            oracle = rounding = None  # no oracle rule at this precision: judged directly
         # what the memory plan gave up (harness/budget.py), said in every row against the oracle's reference
         plan_note = "; ".join(req.plan_notes) if ref.oracle else ""
         rows = []
@@ -133,8 +141,9 @@ class Judge:
             # ggml_<act> (Build.ggml_layer_dtype)
             ldt = (comparison_dtype(comparison_dtype(cap.dtype, rc.dtype), cap.layer_dtypes[layer])
                    if layer in cap.layer_dtypes else cdt)
+            rnd = None if rounding is None or ldt != cdt else rounding.probes.get(key)
             row = self.judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc,
-                             sides={rc.name: rc})
+                             sides={rc.name: rc}, rounding=rnd)
             if cap.note and not row.get("tol_reason"):
                 row["tol_reason"] = cap.note  # why the bound is this dtype's
             if plan_note:
@@ -213,12 +222,16 @@ class Judge:
 
 
     def judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle, drift=None,
-              drift_keeps_table: bool = False, sides: dict | None = None) -> dict:
+              drift_keeps_table: bool = False, sides: dict | None = None, rounding=None) -> dict:
         if np.shape(a) != np.shape(b):
             return self.row(cand_name, ref_name, layer, probe, "error",
                              f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
-        m = metrics(a, b, probe)
         req = self.req
+        if req.lengths is not None:  # ragged: each sequence up to its own length (harness/schedule.py mask)
+            a, b = mask(probe, a, req.lengths), mask(probe, b, req.lengths)
+            oracle = None if oracle is None else mask(probe, oracle, req.lengths)
+            rounding = None if rounding is None else mask(probe, rounding, req.lengths)
+        m = metrics(a, b, probe)
         base, why = req.policy.tolerance(cdt, probe, req.family, ref_name, cand_name)
         # the bound at this case's size: RoPE reach and the values' scale (harness/scaling.py);
         # angles are float32 in every reference below float64 (llama.cpp always)
@@ -237,7 +250,20 @@ class Judge:
         else:
             status, reason = judge(m, tol)
             extra = {"err_ratio": max(_over(m["nmse"], tol["nmse"]), _over(m["max_abs"], tol["atol"]))}
-        if status == "fail":
+        rounding_failed = False
+        if rounding is not None and "ratio" in tol:
+            # the reference's own rounding bounds the candidate too (oracle.rounding_for): a
+            # float64 candidate is ~1e-30 from this run; a bug is as far as it moves the values
+            cm, rm = metrics(a, rounding, probe), metrics(b, rounding, probe)
+            st2, why2, allowed = judge_against_oracle(cm, rm, tol, all_finite(rounding))
+            extra.update(nmse_cand_oracle=cm["nmse"], nmse_ref_oracle=rm["nmse"])
+            extra["err_ratio"] = max(extra["err_ratio"], _over(cm["nmse"], allowed))
+            if st2 == "fail":
+                rounding_failed = True
+                status, reason = "fail", "; ".join(x for x in (
+                    reason, f"{why2} ({ref_name}'s own rounding: its distance to the float64 oracle on its "
+                            "layer inputs)") if x)
+        if status == "fail" and not rounding_failed:
             # matched on the reference's own config (the HF config; a --gguf file's read back
             # from its keys), never on what impl was told to compute
             lc = req.layer_cfgs[layer] if layer is not None else None
@@ -309,7 +335,7 @@ class Judge:
         row = dict(
             case_id=c.case_id(), family=req.family, features=";".join(req.features), backend=c.backend,
             device=c.device, dtype=c.dtype, kv=c.kv, schedule=c.schedule, seed=c.seed, tokens=c.tokens,
-            seqs=c.n_seqs, gguf_type=c.gguf_type, weights=c.weights,
+            seqs=c.n_seqs, gguf_type=c.gguf_type, weights=c.weights, ragged=c.ragged,
             overrides=";".join(f"{k}={v}" for k, v in c.overrides),
             candidate=cand, reference=ref, layer=-1 if layer is None else layer, probe=probe,
             variant=req.variant or "", layer_kind=kw.pop("layer_kind", None) or kinds.label(lc),

@@ -60,6 +60,7 @@ class CaptureRequest:
     model: Callable[[str], tuple]
     timings: dict
     family_base_sources: tuple = ()  # the family machinery's files (in the capture's cache key)
+    batch_plan: Any = None  # harness.schedule.BatchPlan: each sequence's rows, chunks and arrival
 
 
 class Reference(ABC):

@@ -70,7 +70,7 @@ class Attention(LayerKind):
     reference_gaps = REFERENCE_GAPS
     rope_probe = "q_rope"
     mutant_modules = tuple(f"harness.kinds.attention.mutants.{m}" for m in (
-        "core", "coverage", "features1", "features2", "features3", "features3_alibi_chunk", "features4", "subtle"))
+        "core", "coverage", "features1", "features2", "features3", "features3_alibi_chunk", "features4", "subtle", "engine"))
 
     def features(self, lc, weights=None) -> set[str]:
         """The tags ON for one layer: read from what impl is told to compute (the

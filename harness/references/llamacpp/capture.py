@@ -101,13 +101,18 @@ def tokenize(gguf_path, text: str) -> list[int]:
     return [int(i) for i in ids]
 
 
-def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[int, int, int]]]:
+def plan_calls(tokens: np.ndarray, kv: str, schedule: str, plan=None) -> list[list[tuple[int, int, int]]]:
     """The decode calls: ``[[(token, pos, seq), ...], ...]``, sequences in
     ascending order inside every call (llama.cpp splits a ubatch into one
     stream per sequence in that order). The schedule is the case's
-    (``harness.schedule``), the same chunk sizes impl's runner is handed."""
+    (``harness.schedule``), the same chunk sizes impl's runner is handed;
+    ``plan`` (a ``harness.schedule.BatchPlan``): a ragged case's, where each
+    sequence has its own length, chunks and arrival (``ubatches``)."""
     from harness.schedule import chunk_sizes
 
+    if plan is not None and plan.ragged:
+        return [[(int(tokens[s, p]), p, s) for s, start, n in ub for p in range(start, start + n)]
+                for call in plan.calls() for ub in ubatches(call)]
     n_seq, n_tok = tokens.shape
     sizes = chunk_sizes(schedule, n_tok)
     calls = []
@@ -123,6 +128,35 @@ def plan_calls(tokens: np.ndarray, kv: str, schedule: str) -> list[list[tuple[in
         calls.append([(int(tokens[s, p]), p, s) for s in range(n_seq) for p in range(start, start + size)])
         start += size
     return calls
+
+
+def ubatches(call: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
+    """One call of a ragged plan (``[(seq, start, rows), ...]``) as the ubatches
+    llama.cpp evaluates it in, each then issued as a call of its own so that one
+    call is one graph (the capture reads each name once per graph). With one KV
+    stream per sequence llama.cpp splits a batch by ``split_equal(n_ubatch,
+    sequential=true)`` (src/llama-kv-cache.cpp init_batch; llama-batch.cpp
+    split_equal): a ubatch holds a run of consecutive sequence ids from the
+    lowest one left, and as many rows of each as the shortest of them has --
+    so a call whose sequences carry different row counts is several graphs,
+    in this order, with the same cache in between."""
+    left = {s: [start, n] for s, start, n in call}
+    out = []
+    while left:
+        seqs = sorted(left)
+        run = [seqs[0]]
+        for s in seqs[1:]:
+            if s != run[-1] + 1:
+                break
+            run.append(s)
+        n = min(left[s][1] for s in run)
+        out.append([(s, left[s][0], n) for s in run])
+        for s in run:
+            left[s][0] += n
+            left[s][1] -= n
+            if not left[s][1]:
+                del left[s]
+    return out
 
 
 class _Dumped(dict):
@@ -179,7 +213,11 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
     ``type_k``, ``type_v``; the llamacpp-fa candidates). ``states``: the worker also
     saves each sequence's recurrent state after every call (``parse_state``)."""
     n_tok = max(p for call in calls for (_, p, _) in call) + 1
-    n_batch = max(len(c) for c in calls)
+    # a multiple of the sequences: with n_ubatch not one, llama.cpp's kimi-linear graph aborts
+    # (ggml.c ggml_can_repeat) for any ubatch of fewer sequences than n_seq_max -- its worst-case
+    # graph is reserved with n_ubatch / n_seq_max rows a sequence (src/llama-context.cpp
+    # graph_reserve, ubatch_reserve); a lockstep plan's calls are such multiples already
+    n_batch = -(-max(max(len(c) for c in calls), 1) // n_seq) * n_seq
     if timeout == TIMEOUT_S:
         timeout = worker_timeout(Path(gguf_path), calls)
     req = {
@@ -263,9 +301,10 @@ def assemble(arrays: dict, index: list[dict], calls, n_seq: int, n_tok: int, nam
             if out is None:
                 out = np.zeros((n_seq, n_head, n_tok, n_tok), dtype=_wide(a))
             per_stream = len(call) // n_stream
+            in_call = sorted({seq for (_, _, seq) in call})  # a ubatch's streams: its sequences, ascending
             for j, (_, pos, seq) in enumerate(call):
                 stream, row = (j // per_stream, j % per_stream) if n_stream > 1 else (0, j)
-                if n_stream > 1 and stream != seq:
+                if n_stream > 1 and in_call[stream] != seq:
                     raise RuntimeError(f"{name}: token of sequence {seq} landed in stream {stream}")
                 p = a[stream, :, row, :]
                 # a fresh cache fills a sequence's cells in position order; mass past the
@@ -400,7 +439,7 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
                       cache.key(config.to_json_string(use_diff=False))]
     else:
         file_stamp = gguf_path.name  # content-keyed (harness/gguf/export.py, harness/gguf/weights.py quantize)
-    calls = plan_calls(req.tokens, case.kv, case.schedule)
+    calls = plan_calls(req.tokens, case.kv, case.schedule, getattr(req, "batch_plan", None))
     n_seq, n_tok = req.tokens.shape
     layer_cfgs = list(req.layer_cfgs)
     sel = req.selection
@@ -431,7 +470,7 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
                   *((sorted(engine.items()),) if engine else ()))
     hit = cache.load("llamacpp", k)
     if hit is not None:
-        return RefCapture(capture_name, "float32", hit[0], meta=hit[1], cached=True)
+        return RefCapture(capture_name, "float32", hit[0], meta=hit[1], cached=True, key=k)
 
     with cache.writer("llamacpp", k, keep=sel.key) as probes, \
             tempfile.TemporaryDirectory(prefix="conformance-lc-", dir=cache.cache_dir()) as dump:
@@ -483,4 +522,4 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
                 **({"engine": engine} if engine else {})}
         store = cache.finish(probes, meta)
     req.timings["llamacpp_assemble"] = time.perf_counter() - t - req.timings["llamacpp_worker"]
-    return RefCapture(capture_name, "float32", store, meta=meta)
+    return RefCapture(capture_name, "float32", store, meta=meta, key=k)
