@@ -93,7 +93,8 @@ def candidate_families(arch: str, family: str | None, path: str = "") -> list:
     it where its reverse accepts the file -- a llama file is llama's, though
     mistral and internlm3 read it too -- and otherwise keeps those of the others
     whose reverse accepts it: deepseek2 is DeepSeek V2's softmax router or V3's
-    sigmoid one, an MoE llama file mixtral's)."""
+    sigmoid one, an MoE llama file mixtral's). A family whose files another
+    family reads as they are (``gguf_reads_as``) is read only by --family."""
     from harness import families
 
     reg = families.registry()
@@ -103,7 +104,7 @@ def candidate_families(arch: str, family: str | None, path: str = "") -> list:
             raise UsageError(f"--gguf {path}: the file's architecture is {arch!r}, family {family} reads "
                              f"{cands[0].gguf_arch or 'no GGUF'}")
     else:
-        cands = [f for f in reg.values() if f.gguf_arch == arch]
+        cands = [f for f in reg.values() if f.gguf_arch == arch and not f.gguf_reads_as]
         if not cands:
             ok = importable_archs()
             raise UsageError(f"--gguf {path}: unknown GGUF architecture {arch!r}; {suggest(arch, sorted(ok))}")
