@@ -76,7 +76,13 @@ def test_own_export_reads_back(family):
     config = fam.make_config({})
     model = fam.build_model(config, 5)
     variant = fam.variants[0] if fam.variants else None
-    src = gguf_import.load(str(gguf_export.export(fam, model, config, "f32", 5, variant)))
+    path = str(gguf_export.export(fam, model, config, "f32", 5, variant))
+    src = gguf_import.load(path)
+    if src.family.name != family:
+        # an arch several families read (llama: mistral, internlm3) reads back as the
+        # arch's own family; --family picks this one
+        assert src.family.name in (fam.gguf_arch, fam.gguf_reads_as), (src.family.name, family)
+        src = gguf_import.load(path, family)
     assert src.family.name == family and src.variant == variant and src.weight_type == "f32"
     want = model.state_dict()
     got = src.model.state_dict()
@@ -433,7 +439,8 @@ def converted_all(tmp_path_factory, llama_cpp_tree):
         model, config = save_checkpoint(d, fam, overrides=CONVERTER_CONFIG.get(fam))
         path = root / f"{fam}-f32.gguf"
         out[fam] = (path, model, config)
-        jobs.append([str(d), str(path), "f32", CONVERTER_VOCAB.get(fam, "tiny"), CONVERTER_ARGS.get(fam, [])])
+        jobs.append([str(d), str(path), "f32", CONVERTER_VOCAB.get(fam, "tiny"), CONVERTER_ARGS.get(fam, []),
+                     {"config": CONVERTER_JSON.get(fam, {})}])
     (root / "jobs.json").write_text(json.dumps(jobs))
     env = dict(os.environ)
     sp = _sentencepiece_path(cache.cache_dir() / "tools")
@@ -463,6 +470,58 @@ CONVERTER_VOCAB = {"gemma3": "sentencepiece"}
 # full; gemma3.cpp: 6): the checkpoints take that pattern, so their files say it
 _S, _F = "sliding_attention", "full_attention"
 CONVERTER_CONFIG = {"cohere2": {"layer_types": [_S, _S, _S, _F]}, "gemma3": {"layer_types": [_S] * 4}}
+# the architectures a hub checkpoint of the family names, where transformers 5 saves
+# another (EXAONE and InternLM3 save LlamaForCausalLM, the Mistral 3 text decoder
+# MistralForCausalLM): the converter class the family's export mirrors is chosen by it
+# (conversion/exaone.py ExaoneModel, conversion/mistral3.py Mistral3Model)
+CONVERTER_JSON = {"exaone": {"architectures": ["ExaoneForCausalLM"]},
+                  "mistral3": {"architectures": ["Mistral3ForConditionalGeneration"]}}
+
+
+def run_converter(llama_cpp_tree, jobs, where):
+    """tests/helpers/convert_with_llamacpp.py on ``jobs``: the finished process."""
+    import os
+
+    from harness import cache
+    from test_real_models import _sentencepiece_path
+
+    (where / "jobs.json").write_text(json.dumps(jobs))
+    env = dict(os.environ)
+    sp = _sentencepiece_path(cache.cache_dir() / "tools")
+    if sp:
+        env["PYTHONPATH"] = sp + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "convert_with_llamacpp.py"),
+                           str(llama_cpp_tree), str(where / "jobs.json")], capture_output=True, text=True, env=env,
+                          timeout=900)
+
+
+def test_exaone_converter_needs_a_key_transformers_5_drops(llama_cpp_tree, tmp_path):
+    """conversion/exaone.py ExaoneModel.set_gguf_parameters asserts
+    hparams["activation_function"] == "silu", and reads hparams through transformers
+    (conversion/base.py ModelBase.load_hparams: AutoConfig.from_pretrained().to_dict()).
+    transformers 5's ExaoneConfig maps activation_function onto hidden_act
+    (attribute_map), so to_dict() has no such key even where config.json has it (a
+    hub EXAONE 3 checkpoint's): under transformers 5 llama.cpp's converter refuses
+    every EXAONE 3 checkpoint with a KeyError. With the key in hparams -- as under a
+    transformers without the model type, which read config.json as it is -- it
+    writes the exaone file (test_converter_files_read_back reads it back)."""
+    import gguf
+
+    from test_real_models import save_checkpoint
+
+    save_checkpoint(tmp_path / "ckpt", "exaone")
+    saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert "activation_function" not in saved and saved["hidden_act"] == "silu"
+    hub_config = {**CONVERTER_JSON["exaone"], "activation_function": "silu"}  # as the hub's config.json has it
+    job = [str(tmp_path / "ckpt"), str(tmp_path / "out.gguf"), "f32", "tiny", [],
+           {"config": hub_config, "hub_keys": False}]
+    proc = run_converter(llama_cpp_tree, [job], tmp_path)
+    assert proc.returncode != 0 and "KeyError: 'activation_function'" in proc.stderr, proc.stderr[-2000:]
+    job[-1] = {"config": CONVERTER_JSON["exaone"]}  # the helper's HUB_KEYS: the key in hparams
+    proc = run_converter(llama_cpp_tree, [job], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = gguf.GGUFReader(str(tmp_path / "out.gguf"))
+    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "exaone"
 
 
 @pytest.mark.usefixtures("need_llamacpp")
@@ -475,6 +534,8 @@ def test_converter_files_read_back(converted_all):
 
     for fam, (path, model, config) in converted_all.items():
         src = gguf_import.load(str(path), fam if fam.startswith("deepseek") else None)
+        if src.family.name != fam and src.family.name == src.family.gguf_arch:
+            src = gguf_import.load(str(path), fam)  # an alias of the arch's own family (mistral: llama)
         assert src.family.name == fam
         want, got = model.state_dict(), src.model.state_dict()
         for k, w in want.items():

@@ -462,6 +462,11 @@ def llama_like_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams, swa: bo
 class GGUFImport:
     """The GGUF-import half of ``Family`` (mixed in)."""
 
+    # Another family whose reverse reads this family's files as they are -- the same
+    # HF model class and llama.cpp graph (sarvam_mla's files are deepseek_v3's): --gguf
+    # picks that one unless --family names this (None: this family is a candidate itself)
+    gguf_reads_as: str | None = None
+
     def gguf_import_unsupported(self) -> str | None:
         """Why ``--gguf`` cannot read this family's files (None: it can)."""
         if not self.gguf_arch:

@@ -359,6 +359,20 @@ class MlaFamily(Family):
         """The HF router keys from the file's gating keys (a family per router)."""
         raise NotImplementedError
 
+    @staticmethod
+    def deepseek2_gating(meta, hp) -> int:
+        """The gating function deepseek2.cpp ``load_arch_hparams`` routes a file by:
+        its ``expert_gating_func``, or -- absent ("for compatibility with existing
+        DeepSeek V2 and V2.5 GGUFs") -- sigmoid (2) for "GLM 4.7 Lite", which it
+        recognises by 47 or 48 layers and a 154880-token vocabulary, softmax (1)
+        otherwise."""
+        gating = int(meta.get("expert_gating_func", 0))
+        if gating == 0:
+            vocab = meta.get("vocab_size", None)
+            glm_lite = hp.n_layer in (47, 48) and vocab is not None and int(vocab) == 154880
+            gating = 2 if glm_lite else 1
+        return gating
+
     def mla_common(self, meta, shapes, hp) -> dict:
         """What deepseek2.cpp and glm-dsa.cpp read alike: the sizes, the RMS eps,
         the leading dense layers, the experts (width, shared count), the tied
@@ -486,7 +500,13 @@ class MlaFamily(Family):
         if score is not None:
             w.add_expert_gating_func({"sigmoid": gguf.ExpertGatingFuncType.SIGMOID,
                                       "softmax": gguf.ExpertGatingFuncType.SOFTMAX}[score])
-        w.add_leading_dense_block_count(config.first_k_dense_replace)
+        # "first_k_dense_replace: number of leading layers using dense FFN instead of MoE";
+        # absent: every layer dense without experts, none with them (glm4_moe_lite's HF
+        # config keeps its dense layers in mlp_layer_types, which the converter never reads)
+        fkd = getattr(config, "first_k_dense_replace", None)
+        if fkd is None:
+            fkd = config.num_hidden_layers if getattr(config, "n_routed_experts", None) is None else 0
+        w.add_leading_dense_block_count(fkd)
         w.add_vocab_size(config.vocab_size)
         if config.q_lora_rank is not None:
             w.add_q_lora_rank(config.q_lora_rank)

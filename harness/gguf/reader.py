@@ -127,10 +127,13 @@ def importable_archs() -> dict[str, list[str]]:
 
 
 def candidate_families(arch: str, family: str | None, path: str = "") -> list:
-    """The families that may read a file of ``arch``: ``--family``'s, the one
-    NAMED like the arch, or every family of the arch (``read_config`` then keeps
-    those whose reverse accepts the file: deepseek2 is DeepSeek V2's softmax
-    router or V3's sigmoid one)."""
+    """The families that may read a file of ``arch``: ``--family``'s, or every
+    family of the arch, the one NAMED like the arch first (``read_config`` takes
+    it where its reverse accepts the file -- a llama file is llama's, though
+    mistral and internlm3 read it too -- and otherwise keeps those of the others
+    whose reverse accepts it: deepseek2 is DeepSeek V2's softmax router or V3's
+    sigmoid one, an MoE llama file mixtral's). A family whose files another
+    family reads as they are (``gguf_reads_as``) is read only by --family."""
     from harness import families
 
     reg = families.registry()
@@ -140,11 +143,12 @@ def candidate_families(arch: str, family: str | None, path: str = "") -> list:
             raise UsageError(f"--gguf {path}: the file's architecture is {arch!r}, family {family} reads "
                              f"{cands[0].gguf_arch or 'no GGUF'}")
     else:
-        cands = [f for f in reg.values() if f.gguf_arch == arch]
+        cands = [f for f in reg.values() if f.gguf_arch == arch and not f.gguf_reads_as]
         if not cands:
             ok = importable_archs()
             raise UsageError(f"--gguf {path}: unknown GGUF architecture {arch!r}; {suggest(arch, sorted(ok))}")
-        cands = [f for f in cands if f.name == arch] or cands
+        named = [f for f in cands if f.name == arch]
+        cands = named + [f for f in cands if f not in named]
     for fam in cands:
         why = fam.gguf_import_unsupported()
         if why:
@@ -156,7 +160,7 @@ def read_config(cands: list, arch: str, values: dict, shapes: dict, tensors: dic
     """``(family, HF config kwargs, GGUFMeta)`` of the one candidate family whose
     reverse reads the file (several: the caller must choose with --family)."""
     found, refusals = [], []
-    for fam in cands:
+    for k, fam in enumerate(cands):
         meta = GGUFMeta(arch, values, path)
         try:
             kw = fam.config_from_gguf(meta, shapes, tensors)
@@ -169,6 +173,8 @@ def read_config(cands: list, arch: str, values: dict, shapes: dict, tensors: dic
             refusals.append(e)
             continue
         found.append((fam, kw, meta))
+        if k == 0 and fam.name == arch and len(cands) > 1:
+            return found[0]  # the arch's own family reads it: the others are aliases of it
     if len(found) == 1:
         return found[0]
     if not found:

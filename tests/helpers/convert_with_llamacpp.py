@@ -21,7 +21,12 @@ out_file, outtype, vocab, extra_args], ...]; ``vocab`` (optional):
   and tensor is the converter's own.
 
 ``extra_args`` (optional): more converter options (``--no-mtp`` for the
-qwen3-next family, whose checkpoints here have no MTP layers).
+qwen3-next family, whose checkpoints here have no MTP layers). ``patch``
+(optional, a sixth element): ``{"config": {...}, "hub_keys": bool}`` -- keys
+written into config.json first (the ``architectures`` a hub checkpoint names
+where transformers 5 saves another: EXAONE's ``ExaoneForCausalLM``, Mistral 3's
+``Mistral3ForConditionalGeneration``), and whether HUB_KEYS are added (default
+true; false shows the converter refusing a transformers 5 config).
 
 ``architectures`` the converter registers under another spelling than
 transformers saves (conversion/mpt.py: ``MPTForCausalLM``) are renamed in
@@ -46,7 +51,11 @@ ARCH_ALIASES = {"MptForCausalLM": "MPTForCausalLM"}
 # transformers 5 no longer saves, with the value transformers' model implies:
 # conversion/command_r.py Cohere2Model reads rotary_pct; transformers'
 # Cohere2RotaryEmbedding rotates the whole head_dim (modeling_cohere2.py)
-HUB_KEYS = {"Cohere2ForCausalLM": {"rotary_pct": 1.0}}
+HUB_KEYS = {"Cohere2ForCausalLM": {"rotary_pct": 1.0},
+            # conversion/exaone.py ExaoneModel.set_gguf_parameters asserts
+            # hparams["activation_function"] == "silu": the hub's remote-code config key, which
+            # transformers 5's ExaoneConfig maps onto hidden_act (attribute_map) and saves as that
+            "ExaoneForCausalLM": {"activation_function": "silu"}}
 
 
 def tiny_tokenizer(dest: Path) -> None:
@@ -84,15 +93,35 @@ def main() -> int:
         return cls
 
     conversion.get_model_class = patched
+    # the converter reads config.json through transformers (conversion/base.py
+    # ModelBase.load_hparams: AutoConfig.from_pretrained(...).to_dict()), which drops a
+    # key that is an alias of another (ExaoneConfig.attribute_map: activation_function ->
+    # hidden_act) even when config.json has it: the job's hub keys are added to what it
+    # returns, as a transformers without the model type (config.json read as it is) gave
+    from conversion.base import ModelBase
+
+    load_hparams = ModelBase.load_hparams
+
+    def with_hub_keys(dir_model, is_mistral_format):
+        config = load_hparams(dir_model, is_mistral_format)
+        for k, v in state.get("hub", {}).items():
+            config.setdefault(k, v)
+        return config
+
+    ModelBase.load_hparams = staticmethod(with_hub_keys)
     for job in jobs:
         ckpt, out, outtype = job[:3]
         vocab = job[3] if len(job) > 3 else "sentencepiece"
         extra = list(job[4]) if len(job) > 4 else []
+        patch = job[5] if len(job) > 5 else {}
         cfg_path = Path(ckpt) / "config.json"
         cfg = json.loads(cfg_path.read_text())
+        cfg.update(patch.get("config", {}))
         archs = [ARCH_ALIASES.get(a, a) for a in cfg.get("architectures") or []]
-        hub = {k: v for a in archs for k, v in HUB_KEYS.get(a, {}).items() if k not in cfg}
-        if archs != cfg.get("architectures") or hub:
+        state["hub"] = {k: v for a in archs for k, v in HUB_KEYS.get(a, {}).items()} \
+            if patch.get("hub_keys", True) else {}
+        hub = {k: v for k, v in state["hub"].items() if k not in cfg}
+        if archs != cfg.get("architectures") or hub or patch.get("config"):
             cfg["architectures"] = archs
             cfg.update(hub)
             cfg_path.write_text(json.dumps(cfg, indent=2))

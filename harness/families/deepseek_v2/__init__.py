@@ -78,8 +78,8 @@ class DeepseekV2(MlaFamily):
         # renormalised, times routed_scaling_factor; llama.cpp's default gating for
         # deepseek2 is softmax (deepseek2.cpp), its grouped selection DeepSeek V3's
         # top-2 sums, which V2's group_limited_greedy (group max) is not
-        gating = int(meta.get("expert_gating_func", 0))
-        if gating not in (0, 1):
+        gating = self.deepseek2_gating(meta, hp)
+        if gating != 1:
             meta.refuse("expert_gating_func", gating, "HF DeepseekV2 routes by softmax (1)")
         if meta.get("expert_weights_norm", False):
             meta.refuse("expert_weights_norm", True, "HF DeepseekV2's router never renormalises its top-k weights")

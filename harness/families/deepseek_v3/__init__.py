@@ -73,10 +73,11 @@ class DeepseekV3(MlaFamily):
         # choice, groups by their top-2 sums (llama.cpp build_moe_ffn's too), weights
         # renormalised when norm_topk_prob, times routed_scaling_factor; llama.cpp's
         # deepseek2 defaults to softmax when the file names no gating
-        gating = int(meta.get("expert_gating_func", 0))
+        gating = self.deepseek2_gating(meta, hp)
         if gating != 2:
             meta.refuse("expert_gating_func", gating, "HF DeepseekV3 routes by sigmoid (2); llama.cpp's default "
-                                                      "for deepseek2 is softmax")
+                                                      "for deepseek2 is softmax (sigmoid only for the 47 / 48-layer, "
+                                                      "154880-token GLM 4.7 Lite)")
         return dict(topk_method="noaux_tc", scoring_func="sigmoid", rope_interleave=True,
                     norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
                     n_group=max(hp.n_expert_groups, 1), topk_group=max(hp.n_group_used, 1),
