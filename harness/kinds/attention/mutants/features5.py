@@ -1,0 +1,40 @@
+"""Mutants of issue 26's decorations (the L list): the temperature without
+llama4's +1 offset (ministral3), LongRoPE's factor sets (phi3), QK norms with a
+weight per head (stablelm, command-r) and with a bias (phi), the clamp after the
+QK norm (olmoe), a softplus output gate of one scalar per head (laguna), V norm
+(gemma3n) -- each broken in impl's one body.
+
+``MUTANTS`` are caught by the matrix in the family that brings the decoration,
+at the probe where the break first acts. ``SPEC_MUTANTS`` break decorations
+whose reference family is not in this project (olmoe's clamp after the norm is
+the S list's family; gemma3n's V norm needs its KV sharing): each is caught by
+the spec's own formula (harness/kinds/attention/spec.py) on the
+tests/test_kernels.py case named in ``SPEC_CASES``."""
+
+from ...mutant import Mutant
+
+MUTANTS: list[Mutant] = []
+
+_CLAMP_AT_BIAS = 'if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":'
+
+SPEC_MUTANTS = [
+    Mutant("clamp-before-qk-norm", "qkv_clamp_after_qk_norm", "impl.attention",
+           _CLAMP_AT_BIAS, 'if cfg.qkv_clamp is not None:',
+           {}, "q",
+           doc="the clamp also acts at the bias, before the QK norm (olmo's place): the norm then reads clamped "
+               "rows (HF OlmoeAttention.forward clamps q_norm's output)"),
+    Mutant("clamp-after-qk-norm-skips-v", "qkv_clamp_after_qk_norm", "impl.attention",
+           "q, k, v = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))",
+           "q, k = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k))",
+           {}, "attn_heads", doc="after the QK norm only q and k are clamped; HF OlmoeAttention clamps v too"),
+    Mutant("v-norm-dropped", "v_norm", "impl.attention",
+           "v = normalize(xp, v, cfg.v_norm, None, None, be.acc_dtype)", "v = v",
+           {}, "attn_heads", doc="V reaches the cache un-normed (HF Gemma3nTextAttention.v_norm)"),
+]
+
+# the tests/test_kernels.py CASES each SPEC_MUTANT is judged on
+SPEC_CASES = {
+    "clamp-before-qk-norm": "qk-norm-then-clamp-v-norm",
+    "clamp-after-qk-norm-skips-v": "qk-norm-then-clamp-v-norm",
+    "v-norm-dropped": "qk-norm-then-clamp-v-norm",
+}
