@@ -13,7 +13,23 @@ tests/test_kernels.py case named in ``SPEC_CASES``."""
 
 from ...mutant import Mutant
 
-MUTANTS: list[Mutant] = []
+PHI3 = {"family": "phi3"}
+PHI3_LONG = {"family": "phi3", "overrides": (("original_max_position_embeddings", 8),)}
+
+MUTANTS: list[Mutant] = [
+    # --- LongRoPE (phi3): the factor set divides each pair's band ---
+    Mutant("longrope-factors-multiply", "longrope", "impl.rope",
+           "freq = freq / np.asarray(spec.freq_factors, dtype=np.float64)",
+           "freq = freq * np.asarray(spec.freq_factors, dtype=np.float64)",
+           PHI3, "q_rope",
+           doc="the factor set multiplies the bands instead of dividing them (HF _compute_longrope_parameters: "
+               "1 / (ext_factors * base ** (2i / d)); ggml_rope_ext: theta / freq_factors)"),
+    Mutant("longrope-factors-reversed", "longrope", "impl.rope",
+           "freq = freq / np.asarray(spec.freq_factors, dtype=np.float64)",
+           "freq = freq / np.asarray(spec.freq_factors[::-1], dtype=np.float64)",
+           PHI3_LONG, "q_rope",
+           doc="the long factor set read from the wrong end: pair i divided by the factor of pair n-1-i"),
+]
 
 _CLAMP_AT_BIAS = 'if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":'
 
