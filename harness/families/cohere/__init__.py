@@ -22,7 +22,7 @@ ffn_out + inpL + attn_out`` (no name for ``wo``'s product, no residual between),
 ``if (n_layer >= 64)`` -- a file with them and fewer layers is refused ("wrong
 number of tensors"), and a 64-layer file without them too: the switch is the
 depth, not ``use_qk_norm``. A ``Qcur`` is named after the QK norm as well as
-before it, so ``q`` / ``k`` are read at their first name (the projection's rows).
+before it, so ``q`` / ``k`` are read at ``build_qkv``'s reshape (llama4's way).
 
 GGUF (``CommandR2Model``): ``TextModel.set_gguf_parameters`` (the generic keys,
 ``rope.freq_base`` among them), ``logit_scale``, ``rope.scaling.type = none``;
@@ -56,9 +56,9 @@ class Cohere(LlamaLike):
     # no resid_mid: residual + attn + mlp is one expression (parallel block)
     hf_points = {k: v for k, v in LlamaLike.hf_points.items() if k != "resid_mid"}
     lc_points = {**{k: v for k, v in LlamaLike.lc_points.items() if k not in ("attn_out", "resid_mid")},
-                 # command-r.cpp names the QK-normed Q / K "Qcur" / "Kcur" too: the first name is build_qkv's
-                 # projection, before any norm (a [tokens, channels] row)
-                 "q": LcPoint("Qcur", "first", "rows"), "k": LcPoint("Kcur", "first", "rows")}
+                 # command-r.cpp names the QK-normed Q / K "Qcur" / "Kcur" too: q / k are build_qkv's
+                 # reshape of the projection (after any bias), before the norm
+                 "q": LcPoint("Qcur", "op:RESHAPE", "heads"), "k": LcPoint("Kcur", "op:RESHAPE", "heads")}
     input_norm_kind = "layer"  # CohereLayerNorm: weight, no bias
     rope_layout = "interleaved"  # CohereAttention: rotate_half on x[..., ::2] / x[..., 1::2]
 

@@ -16,7 +16,23 @@ from ...mutant import Mutant
 PHI3 = {"family": "phi3"}
 PHI3_LONG = {"family": "phi3", "overrides": (("original_max_position_embeddings", 8),)}
 
+STABLELM = {"family": "stablelm"}
+
 MUTANTS: list[Mutant] = [
+    # --- QK norms with a weight per head (stablelm; command-r at >= 64 layers) ---
+    Mutant("qk-norm-heads-reversed", "qk_norm_per_head_weight", "impl.attention",
+           'normalize(xp, q, spec.norm, w.get("q_norm"), w.get("q_norm_b"), be.acc_dtype),',
+           'normalize(xp, q, spec.norm, xp.flip(w["q_norm"], axis=0) if spec.per_head else w.get("q_norm"), '
+           'w.get("q_norm_b"), be.acc_dtype),',
+           STABLELM, "q_rope",
+           doc="head h normalised with head n-1-h's weight row (HF StableLmLayerNormPerHead: norms[h] on head h; "
+               "llama.cpp attn_q_norm {head_dim, n_head}: row h)"),
+    Mutant("qk-norm-per-head-weight-of-head-0", "qk_norm_per_head_weight", "impl.attention",
+           'normalize(xp, k, spec.norm, w.get("k_norm"), w.get("k_norm_b"), be.acc_dtype),',
+           'normalize(xp, k, spec.norm, w["k_norm"][0] if spec.per_head else w.get("k_norm"), '
+           'w.get("k_norm_b"), be.acc_dtype),',
+           STABLELM, "k_rope",
+           doc="every K head takes head 0's weight (the shared-weight rule of qwen3's QK norm)"),
     # --- LongRoPE (phi3): the factor set divides each pair's band ---
     Mutant("longrope-factors-multiply", "longrope", "impl.rope",
            "freq = freq / np.asarray(spec.freq_factors, dtype=np.float64)",
