@@ -17,6 +17,8 @@ PHI3 = {"family": "phi3"}
 PHI3_LONG = {"family": "phi3", "overrides": (("original_max_position_embeddings", 8),)}
 
 STABLELM = {"family": "stablelm"}
+# HF-only: llama.cpp's phi2 graph has no QK norm slot (the export refuses the tensors)
+PHI_QK = {"family": "phi", "ref": "hf", "overrides": (("qk_layernorm", True),)}
 
 MUTANTS: list[Mutant] = [
     # --- QK norms with a weight per head (stablelm; command-r at >= 64 layers) ---
@@ -33,6 +35,13 @@ MUTANTS: list[Mutant] = [
            'w.get("k_norm_b"), be.acc_dtype),',
            STABLELM, "k_rope",
            doc="every K head takes head 0's weight (the shared-weight rule of qwen3's QK norm)"),
+    # --- a LayerNorm QK norm with a bias (phi qk_layernorm) ---
+    Mutant("qk-norm-bias-dropped", "qk_norm_bias", "impl.attention",
+           'normalize(xp, q, spec.norm, w.get("q_norm"), w.get("q_norm_b"), be.acc_dtype),',
+           'normalize(xp, q, spec.norm, w.get("q_norm"), None, be.acc_dtype),',
+           PHI_QK, "q_rope",
+           doc="the Q norm's bias is never added (HF PhiAttention: q_layernorm = nn.LayerNorm(head_dim), "
+               "elementwise_affine: weight and bias)"),
     # --- LongRoPE (phi3): the factor set divides each pair's band ---
     Mutant("longrope-factors-multiply", "longrope", "impl.rope",
            "freq = freq / np.asarray(spec.freq_factors, dtype=np.float64)",
