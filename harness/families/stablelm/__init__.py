@@ -116,7 +116,9 @@ class StableLm(LlamaLike):
         if config.qk_layernorm:
             attn = self.decoder_layers(model)[i].self_attn
             for ours, mod in (("q_norm", attn.q_layernorm), ("k_norm", attn.k_layernorm)):
-                w[ours] = np.stack([tensor(n, "weight") for n in mod.norms])  # [heads, head_dim]
+                norms = getattr(mod, "norms", None)  # None: switched off (feature bisection's identity)
+                if norms is not None:
+                    w[ours] = np.stack([tensor(n, "weight") for n in norms])  # [heads, head_dim]
         return w
 
     # ------------------------------------------------------------------ GGUF
