@@ -24,6 +24,7 @@ dict (impl's names: ``impl.attention.LAYER_WEIGHTS``, ``impl.mla.MLA_WEIGHTS``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal
 
@@ -71,6 +72,13 @@ class RopeSpec:
     attention_factor: float = 1.0
     kind: str = "default"  # the scaling that produced inv_freq (a label for reports)
     theta: float = 0.0  # the base it was computed from (a label for reports)
+    # One divisor per rotated pair: pair i turns by ``pos * inv_freq[i] / freq_factors[i]``
+    # (llama.cpp ``ggml_rope_ext``'s ``freq_factors``, the per-layer ``rope_long`` /
+    # ``rope_short`` tensors ``llama_model::get_rope_factors`` picks). LongRoPE (phi3,
+    # phimoe, minicpm3: HF ``_compute_longrope_parameters``, ``inv_freq = 1 /
+    # (ext_factors * base ** (2i / d))``) is the theta bands divided by the short OR the
+    # long factor set, with its ``attention_factor`` on cos and sin. None: no divisor.
+    freq_factors: tuple[float, ...] | None = None
 
     @property
     def rotary_dim(self) -> int:
@@ -81,6 +89,13 @@ class RopeSpec:
             raise ConfigError(f"unknown RoPE layout {self.layout!r}; valid: neox, interleaved")
         if not self.inv_freq:
             raise ConfigError("RoPE with zero rotated channels; use rope=None for a NoPE layer")
+        if self.freq_factors is not None:
+            ff = self.freq_factors
+            if len(ff) != len(self.inv_freq):
+                raise ConfigError(f"RoPE freq_factors has {len(ff)} values for {len(self.inv_freq)} rotated pairs; "
+                                  "valid: one divisor per pair")
+            if not all(isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in ff):
+                raise ConfigError(f"RoPE freq_factors must be finite and > 0, got {list(ff)[:8]!r}")
 
 
 @dataclass(frozen=True)
@@ -112,20 +127,51 @@ class QkNormSpec:
     ``n_heads * head_dim`` row with a row-wide weight (olmo2). ``where``: before
     RoPE (qwen3, olmo2, gemma3) or after it (llama4's L2 norm; the spec's
     ``qk_norm_after_rope`` explains the second home).
+
+    ``per_head``: (``over="head"`` only) each head has its OWN weight -- ``q_norm``
+    ``[n_heads, head_dim]``, ``k_norm`` ``[n_kv_heads, head_dim]`` (HF
+    ``StableLmLayerNormPerHead``, ``CohereLayerNorm((num_heads, head_dim))``;
+    llama.cpp stablelm.cpp / command-r.cpp ``attn_q_norm {n_embd_head_k, n_head}``).
+    A LayerNorm QK norm may carry a bias (``q_norm_b`` / ``k_norm_b``, the tensor
+    decides: HF phi ``q_layernorm = nn.LayerNorm(head_dim)``), shaped as its weight.
     """
 
     norm: NormSpec
     over: Literal["head", "row"] = "head"
     where: Literal["pre_rope", "post_rope"] = "pre_rope"
+    per_head: bool = False
+
+    def __post_init__(self):
+        if self.over not in ("head", "row"):
+            raise ConfigError(f"unknown QK norm span {self.over!r}; valid: head, row")
+        if self.where not in ("pre_rope", "post_rope"):
+            raise ConfigError(f"unknown QK norm place {self.where!r}; valid: pre_rope, post_rope")
+        if not isinstance(self.per_head, bool):
+            raise ConfigError(f"QK norm per_head must be true or false, got {self.per_head!r}")
+        if self.per_head and self.over != "head":
+            raise ConfigError("a QK norm with one weight per head normalises each head (over='head'); "
+                              f"got over={self.over!r}")
 
 
 @dataclass(frozen=True)
 class TemperatureSpec:
-    """llama4 attention temperature tuning (HF ``Llama4TextAttention.forward``):
-    ``q *= log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1`` per query position."""
+    """Attention temperature tuning, per query position:
+    ``q *= log1p(floor((pos + offset) / floor_scale)) * attn_scale + 1`` (llama.cpp
+    ``llm_graph_input_attn_temp::set_input``, ``f_attn_temp_offset``). ``offset`` 1:
+    llama4 (HF ``Llama4TextAttention.forward``: ``floor((cache_position + 1) /
+    floor_scale)``; llama4.cpp ``f_attn_temp_offset = 1``); 0: ministral3 (HF
+    ``get_llama_4_attn_scale``: ``floor(position_ids / original_max_position_embeddings)``;
+    mistral3.cpp ``f_attn_temp_offset = 0``)."""
 
     floor_scale: float
     attn_scale: float
+    offset: int = 1
+
+    def __post_init__(self):
+        if not (isinstance(self.floor_scale, (int, float)) and self.floor_scale > 0):
+            raise ConfigError(f"temperature floor_scale must be > 0, got {self.floor_scale!r}")
+        if self.offset not in (0, 1) or isinstance(self.offset, bool):
+            raise ConfigError(f"temperature offset must be 0 (ministral3) or 1 (llama4), got {self.offset!r}")
 
 
 @dataclass(frozen=True)
@@ -156,6 +202,21 @@ class LayerConfig:
     # ``wg`` of the normed input (``AttnWeights::output_gate``, afmoe.cpp).
     q_gate_interleaved: bool = False
     output_gate: bool = False
+    # The output gate's squashing function: ``sigmoid`` (afmoe) or ``softplus`` (HF
+    # ``LagunaAttention.forward``: ``F.softplus(g_proj(x).float())``; laguna.cpp), and its
+    # width: one value per channel (``wg`` [n_heads * v_head_dim, hidden]) or ONE scalar
+    # per head (``output_gate_per_head``: ``wg`` [n_heads, hidden], HF laguna
+    # ``gating="per-head"``: ``attn.view(..., heads, head_dim) * gate.unsqueeze(-1)``).
+    output_gate_fn: Literal["sigmoid", "softplus"] = "sigmoid"
+    output_gate_per_head: bool = False
+    # Where the QKV clamp acts: right after the biases (``bias``: olmo / dbrx / mpt, the
+    # spec's apply_qkv_bias_and_clamp, llama.cpp build_qkv ``f_clamp_kqv``) or AFTER the
+    # pre-RoPE QK norm (``qk_norm``: HF ``OlmoeAttention.forward`` norms q / k, THEN
+    # ``clamp_(-clip_qkv, clip_qkv)`` on q, k and v).
+    qkv_clamp_at: Literal["bias", "qk_norm"] = "bias"
+    # gemma3n: V normalised per head before the cache (HF ``Gemma3nTextAttention.v_norm``,
+    # an RMS norm without a weight; gemma3n.cpp ``ggml_rms_norm(Vcur)``), None: none.
+    v_norm: NormSpec | None = None
     sub_norm: NormSpec | None = None  # bitnet: RMS over the concatenated heads before wo
     o_scale: float | None = None  # `wo_s`, the {1} companion of wo
     value_scale: float | None = None  # mimo-v2-flash: branch scaled after wo
@@ -183,9 +244,22 @@ class LayerConfig:
         if self.rope is not None:
             if self.rope.rotary_dim > self.head_dim:
                 raise ConfigError(f"rotary_dim {self.rope.rotary_dim} exceeds head_dim {self.head_dim}")
-        for name in ("q_gate_interleaved", "output_gate"):
+        for name in ("q_gate_interleaved", "output_gate", "output_gate_per_head"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.output_gate_fn not in ("sigmoid", "softplus"):
+            raise ConfigError(f"unknown output gate function {self.output_gate_fn!r}; valid: sigmoid, softplus")
+        if (self.output_gate_per_head or self.output_gate_fn != "sigmoid") and not self.output_gate:
+            raise ConfigError("output_gate_fn / output_gate_per_head describe the output gate; valid: with "
+                              "output_gate=true")
+        if self.qkv_clamp_at not in ("bias", "qk_norm"):
+            raise ConfigError(f"unknown QKV clamp place {self.qkv_clamp_at!r}; valid: bias, qk_norm")
+        if self.qkv_clamp_at == "qk_norm" and (
+                self.qkv_clamp is None or self.qk_norm is None or self.qk_norm.where != "pre_rope"):
+            raise ConfigError("qkv_clamp_at='qk_norm' clamps after the pre-RoPE QK norm; valid: with qkv_clamp set "
+                              "and a pre_rope qk_norm (else qkv_clamp_at='bias')")
+        if self.v_norm is not None and self.v_norm.kind not in ("l2", "rms"):
+            raise ConfigError(f"v_norm kind {self.v_norm.kind!r}; valid: l2 (no weight), rms")
         if self.q_gate_interleaved and self.dv != self.head_dim:
             # spec split_interleaved_q_gate(q, rows, n_heads, head_dim) makes the gate
             # head_dim wide per head; apply_interleaved_gate multiplies it element by

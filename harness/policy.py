@@ -18,10 +18,11 @@ _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol",
              "drift_ratio", "drift_nmse_floor", "drift_atol_floor"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
-                 "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason", "seen_by"}
+                 "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason", "seen_by",
+                 "tokens_at_most_key"}
 # what a [finding.seen_by] inherits from the statement it belongs to (the same disagreement,
 # the same reference config; its own probes, bounds and, optionally, words)
-_INHERITED = ("family", "config", "layer_kind", "dtypes", "reason")
+_INHERITED = ("family", "config", "layer_kind", "dtypes", "reason", "tokens_at_most_key")
 FAMILIES_DIR = Path(__file__).resolve().parent / "families"
 _MISSING = object()
 
@@ -61,7 +62,9 @@ def config_matches(config, conditions: dict) -> bool:
     """Every condition of a finding's ``config`` table holds for ``config``: a plain
     value must equal the config's; ``{ ne_key = "head_dim" }`` means the value
     differs from the config's own ``head_dim``; ``{ set = true }`` means the value is
-    present and not None / false (``{ set = false }``: absent, None or false)."""
+    present and not None / false (``{ set = false }``: absent, None or false);
+    ``{ lt = 256 }`` means a number below 256 (a threshold a reference compares
+    with: phi3's original_max_position_embeddings against llama.cpp's context)."""
     for key, want in conditions.items():
         have = config_value(config, key)
         if isinstance(want, dict):
@@ -75,6 +78,9 @@ def config_matches(config, conditions: dict) -> bool:
                 is_set = have is not _MISSING and have is not None and have is not False
                 if is_set != bool(want["set"]):
                     return False
+            if "lt" in want and not (isinstance(have, (int, float)) and not isinstance(have, bool)
+                                     and have < want["lt"]):
+                return False
         elif have is _MISSING or have != want:
             return False
     return True
@@ -155,6 +161,12 @@ class Policy:
             # only -- a disagreement the float comparison of the same case does not have)
             if "dtypes" in f and dtype not in f["dtypes"]:
                 continue
+            # tokens_at_most_key: it holds only for sequences no longer than that config value
+            # (phi3's LongRoPE: HF switches factor sets past original_max_position_embeddings)
+            if "tokens_at_most_key" in f:
+                limit = config_value(config, f["tokens_at_most_key"]) if config is not None else _MISSING
+                if tokens is None or not isinstance(limit, (int, float)) or tokens > limit:
+                    continue
             # downstream_of: "L0.layer_out" -- the disagreement starts there and is carried
             # by every later probe of a free-running reference (e.g. an FFN difference)
             if "downstream_of" in f and dataflow_position(layer, probe) < _parse_point(f["downstream_of"]):

@@ -8,11 +8,14 @@ follow the order of the spec's ``attn_block_tail`` / ``attn_branch_rows`` /
 
   input norm -> QKV projection (weights only) -> interleaved Q gate split ->
   QKV bias (Q at the Q width, after the split) -> QKV clamp -> QK norm
-  (pre-RoPE) -> RoPE (with its attention factor) -> QK norm (post-RoPE) ->
-  temperature -> push + attend (window, softcap -- none on the sink arm --,
-  ALiBi, sinks) -> window eviction (a KV option, off by default) ->
-  interleaved gate -> output gate -> sub-norm -> wo -> wo scale -> wo bias ->
-  value scale -> post-attention norm -> residual.
+  (pre-RoPE; per head, per head with a weight each, or whole row; with a bias
+  for a LayerNorm) -> the clamp after it (olmoe) -> V norm (gemma3n) -> RoPE
+  (with its per-pair divisors -- LongRoPE -- and attention factor) -> QK norm
+  (post-RoPE) -> temperature (offset 1: llama4, 0: ministral3) -> push + attend
+  (window, softcap -- none on the sink arm --, ALiBi, sinks) -> window eviction
+  (a KV option, off by default) -> interleaved gate -> output gate (sigmoid or
+  softplus, per channel or one scalar per head) -> sub-norm -> wo -> wo scale ->
+  wo bias -> value scale -> post-attention norm -> residual.
 
 A layer with no attention (``shape="absent"``) returns no branch; a layer whose
 attention is one linear map (``shape="linear"``, deci's) returns ``wo(normed)``
@@ -34,6 +37,7 @@ from .ops import device_kw as _dev
 from .ops import linear as _linear
 from .ops import noop as _noop
 from .ops import sigmoid as _sigmoid
+from .ops import softplus as _softplus
 
 # The weights a layer may carry, in HF nn.Linear layout ([out, in]). Presence
 # turns on the decorations the spec says "the tensor decides".
@@ -48,10 +52,12 @@ LAYER_WEIGHTS = {
     "bv": "[n_kv_heads * v_head_dim] v bias",
     "bq_gate": "[n_heads * head_dim] the interleaved gate's own bias (HF q_proj's bias, gate halves; "
                "the spec's gate has none)",
-    "q_norm": "[head_dim] (per head) or [n_heads * head_dim] (whole row)",
-    "k_norm": "[head_dim] or [n_kv_heads * head_dim]",
+    "q_norm": "[head_dim] (per head), [n_heads, head_dim] (a weight per head) or [n_heads * head_dim] (whole row)",
+    "k_norm": "[head_dim], [n_kv_heads, head_dim] or [n_kv_heads * head_dim]",
+    "q_norm_b": "a LayerNorm QK norm's bias, shaped as q_norm (HF phi q_layernorm)",
+    "k_norm_b": "a LayerNorm QK norm's bias, shaped as k_norm",
     "sinks": "[n_heads] learned sink logits (gpt-oss s_aux)",
-    "wg": "[n_heads * v_head_dim, hidden] separate output-gate projection",
+    "wg": "[n_heads * v_head_dim, hidden] separate output-gate projection ([n_heads, hidden]: one scalar per head)",
     "bg": "output-gate bias",
     "sub_norm": "[n_heads * v_head_dim] RMS weight over the concatenated heads (bitnet)",
     "wo": "[hidden, n_heads * v_head_dim]",
@@ -108,11 +114,15 @@ def _expected_shapes(cfg: LayerConfig) -> tuple[dict[str, tuple], dict[str, tupl
     if cfg.q_gate_interleaved:
         optional["bq_gate"] = (h * d,)
     if cfg.output_gate:
-        required["wg"] = (h * dv, hid)
-        optional["bg"] = (h * dv,)
+        g = h if cfg.output_gate_per_head else h * dv
+        required["wg"] = (g, hid)
+        optional["bg"] = (g,)
     if cfg.qk_norm is not None:
         row = cfg.qk_norm.over == "row"
-        optional.update(q_norm=(h * d,) if row else (d,), k_norm=(hkv * d,) if row else (d,))
+        qs, ks = ((h * d,), (hkv * d,)) if row else ((h, d), (hkv, d)) if cfg.qk_norm.per_head else ((d,), (d,))
+        optional.update(q_norm=qs, k_norm=ks)
+        if cfg.qk_norm.norm.kind == "layer":
+            optional.update(q_norm_b=qs, k_norm_b=ks)
     if cfg.sub_norm:  # a NormSpec, or None
         optional["sub_norm"] = (h * dv,)
     if cfg.post_norm:
@@ -197,7 +207,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
         k = k + w["bk"]
     if "bv" in w:
         v = v + w["bv"]
-    if cfg.qkv_clamp is not None:
+    if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":
         # olmo `clip_qkv`; llama.cpp build_qkv `f_clamp_kqv`: after the bias.
         c = cfg.qkv_clamp
         q, k, v = (xp.clip(t, -c, c) for t in (q, k, v))
@@ -210,6 +220,14 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
 
     if cfg.qk_norm is not None and cfg.qk_norm.where == "pre_rope":
         q, k = _qk_norm(layer, q, k)
+    if cfg.qkv_clamp_at == "qk_norm":
+        # HF OlmoeAttention.forward: q_norm / k_norm first, THEN clamp_(-clip_qkv, clip_qkv)
+        # on q, k and v (v has no norm: the same values as a clamp after its bias)
+        q, k, v = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
+    if cfg.v_norm is not None:
+        # HF Gemma3nTextAttention.forward: v_norm (RMS, no weight) per head before the
+        # cache; gemma3n.cpp: ggml_rms_norm(Vcur, norm_rms_eps)
+        v = normalize(xp, v, cfg.v_norm, None, None, be.acc_dtype)
     p0 = kvmod.query_start(kv)
     pos = np.arange(p0, p0 + n, dtype=np.int64)
     rope = cfg.rope  # None: a NoPE layer (smollm3's every 4th, cohere2's full layers)
@@ -220,10 +238,12 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":
         q, k = _qk_norm(layer, q, k)
     if cfg.temperature is not None:
-        # HF Llama4TextAttention.forward: attn_scales = log1p(floor((pos + 1) /
-        # floor_scale)) * attn_scale + 1, per query position.
+        # llama.cpp llm_graph_input_attn_temp::set_input: log(floor((pos + offset) /
+        # floor_scale) + 1) * scale + 1 per query position -- offset 1 for llama4 (HF
+        # Llama4TextAttention.forward: floor((cache_position + 1) / floor_scale)), 0 for
+        # ministral3 (HF get_llama_4_attn_scale: floor(position_ids / original_max))
         t = cfg.temperature
-        scales = np.log1p(np.floor((pos + 1) / t.floor_scale)) * t.attn_scale + 1.0
+        scales = np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1.0
         q = q * be.asarray(scales)[:, None, None]
     put("q_rope", q)
     put("k_rope", k)
@@ -248,7 +268,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
         branch = branch * _sigmoid(xp, gate)
     if cfg.output_gate:
         # spec `output_gate`: a projection of the SAME normed input the QKV read.
-        branch = branch * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))
+        branch = branch * _output_gate(layer, normed, n)
     if cfg.sub_norm is not None:
         # bitnet.cpp / HF BitNetAttention `attn_sub_norm`: RMS over the concatenated
         # heads of one row, before wo.
@@ -364,19 +384,40 @@ def _attend_rows(be: Backend, q, kh, vh, q_pos: np.ndarray, k_pos: np.ndarray, v
     return xp.permute_dims(out, (1, 0, 2)), probs
 
 
+def _output_gate(layer: Layer, normed, n: int):
+    """The output gate's factor on the ``[n, n_heads * v_head_dim]`` branch: sigmoid
+    (afmoe.cpp ``attn_gated``) or softplus (HF ``LagunaAttention.forward``:
+    ``F.softplus(g_proj(x).float())``; laguna.cpp) of ``wg`` on the normed input --
+    one value per channel, or ONE scalar per head spread over its ``v_head_dim``
+    channels (HF laguna ``gate_per_head``: ``gate.unsqueeze(-1)``)."""
+    cfg, be, w = layer.cfg, layer.backend, layer.w
+    xp = be.xp
+    g = _linear(xp, normed, w["wg"], w.get("bg"))
+    if cfg.output_gate_fn == "softplus":
+        g = _softplus(xp, g, be.acc_dtype)
+    else:
+        g = _sigmoid(xp, g)
+    if cfg.output_gate_per_head:
+        h, dv = cfg.n_heads, cfg.dv
+        g = xp.reshape(xp.broadcast_to(xp.reshape(g, (n, h, 1)), (n, h, dv)), (n, h * dv))
+    return g
+
+
 def _qk_norm(layer: Layer, q, k):
     cfg, be, w = layer.cfg, layer.backend, layer.w
     xp = be.xp
     spec = cfg.qk_norm
     if spec.over == "head":
+        # [head_dim] weights broadcast over the heads; per_head's [heads, head_dim] ones
+        # meet each head's own row (HF StableLmLayerNormPerHead, CohereLayerNorm)
         return (
-            normalize(xp, q, spec.norm, w.get("q_norm"), None, be.acc_dtype),
-            normalize(xp, k, spec.norm, w.get("k_norm"), None, be.acc_dtype),
+            normalize(xp, q, spec.norm, w.get("q_norm"), w.get("q_norm_b"), be.acc_dtype),
+            normalize(xp, k, spec.norm, w.get("k_norm"), w.get("k_norm_b"), be.acc_dtype),
         )
     # Whole row (olmo2 HF `q_norm` over num_heads * head_dim).
     n = q.shape[0]
-    qr = normalize(xp, xp.reshape(q, (n, -1)), spec.norm, w.get("q_norm"), None, be.acc_dtype)
-    kr = normalize(xp, xp.reshape(k, (n, -1)), spec.norm, w.get("k_norm"), None, be.acc_dtype)
+    qr = normalize(xp, xp.reshape(q, (n, -1)), spec.norm, w.get("q_norm"), w.get("q_norm_b"), be.acc_dtype)
+    kr = normalize(xp, xp.reshape(k, (n, -1)), spec.norm, w.get("k_norm"), w.get("k_norm_b"), be.acc_dtype)
     return xp.reshape(qr, q.shape), xp.reshape(kr, k.shape)
 
 

@@ -21,11 +21,15 @@ import numpy as np
 
 from .config import ConfigError, RopeSpec
 
-ROPE_KINDS = ("default", "linear", "llama3", "yarn")
+ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope")
+LONGROPE_SETS = ("short", "long")
 
 
 def inverse_frequencies(kind: str, theta: float, rotary_dim: int, params: dict | None = None) -> tuple[np.ndarray, float]:
-    """``(inv_freq[rotary_dim // 2], attention_factor)`` for one RoPE scaling kind."""
+    """``(inv_freq[rotary_dim // 2], attention_factor)`` for one RoPE scaling kind.
+
+    ``longrope`` returns the plain theta bands and its attention factor: the factor
+    set divides them in the rotation (``RopeSpec.freq_factors``; ``make_rope``)."""
     params = dict(params or {})
     if rotary_dim < 2 or rotary_dim % 2:
         raise ConfigError(f"rotary_dim must be a positive even number, got {rotary_dim}")
@@ -49,6 +53,8 @@ def inverse_frequencies(kind: str, theta: float, rotary_dim: int, params: dict |
         return np.where(medium, smoothed, scaled), 1.0
     if kind == "yarn":
         return _yarn(base_inv, float(theta), rotary_dim, params)
+    if kind == "longrope":
+        return base_inv, longrope_attention_factor(params)
     raise ConfigError(f"unknown RoPE scaling {kind!r}; valid: {', '.join(ROPE_KINDS)}")
 
 
@@ -87,14 +93,45 @@ def _yarn(base_inv: np.ndarray, theta: float, dim: int, p: dict) -> tuple[np.nda
     return inv, float(attention_factor)
 
 
+def longrope_attention_factor(p: dict) -> float:
+    """HF ``_compute_longrope_parameters``: the given ``attention_factor``, else
+    ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))`` for a factor > 1
+    (``factor`` defaults to ``max_position_embeddings / original_max_position_embeddings``,
+    phi3's convention), else 1."""
+    if p.get("attention_factor") is not None:
+        return float(p["attention_factor"])
+    orig = float(p["original_max_position_embeddings"])
+    factor = p.get("factor")
+    factor = float(p["max_position_embeddings"]) / orig if factor is None else float(factor)
+    return 1.0 if factor <= 1.0 else math.sqrt(1.0 + math.log(factor) / math.log(orig))
+
+
 def make_rope(kind: str, theta: float, rotary_dim: int, layout: str = "neox", params: dict | None = None) -> RopeSpec:
+    """One layer's RoPE. ``longrope`` reads ``params["which"]`` (``short``, the default,
+    or ``long``): the factor set the rotation divides the bands by (HF
+    ``longrope_frequency_update`` picks ``long`` for a sequence longer than
+    ``original_max_position_embeddings``; llama.cpp ``get_rope_factors`` for a context
+    longer than it -- the family says which its case runs)."""
     inv, factor = inverse_frequencies(kind, theta, rotary_dim, params)
-    return RopeSpec(inv_freq=tuple(float(x) for x in inv), layout=layout, attention_factor=factor, kind=kind, theta=float(theta))
+    ff = None
+    if kind == "longrope":
+        p = params or {}
+        which = p.get("which", "short")
+        if which not in LONGROPE_SETS:
+            raise ConfigError(f"unknown LongRoPE factor set {which!r}; valid: {', '.join(LONGROPE_SETS)}")
+        ff = tuple(float(x) for x in p[f"{which}_factor"])
+    return RopeSpec(inv_freq=tuple(float(x) for x in inv), layout=layout, attention_factor=factor, kind=kind,
+                    theta=float(theta), freq_factors=ff)
 
 
 def cos_sin(spec: RopeSpec, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``[n, rotary_dim // 2]`` cos and sin in float64, with YaRN's factor folded in."""
-    ang = np.asarray(positions, dtype=np.float64)[:, None] * np.asarray(spec.inv_freq, dtype=np.float64)[None, :]
+    freq = np.asarray(spec.inv_freq, dtype=np.float64)
+    if spec.freq_factors is not None:
+        # ggml_rope_ext: theta_i / freq_factors[i] (LongRoPE's short / long set; HF
+        # _compute_longrope_parameters: 1 / (ext_factors * base ** (2i / d)))
+        freq = freq / np.asarray(spec.freq_factors, dtype=np.float64)
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * freq[None, :]
     return np.cos(ang) * spec.attention_factor, np.sin(ang) * spec.attention_factor
 
 

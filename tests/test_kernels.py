@@ -26,6 +26,7 @@ from harness.kinds import spec_layer
 from harness import specref
 from harness.mutants import applied
 from harness.kinds.attention.mutants.features4 import SPEC_MUTANTS
+from harness.kinds.attention.mutants import features5
 from harness.schedule import chunk_sizes
 
 RNG = np.random.default_rng(1234)
@@ -47,7 +48,7 @@ def ref_layer(cfg: LayerConfig, w: dict, x: np.ndarray):
 
 # ----------------------------------------------------------------- configs
 def weights_for(cfg: LayerConfig, *, biases=False, qk=False, sinks=False, gate=False, sub=False, obias=False,
-                post=False, rng=RNG):
+                post=False, qk_bias=False, rng=RNG):
     hid, H, Hkv, D, Dv = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
     s = 1 / math.sqrt(hid)
     qw = H * D * (2 if cfg.q_gate_interleaved else 1)
@@ -61,12 +62,15 @@ def weights_for(cfg: LayerConfig, *, biases=False, qk=False, sinks=False, gate=F
         if cfg.q_gate_interleaved:
             w["bq_gate"] = 0.1 * rng.normal(size=H * D)
     if qk:
-        width = (D, D) if cfg.qk_norm.over == "head" else (H * D, Hkv * D)
+        width = (((H, D), (Hkv, D)) if cfg.qk_norm.per_head else (D, D)) if cfg.qk_norm.over == "head" \
+            else (H * D, Hkv * D)
         w.update(q_norm=1 + 0.1 * rng.normal(size=width[0]), k_norm=1 + 0.1 * rng.normal(size=width[1]))
+        if qk_bias:
+            w.update(q_norm_b=0.1 * rng.normal(size=width[0]), k_norm_b=0.1 * rng.normal(size=width[1]))
     if sinks:
         w["sinks"] = rng.normal(size=H)
     if gate:
-        w["wg"] = rng.normal(size=(H * Dv, hid)) * s
+        w["wg"] = rng.normal(size=(H if cfg.output_gate_per_head else H * Dv, hid)) * s
     if sub:
         w["sub_norm"] = 1 + 0.1 * rng.normal(size=H * Dv)
     if obias:
@@ -110,6 +114,22 @@ CASES = {
                                  {"obias": True, "post": True}),
     "v-width": (LayerConfig(**BASE, v_head_dim=12, rope=rope8()), {}),
     "parallel": (LayerConfig(**BASE, rope=rope8(), residual="parallel", input_norm=NormSpec("layer", 1e-5)), {}),
+    # the L decorations (issue 26): LongRoPE's factor set and attention factor, llama4's
+    # temperature without its offset (ministral3), QK norms with a weight (and a bias) per
+    # head, the clamp after the QK norm (olmoe), V norm (gemma3n), a softplus gate per head
+    "longrope-temp-no-offset": (LayerConfig(**BASE, rope=rope8(rot=6, kind="longrope", which="long",
+                                                               short_factor=[1.0, 1.5, 2.0], long_factor=[2.0, 5.0, 9.0],
+                                                               original_max_position_embeddings=16,
+                                                               max_position_embeddings=64),
+                                            temperature=TemperatureSpec(2.0, 0.3, offset=0)), {}),
+    "qk-per-head-layernorm-bias": (LayerConfig(**BASE, rope=rope8(), input_norm=NormSpec("layer", 1e-5),
+                                               qk_norm=QkNormSpec(NormSpec("layer", 1e-5), "head", per_head=True)),
+                                   {"qk": True, "qk_bias": True}),
+    "qk-norm-then-clamp-v-norm": (LayerConfig(**BASE, rope=rope8(), qkv_clamp=0.6, qkv_clamp_at="qk_norm",
+                                              qk_norm=QkNormSpec(NormSpec("rms", 1e-6), "row"),
+                                              v_norm=NormSpec("l2", 1e-6)), {"qk": True, "biases": True}),
+    "softplus-gate-per-head": (LayerConfig(**BASE, rope=rope8(), output_gate=True, output_gate_fn="softplus",
+                                           output_gate_per_head=True), {"gate": True}),
     "linear": (LayerConfig(hidden_size=48, shape="linear"), {}),
     "absent": (LayerConfig(hidden_size=48, shape="absent"), {}),
 }
@@ -190,7 +210,8 @@ def test_alibi_slopes_non_power_of_two():
     np.testing.assert_allclose(alibi_slopes(4, 8.0), [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8])
 
 
-@pytest.mark.parametrize("name", ["plain-gqa", "sinks-window", "chunked", "interleaved-gate", "v-width", "alibi-6-heads"])
+@pytest.mark.parametrize("name", ["plain-gqa", "sinks-window", "chunked", "interleaved-gate", "v-width", "alibi-6-heads",
+                                  "longrope-temp-no-offset", "qk-per-head-layernorm-bias", "qk-norm-then-clamp-v-norm", "softplus-gate-per-head"])
 @pytest.mark.parametrize("backend", [("numpy", "float64"), ("numpy", "float32"), ("torch", "float32")])
 def test_prefill_equals_decode_in_every_kv_mode(name, backend):
     be = Backend(backend[0], "cpu", backend[1])
@@ -285,7 +306,8 @@ def test_contiguous_cache_tracks_positions_after_eviction():
     assert Decode(c) != Paged(PagedSeq([]), None)
 
 
-@pytest.mark.parametrize("name", ["plain-gqa", "obias-oscale-vscale-post", "output-gate-subnorm"])
+@pytest.mark.parametrize("name", ["plain-gqa", "obias-oscale-vscale-post", "output-gate-subnorm",
+                                  "longrope-temp-no-offset", "qk-per-head-layernorm-bias", "qk-norm-then-clamp-v-norm", "softplus-gate-per-head"])
 def test_numpy_and_torch_agree(name):
     xs = [np.random.default_rng(5).normal(size=(9, 48))]
     res = {}
@@ -403,6 +425,25 @@ def test_interleaved_gate_needs_v_as_wide_as_k():
     with pytest.raises(ConfigError, match="v_head_dim=12.*valid: v_head_dim equal to head_dim"):
         LayerConfig(**BASE, v_head_dim=12, rope=rope8(), q_gate_interleaved=True)
     LayerConfig(**BASE, v_head_dim=12, rope=rope8(), output_gate=True)  # the output gate is V-wide: fine
+
+
+@pytest.mark.parametrize("mutant", features5.SPEC_MUTANTS, ids=lambda m: m.name)
+def test_l_decoration_mutants_are_caught_by_the_spec_formula(mutant):
+    """Decorations of issue 26 whose reference family is not here (olmoe's clamp after
+    the QK norm, gemma3n's V norm): the spec's formula judges them on their kernel
+    case, and each break is caught at the probe where it first acts."""
+    cfg, w, layer = _layer(features5.SPEC_CASES[mutant.name])
+    x = RNG.normal(size=(7, 48)) * 3  # wide enough that the clamp at 0.6 acts on q, k and v
+
+    def first_failure():
+        got = _run(Layer.load(cfg, w, layer.backend), [x], "decode", "mixed")[1][0].assemble()
+        return next((p for p in LAYER_PROBES if p in got and p in want
+                     and not np.allclose(got[p], want[p], rtol=1e-10, atol=1e-12)), None)
+
+    want = spec_layer(cfg, w, x)
+    assert first_failure() is None
+    with applied(mutant):
+        assert first_failure() == mutant.first_probe
 
 
 @pytest.mark.parametrize("mutant", SPEC_MUTANTS, ids=lambda m: m.name)

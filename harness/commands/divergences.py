@@ -69,8 +69,12 @@ def _cond(f: dict) -> str:
                 out.append(f"{k} != {v['ne']}")
             if "set" in v:
                 out.append(f"{k} {'set' if v['set'] else 'unset'}")
+            if "lt" in v:
+                out.append(f"{k} < {v['lt']}")
         else:
             out.append(f"{k} = {v}")
+    if f.get("tokens_at_most_key"):
+        out.append(f"a sequence no longer than {f['tokens_at_most_key']}")
     return ", ".join(out)
 
 

@@ -25,6 +25,25 @@ def unpermute_heads(a: np.ndarray) -> np.ndarray:
     return a.reshape(*a.shape[:-1], d // 2, 2).swapaxes(-1, -2).reshape(a.shape)
 
 
+def per_head_qkv_to_blocks(data: np.ndarray, n_head: int) -> np.ndarray:
+    """The converters' "Map bloom-style qkv_linear to gpt-style qkv_linear"
+    (conversion/bloom.py ``BloomModel.modify_tensors``, conversion/gptneox.py
+    ``GPTNeoXModel.modify_tensors``): a fused QKV whose rows (or bias entries) run
+    per head ``[h0: q k v][h1: q k v]...`` becomes ``[Q; K; V]``. Layout only."""
+    n = data.shape[0]
+    d = n // n_head // 3
+    blocks = data.reshape(n_head, 3, d, *data.shape[1:])
+    return np.concatenate([blocks[:, j].reshape(n_head * d, *data.shape[1:]) for j in range(3)], axis=0)
+
+
+def per_head_qkv_split(w: np.ndarray, n_head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(q, k, v)`` rows of a per-head interleaved fused QKV (HF bloom ``_reshape``:
+    ``view(..., n_head, 3, head_dim)``; HF GPTNeoX: ``view(..., -1, 3 * head_size)
+    .chunk(3, -1)``), each ``[n_head * head_dim, ...]``."""
+    q, k, v = np.split(per_head_qkv_to_blocks(w, n_head), 3, axis=0)
+    return q, k, v
+
+
 def llama3_rope_factors(config) -> np.ndarray | None:
     """conversion/llama.py ``LlamaModel.generate_extra_tensors``: llama3 RoPE scaling
     reaches llama.cpp as a ``rope_freqs`` tensor of per-pair frequency divisors

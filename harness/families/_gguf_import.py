@@ -429,7 +429,7 @@ def alibi_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams) -> dict:
 
 
 def llama_like_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams, swa: bool = False, moe: bool = False,
-                      rotary: bool = True) -> dict:
+                      rotary: bool = True, rope: dict | None = None) -> dict:
     """The HF kwargs every llama-shaped family reads the same way from
     ``read_hparams``: sizes, one head_dim, full rotary, RoPE, vocabulary, tied
     head, special tokens, and the bias switches HF keeps in the config
@@ -437,7 +437,8 @@ def llama_like_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams, swa: bo
     on when the file carries them. A family adds its arch's own keys (an MoE
     family, ``moe=True``, its expert counts: a dense one refuses experts; a
     family whose HF attention rotates a fraction of the head, ``rotary=False``,
-    its partial rotary factor)."""
+    its partial rotary factor; one whose RoPE no generic key says -- LongRoPE's
+    factor tensors --, ``rope``: its HF ``rope_parameters``)."""
     if not moe:
         refuse_experts(meta, hp, family.name)
     vocab = vocab_of(meta, shapes)
@@ -446,7 +447,7 @@ def llama_like_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams, swa: bo
           "num_key_value_heads": hp.head_kv, "vocab_size": vocab,
           # the converter writes output.weight only for an untied head
           "tie_word_embeddings": "output.weight" not in shapes,
-          "rope_parameters": hf_rope(meta, hp), **one_head_dim(meta, hp, family, swa), **special_tokens(meta, vocab)}
+          "rope_parameters": hf_rope(meta, hp) if rope is None else rope, **one_head_dim(meta, hp, family, swa), **special_tokens(meta, vocab)}
     if rotary:
         full_rotary(meta, hp, family, swa)
     keys = family.settable_keys()

@@ -56,6 +56,12 @@ class Switches:
                 sw["partial_rotary"] = {"rope_parameters": {**rp, "partial_rotary_factor": 1.0}}
         if "partial_rotary" in features and "partial_rotary" not in sw and "partial_rotary_factor" in keys:
             sw["partial_rotary"] = {"partial_rotary_factor": 1.0}
+        if "longrope" in features and rp.get("rope_type") == "longrope" and rp.get("long_factor"):
+            # LongRoPE's factor sets all ones: the bands are theta's own (HF
+            # _compute_longrope_parameters divides by them; the converter writes them as
+            # rope_factors_long / _short, which ggml_rope_ext divides by)
+            n = len(rp["long_factor"])
+            sw["longrope"] = {"rope_parameters": {**rp, "short_factor": [1.0] * n, "long_factor": [1.0] * n}}
         if "rope_attn_factor" in features and rp.get("rope_type") == "yarn":
             # _compute_yarn_parameters takes an explicit attention_factor as given
             sw["rope_attn_factor"] = {"rope_parameters": {**rp, "attention_factor": 1.0}}
@@ -88,6 +94,7 @@ class Switches:
                      "Wqkv.bias", "c_attn.bias"),
         "o_bias": ("o_proj.bias", "self_attention.dense.bias", "attn.out_proj.bias"),
         "sinks": ("self_attn.sinks",),
+        "qk_norm_bias": ("q_layernorm.bias", "k_layernorm.bias", "q_norm.bias", "k_norm.bias"),
     }
 
     def model_switches(self, config) -> dict[str, "ModelSwitch"]:

@@ -51,6 +51,7 @@ import numpy as np
 from impl import LayerConfig, NormSpec
 from impl.config import ConfigError
 
+from .._convert import per_head_qkv_to_blocks
 from .._gguf_import import alibi_config, read_hparams
 from ..base import FUSED_QKV_NOPE_LC_POINTS, Family, LcPoint, Point, tensor
 
@@ -171,15 +172,10 @@ class Bloom(Family):
         w.add_layer_norm_eps(config.layer_norm_epsilon)
 
     def gguf_convert(self, name, data, config, variant=None):
-        n_head, n_embed = config.n_head, config.hidden_size
         name = re.sub(r"transformer\.", "", name)  # BloomModel.modify_tensors
-        if self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.weight", name):
+        if self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.(weight|bias)", name):
             # "Map bloom-style qkv_linear to gpt-style qkv_linear": (head, 3, d, h) -> [Q; K; V]
-            q = data.reshape(n_head, 3, n_embed // n_head, n_embed)
-            data = np.concatenate([q[:, j].reshape(-1, n_embed) for j in range(3)], axis=0)
-        elif self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.bias", name):
-            q = data.reshape(n_head, 3, n_embed // n_head)
-            data = np.concatenate([q[:, j].reshape(n_embed) for j in range(3)], axis=0)
+            data = per_head_qkv_to_blocks(data, config.n_head)
         yield name, np.ascontiguousarray(data)
 
 

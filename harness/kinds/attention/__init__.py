@@ -19,18 +19,28 @@ DECORATIONS = {
     "mqa": ("one KV head shared by every query head", "attn_block: AttnShape::Gqa"),
     "qkv_bias": ("Q/K/V projection biases", "apply_qkv_bias_and_clamp"),
     "qkv_clamp": ("clamp of Q/K/V (clip_qkv)", "apply_qkv_bias_and_clamp"),
+    "qkv_clamp_after_qk_norm": ("the Q/K/V clamp after the QK norm (olmoe clip_qkv)",
+                                "(HF OlmoeAttention.forward; the spec clamps after the bias)"),
     "qk_norm_head": ("per-head QK norm before RoPE", "apply_qk_norms_pre_rope"),
     "qk_norm_row": ("whole-row QK norm before RoPE", "apply_qk_norms_pre_rope"),
     "qk_norm_post_rope": ("QK norm after RoPE", "apply_qk_norms_post_rope"),
+    "qk_norm_per_head_weight": ("QK norm with one weight per head ([n_heads, head_dim]: stablelm, command-r)",
+                                "apply_qk_norms_pre_rope (the weight's shape)"),
+    "qk_norm_bias": ("a LayerNorm QK norm with a bias (phi qk_layernorm)", "apply_qk_norms_pre_rope"),
+    "v_norm": ("V normalised per head before the cache (gemma3n)", "(HF Gemma3nTextAttention.v_norm)"),
     "rope_neox": ("rotate-half RoPE", "apply_rope_head_layer"),
     "rope_interleaved": ("GPT-J interleaved RoPE", "apply_rope_head_layer"),
     "partial_rotary": ("RoPE on the leading channels only", "apply_rope_head_layer"),
     "rope_scaling": ("RoPE frequency scaling (linear / llama3 / YaRN)", "apply_rope_head_layer"),
     "rope_attn_factor": ("RoPE attention factor / YaRN mscale", "apply_rope_attn_factor"),
+    "longrope": ("LongRoPE: RoPE bands divided pair by pair by a short / long factor set (phi3, minicpm3)",
+                 "apply_rope_head_layer (ggml_rope_ext freq_factors)"),
     "per_layer_theta": ("per-layer RoPE theta", "apply_rope_head_layer(layer_idx)"),
     "nope_layers": ("layers without RoPE", "apply_rope_head_layer"),
     "attn_scale": ("attention scale other than head_dim^-0.5", "apply_attention_scale"),
     "temperature": ("per-position attention temperature", "apply_attn_temperature"),
+    "temperature_no_offset": ("temperature of floor(pos / s) (ministral3; llama4's is floor((pos + 1) / s))",
+                              "apply_attn_temperature (llama.cpp f_attn_temp_offset)"),
     "sliding_window": ("sliding-window attention", "layer_window_for_query"),
     "chunked_window": ("chunked attention windows", "layer_window_for_query"),
     "softcap": ("logit softcap", "push_and_attend_row: softcap"),
@@ -38,6 +48,9 @@ DECORATIONS = {
     "sinks": ("attention sinks", "push_and_attend_row: sinks"),
     "q_gate_interleaved": ("interleaved Q gate", "split_interleaved_q_gate / apply_interleaved_gate"),
     "output_gate": ("output gate from a separate projection", "attn_branch_rows: output_gate"),
+    "softplus_gate": ("the output gate squashed by softplus (laguna)", "attn_branch_rows: output_gate"),
+    "output_gate_per_head": ("an output gate of one scalar per head (laguna gating='per-head')",
+                             "attn_branch_rows: output_gate"),
     "sub_norm": ("attention sub-norm before wo", "attn_branch_rows: attn_sub_norm"),
     "o_bias": ("o_proj bias", "project_attn_rows: o_bias"),
     "o_scale": ("wo scale companion", "project_attn_rows: o_scale"),
@@ -70,7 +83,8 @@ class Attention(LayerKind):
     reference_gaps = REFERENCE_GAPS
     rope_probe = "q_rope"
     mutant_modules = tuple(f"harness.kinds.attention.mutants.{m}" for m in (
-        "core", "coverage", "features1", "features2", "features3", "features3_alibi_chunk", "features4", "subtle", "engine"))
+        "core", "coverage", "features1", "features2", "features3", "features3_alibi_chunk", "features4", "features5", "subtle",
+        "engine"))
 
     def features(self, lc, weights=None) -> set[str]:
         """The tags ON for one layer: read from what impl is told to compute (the
@@ -88,9 +102,15 @@ class Attention(LayerKind):
         if any(k in w for k in ("bq", "bk", "bv")):
             f.add("qkv_bias")
         if lc.qkv_clamp is not None:
-            f.add("qkv_clamp")
+            f.add("qkv_clamp_after_qk_norm" if lc.qkv_clamp_at == "qk_norm" else "qkv_clamp")
         if lc.qk_norm is not None:
             f.add("qk_norm_post_rope" if lc.qk_norm.where == "post_rope" else f"qk_norm_{lc.qk_norm.over}")
+            if lc.qk_norm.per_head and ("q_norm" in w or "k_norm" in w):
+                f.add("qk_norm_per_head_weight")
+            if "q_norm_b" in w or "k_norm_b" in w:
+                f.add("qk_norm_bias")
+        if lc.v_norm is not None:
+            f.add("v_norm")
         if lc.rope is None:
             f.add("nope_layers")
         else:
@@ -101,10 +121,12 @@ class Attention(LayerKind):
                 f.add("rope_scaling")
             if lc.rope.attention_factor != 1.0:
                 f.add("rope_attn_factor")
+            if lc.rope.freq_factors is not None and any(x != 1.0 for x in lc.rope.freq_factors):
+                f.add("longrope")
         if lc.scale is not None and not np.isclose(lc.scale, lc.head_dim**-0.5):
             f.add("attn_scale")
         if lc.temperature is not None:
-            f.add("temperature")
+            f.add("temperature" if lc.temperature.offset == 1 else "temperature_no_offset")
         if lc.window is not None:
             f.add("sliding_window" if lc.window.kind == "sliding" else "chunked_window")
         if lc.softcap is not None:
@@ -117,6 +139,10 @@ class Attention(LayerKind):
             f.add("q_gate_interleaved")
         if lc.output_gate:
             f.add("output_gate")
+            if lc.output_gate_fn == "softplus":
+                f.add("softplus_gate")
+            if lc.output_gate_per_head:
+                f.add("output_gate_per_head")
         if lc.sub_norm is not None:
             f.add("sub_norm")
         if "bo" in w:

@@ -45,6 +45,13 @@ def spec_strategy(st, n: int, hid: int, opts: dict):
                 p["original_max_position_embeddings"] = 16
             if kind == "llama3":
                 p.update(low_freq_factor=1.0, high_freq_factor=4.0)
+            if kind == "default" and draw(st.integers(0, 3)) == 3:
+                # LongRoPE: the bands divided by a factor set (freq_factors)
+                kind = "longrope"
+                p.update(original_max_position_embeddings=16, max_position_embeddings=64,
+                         short_factor=[1.0 + 0.5 * i for i in range(rot // 2)],
+                         long_factor=[2.0 + i for i in range(rot // 2)],
+                         which=draw(st.sampled_from(("short", "long"))))
             rope = make_rope(kind, draw(st.sampled_from((100.0, 10000.0))), rot,
                              draw(st.sampled_from(("neox", "interleaved"))), p)
         window = None
@@ -53,17 +60,27 @@ def spec_strategy(st, n: int, hid: int, opts: dict):
         qk = None
         if draw(st.booleans()):
             where = draw(st.sampled_from(("pre_rope", "post_rope")))
-            kind = "l2" if where == "post_rope" and draw(st.booleans()) else draw(st.sampled_from(("rms", "rms1p")))
-            qk = QkNormSpec(NormSpec(kind, 1e-6), draw(st.sampled_from(("head", "row"))), where)
+            kind = ("l2" if where == "post_rope" and draw(st.booleans())
+                    else draw(st.sampled_from(("rms", "rms1p", "layer"))))
+            over = draw(st.sampled_from(("head", "row")))
+            qk = QkNormSpec(NormSpec(kind, 1e-6), over, where,
+                            per_head=over == "head" and kind != "l2" and draw(st.booleans()))
+        clamp = draw(st.sampled_from((None, None, 0.5)))
+        clamp_at = "qk_norm" if clamp and qk is not None and qk.where == "pre_rope" and draw(st.booleans()) else "bias"
+        gate = draw(st.booleans())
         try:
             cfg = LayerConfig(
                 hidden_size=hid, n_heads=h, n_kv_heads=hkv, head_dim=d, v_head_dim=dv,
                 input_norm=NormSpec(draw(st.sampled_from(norm_kinds)), 1e-5),
-                qkv_clamp=draw(st.sampled_from((None, None, 0.5))), qk_norm=qk, rope=rope,
+                qkv_clamp=clamp, qkv_clamp_at=clamp_at, qk_norm=qk, rope=rope,
+                v_norm=NormSpec("l2", 1e-6) if draw(st.integers(0, 4)) == 4 else None,
                 scale=draw(st.sampled_from((None, None, 0.3))),
-                temperature=TemperatureSpec(2.0, 0.3) if draw(st.integers(0, 4)) == 4 else None,
+                temperature=(TemperatureSpec(2.0, 0.3, draw(st.sampled_from((1, 0))))
+                             if draw(st.integers(0, 4)) == 4 else None),
                 window=window, softcap=draw(st.sampled_from((None, None, 1.5, 20.0))), alibi_max_bias=alibi,
-                q_gate_interleaved=gate_i, output_gate=draw(st.booleans()),
+                q_gate_interleaved=gate_i, output_gate=gate,
+                output_gate_fn=draw(st.sampled_from(("sigmoid", "softplus"))) if gate else "sigmoid",
+                output_gate_per_head=gate and draw(st.booleans()),
                 sub_norm=NormSpec("rms", 1e-5) if draw(st.booleans()) else None,
                 o_scale=draw(st.sampled_from((None, 0.5))), value_scale=draw(st.sampled_from((None, 1.5))),
                 post_norm=NormSpec(draw(st.sampled_from(("rms", "rms1p"))), 1e-6) if draw(st.booleans()) else None,
@@ -74,7 +91,7 @@ def spec_strategy(st, n: int, hid: int, opts: dict):
 
             assume(False)
         opts.update(biases=draw(st.booleans()), sinks=draw(st.booleans()), obias=draw(st.booleans()),
-                    gate_bias=draw(st.booleans()))
+                    gate_bias=draw(st.booleans()), qk_norm_bias=draw(st.booleans()))
         return cfg
 
     return draw_cfg()
@@ -112,13 +129,17 @@ def spec_weights(cfg, opts: dict, rng) -> dict:
     if opts.get("obias"):
         w["bo"] = vec(hid)
     if cfg.output_gate:
-        w["wg"] = mat(h * dv, hid)
+        g = h if cfg.output_gate_per_head else h * dv
+        w["wg"] = mat(g, hid)
         if opts.get("gate_bias"):
-            w["bg"] = vec(h * dv)
+            w["bg"] = vec(g)
     if cfg.qk_norm is not None and cfg.qk_norm.norm.kind != "l2":
         row = cfg.qk_norm.over == "row"
         around = 0.0 if cfg.qk_norm.norm.kind == "rms1p" else 1.0
-        w.update(q_norm=vec(h * d if row else d, around), k_norm=vec(hkv * d if row else d, around))
+        qs, ks = (h * d, hkv * d) if row else ((h, d), (hkv, d)) if cfg.qk_norm.per_head else (d, d)
+        w.update(q_norm=vec(qs, around), k_norm=vec(ks, around))
+        if cfg.qk_norm.norm.kind == "layer" and opts.get("qk_norm_bias"):
+            w.update(q_norm_b=vec(qs), k_norm_b=vec(ks))
     if cfg.sub_norm is not None:
         w["sub_norm"] = vec(h * dv, 1.0)
     if cfg.post_norm is not None:

@@ -39,7 +39,7 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
     q = q + w.get("bq", 0.0)
     k = k + w.get("bk", 0.0)
     v = v + w.get("bv", 0.0)
-    if cfg.qkv_clamp is not None:
+    if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":
         q, k, v = (np.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
     q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, Dv)
     P.update(q=q, k=k, v=v)
@@ -47,15 +47,28 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
     def qk_norm(q, k):
         s = cfg.qk_norm
         if s.over == "head":
-            return norm(q, s.norm, w.get("q_norm")), norm(k, s.norm, w.get("k_norm"))
-        return (norm(q.reshape(n, -1), s.norm, w.get("q_norm")).reshape(q.shape),
-                norm(k.reshape(n, -1), s.norm, w.get("k_norm")).reshape(k.shape))
+            # per_head: q_norm [H, D] -- head h's own row of weights, one head at a time
+            if s.per_head:
+                return (np.stack([norm(q[:, h], s.norm, _row(w, "q_norm", h), _row(w, "q_norm_b", h))
+                                  for h in range(H)], axis=1),
+                        np.stack([norm(k[:, h], s.norm, _row(w, "k_norm", h), _row(w, "k_norm_b", h))
+                                  for h in range(Hkv)], axis=1))
+            return (norm(q, s.norm, w.get("q_norm"), w.get("q_norm_b")),
+                    norm(k, s.norm, w.get("k_norm"), w.get("k_norm_b")))
+        return (norm(q.reshape(n, -1), s.norm, w.get("q_norm"), w.get("q_norm_b")).reshape(q.shape),
+                norm(k.reshape(n, -1), s.norm, w.get("k_norm"), w.get("k_norm_b")).reshape(k.shape))
 
     pos = np.arange(n)
     if cfg.qk_norm is not None and cfg.qk_norm.where == "pre_rope":
         q, k = qk_norm(q, k)
+    if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "qk_norm":  # HF OlmoeAttention: norm, then clamp
+        q, k, v = (np.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
+    if cfg.v_norm is not None:  # HF Gemma3nTextAttention: v_norm per head, no weight
+        v = norm(v, cfg.v_norm)
     if cfg.rope is not None:
         f, r = np.array(cfg.rope.inv_freq), cfg.rope.rotary_dim
+        if cfg.rope.freq_factors is not None:  # ggml_rope_ext freq_factors: theta_i / ff_i (LongRoPE)
+            f = f / np.array(cfg.rope.freq_factors)
         q = rope(q, pos, f, cfg.rope.layout, r)
         k = rope(k, pos, f, cfg.rope.layout, r)
         # apply_rope_attn_factor: YaRN's mscale on the rotated channels
@@ -65,7 +78,7 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
         q, k = qk_norm(q, k)
     if cfg.temperature is not None:
         t = cfg.temperature
-        q = q * (np.log1p(np.floor((pos + 1) / t.floor_scale)) * t.attn_scale + 1)[:, None, None]
+        q = q * (np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1)[:, None, None]
     P.update(q_rope=q, k_rope=k)
     scale = D**-0.5 if cfg.scale is None else cfg.scale
     slopes = alibi_slopes(H, cfg.alibi_max_bias) if cfg.alibi_max_bias is not None else None
@@ -77,7 +90,11 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
     if gate is not None:
         b = b * sig(gate)
     if cfg.output_gate:
-        b = b * sig(a @ w["wg"].T + w.get("bg", 0.0))
+        g = a @ w["wg"].T + w.get("bg", 0.0)
+        g = np.logaddexp(0.0, g) if cfg.output_gate_fn == "softplus" else sig(g)  # softplus: log(1 + e^g)
+        if cfg.output_gate_per_head:  # one scalar per head, over its Dv channels
+            g = np.repeat(g, Dv, axis=1)
+        b = b * g
     if cfg.sub_norm is not None:
         b = norm(b, cfg.sub_norm, w.get("sub_norm"))
     P["attn_branch"] = b
@@ -94,6 +111,12 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
     if cfg.residual == "sequential":
         P["resid_mid"] = x + o * cfg.residual_multiplier
     return P
+
+
+def _row(w: dict, name: str, h: int):
+    """Head ``h``'s row of a per-head weight ``[heads, D]`` (None where it is absent)."""
+    t = w.get(name)
+    return None if t is None else t[h]
 
 
 # ----------------------------------------------------------------- MLA

@@ -27,6 +27,8 @@ def model_switches(family) -> dict[str, ModelSwitch]:
         "o_bias": weight_switch("o_proj bias zeroed", "o_bias", 0.0),
         # -1e4 (finite in f16): exp(sink - max) underflows to 0 in every precision compared
         "sinks": weight_switch("sink logits at -1e4: they take no probability mass", "sinks", -1e4),
+        # a LayerNorm QK norm's bias zeroed (phi q_layernorm.bias): the norm without it
+        "qk_norm_bias": weight_switch("QK norm biases zeroed", "qk_norm_bias", 0.0),
     }
 
     def module_switch(what, slots, drop, swap=None):
@@ -64,6 +66,16 @@ def model_switches(family) -> dict[str, ModelSwitch]:
         sw[tag] = module_switch(f"{tag} removed (HF q_norm / k_norm -> identity; impl qk_norm None)",
                                 lambda lc, pre=pre: ["qk_norm"] if pre(lc) else [],
                                 lambda lc, pre=pre: lc.replace(qk_norm=None) if pre(lc) else lc)
+
+    def per_head(lc):
+        return has(lc, "qk_norm") and lc.qk_norm.per_head
+
+    # QK norms with a weight per head (stablelm's StableLmLayerNormPerHead, cohere's
+    # CohereLayerNorm((heads, head_dim))): the norm removed, as for the shared-weight one
+    sw["qk_norm_per_head_weight"] = module_switch(
+        "qk_norm_per_head_weight removed (HF per-head q / k norms -> identity; impl qk_norm None)",
+        lambda lc: ["qk_norm"] if per_head(lc) else [],
+        lambda lc: lc.replace(qk_norm=None) if per_head(lc) else lc)
 
     def is_layer(lc):
         return has(lc, "input_norm") and lc.input_norm.kind == "layer"

@@ -18,7 +18,7 @@ GATE_NOTE = ("the gate is half of q_proj's output in HF (Qwen3NextAttention: tor
 _GATE_TO_WO = '''        branch = branch * _sigmoid(xp, gate)
     if cfg.output_gate:
         # spec `output_gate`: a projection of the SAME normed input the QKV read.
-        branch = branch * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))
+        branch = branch * _output_gate(layer, normed, n)
     if cfg.sub_norm is not None:
         # bitnet.cpp / HF BitNetAttention `attn_sub_norm`: RMS over the concatenated
         # heads of one row, before wo.

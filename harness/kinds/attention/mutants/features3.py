@@ -13,7 +13,7 @@ MUTANTS = [
            "q, k, v = (xp.clip(t, -c, 1.5 * c) for t in (q, k, v))",
            {"family": "olmo"}, "q", doc="clip_qkv clamps the positive side at 1.5x the bound"),
     Mutant("qk-norm-row-per-head", "qk_norm_row", "impl.attention",
-           'qr = normalize(xp, xp.reshape(q, (n, -1)), spec.norm, w.get("q_norm"), None, be.acc_dtype)',
+           'qr = normalize(xp, xp.reshape(q, (n, -1)), spec.norm, w.get("q_norm"), w.get("q_norm_b"), be.acc_dtype)',
            'qr = xp.reshape(normalize(xp, q, spec.norm, xp.reshape(w.get("q_norm"), q.shape[1:]), None, '
            'be.acc_dtype), (n, -1))',
            {"family": "olmo2"}, "q_rope",

@@ -11,10 +11,10 @@ AFMOE = {"family": "afmoe"}
 WO_SCALE = {"family": "llama", "variant": "wo_scale"}
 WO_SCALE_BIAS = {**WO_SCALE, "overrides": (("attention_bias", True),)}
 
-_GATE = 'branch = branch * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))'
+_GATE = 'branch = branch * _output_gate(layer, normed, n)'
 
 # impl.attention: from the separate gate to wo (the gate moves past wo)
-_GATE_TO_WO = '''        branch = branch * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))
+_GATE_TO_WO = '''        branch = branch * _output_gate(layer, normed, n)
     if cfg.sub_norm is not None:
         # bitnet.cpp / HF BitNetAttention `attn_sub_norm`: RMS over the concatenated
         # heads of one row, before wo.
@@ -34,7 +34,7 @@ _SCALE_THEN_BIAS = '''    if cfg.o_scale is not None:
 MUTANTS = [
     # --- the output gate (afmoe) ---
     Mutant("output-gate-from-raw-input", "output_gate", "impl.attention",
-           _GATE, _GATE.replace("_linear(xp, normed,", "_linear(xp, x,"),
+           _GATE, _GATE.replace("(layer, normed, n)", "(layer, x, n)"),
            AFMOE, "attn_branch",
            doc="the gate projects the raw layer input instead of the normed input q/k/v read "
                "(HF: gate_proj(hidden_states) after input_layernorm; afmoe.cpp: wqkv_gate on attn_norm)"),
@@ -42,12 +42,12 @@ MUTANTS = [
            _GATE_TO_WO,
            _GATE_TO_WO.replace(f"        {_GATE}\n", "        pass\n")
            + '    if cfg.output_gate:  # the gate applied to wo\'s output\n'
-           + '        out = out * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))\n',
+           + '        out = out * _output_gate(layer, normed, n)\n',
            AFMOE, "attn_branch",
            doc="the sigmoid gate multiplies wo's output instead of the heads entering wo "
                "(hidden_size == n_heads * head_dim in afmoe's tiny config, so the shapes still fit)"),
     Mutant("output-gate-tanh-for-sigmoid", "output_gate", "impl.attention",
-           _GATE, _GATE.replace("_sigmoid(xp, ", "xp.tanh("),
+           "        g = _sigmoid(xp, g)\n", "        g = xp.tanh(g)\n",
            AFMOE, "attn_branch", doc="the separate gate squashed by tanh instead of the sigmoid"),
     # --- the wo scale companion (llama, variant wo_scale) ---
     Mutant("o-scale-dropped", "o_scale", "impl.attention",
@@ -74,7 +74,7 @@ MUTANTS = [
 # the spec's formulas (harness/specref.py), at the probe named here.
 _OUTPUT_GATE = '''    if cfg.output_gate:
         # spec `output_gate`: a projection of the SAME normed input the QKV read.
-        branch = branch * _sigmoid(xp, _linear(xp, normed, w["wg"], w.get("bg")))
+        branch = branch * _output_gate(layer, normed, n)
 '''
 _SUB_NORM = '''    if cfg.sub_norm is not None:
         # bitnet.cpp / HF BitNetAttention `attn_sub_norm`: RMS over the concatenated

@@ -74,8 +74,8 @@ MUTANTS = [
            bisect_note="it scales the factor multiplicatively: the feature switch sets the attention factor "
                        "to 1, and 1.01 x 1 still differs, so no switch turns this break off"),
     Mutant("temperature-1pct", "temperature", "impl.attention",
-           "scales = np.log1p(np.floor((pos + 1) / t.floor_scale)) * t.attn_scale + 1.0",
-           "scales = np.log1p(np.floor((pos + 1) / t.floor_scale)) * (t.attn_scale * (1 + {d})) + 1.0",
+           "scales = np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1.0",
+           "scales = np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * (t.attn_scale * (1 + {d})) + 1.0",
            {"family": "llama4", "dtype": "float64", "overrides": (("floor_scale", 2), ("attn_scale", 0.5))},
            "q_rope", layer=3, subtle=True, param=0.01, dtypes=EXACT,
            doc="llama4's attention temperature scale 1% off"),

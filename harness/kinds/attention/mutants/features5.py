@@ -1,0 +1,81 @@
+"""Mutants of issue 26's decorations (the L list): the temperature without
+llama4's +1 offset (ministral3), LongRoPE's factor sets (phi3), QK norms with a
+weight per head (stablelm, command-r) and with a bias (phi), the clamp after the
+QK norm (olmoe), a softplus output gate of one scalar per head (laguna), V norm
+(gemma3n) -- each broken in impl's one body.
+
+``MUTANTS`` are caught by the matrix in the family that brings the decoration,
+at the probe where the break first acts. ``SPEC_MUTANTS`` break decorations
+whose reference family is not in this project (olmoe's clamp after the norm is
+the S list's family; gemma3n's V norm needs its KV sharing): each is caught by
+the spec's own formula (harness/kinds/attention/spec.py) on the
+tests/test_kernels.py case named in ``SPEC_CASES``."""
+
+from ...mutant import Mutant
+
+PHI3 = {"family": "phi3"}
+PHI3_LONG = {"family": "phi3", "overrides": (("original_max_position_embeddings", 8),)}
+
+STABLELM = {"family": "stablelm"}
+# HF-only: llama.cpp's phi2 graph has no QK norm slot (the export refuses the tensors)
+PHI_QK = {"family": "phi", "ref": "hf", "overrides": (("qk_layernorm", True),)}
+
+MUTANTS: list[Mutant] = [
+    # --- QK norms with a weight per head (stablelm; command-r at >= 64 layers) ---
+    Mutant("qk-norm-heads-reversed", "qk_norm_per_head_weight", "impl.attention",
+           'normalize(xp, q, spec.norm, w.get("q_norm"), w.get("q_norm_b"), be.acc_dtype),',
+           'normalize(xp, q, spec.norm, xp.flip(w["q_norm"], axis=0) if spec.per_head else w.get("q_norm"), '
+           'w.get("q_norm_b"), be.acc_dtype),',
+           STABLELM, "q_rope",
+           doc="head h normalised with head n-1-h's weight row (HF StableLmLayerNormPerHead: norms[h] on head h; "
+               "llama.cpp attn_q_norm {head_dim, n_head}: row h)"),
+    Mutant("qk-norm-per-head-weight-of-head-0", "qk_norm_per_head_weight", "impl.attention",
+           'normalize(xp, k, spec.norm, w.get("k_norm"), w.get("k_norm_b"), be.acc_dtype),',
+           'normalize(xp, k, spec.norm, w["k_norm"][0] if spec.per_head else w.get("k_norm"), '
+           'w.get("k_norm_b"), be.acc_dtype),',
+           STABLELM, "k_rope",
+           doc="every K head takes head 0's weight (the shared-weight rule of qwen3's QK norm)"),
+    # --- a LayerNorm QK norm with a bias (phi qk_layernorm) ---
+    Mutant("qk-norm-bias-dropped", "qk_norm_bias", "impl.attention",
+           'normalize(xp, q, spec.norm, w.get("q_norm"), w.get("q_norm_b"), be.acc_dtype),',
+           'normalize(xp, q, spec.norm, w.get("q_norm"), None, be.acc_dtype),',
+           PHI_QK, "q_rope",
+           doc="the Q norm's bias is never added (HF PhiAttention: q_layernorm = nn.LayerNorm(head_dim), "
+               "elementwise_affine: weight and bias)"),
+    # --- LongRoPE (phi3): the factor set divides each pair's band ---
+    Mutant("longrope-factors-multiply", "longrope", "impl.rope",
+           "freq = freq / np.asarray(spec.freq_factors, dtype=np.float64)",
+           "freq = freq * np.asarray(spec.freq_factors, dtype=np.float64)",
+           PHI3, "q_rope",
+           doc="the factor set multiplies the bands instead of dividing them (HF _compute_longrope_parameters: "
+               "1 / (ext_factors * base ** (2i / d)); ggml_rope_ext: theta / freq_factors)"),
+    Mutant("longrope-factors-reversed", "longrope", "impl.rope",
+           "freq = freq / np.asarray(spec.freq_factors, dtype=np.float64)",
+           "freq = freq / np.asarray(spec.freq_factors[::-1], dtype=np.float64)",
+           PHI3_LONG, "q_rope",
+           doc="the long factor set read from the wrong end: pair i divided by the factor of pair n-1-i"),
+]
+
+_CLAMP_AT_BIAS = 'if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":'
+
+SPEC_MUTANTS = [
+    Mutant("clamp-before-qk-norm", "qkv_clamp_after_qk_norm", "impl.attention",
+           _CLAMP_AT_BIAS, 'if cfg.qkv_clamp is not None:',
+           {}, "q",
+           doc="the clamp also acts at the bias, before the QK norm (olmo's place): the norm then reads clamped "
+               "rows (HF OlmoeAttention.forward clamps q_norm's output)"),
+    Mutant("clamp-after-qk-norm-skips-v", "qkv_clamp_after_qk_norm", "impl.attention",
+           "q, k, v = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))",
+           "q, k = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k))",
+           {}, "attn_heads", doc="after the QK norm only q and k are clamped; HF OlmoeAttention clamps v too"),
+    Mutant("v-norm-dropped", "v_norm", "impl.attention",
+           "v = normalize(xp, v, cfg.v_norm, None, None, be.acc_dtype)", "v = v",
+           {}, "attn_heads", doc="V reaches the cache un-normed (HF Gemma3nTextAttention.v_norm)"),
+]
+
+# the tests/test_kernels.py CASES each SPEC_MUTANT is judged on
+SPEC_CASES = {
+    "clamp-before-qk-norm": "qk-norm-then-clamp-v-norm",
+    "clamp-after-qk-norm-skips-v": "qk-norm-then-clamp-v-norm",
+    "v-norm-dropped": "qk-norm-then-clamp-v-norm",
+}
