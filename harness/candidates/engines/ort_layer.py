@@ -13,10 +13,12 @@ onnxruntime, ``onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_sche
 the rotary embedding (``do_rotary``, ``rotary_interleaved``, the caller's
 ``cos_cache`` / ``sin_cache``), the scale, the causal mask and its sliding
 window (``local_window_size``), the softcap, attention sinks (``head_sink``)
-and Qwen3-style per-head Q/K RMS norms before the rotary (``q_norm_weight``,
-``k_norm_weight``, ``qk_norm_epsilon``). Everything around it is ONNX's
-standard ops (MatMul, Add, Clip, Sigmoid, the norms), as the model builder
-writes them. A decoration the op has no input or attribute for (ALiBi slopes,
+. Everything around it is ONNX's standard ops (MatMul,
+Add, Clip, Sigmoid, the norms), as the model builder writes them -- the per-head
+Q/K norm too: the op's own ``q_norm_weight`` / ``k_norm_weight`` inputs are
+refused by its CPU kernel ("GroupQueryAttention (CPU): q_norm_weight /
+k_norm_weight inputs are not supported. The per-head Q/K RMS normalization
+prologue is implemented only on the CUDA and WebGPU EPs", onnxruntime 1.31.1). A decoration the op has no input or attribute for (ALiBi slopes,
 chunked windows, a norm after the rotary, llama4's temperature, MLA's latent
 cache, a page pool) is ``skipped`` naming the schema's limit; a shape the
 op's kernel refuses is skipped in ORT's own words (a one-row probe run in
@@ -100,7 +102,7 @@ class OrtGqa(LayerCandidate):
         graph = _LayerGraph(lc, call.weights, t_max, self.table)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1  # the machine's cores are shared; the kernel's result does not depend on it
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4  # its refusals are raised, and said in the row
         sess = ort.InferenceSession(graph.model().SerializeToString(), opts, providers=["CPUExecutionProvider"])
         # decode: each sequence alone; batched: all of them advance together, one call
         # of each per step (the op's batch, seqlens_k per entry)
@@ -130,12 +132,9 @@ def _inexpressible(lc) -> str | None:
         return f"a {lc.window.kind} window: {OP}'s only window is local_window_size, a sliding one"
     if lc.temperature is not None:
         return f"llama4's per-position query temperature: {OP} has no input that scales Q by position"
-    if lc.qk_norm is not None:
-        if lc.qk_norm.where == "post_rope":
-            return (f"a QK norm after RoPE: {OP} normalises Q and K 'before any rotary embedding' (q_norm_weight) and "
-                    "rotates inside its kernel, so nothing can come between")
-        if lc.qk_norm.over == "head" and lc.qk_norm.norm.kind not in ("rms", "rms1p"):
-            return f"a per-head {lc.qk_norm.norm.kind} QK norm: {OP}'s q_norm_weight is an RMS norm"
+    if lc.qk_norm is not None and lc.qk_norm.where == "post_rope":
+        return (f"a QK norm after RoPE: {OP} rotates Q and K inside its kernel (do_rotary) and hands back no rotated "
+                "query, so nothing can come between its rotary and its scores")
     return None
 
 
@@ -227,6 +226,17 @@ class _LayerGraph:
             # SimplifiedLayerNormalization over q_proj's output)
             gqa_in[0] = q = self.norm(q, qn.norm, "q_norm", None, "q.normed")
             gqa_in[1] = k = self.norm(k, qn.norm, "k_norm", None, "k.normed")
+        if qn is not None and qn.over == "head":
+            # per head, as the model builder writes it for the CPU (Reshape ->
+            # SimplifiedLayerNormalization -> Reshape): the op's own q_norm_weight input is
+            # refused by its CPU kernel ("GroupQueryAttention (CPU): q_norm_weight /
+            # k_norm_weight inputs are not supported ... only on the CUDA and WebGPU EPs")
+            for i, (t, nh) in enumerate(((q, h), (k, hkv))):
+                name = ("q", "k")[i]
+                r = self.node("Reshape", [t, self.init(f"shape.{name}4", [0, 0, nh, d], np.int64)], f"{name}.heads")
+                r = self.norm(r, qn.norm, f"{name}_norm", None, f"{name}.hnormed")
+                gqa_in[i] = self.node("Reshape", [r, self.init(f"shape.{name}3", [0, 0, nh * d], np.int64)],
+                                      f"{name}.normed")
         if lc.rope is not None:
             inv = np.asarray(lc.rope.inv_freq, dtype=np.float64)
             ang = np.arange(self.t_max, dtype=np.float64)[:, None] * inv[None, :]
@@ -240,17 +250,13 @@ class _LayerGraph:
         gqa_in += ["", ""]  # position_ids (the op derives them from seqlens_k), attention_bias
         gqa_in.append(self.init("sinks", w["sinks"]) if "sinks" in w else "")
         if lc.window is not None:
-            # HF's window counts the query itself (q - k < size); the op's local_window_size
-            # is the number of keys left of the query it still reads
-            attrs["local_window_size"] = int(lc.window.size) - 1
+            # the op reads keys with q - k < local_window_size, the query itself counted, as
+            # HF's window does (measured on its output_qk: size 4 leaves 4 keys a row); the
+            # model builder passes config.sliding_window as it is (builders/base.py
+            # ``self.window_size = getattr(config, "sliding_window", -1)``)
+            attrs["local_window_size"] = int(lc.window.size)
         if lc.softcap is not None:
             attrs["softcap"] = float(lc.softcap)
-        if qn is not None and qn.over == "head":
-            gqa_in += ["", ""]  # k_scale, v_scale
-            for t in ("q_norm", "k_norm"):
-                wt = w[t] + 1.0 if qn.norm.kind == "rms1p" else w[t]
-                gqa_in.append(self.init(t + "_weight", wt))
-            attrs["qk_norm_epsilon"] = float(qn.norm.eps)
         while gqa_in and gqa_in[-1] == "":
             gqa_in.pop()
         heads = self.node("GroupQueryAttention", gqa_in, ["attn_heads", "present_key", "present_value", "attn_probs"],
