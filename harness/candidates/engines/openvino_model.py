@@ -1,0 +1,169 @@
+"""``openvino``: the HF model converted by OpenVINO's own converter and run by its
+CPU plugin, free-running from the tokens.
+
+``openvino.convert_model`` traces the case's model (``input_ids`` and an
+all-ones ``attention_mask``: without a mask transformers' packed-sequence check
+emits ``aten::diff``, which the converter has no rule for -- "No conversion rule
+found for operations: aten::diff") and its transformations fuse what they
+recognise (the eager attention becomes its ``ScaledDotProductAttention`` op);
+the CPU plugin compiles it at ``INFERENCE_PRECISION_HINT = f32``. The whole
+sequence runs in one call: the converted graph has no cache inputs (a stateful
+KV cache is optimum-intel's export, not the converter's), so the case's
+schedule is not what it runs -- prefill only.
+
+Probes are read where the graph names a module boundary (the converter names
+every op ``__module.<HF module path>/<aten op>``): per layer ``layer_in`` (what
+the input norm reads), ``attn_in`` (its output), ``q`` / ``k`` / ``v`` (the
+``q_proj`` / ``k_proj`` / ``v_proj`` outputs), ``attn_branch`` (what ``o_proj``
+reads; and ``attn_heads``, the same tensor, where the layer has no gate or
+sub-norm between), ``attn_out`` (``o_proj``'s output, where nothing follows it
+before the residual), ``resid_mid`` (the decoder layer's first residual add),
+``layer_out`` (its last op); ``embeddings`` (layer 0's ``layer_in``),
+``final_norm``, ``logits``. ``q_rope`` / ``k_rope`` (ops inside the attention
+module, no boundary of their own) and ``attn_probs`` (inside the fused
+``ScaledDotProductAttention``) are ``not-exposed``. A model the converter
+cannot convert is ``skipped`` in its words.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..api import Candidate, CandidateCapture
+from . import require, said, version
+
+INSIDE = ("the converted graph names it by no module boundary (RoPE's ops lie inside the attention module: "
+          "__module.<path>.self_attn/aten::...)")
+FUSED = "inside OpenVINO's fused ScaledDotProductAttention op (the softmax never leaves it)"
+
+
+class OpenVino(Candidate):
+    teacher_forced = False
+    description = ("OpenVINO: the HF model through openvino.convert_model, its CPU plugin at f32, free-running, "
+                   "layer boundaries as outputs (the extra .[engines])")
+
+    def validate(self, case) -> None:
+        require("openvino", self.name)
+
+    def unsupported(self, run) -> str | None:
+        if run.case.dtype != "float32":
+            return f"{self.name} compiles at INFERENCE_PRECISION_HINT=f32, not {run.case.dtype}"
+        ok, why = self._converted(run)
+        return None if ok else why
+
+    def _converted(self, run):
+        return run.memo("openvino_model", lambda: _convert(run))
+
+    def capture(self, run, rc) -> CandidateCapture:
+        def make():
+            ok, conv = self._converted(run)
+            if not ok:
+                raise RuntimeError(conv)
+            return _run(run, *conv)
+
+        probes, hidden = run.memo("openvino_probes", make)
+        cap = CandidateCapture(self.name, "float32", dict(probes),
+                               meta={"engine": f"openvino {version('openvino')}"})
+        cap.not_exposed.update(hidden)
+        cap.not_exposed["q_rope"] = INSIDE
+        cap.not_exposed["k_rope"] = INSIDE
+        cap.not_exposed["attn_probs"] = FUSED
+        return cap
+
+
+def _convert(run):
+    ov = require("openvino", "openvino")
+    import torch
+
+    model = run.base_model
+
+    class Causal(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    ids = torch.as_tensor(run.tokens)
+    try:
+        with torch.no_grad():
+            ovm = ov.convert_model(Causal(model).eval(), example_input=(ids, torch.ones_like(ids)))
+    except Exception as e:  # the converter's own refusal
+        return False, f"openvino {version('openvino')} convert_model: {said(e)}"
+    return True, (ovm,)
+
+
+def _run(run, ovm):
+    import openvino as ov
+
+    from contract.probes import LAYER_PROBES
+
+    ops = list(ovm.get_ordered_ops())
+    names = [op.get_friendly_name() for op in ops]
+    root = next((n.split("/")[0].rsplit(".layers.", 1)[0] for n in names if ".layers.0" in n), None)
+
+    def in_module(path):
+        return [op for op, n in zip(ops, names) if n.split("/")[0] == path]
+
+    def last(path):
+        got = in_module(path)
+        return got[-1].output(0) if got else None
+
+    def first_input(path):
+        got = in_module(path)
+        return got[0].input_value(0) if got else None
+
+    want, hidden = {}, {}
+    for i, lc in enumerate(run.layer_cfgs):
+        p = f"{root}.layers.{i}"
+        attn = next((f"{p}.{a}" for a in ("self_attn", "attention", "attn") if in_module(f"{p}.{a}.o_proj")
+                     or in_module(f"{p}.{a}")), f"{p}.self_attn")
+        want[f"L{i}.layer_in"] = first_input(f"{p}.input_layernorm")
+        want[f"L{i}.attn_in"] = last(f"{p}.input_layernorm")
+        for t in ("q", "k", "v"):
+            want[f"L{i}.{t}"] = last(f"{attn}.{t}_proj")
+        o = in_module(f"{attn}.o_proj")
+        want[f"L{i}.attn_branch"] = o[0].input_value(0) if o else None
+        plain = getattr(lc, "kind", "") == "attention" and not (lc.q_gate_interleaved or lc.output_gate
+                                                                 or lc.sub_norm)
+        if plain:
+            want[f"L{i}.attn_heads"] = want[f"L{i}.attn_branch"]
+        if plain and lc.post_norm is None and lc.value_scale is None and lc.o_scale is None:
+            want[f"L{i}.attn_out"] = last(f"{attn}.o_proj")
+        own = [op for op in in_module(p) if op.get_type_name() == "Add"]
+        if own and getattr(lc, "residual", "sequential") == "sequential":
+            want[f"L{i}.resid_mid"] = own[0].output(0)
+        if own:
+            want[f"L{i}.layer_out"] = own[-1].output(0)
+    want["embeddings"] = want.get("L0.layer_in")
+    want["final_norm"] = last(f"{root}.norm")
+    want = {k: v for k, v in want.items() if v is not None}
+    # one model output per distinct tensor (attn_heads is attn_branch; embeddings is L0.layer_in)
+    slots: dict = {}
+    for v in want.values():
+        slots.setdefault((v.get_node().get_friendly_name(), v.get_index()), v)
+    n0 = len(ovm.outputs)
+    ovm.add_outputs(list(slots.values()))
+    where = {k: n0 + j for j, k in enumerate(slots)}
+    compiled = ov.Core().compile_model(ovm, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1})
+    tokens = np.asarray(run.tokens, dtype=np.int64)
+    res = compiled([tokens, np.ones_like(tokens)])
+    probes = {"logits": np.asarray(res[compiled.outputs[0]], dtype=np.float64)}
+    for key, v in want.items():
+        probes[key] = np.asarray(res[compiled.outputs[where[(v.get_node().get_friendly_name(), v.get_index())]]],
+                                 dtype=np.float64)
+    for i, lc in enumerate(run.layer_cfgs):
+        h, hkv, d, dv = (getattr(lc, a, 0) for a in ("n_heads", "n_kv_heads", "head_dim", "dv"))
+        for t, heads, width in (("q", h, d), ("k", hkv, d), ("v", hkv, dv), ("attn_heads", h, dv)):
+            key = f"L{i}.{t}"
+            if key in probes:
+                probes[key] = probes[key].reshape(probes[key].shape[:2] + (heads, width))
+        for p in LAYER_PROBES:
+            key = f"L{i}.{p}"
+            if key not in probes and p not in ("q_rope", "k_rope", "attn_probs"):
+                hidden[key] = f"the converted graph has no module boundary for {p} in layer {i}"
+    for p in ("embeddings", "final_norm"):
+        if p not in probes:
+            hidden[p] = f"the converted graph has no module boundary for {p}"
+    return probes, hidden
