@@ -43,6 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from contract.candidate import LayerCall, NotExposed
+from contract.layers import Unimplemented
 
 from ..api import LayerCandidate
 from . import require, said
@@ -83,7 +84,7 @@ class OrtGqa(LayerCandidate):
         # distinct layer, ORT's own words if it raises
         seen = set()
         for i, lc in enumerate(run.layer_cfgs):
-            if lc in seen:
+            if lc in seen or isinstance(lc, Unimplemented):
                 continue
             seen.add(lc)
             w = run.layer_weights_for("float32", i)
@@ -120,11 +121,18 @@ class OrtGqa(LayerCandidate):
 
 def _inexpressible(lc) -> str | None:
     """What of layer ``lc`` the op (its schema) has no input or attribute for, or None."""
+    if isinstance(lc, Unimplemented):
+        return None  # a layer kind nobody describes (linear attention): never handed to a candidate
     if getattr(lc, "kind", None) != "attention":
         return (f"a {getattr(lc, 'kind', '?')} layer: {OP} takes per-head K and V (key / value, kv_num_heads); "
                 "a latent KV cache is not one of its inputs")
     if lc.shape != "gqa":
         return f"a {lc.shape} layer has no attention for {OP} to compute"
+    if lc.dv != lc.head_dim:
+        # measured: the op's output is inferred num_heads x head_size wide (head_size from
+        # Q), so a narrower V makes o_proj's MatMul "Incompatible dimensions"
+        return (f"V heads {lc.dv} wide against Q/K's {lc.head_dim}: {OP} has one head_size for Q, K and V (its "
+                "output is inferred num_heads x head_size)")
     if lc.alibi_max_bias is not None:
         return (f"ALiBi: {OP} has no slopes (its only additive input is attention_bias, a caller-made "
                 "[batch, heads, q, total] table)")
