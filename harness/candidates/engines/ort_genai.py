@@ -91,6 +91,10 @@ def _build(run):
         lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
         last = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln or "not" in ln), lines[-1] if lines
                     else f"exit {p.returncode}")
+        # the builder names the model by its input path: say the architecture instead (a
+        # row's reason is the same on every machine)
+        last = last.replace(str(checkpoint(run)), run.config.architectures[0] if getattr(
+            run.config, "architectures", None) else type(run.base_model).__name__)
         return False, f"onnxruntime-genai {version('onnxruntime-genai')} model builder refuses it: {last[:300]}"
     import onnx
 
@@ -105,10 +109,11 @@ def _layer_of(name: str):
     return int(m.group(1)) if m else None
 
 
-def _locate(model, n_layers: int):
+def _locate(model, layer_cfgs):
     """``{probe key: (tensor name, how to read it)}`` from the builder's node names,
     and ``{probe key: why not}`` for the ones its graph names no tensor for."""
     g = model.graph
+    n_layers = len(layer_cfgs)
     producer = {o: n for n in g.node for o in n.output if o}
     found, hidden = {}, {}
     by_layer: dict[int, list] = {}
@@ -141,7 +146,12 @@ def _locate(model, n_layers: int):
             continue
         found[f"L{i}.attn_heads"] = gqa.output[0]
         found[f"L{i}.k_rope"] = ("present", gqa)
-        found[f"L{i}.attn_probs"] = ("qk", gqa)
+        windowed = any(a.name == "sliding_window_cache" and a.i == 1 for a in gqa.attribute)
+        if windowed:
+            hidden[f"L{i}.attn_probs"] = ("GroupQueryAttention's output_qk on a window-sized cache: 'GroupQueryAttention "
+                                          "(CPU): qk_output is not implemented with sliding_window_cache=1'")
+        else:
+            found[f"L{i}.attn_probs"] = ("qk", gqa)
         if gqa.input[1] and gqa.input[2]:
             found[f"L{i}.q"], found[f"L{i}.k"], found[f"L{i}.v"] = (source(t) for t in gqa.input[:3])
         else:
@@ -152,7 +162,13 @@ def _locate(model, n_layers: int):
             found[f"L{i}.attn_branch"] = o.input[0]
         skip = next((n for n in after if "Skip" in n.op_type), None)
         if skip is not None and "input_layernorm" not in skip.name:
-            found[f"L{i}.attn_out"] = skip.input[1]
+            t = skip.input[1]
+            lc = layer_cfgs[i]
+            if getattr(lc, "residual_multiplier", 1.0) != 1.0 and t in producer and producer[t].op_type == "Mul":
+                # granite: the branch times residual_multiplier is what the skip norm adds
+                # (builders/granite.py); attn_out is the branch before it
+                t = next(x for x in producer[t].input if x in producer and producer[x].op_type != "Constant")
+            found[f"L{i}.attn_out"] = t
             found[f"L{i}.resid_mid"] = ("sum", skip)
     final = next((n for n in g.node if "final_norm" in n.name), None)
     if final is not None:
@@ -162,9 +178,30 @@ def _locate(model, n_layers: int):
     return found, hidden
 
 
-def _cache_dims(lc, name: str) -> tuple:
-    """An empty cache input's [Hkv, 0, D] (the builder's dims are symbolic)."""
-    return (lc.n_kv_heads, 0, lc.dv if name.endswith(".value") else lc.head_dim)
+def _cache_dims(lc, name: str, windowed: dict) -> tuple:
+    """A first call's cache input, [Hkv, rows, D] (the builder's dims are symbolic):
+    empty, or for a layer the builder gave a window-sized cache
+    (``sliding_window_cache = 1``; genai_config.json ``sliding_window``) that
+    capacity, as onnxruntime-genai's runtime sizes it (``window_size`` +
+    ``cache_slack``) -- the op refuses less ("KV cache capacity (0) must be at
+    least local_window_size")."""
+    layer = int(name.split(".")[1])
+    return (lc.n_kv_heads, windowed.get(layer, 0), lc.dv if name.endswith(".value") else lc.head_dim)
+
+
+def _windowed(model_dir) -> dict:
+    """``{layer: cache capacity}`` of the layers with a window-sized cache (genai_config.json)."""
+    import json
+
+    try:
+        cfg = json.loads((model_dir / "genai_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    sw = cfg.get("model", {}).get("decoder", {}).get("sliding_window")
+    if not sw:
+        return {}
+    cap = int(sw.get("window_size", 0)) + int(sw.get("cache_slack", 0) or 0)
+    return {int(i): cap for i in sw.get("layers", [])}
 
 
 def _run(run, model):
@@ -178,7 +215,7 @@ def _run(run, model):
     from ...schedule import chunk_sizes
 
     n_layers = len(run.layer_cfgs)
-    found, hidden = _locate(model, n_layers)
+    found, hidden = _locate(model, run.layer_cfgs)
     g = model.graph
     outs = {o.name for o in g.output}
     want: dict[str, str] = {}  # probe key -> tensor name read
@@ -217,9 +254,10 @@ def _run(run, model):
     names = sorted(set(want.values()) | {"logits"})
     tokens = run.tokens
     t_all = tokens.shape[1]
+    windowed = _windowed(scratch(run, "ort-genai"))
     per_seq = []
     for row in tokens:
-        past = {n: np.zeros([1, *_cache_dims(run.layer_cfgs[int(n.split(".")[1])], n)], np.float32)
+        past = {n: np.zeros([1, *_cache_dims(run.layer_cfgs[int(n.split(".")[1])], n, windowed)], np.float32)
                 for n in inputs if n.startswith("past_key_values.")}
         got: dict[str, list] = {}
         probs = {}
@@ -247,7 +285,8 @@ def _run(run, model):
         one = {k: np.concatenate(v, axis=1)[0].astype(np.float64) for k, v in got.items()}
         one.update({k: v[0] for k, v in probs.items()})
         for key, t in want.items():
-            if key.endswith(".k_rope"):  # the cache after the last call, [1, Hkv, T, D]
+            if key.endswith(".k_rope") and int(key[1:].split(".")[0]) not in windowed:
+                # the cache after the last call, [1, Hkv, T, D]
                 one[key] = np.transpose(res[t][0], (1, 0, 2)).astype(np.float64)
         per_seq.append(one)
     probes = {k: np.stack([s[k] for s in per_seq]) for k in per_seq[0]}
@@ -261,9 +300,12 @@ def _run(run, model):
             key = f"L{i}.{p}"
             if key in probes:
                 probes[key] = probes[key].reshape(probes[key].shape[:2] + (heads, width))
+        if i in windowed:
+            hidden[f"L{i}.k_rope"] = (f"the builder gave layer {i} a window-sized cache (sliding_window_cache = 1: "
+                                      "its present_key holds only the most recent positions)")
         for p in LAYER_PROBES:
             key = f"L{i}.{p}"
-            if key not in probes and p != "q_rope":
+            if key not in probes and key not in hidden and p != "q_rope":
                 hidden[key] = f"the model builder's graph names no tensor for {p} in layer {i}"
     for p in ("embeddings", "final_norm"):
         if p not in probes:
