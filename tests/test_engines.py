@@ -158,6 +158,32 @@ def test_ort_genai_skips_an_arch_the_builder_refuses(policy):
     assert "model builder refuses it" in rows[0]["reason"], rows[0]["reason"]
 
 
+def test_ort_genai_olmo_layernorm_is_written_as_an_rms_norm(policy):
+    """A real divergence (docs/reference/candidates.md): the builder writes OLMo's
+    LayerNorm (HF OlmoLayerNorm: mean-centred, eps 1e-5) as
+    SimplifiedLayerNormalization (RMS) at eps 1e-6 -- the first probe that
+    differs is layer 0's attn_in, its input still agreeing."""
+    need("onnxruntime", "onnx", "onnxruntime-genai", "onnx-ir")
+    rows = run(policy, family="olmo", ref="hf", candidate="ort-genai")
+    assert _mine(rows, "ort-genai")[("hf", 0, "layer_in")]["status"] == "pass"
+    assert _first_bad(rows, "ort-genai") == (0, "attn_in")
+
+
+@pytest.mark.parametrize("truncate, first", [(True, (0, "attn_heads")), (False, None)])
+def test_ort_genai_yarn_ignores_truncate(policy, truncate, first):
+    """A real divergence: the builder's YaRN never floors / ceils the correction
+    range (builders/base.py make_inv_freq_rescaled_with_ntk), where HF does unless
+    rope_parameters.truncate is false (modeling_rope_utils.py
+    find_correction_range). gpt_oss's tiny config truncates: the first failure
+    is layer 0's attn_heads (its k_rope lies in a window-sized cache the op does
+    not expose); with truncate=false every probe passes."""
+    need("onnxruntime", "onnx", "onnxruntime-genai", "onnx-ir")
+    over = () if truncate else (("rope_parameters.truncate", False),)
+    rows = run(policy, family="gpt_oss", ref="hf", candidate="ort-genai", overrides=over)
+    assert _first_bad(rows, "ort-genai") == first
+    assert all(r["status"] in ("pass", "not-exposed", "fail") for r in rows if r["candidate"] == "ort-genai")
+
+
 def test_openvino_converts_and_exposes_layer_boundaries(policy):
     need("openvino")
     rows = run(policy, family="qwen2", ref="hf", candidate="openvino")

@@ -214,7 +214,6 @@ def _run(run, model):
 
     from ...schedule import chunk_sizes
 
-    n_layers = len(run.layer_cfgs)
     found, hidden = _locate(model, run.layer_cfgs)
     g = model.graph
     outs = {o.name for o in g.output}
