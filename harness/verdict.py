@@ -56,7 +56,8 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
     whose engine names no tensor for a layer's guard probe (``not-exposed`` against
     every reference), a passing ``fallback`` probe of that layer guards it instead
     (``layer_out``: the layer's attention flows into it, and into the next layer's
-    input, which is judged too). ``layers``: the layer indices the case compared
+    input, which is judged too); where ``fallback`` is hidden too (an engine that
+    exposes only logits), a passing ``logits`` guards the layer. ``layers``: the layer indices the case compared
     (``--layers``; None: all) -- each of them needs its guard."""
     from . import references
 
@@ -101,6 +102,12 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
             continue
         if fallback and all((i, probe, ref) in hidden for ref in refs) and \
                 any((i, fallback, ref) in passing for ref in refs):
+            continue
+        # an engine that names no tensor inside its decoder at all (CTranslate2: logits
+        # only): every layer flows into its logits, so a passing logits guards the layer
+        # -- weaker (a bug is found at the logits, not at its layer) but a check
+        if fallback and all((i, p, ref) in hidden for ref in refs for p in (probe, fallback)) and \
+                any((None, "logits", ref) in passing for ref in refs):
             continue
         if (i, probe) in judged_bad:
             continue  # it was checked, and failed: that row already says where and by how much

@@ -1,0 +1,240 @@
+"""``openvino``: the HF model converted by OpenVINO's own converter and run by its
+CPU plugin, free-running from the tokens.
+
+``openvino.convert_model`` traces the case's model (``input_ids`` and an
+all-ones ``attention_mask``: without a mask transformers' packed-sequence check
+emits ``aten::diff``, which the converter has no rule for -- "No conversion rule
+found for operations: aten::diff") and its transformations fuse what they
+recognise (the eager attention becomes its ``ScaledDotProductAttention`` op);
+the CPU plugin compiles it at ``INFERENCE_PRECISION_HINT = f32``. The whole
+sequence runs in one call: the converted graph has no cache inputs (a stateful
+KV cache is optimum-intel's export, not the converter's), so the case's
+schedule is not what it runs -- prefill only.
+
+Probes are read where the graph names a module boundary (the converter names
+every op ``__module.<HF module path>/<aten op>``): per layer ``layer_in`` (what
+the input norm reads), ``attn_in`` (its output), ``q`` / ``k`` / ``v`` (the
+``q_proj`` / ``k_proj`` / ``v_proj`` outputs), ``attn_branch`` (what ``o_proj``
+reads; and ``attn_heads``, the same tensor, where the layer has no gate or
+sub-norm between), ``attn_out`` (``o_proj``'s output, where nothing follows it
+before the residual), ``resid_mid`` (the decoder layer's first residual add),
+``layer_out`` (its last op); ``embeddings`` (the token embedding's output, where it is layer 0's input),
+``final_norm``, ``logits``. ``q_rope`` / ``k_rope`` (ops inside the attention
+module, no boundary of their own) and ``attn_probs`` (inside the fused
+``ScaledDotProductAttention``) are ``not-exposed``. A model the converter
+cannot convert is ``skipped`` in its words.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..api import Candidate, CandidateCapture
+from . import require, said, version
+
+INSIDE = ("the converted graph names it by no module boundary (RoPE's ops lie inside the attention module: "
+          "__module.<path>.self_attn/aten::...)")
+FUSED = "inside OpenVINO's fused ScaledDotProductAttention op (the softmax never leaves it)"
+
+
+class OpenVino(Candidate):
+    teacher_forced = False
+    description = ("OpenVINO: the HF model through openvino.convert_model, its CPU plugin at f32, free-running, "
+                   "layer boundaries as outputs (the extra .[engines])")
+
+    def validate(self, case) -> None:
+        require("openvino", self.name)
+
+    def unsupported(self, run) -> str | None:
+        if run.case.dtype != "float32":
+            return f"{self.name} compiles at INFERENCE_PRECISION_HINT=f32, not {run.case.dtype}"
+        ok, why = self._converted(run)
+        return None if ok else why
+
+    def _converted(self, run):
+        return run.memo("openvino_model", lambda: _convert(run))
+
+    def capture(self, run, rc) -> CandidateCapture:
+        def make():
+            ok, conv = self._converted(run)
+            if not ok:
+                raise RuntimeError(conv)
+            return _run(run, *conv)
+
+        probes, hidden = run.memo("openvino_probes", make)
+        cap = CandidateCapture(self.name, "float32", dict(probes),
+                               meta={"engine": f"openvino {version('openvino')}"})
+        cap.not_exposed.update(hidden)
+        cap.not_exposed["q_rope"] = INSIDE
+        cap.not_exposed["k_rope"] = INSIDE
+        cap.not_exposed["attn_probs"] = FUSED
+        return cap
+
+
+def _convert(run):
+    ov = require("openvino", "openvino")
+    import torch
+
+    model = run.base_model
+
+    class Causal(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    ids = torch.as_tensor(run.tokens)
+    try:
+        with torch.no_grad():
+            ovm = ov.convert_model(Causal(model).eval(), example_input=(ids, torch.ones_like(ids)))
+    except Exception as e:  # the converter's own refusal
+        return False, f"openvino {version('openvino')} convert_model: {said(e)}"
+    return True, (ovm,)
+
+
+NORM = ("norm", "ln_")
+
+
+def _module_tree(model, n_layers: int) -> dict:
+    """Where the probes' modules lie in the HF model (their paths name the
+    converted ops): the ModuleList of ``n_layers`` decoder layers, in each the
+    norm registered before the attention module, the attention module's
+    q/k/v/o projections (``q_proj`` ... ``o_proj``, ``dense``, ``out_proj``), and
+    the model's final norm (the norm registered after the layers, beside them)."""
+    import torch
+
+    lists = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers]
+    path, layers = lists[0] if lists else (None, [])
+    # the token embedding: what HF's capture records as `embeddings` (a multiplier the
+    # model's forward applies after it, afmoe's muP, is layer 0's input, not this)
+    embed = next((n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)), None)
+    out = {"layers": [], "final_norm": None, "embed": embed}
+    for i, layer in enumerate(layers):
+        kids = list(layer.named_children())
+        attn = next(((n, m) for n, m in kids if "attn" in n or "attention" in n.lower()), (None, None))
+        before = kids[:kids.index(attn)] if attn[0] else []
+        # HF's usual name wherever it is registered (afmoe registers it after self_attn),
+        # else the first norm registered before the attention (bloom's ln_1, mpt's norm_1)
+        norm = "input_layernorm" if "input_layernorm" in dict(kids) else next(
+            (n for n, m in before if any(k in type(m).__name__.lower() or k in n for k in NORM)), None)
+        proj = dict(attn[1].named_children()) if attn[1] is not None else {}
+        at = f"{path}.{i}.{attn[0]}"
+        pick = lambda *names: next((f"{at}.{n}" for n in names if n in proj), None)  # noqa: E731
+        o_mod = next((proj[n] for n in ("o_proj", "dense", "out_proj") if n in proj), None)
+        out["layers"].append({"path": f"{path}.{i}", "norm": f"{path}.{i}.{norm}" if norm else None,
+                              "o_bias": getattr(o_mod, "bias", None) is not None,
+                              "q": pick("q_proj"), "k": pick("k_proj"), "v": pick("v_proj"),
+                              "o": pick("o_proj", "dense", "out_proj")})
+    if path:
+        parent, _, name = path.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        kids = [n for n, _ in owner.named_children()]
+        after = kids[kids.index(name) + 1:] if name in kids else []
+        fn = next((n for n in after if any(k in n for k in NORM)), None)
+        out["final_norm"] = f"{parent}.{fn}" if fn and parent else fn
+    return out
+
+
+def _run(run, ovm):
+    import openvino as ov
+
+    from contract.probes import LAYER_PROBES
+
+    ops = list(ovm.get_ordered_ops())
+    names = [op.get_friendly_name() for op in ops]
+    tree = _module_tree(run.base_model, len(run.layer_cfgs))
+
+    def in_module(path):
+        if path is None:
+            return []
+        key = "__module.m." + path
+        return [op for op, n in zip(ops, names) if n.split("/")[0] == key]
+
+    def last(path):
+        got = in_module(path)
+        return got[-1].output(0) if got else None
+
+    def first_input(path):
+        """What the module reads: the first input of its ops that comes from outside it."""
+        inside = {op.get_friendly_name() for op in in_module(path)}
+        for op in in_module(path):
+            for j in range(op.get_input_size()):
+                src = op.input_value(j)
+                node = src.get_node()
+                if node.get_friendly_name() not in inside and node.get_type_name() != "Constant":
+                    return src
+        return None
+
+    want, hidden = {}, {}
+    for i, lc in enumerate(run.layer_cfgs):
+        t = tree["layers"][i]
+        if t["norm"] is not None:
+            want[f"L{i}.layer_in"] = first_input(t["norm"])
+            want[f"L{i}.attn_in"] = last(t["norm"])
+        for p in ("q", "k", "v"):
+            want[f"L{i}.{p}"] = last(t[p])
+        o = in_module(t["o"])
+        want[f"L{i}.attn_branch"] = o[0].input_value(0) if o else None
+        plain = getattr(lc, "kind", "") == "attention" and not (lc.q_gate_interleaved or lc.output_gate
+                                                                 or lc.sub_norm)
+        if plain:
+            want[f"L{i}.attn_heads"] = want[f"L{i}.attn_branch"]
+        if plain and lc.post_norm is None and lc.value_scale is None and lc.o_scale is None:
+            o_last = in_module(t["o"])[-1] if in_module(t["o"]) else None
+            if o_last is not None and t["o_bias"] and o_last.get_type_name() == "MatMul":
+                # granite: the transformations moved o_proj's bias past the residual
+                # multiplier (one Add of x.W*m and b*m, named after the layer's aten::mul), so
+                # no tensor holds x.W + b
+                hidden[f"L{i}.attn_out"] = ("OpenVINO's transformations folded o_proj's bias into the next op "
+                                            "(the residual multiplier): no tensor of the compiled graph holds it")
+            else:
+                want[f"L{i}.attn_out"] = last(t["o"])
+        # the layer's own residual adds: Adds the trace named aten::add (a bias folded
+        # into an Add keeps the name of the op it replaced, granite's aten::mul)
+        own = [op for op in in_module(t["path"]) if op.get_type_name() == "Add"
+               and "/aten::add" in op.get_friendly_name()]
+        if own and getattr(lc, "residual", "sequential") == "sequential":
+            want[f"L{i}.resid_mid"] = own[0].output(0)
+        if own:
+            want[f"L{i}.layer_out"] = own[-1].output(0)
+    want["final_norm"] = last(tree["final_norm"])
+    # `embeddings` where the token embedding IS layer 0's input; where the model's forward
+    # scales it between (granite's embedding_multiplier, afmoe's muP) the families' probe
+    # sits on either side of the multiplier, so it is not read here (layer 0's input is)
+    emb, l0 = last(tree["embed"]), want.get("L0.layer_in")
+    if emb is not None and l0 is not None and emb.get_node().get_friendly_name() == l0.get_node().get_friendly_name():
+        want["embeddings"] = emb
+    elif emb is not None:
+        hidden["embeddings"] = ("the model scales its token embedding before layer 0 (a multiplier in its forward); "
+                                "layer 0's input is compared instead")
+    want = {k: v for k, v in want.items() if v is not None}
+    # one model output per distinct tensor (attn_heads is attn_branch; embeddings is L0.layer_in)
+    slots: dict = {}
+    for v in want.values():
+        slots.setdefault((v.get_node().get_friendly_name(), v.get_index()), v)
+    n0 = len(ovm.outputs)
+    ovm.add_outputs(list(slots.values()))
+    where = {k: n0 + j for j, k in enumerate(slots)}
+    compiled = ov.Core().compile_model(ovm, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1})
+    tokens = np.asarray(run.tokens, dtype=np.int64)
+    res = compiled([tokens, np.ones_like(tokens)])
+    probes = {"logits": np.asarray(res[compiled.outputs[0]], dtype=np.float64)}
+    for key, v in want.items():
+        probes[key] = np.asarray(res[compiled.outputs[where[(v.get_node().get_friendly_name(), v.get_index())]]],
+                                 dtype=np.float64)
+    for i, lc in enumerate(run.layer_cfgs):
+        h, hkv, d, dv = (getattr(lc, a, 0) for a in ("n_heads", "n_kv_heads", "head_dim", "dv"))
+        for t, heads, width in (("q", h, d), ("k", hkv, d), ("v", hkv, dv), ("attn_heads", h, dv)):
+            key = f"L{i}.{t}"
+            if key in probes:
+                probes[key] = probes[key].reshape(probes[key].shape[:2] + (heads, width))
+        for p in LAYER_PROBES:
+            key = f"L{i}.{p}"
+            if key not in probes and key not in hidden and p not in ("q_rope", "k_rope", "attn_probs"):
+                hidden[key] = f"the converted graph has no module boundary for {p} in layer {i}"
+    for p in ("embeddings", "final_norm"):
+        if p not in probes and p not in hidden:
+            hidden[p] = f"the converted graph has no module boundary for {p}"
+    return probes, hidden
