@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.families import get
-from harness.testing import all_statuses, case_run, run
+from harness.testing import all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
