@@ -32,8 +32,6 @@ Tiny config: 4 heads of 16 (= 64 / 4), 8 channels rotated, biases on.
 
 from __future__ import annotations
 
-import numpy as np
-
 from .._gguf_export import NormPlusOne
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, text_model_gguf_params

@@ -28,8 +28,6 @@ no ``rope.freq_base`` (llama.cpp rotates at 10000: a finding for another theta).
 
 from __future__ import annotations
 
-import numpy as np
-
 from impl import NormSpec, QkNormSpec
 
 from .._gguf_import import llama_like_config, read_hparams
