@@ -28,7 +28,6 @@ HF's SSD chunk boundary; llama.cpp's ssm_scan is sequential whatever the chunk).
 
 from __future__ import annotations
 
-import numpy as np
 
 from contract.recurrent import RecurrentConfig
 from impl import NormSpec
