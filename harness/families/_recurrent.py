@@ -317,12 +317,15 @@ def _mamba_scan_inputs(name: str, a: dict):
         d = dt + bias.to(dt.dtype)[..., None] if bias is not None else dt
         d = F.softplus(d) if a.get("delta_softplus") else d
         t = lambda v: _np(v).transpose(0, 2, 1)  # noqa: E731
-        return {"rec_v": t(x), "rec_k": t(b), "rec_q": t(c), "rec_decay": t(d)}, a.get("z")
+        z = a.get("z")
+        return {"rec_v": t(x), "rec_k": t(b), "rec_q": t(c), "rec_decay": t(d),
+                **({} if z is None else {"rec_z": t(z)})}, z
     # mamba_selective_state_update: x / dt [S, D], B / C [S, N]
     d = dt + bias.to(dt.dtype) if bias is not None else dt
     d = F.softplus(d) if a.get("dt_softplus") else d
+    z = a.get("z")
     return {"rec_v": _np(x)[:, None], "rec_k": _np(b)[:, None], "rec_q": _np(c)[:, None],
-            "rec_decay": _np(d)[:, None]}, a.get("z")
+            "rec_decay": _np(d)[:, None], **({} if z is None else {"rec_z": _np(z)[:, None]})}, z
 
 
 def _mamba_scan_out(name: str, y):
