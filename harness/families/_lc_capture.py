@@ -52,6 +52,10 @@ class LcCapture:
         "logits": LcPoint("result_output"),
     }
 
+    # probe -> why llama.cpp's graph exposes no tensor for it (the report's not-exposed
+    # reason; default: none given)
+    lc_not_exposed: dict[str, str] = {}
+
     def lc_points_for(self, config, i: int) -> dict[str, LcPoint]:
         return self.lc_points
 

@@ -40,6 +40,9 @@ from contract.recurrent import RecurrentConfig
 SCAN_LAYOUT = {"torch_chunk_gated_delta_rule": "bhtd", "torch_recurrent_gated_delta_rule": "bhtd",
                "chunk_kimi_delta_attention": "bhtd", "recurrent_kimi_delta_attention": "bthd"}
 CONV_FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update")
+# HF's Mamba scans (modeling_mamba2.py, modeling_mamba.py): their own signatures, not q / k / v
+MAMBA_SCANS = ("mamba2_chunk_scan", "mamba2_selective_state_update", "mamba_selective_scan",
+               "mamba_selective_state_update")
 
 
 def _np(t):
@@ -231,6 +234,35 @@ def _taps(fam, model, config, sink):
             return out
         return wrapper
 
+    def mamba_wrap(orig, name):
+        import inspect
+
+        sig = inspect.signature(orig)
+
+        def wrapper(*args, **kwargs):
+            if not rec:
+                return orig(*args, **kwargs)
+            a = sig.bind(*args, **kwargs).arguments
+            probes, z = _mamba_scan_inputs(name, a)
+            for k, v in probes.items():
+                put(k, v)
+            if z is not None:
+                # mamba_selective_scan / _state_update gate inside the scan (`scan_output * F.silu(z)`):
+                # called without z, the output is y after the D skip (rec_out), gated here as HF does
+                kwargs = {**{k: v for k, v in a.items() if k != "z" and k != "kwargs"}, **a.get("kwargs", {})}
+                out = orig(**kwargs, z=None)
+            else:
+                out = orig(*args, **kwargs)
+            y = out[0] if isinstance(out, tuple) else out
+            put("rec_out", _mamba_scan_out(name, y))
+            if z is not None:
+                import torch.nn.functional as F
+
+                y = y * F.silu(z)
+                out = (y, *out[1:]) if isinstance(out, tuple) else y
+            return out
+        return wrapper
+
     modnames = {type(m).__module__ for m in mods.values()}
     for modname in modnames:
         mod = sys.modules[modname]
@@ -242,6 +274,10 @@ def _taps(fam, model, config, sink):
             if hasattr(mod, fname):
                 patched.append((mod, fname, getattr(mod, fname)))
                 setattr(mod, fname, scan_wrap(getattr(mod, fname), fname))
+        for fname in MAMBA_SCANS:
+            if hasattr(mod, fname):
+                patched.append((mod, fname, getattr(mod, fname)))
+                setattr(mod, fname, mamba_wrap(getattr(mod, fname), fname))
         if hasattr(mod, "l2norm"):
             patched.append((mod, "l2norm", mod.l2norm))
             mod.l2norm = l2_wrap(mod.l2norm)
@@ -252,3 +288,50 @@ def _taps(fam, model, config, sink):
             h.remove()
         for mod, fname, orig in reversed(patched):
             setattr(mod, fname, orig)
+
+
+def _mamba_scan_inputs(name: str, a: dict):
+    """The canonical probes HF's Mamba scan ``name`` receives (bound arguments ``a``),
+    and the gate it would apply inside (mamba1's z; None for mamba2, whose gate is the
+    gated norm's): v = x, k = B, q = C, ``rec_decay`` = dt as the scan computes it
+    before use -- ``softplus(dt + dt_bias)``, clamped to ``dt_limit`` in
+    ``mamba2_chunk_scan`` only (``mamba2_selective_state_update`` and the Mamba-1
+    scans clamp nothing) -- with the same torch ops, so it is HF's own value."""
+    import torch
+    import torch.nn.functional as F
+
+    x, dt, b, c = a["hidden_states"], a["dt"], a["B"], a["C"]
+    bias = a.get("dt_bias", a.get("delta_bias"))
+    if name == "mamba2_chunk_scan":  # x [S, T, H, P], dt [S, T, H], B / C [S, T, G, N]
+        d = dt + bias.to(dt.dtype) if bias is not None else dt
+        d = F.softplus(d) if a.get("dt_softplus") else d
+        lim = a.get("dt_limit", (0.0, float("inf")))
+        d = torch.clamp(d, min=lim[0], max=lim[1])
+        return {"rec_v": _np(x), "rec_k": _np(b), "rec_q": _np(c), "rec_decay": _np(d)}, None
+    if name == "mamba2_selective_state_update":  # x [S, H, P], dt [S, H, P] (expanded), B / C [S, G, N]
+        d = dt + bias.to(dt.dtype) if bias is not None else dt
+        d = F.softplus(d) if a.get("dt_softplus") else d
+        return {"rec_v": _np(x)[:, None], "rec_k": _np(b)[:, None], "rec_q": _np(c)[:, None],
+                "rec_decay": _np(d[..., 0])[:, None]}, None
+    if name == "mamba_selective_scan":  # x / dt [S, D, T], B / C [S, N, T]
+        d = dt + bias.to(dt.dtype)[..., None] if bias is not None else dt
+        d = F.softplus(d) if a.get("delta_softplus") else d
+        t = lambda v: _np(v).transpose(0, 2, 1)  # noqa: E731
+        z = a.get("z")
+        return {"rec_v": t(x), "rec_k": t(b), "rec_q": t(c), "rec_decay": t(d),
+                **({} if z is None else {"rec_z": t(z)})}, z
+    # mamba_selective_state_update: x / dt [S, D], B / C [S, N]
+    d = dt + bias.to(dt.dtype) if bias is not None else dt
+    d = F.softplus(d) if a.get("dt_softplus") else d
+    z = a.get("z")
+    return {"rec_v": _np(x)[:, None], "rec_k": _np(b)[:, None], "rec_q": _np(c)[:, None],
+            "rec_decay": _np(d)[:, None], **({} if z is None else {"rec_z": _np(z)[:, None]})}, z
+
+
+def _mamba_scan_out(name: str, y):
+    """The scan's y (after the D skip, before any gate) as ``[S, T, ...]``."""
+    if name == "mamba2_chunk_scan":  # [S, T, H, P]
+        return _np(y)
+    if name == "mamba_selective_scan":  # [S, D, T]
+        return _np(y).transpose(0, 2, 1)
+    return _np(y)[:, None]  # the one-row updates: [S, H, P] / [S, D]

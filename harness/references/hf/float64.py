@@ -38,6 +38,9 @@ _PATTERNS = (
 )
 
 
+_AUTO_DOCSTRING = re.compile(r"^@auto_docstring[ \t]*$", re.M)
+
+
 def _needs(src: str) -> bool:
     return any(p.search(src) for p, _ in _PATTERNS)
 
@@ -58,6 +61,10 @@ def _recompile(func, name: str):
         return None
     if not _needs(src) or "super()" in src:
         return None
+    # HF's @auto_docstring only writes the docstring, and re-applied to a method compiled
+    # outside its class it takes the function for a class (Mamba2ForCausalLM.forward:
+    # "'function' object has no attribute '__mro__'"): the line is blanked, keeping the numbering
+    src = _AUTO_DOCSTRING.sub("", src)
     code = inspect.unwrap(func).__code__
     ns: dict = {}
     glb = inspect.unwrap(func).__globals__
@@ -238,6 +245,12 @@ def promoted(model, family):
     def widen(mod, args, kwargs):
         r = jit.setdefault(id(mod), _Retyped())
         r.widen(_float_tensors(mod, True), f64)
+        # an input the caller cast to the module's dtype BEFORE this hook widened it
+        # (Mamba2ForCausalLM / MambaForCausalLM.forward: `lm_head(hidden_states.to(
+        # self.lm_head.weight.dtype))`) is widened with it: exact, as the weights are
+        def up(t):
+            return t.to(f64) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != f64 else t
+        return tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
 
     def narrow(mod, args, kwargs, out):
         r = jit.get(id(mod))

@@ -519,7 +519,9 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
                     probes.put(key, a)
         derived = derive_attn_out(probes, layer_cfgs)
         meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived,
-                **({"engine": engine} if engine else {})}
+                **({"engine": engine} if engine else {}),
+                # why the graph names no tensor for a probe, where the family says (LcCapture.lc_not_exposed)
+                **({"not_exposed": dict(fam.lc_not_exposed)} if fam.lc_not_exposed else {})}
         store = cache.finish(probes, meta)
     req.timings["llamacpp_assemble"] = time.perf_counter() - t - req.timings["llamacpp_worker"]
     return RefCapture(capture_name, "float32", store, meta=meta, key=k)
