@@ -79,17 +79,17 @@ class Ministral3(Mistral3):
 
     def lc_points_for(self, config, i: int):
         pts = dict(super().lc_points_for(config, i))
-        if self.temperature(config) is not None:
-            # mistral3.cpp: cb(Qcur, "Qcur_attn_temp_scaled", il) after ggml_mul by inp_attn_scale
+        if (config.rope_parameters or {}).get("llama_4_scaling_beta"):
+            # the file's attention.temperature_scale is set: mistral3.cpp: cb(Qcur, "Qcur_attn_temp_scaled", il) after ggml_mul by inp_attn_scale
             pts["q_rope"] = type(pts["q_rope"])("Qcur_attn_temp_scaled", "last", "heads")
         return pts
 
     def feature_switches(self, config, features: set[str]) -> dict[str, dict]:
         sw = super().feature_switches(config, features)
-        if "temperature" in features:
+        if "temperature_no_offset" in features:
             rp = dict(config.rope_parameters)
             rp["llama_4_scaling_beta"] = 0.0  # HF: scale 1 everywhere; the converter writes 0 = off
-            sw["temperature"] = {"rope_parameters": rp}
+            sw["temperature_no_offset"] = {"rope_parameters": rp}
         return sw
 
     # ------------------------------------------------------------------ GGUF

@@ -22,7 +22,7 @@ def _bad(rows):
 @pytest.mark.parametrize("kv", ["decode", "batched"])
 def test_three_way(policy, kv):
     rows = run(policy, family="ministral3", ref="all", kv=kv)
-    assert "temperature" in rows[0]["features"].split(";")
+    assert "temperature_no_offset" in rows[0]["features"].split(";")
     assert not _bad(rows), _bad(rows)[:5]
 
 
