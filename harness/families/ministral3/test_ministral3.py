@@ -57,3 +57,15 @@ def test_without_the_temperature_impl_fails(policy, monkeypatch):
     st = all_statuses(run(policy, family="ministral3", ref="all", kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q_rope")] == "fail"
+
+
+def test_mscale_is_a_finding_against_llamacpp(policy):
+    """llama.cpp assumes YaRN's mscale is 1 (llama-context.cpp): at mscale 2 HF's cos
+    and sin are 1.257x llama.cpp's, a finding from q_rope on (within its bound);
+    impl agrees with HF, and at mscale 1 (test_three_way) everything passes."""
+    st = all_statuses(run(policy, family="ministral3", ref="all", kv="decode",
+                          overrides=(("rope_parameters.mscale", 2.0),)))
+    assert st[("impl", "hf", 0, "q_rope")] == "pass"
+    assert st[("impl", "llamacpp", 0, "q")] == "pass"
+    assert st[("impl", "llamacpp", 0, "q_rope")] == "finding"
+    assert st[("llamacpp", "hf", 0, "q_rope")] == "finding"
