@@ -18,6 +18,7 @@ measured on the same cases as the clean one's.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections import defaultdict
 
@@ -58,6 +59,8 @@ def main(argv=None) -> int:
             tol, _ = policy.tolerance(r["cmp_dtype"], "default")
             key = (r["cmp_dtype"], c.weights, c.tokens)
             w, x = worst[key], cand / ref
+            if not math.isfinite(x):  # a NaN / inf candidate (an overflow) is the worst ratio, never skipped
+                x = math.inf
             w["rows"] += 1
             w["cases"].add(c.case_id())
             w["all"] = max(w["all"], x)
