@@ -21,7 +21,7 @@ Tiny config: ``sliding_window = None`` (a v0.2+ config): the GGUF round trip
 (``--gguf``) reads back what llama.cpp computes, no window, and the default
 matrix's three-way holds on both sides. HF's default 4096 is exercised by
 ``--set sliding_window=4096``: both agree below 4096 tokens (the test) and
-differ past it (the long matrix, fixtures/matrix/long.toml); a window the
+differ past it (not yet a case of fixtures/matrix/long.toml: 4096+ tokens); a window the
 tiny sequence does reach (``--set sliding_window=5``) is the finding at 16
 tokens.
 """

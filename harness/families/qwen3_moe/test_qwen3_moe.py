@@ -1,0 +1,47 @@
+"""qwen3_moe: three-way in every KV mode on qwen3's attention with experts in
+every layer; the router's normalisation switch on both sides (true: the
+released checkpoints, both agree; false: HF's config default, which llama.cpp
+never computes -- a finding); the attention's QK norm is impl's to get right."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.mutants import applied, registry
+from harness.testing import all_statuses, finding, run
+
+pytestmark = pytest.mark.usefixtures("need_llamacpp")
+
+UNNORMED = (("norm_topk_prob", False),)
+
+
+def test_three_way_passes(policy):
+    # paged here; decode and batched run in the default matrix (families = "*")
+    st = all_statuses(run(policy, family="qwen3_moe", ref="all", kv="paged"))
+    assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
+
+
+def test_unnormalised_routing_is_a_finding_between_the_references(policy):
+    rows = run(policy, family="qwen3_moe", ref="all", kv="decode", overrides=UNNORMED)
+    st = all_statuses(rows)
+    # teacher-forced impl sees each reference's own input: it agrees with both
+    assert all(s == "pass" for (c, _r, *_), s in st.items() if c == "impl")
+    ref = {k[2:]: s for k, s in st.items() if k[:2] == ("llamacpp", "hf")}
+    assert ref[(0, "attn_out")] == "pass"  # the attention agrees, the FFN does not
+    assert ref[(0, "layer_out")] == ref[(1, "layer_out")] == "finding"
+
+
+def test_the_finding_needs_its_setting():
+    from harness.policy import load_policy
+
+    pol = load_policy()
+    assert finding(pol, "qwen3_moe", "llamacpp", "hf", "layer_out", dict(UNNORMED), nmse=0.02, layer=1)
+    assert not finding(pol, "qwen3_moe", "llamacpp", "hf", "layer_out", {}, nmse=0.02, layer=1)
+    # bounded by its measured size
+    assert not finding(pol, "qwen3_moe", "llamacpp", "hf", "layer_out", dict(UNNORMED), nmse=0.5, layer=1)
+
+
+def test_a_broken_qk_norm_fails_against_llamacpp(policy):
+    with applied(registry()["k-norm-takes-q-weight"]):
+        st = all_statuses(run(policy, family="qwen3_moe", ref="llamacpp", kv="decode"))
+    assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 0, "k_rope")] == "fail"
