@@ -355,7 +355,7 @@ def schema(family) -> dict:
     except (OSError, ValueError):
         pass
     types = field_types(family.config_class())
-    out = {"settable": family.settable_keys(),
+    out = {"settable": family.settable_keys(), "aliases": family.key_aliases(),
            "types": {n: _type_info(t) for n, t in types.items()},
            "rope": {n: _type_info(t) for n, t in rope_types().items()}}
     from .atomic import write_text
@@ -382,8 +382,10 @@ def check_overrides(family, overrides) -> None:
     (same words), from the cached schema: before any config class is imported."""
     sch = schema(family)
     valid = sch["settable"]
+    aliases = sch.get("aliases", {})
     for key, value in overrides:
         top, _, sub = key.partition(".")
+        top = aliases.get(top, top)
         if top not in valid:
             raise UsageError(f"unknown config key {key!r} for family {family.name}; {suggest(top, valid)}")
         if sub:

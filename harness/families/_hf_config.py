@@ -50,6 +50,14 @@ class HFConfig:
         names += list(self.extra_settable)
         return sorted({n for n in names if n not in _GENERIC_FIELDS and not n.startswith("_")})
 
+    def key_aliases(self) -> dict[str, str]:
+        """The config class's own aliases (``PretrainedConfig.attribute_map``: GPT-2's
+        ``hidden_size`` is ``n_embd``, MPT's is ``d_model``), so one ``--set`` /
+        matrix override names the same size in every family."""
+        amap = getattr(self.config_class(), "attribute_map", None) or {}
+        valid = set(self.settable_keys())
+        return {a: t for a, t in amap.items() if t in valid and a not in valid}
+
     def apply_overrides(self, d: dict, overrides: dict, table_default=None) -> dict:
         """``overrides`` (``--set`` keys; ``top.sub`` sets one key of the table
         ``top``) applied to the config dict ``d`` in place; a key the family does
@@ -58,9 +66,13 @@ class HFConfig:
         from .. import config_values
 
         valid = self.settable_keys()
+        aliases = self.key_aliases()
         tables = {}  # the family's own tables, before the overrides: what a dotted key is checked against
         for key, value in overrides.items():
             top, _, sub = key.partition(".")
+            if top in aliases:  # the field the config class stores it in
+                top = aliases[top]
+                key = top + (f".{sub}" if sub else "")
             if top not in valid:
                 raise UsageError(f"unknown config key {key!r} for family {self.name}; {suggest(top, valid)}")
             value = config_values.override_value(self, key, value)
