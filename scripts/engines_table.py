@@ -56,7 +56,8 @@ def _key(r):
     return (int(layer), _ORDER.get(r["probe"], 999))
 
 
-_REFUSED = re.compile(r"The (\w+) model is not currently supported")
+# the refusals that name the arch: one footnote for all (the builder's, the converter's)
+_REFUSED = re.compile(r"The (\w+) model is not currently supported|for the model configuration (\w+)")
 
 
 def _short(why: str) -> tuple[str, str]:
@@ -64,7 +65,8 @@ def _short(why: str) -> tuple[str, str]:
     refusal names, the arch in the cell."""
     m = _REFUSED.search(why)
     if m:
-        return why.replace(m.group(1), "<Arch>"), f": {m.group(1)}"
+        arch = m.group(1) or m.group(2)
+        return why.replace(arch, "<Arch>"), f": {arch}"
     return why, ""
 
 
