@@ -228,7 +228,15 @@ def _run(run, ovm):
         h, hkv, d, dv = (getattr(lc, a, 0) for a in ("n_heads", "n_kv_heads", "head_dim", "dv"))
         for t, heads, width in (("q", h, d), ("k", hkv, d), ("v", hkv, dv), ("attn_heads", h, dv)):
             key = f"L{i}.{t}"
-            if key in probes:
+            if key in probes and not (heads and width):
+                # a layer with no attention heads in its description (a recurrent layer:
+                # kimi_linear's KDA, qwen3_next's delta-net) names q_proj / k_proj / v_proj
+                # modules too, but their outputs are not the [token, head, ch] probes the
+                # layer kind compares
+                del probes[key]
+                hidden[key] = (f"layer {i} is a {type(lc).__name__} with no attention heads: its module "
+                               f"boundary for {t} is not the per-head probe")
+            elif key in probes:
                 probes[key] = probes[key].reshape(probes[key].shape[:2] + (heads, width))
         for p in LAYER_PROBES:
             key = f"L{i}.{p}"
