@@ -89,10 +89,10 @@ def scratch(run, name: str):
 
 def _special_id(config, key: str, default: int, n: int) -> int:
     """The config's special token id where it names a token of the tiny vocabulary;
-    else ``default``. A family's real id (qwen2's eos 151645) lies outside a
-    128-token vocabulary, and a special token outside it is an added token: the
-    tokenizer then has n + 1 entries, which CTranslate2's converter refuses
-    ("Vocabulary has size 129 but the model expected a vocabulary of size 128")."""
+    else ``default``. A config may keep a published model's ids (far past a
+    128-token vocabulary), and a special token outside the vocabulary is an added
+    token: the tokenizer then has n + 1 entries, which CTranslate2's converter
+    refuses ("Vocabulary has size 129 but the model expected a vocabulary of size 128")."""
     v = getattr(config, key, None)
     if isinstance(v, (list, tuple)):
         v = v[0] if v else None
@@ -111,7 +111,10 @@ def _save_checkpoint(run, with_tokenizer: bool):
         tk = Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))
         tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         special = {k: f"<t{_special_id(run.config, k + '_id', i, n)}>" for i, k in ((1, "bos_token"), (2, "eos_token"))}
-        PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<t0>", **special).save_pretrained(d)
+        # pad named too: the converters load it with AutoTokenizer, which picks the family's
+        # own class from config.json (Qwen2Tokenizer), and that class adds its default pad
+        # "<|endoftext|>" as a 129th token where none is given
+        PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<t0>", pad_token="<t0>", **special).save_pretrained(d)
     return d
 
 
