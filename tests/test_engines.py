@@ -218,7 +218,9 @@ def test_ctranslate2_is_judged_at_its_logits(policy):
     with registered("ctranslate2-off", Off()):
         rows = run(policy, family="llama", ref="hf", candidate="ctranslate2-off")
     assert _mine(rows, "ctranslate2-off")[("hf", -1, "logits")]["status"] == "fail"
-    assert case_status(r["status"] for r in rows) == "fail"
+    # the failing logits guard nothing, so the case reads `unguarded` (listed before
+    # `fail`, harness/verdict.py rule 3): failing either way, never a pass
+    assert case_status(r["status"] for r in rows) in ("fail", "unguarded")
 
 
 def test_ctranslate2_skips_a_config_its_converter_has_no_loader_for(policy):
