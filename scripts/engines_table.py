@@ -1,7 +1,7 @@
 """Print the candidates table of the engines (docs/reference/candidates.md,
 "What each engine passed") from one or more engines-matrix run directories.
 
-    PYTHONPATH=$PWD:.engines .venv/bin/python scripts/engines_table.py RUN_DIR [RUN_DIR ...]
+    PYTHONPATH=$PWD:.engines .venv/bin/python scripts/engines_table.py [--summary] RUN_DIR [RUN_DIR ...]
 
 Reads each directory's journal.jsonl (a complete or an interrupted run: the
 journal is written case by case); a case met again in a later directory
@@ -16,7 +16,9 @@ one column per engine; each cell is the case's verdict over its rows:
 * ``skipped [sN]`` -- the engine's own words, listed once under the table;
 * ``not-implemented`` parts (a layer kind the engine has no op for) said so.
 
-Then the run time: the sum of the cases' own wall times."""
+Then the run time: the sum of the cases' own wall times. ``--summary``: one
+row per engine instead (the families it passed, failed with the first
+divergence, and how many it skipped)."""
 
 from __future__ import annotations
 
@@ -66,7 +68,10 @@ def _short(why: str) -> tuple[str, str]:
     m = _REFUSED.search(why)
     if m:
         arch = m.group(1) or m.group(2)
-        return why.replace(arch, "<Arch>"), f": {arch}"
+        why = why.replace(arch, "<Arch>")
+        if " (supported configurations are:" in why:  # the converter's list, cut in the row's reason
+            why = why[:why.index(" (supported configurations are:")] + " (then the converter's list of the configurations it has)"
+        return why, f": {arch}"
     return why, ""
 
 
@@ -106,7 +111,24 @@ def cell(rows, cand, reasons):
     return s
 
 
-def main(dirs) -> int:
+def summary(by, tags) -> None:
+    """One row per engine: the families it passed, failed (first divergence), skipped."""
+    print("| engine | passed | failed: first divergence (layer, probe, NMSE) | skipped |")
+    print("|---|---|---|---|")
+    for t in tags:
+        ok, bad, sk = [], [], []
+        for fam in sorted(by):
+            rows = by[fam].get(t)
+            if rows is None:
+                continue
+            c = cell(rows, t.split(" ")[0], [])
+            (sk if c.startswith("skipped") else bad if c.startswith("**FAIL**") else ok).append(
+                f"{fam}: {c[len('**FAIL** '):]}" if c.startswith("**FAIL**") else fam)
+        print(f"| `{t}` | {', '.join(ok) or '-'} | {'; '.join(bad) or '-'} | {len(sk)} |")
+    print()
+
+
+def main(dirs, only_summary=False) -> int:
     cases = _cases(dirs)
     by = {}
     secs = 0.0
@@ -122,6 +144,9 @@ def main(dirs) -> int:
     tags = [e for e in ENGINES if any(e in v for v in by.values())]
     extra = sorted({t for v in by.values() for t in v if t not in ENGINES})
     tags += extra
+    if only_summary:
+        summary(by, tags)
+        return 0
     reasons: list[str] = []
     print("| family | " + " | ".join(f"`{t}`" for t in tags) + " |")
     print("|---|" + "---|" * len(tags))
@@ -140,4 +165,5 @@ if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip().splitlines()[2].strip())
         sys.exit(0 if len(sys.argv) >= 2 else 2)
-    sys.exit(main(sys.argv[1:]))
+    args = sys.argv[1:]
+    sys.exit(main([a for a in args if a != "--summary"], only_summary="--summary" in args))
