@@ -174,6 +174,12 @@ def _run(run, ovm):
             want[f"L{i}.layer_in"] = first_input(t["norm"])
             want[f"L{i}.attn_in"] = last(t["norm"])
         for p in ("q", "k", "v"):
+            if getattr(lc, "qkv_clamp", None) is not None:
+                # the clamp (HF OlmoAttention.forward: clamp_(-clip_qkv, clip_qkv)) is no
+                # module: the projection's boundary is before it, the probe after it
+                hidden[f"L{i}.{p}"] = (f"the QKV clamp follows {p}_proj in the forward with no module "
+                                       f"boundary after it (layer {i})")
+                continue
             want[f"L{i}.{p}"] = last(t[p])
         o = in_module(t["o"])
         want[f"L{i}.attn_branch"] = o[0].input_value(0) if o else None
