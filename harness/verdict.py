@@ -105,9 +105,11 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
             continue
         # an engine that names no tensor inside its decoder at all (CTranslate2: logits
         # only): every layer flows into its logits, so a passing logits guards the layer
-        # -- weaker (a bug is found at the logits, not at its layer) but a check
+        # -- weaker (a bug is found at the logits, not at its layer) but a check. The
+        # model's own probes carry layer -1 in the judged rows (pipeline/judge.py); None
+        # is taken too, for rows a caller built by hand
         if fallback and all((i, p, ref) in hidden for ref in refs for p in (probe, fallback)) and \
-                any((None, "logits", ref) in passing for ref in refs):
+                any((m, "logits", ref) in passing for ref in refs for m in (-1, None)):
             continue
         if (i, probe) in judged_bad:
             continue  # it was checked, and failed: that row already says where and by how much

@@ -87,6 +87,18 @@ def scratch(run, name: str):
     return p
 
 
+def _special_id(config, key: str, default: int, n: int) -> int:
+    """The config's special token id where it names a token of the tiny vocabulary;
+    else ``default``. A config may keep a published model's ids (far past a
+    128-token vocabulary), and a special token outside the vocabulary is an added
+    token: the tokenizer then has n + 1 entries, which CTranslate2's converter
+    refuses ("Vocabulary has size 129 but the model expected a vocabulary of size 128")."""
+    v = getattr(config, key, None)
+    if isinstance(v, (list, tuple)):
+        v = v[0] if v else None
+    return v if isinstance(v, int) and 0 <= v < n else default
+
+
 def _save_checkpoint(run, with_tokenizer: bool):
     d = scratch(run, "hf")
     run.base_model.save_pretrained(d)
@@ -98,8 +110,11 @@ def _save_checkpoint(run, with_tokenizer: bool):
         vocab = {f"<t{i}>": i for i in range(n)}
         tk = Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))
         tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        special = {k: f"<t{getattr(run.config, k + '_id', None) or i}>" for i, k in ((1, "bos_token"), (2, "eos_token"))}
-        PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<t0>", **special).save_pretrained(d)
+        special = {k: f"<t{_special_id(run.config, k + '_id', i, n)}>" for i, k in ((1, "bos_token"), (2, "eos_token"))}
+        # pad named too: the converters load it with AutoTokenizer, which picks the family's
+        # own class from config.json (Qwen2Tokenizer), and that class adds its default pad
+        # "<|endoftext|>" as a 129th token where none is given
+        PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<t0>", pad_token="<t0>", **special).save_pretrained(d)
     return d
 
 

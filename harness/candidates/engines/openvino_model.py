@@ -174,6 +174,12 @@ def _run(run, ovm):
             want[f"L{i}.layer_in"] = first_input(t["norm"])
             want[f"L{i}.attn_in"] = last(t["norm"])
         for p in ("q", "k", "v"):
+            if getattr(lc, "qkv_clamp", None) is not None:
+                # the clamp (HF OlmoAttention.forward: clamp_(-clip_qkv, clip_qkv)) is no
+                # module: the projection's boundary is before it, the probe after it
+                hidden[f"L{i}.{p}"] = (f"the QKV clamp follows {p}_proj in the forward with no module "
+                                       f"boundary after it (layer {i})")
+                continue
             want[f"L{i}.{p}"] = last(t[p])
         o = in_module(t["o"])
         want[f"L{i}.attn_branch"] = o[0].input_value(0) if o else None
@@ -228,7 +234,15 @@ def _run(run, ovm):
         h, hkv, d, dv = (getattr(lc, a, 0) for a in ("n_heads", "n_kv_heads", "head_dim", "dv"))
         for t, heads, width in (("q", h, d), ("k", hkv, d), ("v", hkv, dv), ("attn_heads", h, dv)):
             key = f"L{i}.{t}"
-            if key in probes:
+            if key in probes and not (heads and width):
+                # a layer with no attention heads in its description (a recurrent layer:
+                # kimi_linear's KDA, qwen3_next's delta-net) names q_proj / k_proj / v_proj
+                # modules too, but their outputs are not the [token, head, ch] probes the
+                # layer kind compares
+                del probes[key]
+                hidden[key] = (f"layer {i} is a {type(lc).__name__} with no attention heads: its module "
+                               f"boundary for {t} is not the per-head probe")
+            elif key in probes:
                 probes[key] = probes[key].reshape(probes[key].shape[:2] + (heads, width))
         for p in LAYER_PROBES:
             key = f"L{i}.{p}"
