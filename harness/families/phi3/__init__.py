@@ -87,6 +87,24 @@ class Phi3(LlamaLike):
     lc_points = {k: v for k, v in LlamaLike.lc_points.items() if k not in ("attn_out", "resid_mid")}
     switch_params = {**LlamaLike.switch_params}
 
+    def config_kwargs(self, overrides: dict) -> dict:
+        """The tiny config with the overrides; where they change the rotated width
+        and leave the factor lists alone, the tiny lists are stretched to it
+        (HF's _check_received_keys / validate_rope wants rot/2 factors each), so a
+        size override (the default matrix's kquant hidden_size = 256) builds."""
+        kw = super().config_kwargs(overrides)
+        rp = kw.get("rope_parameters") or {}
+        hidden, heads = kw.get("hidden_size"), kw.get("num_attention_heads")
+        hd = kw.get("head_dim") or (hidden // heads if hidden and heads else None)
+        if hd and rp.get("rope_type") == "longrope":
+            want = int(hd * rp.get("partial_rotary_factor", 1.0)) // 2
+            for name in ("short_factor", "long_factor"):
+                f = rp.get(name)
+                set_here = any(k == f"rope_parameters.{name}" for k in overrides)
+                if isinstance(f, list) and f and len(f) != want and not set_here:
+                    rp[name] = [float(x) for x in np.interp(np.linspace(0, len(f) - 1, want), range(len(f)), f)]
+        return kw
+
     def head_dim(self, config) -> int:
         # Phi3Attention: getattr(config, "head_dim", hidden // heads)
         return config.hidden_size // config.num_attention_heads
