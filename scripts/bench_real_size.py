@@ -1,7 +1,7 @@
 """Real sizes, measured (issue 13): time, memory and tolerance headroom of the
 harness on a 270M-class and a 1B-class model, and where the time goes.
 
-    python scripts/bench_real_size.py [--sections cases,layer,llamacpp,tolerance,files] [--kv decode,batched,paged]
+    python scripts/bench_real_size.py [--sections cases,layer,llamacpp,tolerance,files,quantized] [--kv decode,batched,paged]
                                       [--files 135M-q4_1,1B-q4_k_m,8B-q4_k_m] [--out DIR]
 
 Sections (each prints its table; all of them go to OUT/bench.json and OUT/bench.md):
@@ -43,6 +43,10 @@ Sections (each prints its table; all of them go to OUT/bench.json and OUT/bench.
   (4 min, 8 GB): wall time of the process, peak memory of it and its worker
   together, where the time went, and any third-party progress or warning line
   in the run's output (the goal: none).
+- ``quantized`` (issue 27): every ``--gguf-type`` llama_model_quantize makes
+  without an importance matrix (``--quant-types`` to choose) on the
+  outlier-channel llama (``--weights realistic``) at 24 layers, three-way at 16
+  tokens: statuses and each pair's worst err / tol (the bounds' margin).
 
 The machine is shared: compare ratios within one run, and read the load
 average printed with each section.
@@ -462,11 +466,42 @@ def section_files(args, out: Path) -> dict:
     return res
 
 
+# ---------------------------------------------------------------- quantized
+# the outlier-channel calibration depth (tests/test_real_gguf.py DEPTH: >= 24 layers)
+QUANT_DEPTH = dict(num_hidden_layers=24, hidden_size=256)
+
+
+def section_quantized(args, out: Path) -> dict:
+    """Every ``--gguf-type`` llama_model_quantize makes without an importance matrix,
+    on the outlier-channel llama (``--weights realistic``) at 24 layers, three-way:
+    the statuses and each pair's worst err / tol (the margin the bounds keep)."""
+    from harness.gguf.types import NEEDS_IMATRIX, QUANT_FTYPES
+
+    types = args.quant_types or [t for t in QUANT_FTYPES if t not in NEEDS_IMATRIX]
+    res = {}
+    cache = Path(tempfile.mkdtemp(prefix="bench-quant-", dir=args.scratch))
+    try:
+        for t in types:
+            r = run_case("llama", QUANT_DEPTH, 16, "decode", out / f"quant-{t}", cache,
+                         extra=("--gguf-type", t, "--weights", "realistic"))
+            ratios = worst_ratios(r["rows"])
+            worst = {pair: round(max(v.values()), 3) for pair, v in ratios.items() if v}
+            res[t] = {"exit": r["exit"], "statuses": r["statuses"], "worst": worst, "wall_s": round(r["wall_s"], 1)}
+            st = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+            say(f"{t:<8} exit {r['exit']} [{st}] worst err/tol: "
+                + ", ".join(f"{pair} {v:.3f}" for pair, v in sorted(worst.items())) + f"  ({r['wall_s']:.0f} s)")
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return res
+
+
 # ---------------------------------------------------------------- main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sections", default="cases,layer,llamacpp,tolerance",
-                   help="of: cases, layer, llamacpp, tolerance, files")
+                   help="of: cases, layer, llamacpp, tolerance, files, quantized")
+    p.add_argument("--quant-types", default="", help="the quantized section's --gguf-type values (default: every "
+                   "type llama_model_quantize makes without an importance matrix)")
     p.add_argument("--files", default=",".join(FILES), help="the built files of the files section, of: " + ", ".join(FILES))
     p.add_argument("--configs", default="270M,1B", help="of: " + ", ".join(CONFIGS))
     p.add_argument("--kv", default="decode,batched,paged", help="KV modes of the cases section")
@@ -478,14 +513,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="folder for bench.json, bench.md and the runs' reports")
     args = p.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    bad = [s for s in sections if s not in ("cases", "layer", "llamacpp", "tolerance", "files")]
+    bad = [s for s in sections if s not in ("cases", "layer", "llamacpp", "tolerance", "files", "quantized")]
+    from harness.gguf.types import QUANT_FTYPES
+
+    args.quant_types = [t.strip() for t in args.quant_types.split(",") if t.strip()]
+    bad += [t for t in args.quant_types if t not in QUANT_FTYPES]
     args.files = [f.strip() for f in args.files.split(",") if f.strip()]
     bad += [f for f in args.files if f not in FILES]
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     args.kv = [k.strip() for k in args.kv.split(",") if k.strip()]
     if bad or [c for c in args.configs if c not in CONFIGS]:
         print(f"bench: unknown section, config or file {bad or args.configs}; sections: cases, layer, llamacpp, "
-              f"tolerance, files; configs: {', '.join(CONFIGS)}; files: {', '.join(FILES)}", file=sys.stderr)
+              f"tolerance, files, quantized; quantized types: {', '.join(QUANT_FTYPES)}; configs: {', '.join(CONFIGS)}; files: {', '.join(FILES)}", file=sys.stderr)
         return 2
     out = Path(args.out or ROOT / "reports" / f"bench-real-size-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
@@ -502,6 +541,8 @@ def main(argv=None) -> int:
         res["tolerance"] = section_tolerance(args, out, res.get("cases", {}))
     if "files" in sections:
         res["files"] = section_files(args, out)
+    if "quantized" in sections:
+        res["quantized"] = section_quantized(args, out)
     (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "bench.md").write_text("\n".join(LOG) + "\n")
     print(f"written: {out / 'bench.json'}")

@@ -35,38 +35,67 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
-MOE_ONLY = {"afmoe", "deepseek2", "glm-dsa", "gpt-oss", "kimi-linear", "llama4", "mimo2", "qwen3next"}
-MOE_TOO = {"llama", "granite"}
+MOE_ONLY = {"afmoe", "deepseek2", "ernie4_5", "glm-dsa", "gpt-oss", "kimi-linear", "lfm2moe", "llama4", "mimo2",
+            "qwen3next"}
+MOE_TOO = {"llama", "granite", "mistral3"}
 
 EXPECTED = {
     ("afmoe", True): ("refused", "n_no_rope_layer_step"),
+    ("arcee", False): ("pass", ""),
     ("bitnet", False): ("unwritten", "llama-model-saver.cpp:31 GGML_ASSERT(llama_model_saver_supports_arch"),
     ("bloom", False): ("refused", "feed_forward_length = 384: not a multiple of embedding_length"),
     ("cohere2", False): ("pass", ""),
+    ("command-r", False): ("pass", ""),
     ("deepseek2", True): ("pass", "the latent norms' epsilon"),
+    # test-llama-archs.cpp moe_mandatory lists ERNIE4_5; the fixture's sections reach every arch
+    ("ernie4_5", True): ("refused", "M-RoPE (ERNIE 4.5 VL) is not HF Ernie4_5's text RoPE"),
+    ("exaone", False): ("pass", ""),
+    ("falcon", False): ("pass", ""),  # its feed_forward_length 384 is HF's ffn_hidden_size
+    ("gemma", False): ("pass", ""),
     ("gemma2", False): ("pass", ""),
     ("gemma3", False): ("pass", ""),
     ("glm-dsa", True): ("pass", "the latent norms' epsilon"),
+    ("glm4", False): ("refused", "M-RoPE (GLM-4V) permutes Q/K to neox"),
     ("gpt-oss", True): ("pass", ""),
+    ("gpt2", False): ("pass", ""),  # its feed_forward_length 384 is HF's n_inner
+    ("gptneox", False): ("pass", ""),
     ("granite", False): ("pass", ""),
     ("granite", True): ("refused", "an MoE FFN; family granite's HF model is dense"),
+    ("hunyuan-dense", False): ("refused", "M-RoPE (HunYuan-VL) is not HF HunYuanDenseV1's text RoPE"),
     ("kimi-linear", True): ("refused", "head_count = [1, 0]: per-layer values"),
+    # past the fixture's per-layer head counts [2, 0] (layer 1 a short conv: HF Lfm2's
+    # layer_types): lfm2.cpp reads q / k / v biases (TENSOR_NOT_REQUIRED), HF Lfm2 has none
+    ("lfm2", False): ("refused", "tensors with no counterpart in family lfm2's HF model: blk.0.attn_k.bias"),
+    # and its untied output.weight (lfm2moe.cpp:29), which gguf-py's lfm2moe map does not name
+    ("lfm2moe", True): ("refused", "tensors with no counterpart in family lfm2_moe's HF model: blk.0.attn_k.bias"),
     ("llama", False): ("pass", ""),
     ("llama", True): ("refused", "an MoE FFN; family llama's HF model is dense"),
     ("llama4", True): ("refused", "HF Llama4 chunks exactly its RoPE layers"),
     ("mimo2", True): ("refused", "head_count_kv = [2, 2]"),
+    # llama.cpp's mistral3 reads the llama biases (TENSOR_NOT_REQUIRED); HF Ministral3 has none
+    ("mistral3", False): ("refused", "tensors with no counterpart in family mistral3's HF model: blk.0.attn_k.bias"),
+    ("mistral3", True): ("refused", "an MoE FFN; family mistral3's HF model is dense"),
     ("mpt", False): ("refused", "feed_forward_length = 384: not a multiple of embedding_length"),
+    ("nemotron", False): ("pass", ""),
     # L1 attn_out, derived as ffn_inp - layer_in, measured 3.99e-10 > 1.01e-10 until the bound allowed
     # for the derivation's float32 cancellation (Judge.derived_difference)
     ("olmo", False): ("pass", ""),
     ("olmo2", False): ("refused", "sliding layers (OLMo 3); HF Olmo2 has no sliding window"),
+    ("phi2", False): ("pass", ""),
+    # the generator's rope_factors_long / _short are N(0, 0.1): negative frequency factors
+    ("phi3", False): ("refused", "RoPE freq_factors must be finite and > 0"),
     ("qwen2", False): ("pass", ""),  # its output.bias (qwen2.cpp) is given to HF's head
     ("qwen3", False): ("pass", ""),  # its cls.output.weight (rerank only) is ignored and listed
     ("qwen35", False): ("open", "L0 (gated delta net) attn_out llama.cpp vs HF nmse 7.0e-3: not found (the l2norm "
                                 "epsilon, HF 1e-6 vs the file's 1e-5, is not it)"),
     ("qwen3next", True): ("open", "L0 (gated delta net) attn_out llama.cpp vs HF nmse 174 (|attn_out| ~1e-4): not "
                                   "found (the l2norm epsilon is not it)"),
+    ("seed_oss", False): ("pass", ""),
     ("smollm3", False): ("pass", ""),
+    ("stablelm", False): ("pass", ""),
+    # n_head_kv = n_head is HF's multi_query=False, whose per-head [q|k|v] c_attn the reverse
+    # does not write (open)
+    ("starcoder", False): ("refused", "HF GPTBigCode's multi-query attention has one KV head"),
     ("starcoder2", False): ("pass", ""),
 }
 

@@ -25,7 +25,8 @@ import pytest
 
 from conftest import bad_rows, run
 
-# what a pass on a real file must hold: the three pairs, each compared
+# what a pass on a real file must hold: the three pairs, each compared (--ref all also
+# holds hf_cached since issue 24: HF's cached path, judged against the same bounds)
 PAIRS = {("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf")}
 
 
@@ -60,7 +61,7 @@ def test_gemma3_270m_q4_k_m_three_way_and_a_planted_bug_fails(policy, gemma3_270
 
     rows = run(policy, family="", gguf=gemma3_270m, ref="all", tokens=24)
     assert not bad_rows(rows, ok=("pass",)), bad_rows(rows, ok=("pass",))[:5]
-    assert {(r["candidate"], r["reference"]) for r in rows} == PAIRS
+    assert PAIRS <= {(r["candidate"], r["reference"]) for r in rows}
     assert {r["gguf_type"] for r in rows} == {"q4_k"} and len({r["layer"] for r in rows}) == 18 + 1
     lc = [r for r in rows if r["candidate"] == "llamacpp"]
     # the bound is the file's own drift, said in every row past the first rounding
@@ -85,7 +86,7 @@ DEPTH = (("num_hidden_layers", 24), ("hidden_size", 256))
 def test_outlier_channel_models_pass_at_24_layers(policy, weight_type):
     rows = run(policy, family="llama", ref="all", gguf_type=weight_type, weights="realistic", overrides=DEPTH)
     assert not bad_rows(rows, ok=("pass",)), bad_rows(rows, ok=("pass",))[:5]
-    assert {(r["candidate"], r["reference"]) for r in rows} == PAIRS
+    assert PAIRS <= {(r["candidate"], r["reference"]) for r in rows}
     # with margin: the worst row of each pair well inside its bound
     for cand, ref in PAIRS:
         assert _worst(rows, cand, ref) < 0.6, (cand, ref, _worst(rows, cand, ref))

@@ -250,14 +250,15 @@ class Falcon(Family):
             meta.refuse("rope.dimension_count", hp.n_rot, f"HF Falcon rotates the whole head of hidden / heads = {d}")
         if hp.rope_scaling_type not in ("none", "linear") or hp.rope_freq_scale != 1.0 or hp.rope_attn_factor != 1.0:
             meta.refuse("rope.scaling.type", hp.rope_scaling_type, "RoPE scaling; the falcon converter writes none")
-        if hp.ff != 4 * hp.n_embd:
-            meta.refuse("feed_forward_length", hp.ff, f"HF's FalconMLP here is 4 * hidden = {4 * hp.n_embd} wide")
         two = "blk.0.attn_norm_2.weight" in shapes
         kw = {"hidden_size": hp.n_embd, "num_hidden_layers": hp.n_layer, "num_attention_heads": hp.head,
               "num_kv_heads": hp.head_kv, "max_position_embeddings": hp.n_ctx_train,
               "layer_norm_epsilon": meta.get_f32("attention.layer_norm_epsilon"),
               "rope_parameters": {"rope_type": "default", "rope_theta": hp.rope_freq_base},
-              "bias": False, "parallel_attn": True, "alibi": False}
+              "bias": False, "parallel_attn": True, "alibi": False,
+              # falcon.cpp sizes ffn_up / ffn_down from feed_forward_length; HF FalconMLP's
+              # width is ffn_hidden_size (default 4 * hidden, all the converter writes)
+              "ffn_hidden_size": hp.ff}
         if two or hp.head_kv not in (1, hp.head):
             kw.update(new_decoder_architecture=True, multi_query=True, num_ln_in_parallel_attn=2 if two else 1)
         else:

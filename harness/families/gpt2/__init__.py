@@ -135,10 +135,13 @@ class GPT2(Family):
         d = hp.n_embd // hp.head
         if hp.n_embd_head_k != d:
             meta.refuse("attention.key_length", hp.n_embd_head_k, f"HF GPT2 fixes head_dim = n_embd / n_head = {d}")
-        if hp.ff != 4 * hp.n_embd:
-            meta.refuse("feed_forward_length", hp.ff, f"HF GPT2MLP here is 4 * n_embd = {4 * hp.n_embd} wide")
         vocab = vocab_of(meta, shapes)
-        return {"vocab_size": vocab, "n_embd": hp.n_embd, "n_layer": hp.n_layer, "n_head": hp.head,
+        # llama.cpp sizes ffn_up / ffn_down from feed_forward_length (gpt2.cpp reads the
+        # tensors as the file has them); HF GPT2MLP: inner_dim = n_inner or 4 * n_embd --
+        # a width the converter never writes (it hard-codes 4 * n_embd) is still HF's n_inner
+        # (llama.cpp's random-model generator writes 384 at n_embd 256)
+        inner = {} if hp.ff == 4 * hp.n_embd else {"n_inner": hp.ff}
+        return {**inner, "vocab_size": vocab, "n_embd": hp.n_embd, "n_layer": hp.n_layer, "n_head": hp.head,
                 "n_positions": hp.n_ctx_train, "layer_norm_epsilon": meta.get_f32("attention.layer_norm_epsilon"),
                 "tie_word_embeddings": "output.weight" not in shapes, **special_tokens(meta, vocab)}
 

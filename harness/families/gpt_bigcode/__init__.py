@@ -77,10 +77,10 @@ class GPTBigCode(GPT2):
         if hp.head_kv != 1:
             meta.refuse("attention.head_count_kv", hp.head_kv, "HF GPTBigCode's multi-query attention has one KV "
                                                             "head (the converter writes 1)")
-        if hp.ff != 4 * hp.n_embd:
-            meta.refuse("feed_forward_length", hp.ff, f"HF GPTBigCodeMLP here is 4 * n_embd = {4 * hp.n_embd} wide")
         vocab = vocab_of(meta, shapes)
-        return {"vocab_size": vocab, "n_embd": hp.n_embd, "n_layer": hp.n_layer, "n_head": hp.head,
+        # GPTBigCodeMLP: inner_dim = n_inner or 4 * n_embd (as gpt2's reverse)
+        inner = {} if hp.ff == 4 * hp.n_embd else {"n_inner": hp.ff}
+        return {**inner, "vocab_size": vocab, "n_embd": hp.n_embd, "n_layer": hp.n_layer, "n_head": hp.head,
                 "n_positions": hp.n_ctx_train, "layer_norm_epsilon": meta.get_f32("attention.layer_norm_epsilon"),
                 "multi_query": True, "tie_word_embeddings": "output.weight" not in shapes,
                 **special_tokens(meta, vocab)}

@@ -33,6 +33,8 @@ off: HF's and the converter's adjustments agree only at the defaults).
 
 from __future__ import annotations
 
+import dataclasses
+
 from contract.recurrent import RecurrentConfig
 from impl import NormSpec, QkNormSpec
 
@@ -224,12 +226,21 @@ class Lfm2(RecurrentProbes, LlamaLike):
         if len(kv) != 1:
             meta.refuse("attention.head_count_kv", hp.n_head_kv, "one KV head count for the attention layers "
                                                                   "(0 marks a conv layer)")
+        # head_count may be per layer too (llama.cpp's random-model generator writes
+        # [n_head, 0] for an attention and a conv layer; the saver keeps what it read):
+        # lfm2.cpp reads n_head(il) only in the attention layers, so one count there is
+        # HF's num_attention_heads and a conv layer's is never used
+        heads = {h for h, k in zip(hp.n_head, hp.n_head_kv) if k}
+        if len(heads) != 1:
+            meta.refuse("attention.head_count", hp.n_head, "one head count for the attention layers")
+        n_head = next(iter(heads))
+        hp = dataclasses.replace(hp, n_head=[n_head] * hp.n_layer)
         if not moe:
             refuse_experts(meta, hp, self.name)
         vocab = vocab_of(meta, shapes)
         full_rotary(meta, hp, self)
         kw = {"num_hidden_layers": hp.n_layer, "max_position_embeddings": hp.n_ctx_train, "hidden_size": hp.n_embd,
-              "intermediate_size": hp.ff, "num_attention_heads": hp.head, "num_key_value_heads": kv.pop(),
+              "intermediate_size": hp.ff, "num_attention_heads": n_head, "num_key_value_heads": kv.pop(),
               "vocab_size": vocab, "tie_word_embeddings": "output.weight" not in shapes,
               "rope_parameters": hf_rope(meta, hp), **one_head_dim(meta, hp, self), **special_tokens(meta, vocab),
               "norm_eps": meta.get_f32("attention.layer_norm_rms_epsilon"),

@@ -24,6 +24,24 @@ import numpy as np
 from ..lfm2 import Lfm2, PerLayerKv
 
 
+class _WithOutput:
+    """A gguf TensorNameMap that also names HF's ``lm_head`` GGUF's ``output``."""
+
+    def __init__(self, tmap):
+        self._tmap = tmap
+
+    def get_name(self, key, try_suffixes=()):
+        got = self._tmap.get_name(key, try_suffixes=try_suffixes)
+        if got is None:
+            for suffix in ("", *try_suffixes):
+                if key == "lm_head" + suffix:
+                    return "output" + suffix
+        return got
+
+    def __getattr__(self, name):
+        return getattr(self._tmap, name)
+
+
 class Lfm2Moe(Lfm2):
     name = "lfm2_moe"
     hf_model_type = "lfm2_moe"
@@ -40,6 +58,13 @@ class Lfm2Moe(Lfm2):
     )
     gguf_arch = "lfm2moe"
     experts_implementation = "eager"
+
+    def gguf_tensor_map(self, config):
+        """gguf's lfm2moe map plus ``output`` for an untied ``lm_head``: gguf-py's
+        MODEL_TENSORS[LFM2MOE] lists no OUTPUT, but lfm2moe.cpp:29 reads
+        ``output.weight`` (TENSOR_NOT_REQUIRED) and llama.cpp's random-model generator
+        writes it."""
+        return _WithOutput(super().gguf_tensor_map(config))
 
     def gguf_params(self, w, config, variant=None):
         """conversion/lfm2.py ``LFM2MoeModel.set_gguf_parameters``: the per-layer KV heads
