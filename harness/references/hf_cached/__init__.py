@@ -21,7 +21,39 @@ divergence: a finding with its measured size (docs/reference/divergences.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from contract.probes import STATE_PROBES
+
 from ..hf import HF
+
+# HF's cache holds ONE length for the whole batch (cache_utils DynamicCache / the
+# linear-attention layers' conv_states / recurrent_states are [batch, ...] updated by
+# every forward), so it cannot run a ragged plan -- sequences joining at later calls
+# with prefills of their own. This reference runs a ragged case's sequences in
+# lockstep on the case's schedule instead: every row it computes is still HF's cached
+# path at that row, but its states after each call are not states after the ragged
+# plan's calls, so they are not exposed there.
+RAGGED_STATES = ("HF's cache holds one length per batch: on a ragged plan this reference runs the sequences in "
+                 "lockstep, so its per-call states are not the ragged calls' states")
+
+
+class _Without(Mapping):
+    """A capture's probes without some keys (the store stays lazy)."""
+
+    def __init__(self, probes, drop):
+        self._p, self._drop = probes, drop
+
+    def __getitem__(self, k):
+        if self._drop(k):
+            raise KeyError(k)
+        return self._p[k]
+
+    def __iter__(self):
+        return (k for k in self._p if not self._drop(k))
+
+    def __len__(self):
+        return sum(1 for _ in self)
 
 
 class HFCached(HF):
@@ -37,3 +69,11 @@ class HFCached(HF):
 
     def not_exposed(self) -> dict[str, str]:
         return {}
+
+    def capture(self, req, *args, **kwargs):
+        rc = super().capture(req, *args, **kwargs)
+        if getattr(req.case, "ragged", False) and not rc.error:
+            rc.probes = _Without(rc.probes, lambda k: k.rpartition(".")[2] in STATE_PROBES)
+            rc.meta = dict(rc.meta, not_exposed={**(rc.meta.get("not_exposed") or {}),
+                                                 **{p: RAGGED_STATES for p in STATE_PROBES}})
+        return rc

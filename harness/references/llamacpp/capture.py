@@ -394,9 +394,15 @@ def assemble_states(fam, config, layer_cfgs, index: list[dict], arrays, n_seq: i
     out = {}
     for (i, name), seqs in per.items():
         if len({len(x) for x in seqs}) != 1:
-            raise RuntimeError(f"L{i}.{name}: the sequences ran different numbers of calls; states are compared per call")
+            # a ragged plan: each sequence ran its own calls, and the states are compared call
+            # by call on a common calls axis; not exposed there (RAGGED_STATES)
+            continue
         out[f"L{i}.{name}"] = np.stack([np.stack(x) for x in seqs])
     return out
+
+
+RAGGED_STATES = ("on a ragged plan each sequence runs its own calls; the per-call states are compared on a calls "
+                 "axis the sequences share, so they are not compared there")
 
 
 def derive_attn_out(probes: dict, layer_cfgs) -> dict[str, str]:
@@ -518,10 +524,15 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
                 if i in sel.layers and sel.probe(probe):
                     probes.put(key, a)
         derived = derive_attn_out(probes, layer_cfgs)
+        not_exposed = dict(fam.lc_not_exposed or {})
+        if want_states and getattr(case, "ragged", False):
+            from contract.probes import STATE_PROBES
+
+            not_exposed.update({p: RAGGED_STATES for p in STATE_PROBES})
         meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived,
                 **({"engine": engine} if engine else {}),
                 # why the graph names no tensor for a probe, where the family says (LcCapture.lc_not_exposed)
-                **({"not_exposed": dict(fam.lc_not_exposed)} if fam.lc_not_exposed else {})}
+                **({"not_exposed": not_exposed} if not_exposed else {})}
         store = cache.finish(probes, meta)
     req.timings["llamacpp_assemble"] = time.perf_counter() - t - req.timings["llamacpp_worker"]
     return RefCapture(capture_name, "float32", store, meta=meta, key=k)
