@@ -282,10 +282,17 @@ def float64_paths(model, rebuild: bool = True):
     path of its modeling code in float64. Yields the ``Float64Paths`` record
     (``kept_float32``: what could not be promoted). ``rebuild``: re-create the
     rotary embeddings (put back on exit)."""
+    import torch
+
     fp = Float64Paths()
     fp._done, fp._done_mods = set(), set()
     rotary = []
+    # the float32 no source line names: an integer tensor's true division (Ministral3Attention's
+    # get_llama_4_attn_scale: torch.floor(position_ids / original_max_position_embeddings)) and
+    # a Python float made a tensor come out in the default dtype
+    default = torch.get_default_dtype()
     try:
+        torch.set_default_dtype(torch.float64)
         fp.patch_rope_inits()
         for m in model.modules():
             fp.patch_class(type(m))
@@ -294,6 +301,7 @@ def float64_paths(model, rebuild: bool = True):
             rotary = _rebuild_rotary(model)
         yield fp
     finally:
+        torch.set_default_dtype(default)
         for parent, attr, orig in reversed(rotary):
             setattr(parent, attr, orig)
         fp.restore()
