@@ -105,16 +105,24 @@ def test_default_and_smoke_specs_cover_every_registered_family_and_variant():
 
 
 def test_the_default_spec_builds_the_cases_issue_28_found_missing():
-    """Ragged batches for every family in batched and paged, float16, realistic weights
-    at float16 and bfloat16, and low-precision cases of 256 tokens or more."""
+    """Ragged batches for every family (paged; batched on the representatives, every
+    family in the breadth matrix), float16 (every family in the breadth matrix),
+    realistic weights at float16 and bfloat16, and low-precision cases of 256 tokens
+    or more."""
     from harness import families
     from harness.matrix import load_spec
 
     d = load_spec(ROOT / "fixtures" / "matrix" / "default.toml").cases
+    b = load_spec(ROOT / "fixtures" / "matrix" / "breadth.toml").cases
+    every = set(families.registry())
     ragged = {(c.family, c.kv) for c in d if c.ragged and (c.seqs or 0) >= 3}
-    assert ragged == {(f, kv) for f in families.registry() for kv in ("batched", "paged")}
+    assert {f for f, kv in ragged if kv == "paged"} == every
+    assert {f for f, kv in ragged if kv == "batched"} >= {"llama", "qwen3_next"}
+    assert {(c.family, c.kv) for c in b if c.ragged and (c.seqs or 0) >= 3} == {
+        (f, kv) for f in every for kv in ("batched", "paged")}
     low = [c for c in d if c.dtype in ("float16", "bfloat16")]
-    assert {c.family for c in low if c.dtype == "float16"} == set(families.registry())
+    assert {c.family for c in low if c.dtype == "bfloat16"} == every
+    assert {c.family for c in b if c.dtype == "float16"} == every
     assert {c.dtype for c in low if c.weights == "realistic"} == {"float16", "bfloat16"}
     assert {c.dtype for c in low if c.tokens >= 256} == {"float16", "bfloat16"}
 
