@@ -723,7 +723,9 @@ def feature_map(df: pd.DataFrame) -> str:
         fams_of.setdefault(tag, set()).add(fam)
     named = sorted(set(cs["candidate"])) if len(cs) else ["impl"]
     who = named[0] if len(named) == 1 else "candidate"
-    head = [f"{who} vs hf", f"{who} vs llamacpp", "llamacpp vs hf"]
+    # the header names the columns the cells are read in (map_cols: every reference, hf_cached
+    # included), so a fourth reference cannot shift the cells under another pair's name
+    head = [f"{who if cand == 'candidate' else cand} vs {ref}" for cand, ref in map_cols()]
     lines = ["status of the comparisons of the cases with the feature; NMSE: the worst on attn_out", "",
              f"{'feature':<20} {'family':<14} " + " ".join(f"{h:<24}" for h in head)]
     verified, unver = [], []

@@ -162,16 +162,17 @@ def test_dump_round_trip_and_a_planted_error(tmp_path, need_llamacpp, capsys):
     capsys.readouterr()
     assert main(["judge", str(tmp_path / "dump"), "--out", str(tmp_path / "j")]) == 0
     out = capsys.readouterr().out
-    assert "tiny-engine-dump vs hf" in out and "tiny-engine-dump vs llamacpp" in out and "fail" not in out
+    assert all(f"tiny-engine-dump vs {ref}" in out for ref in ("hf", "hf_cached", "llamacpp")) and "fail" not in out
 
-    # the same dump with one tensor 0.1% off fails there, against both references
+    # the same dump with one tensor 0.1% off fails there, against every reference (hf_cached included)
     assert writer.main([str(case), str(tmp_path / "bad"), "--plant-error", "L1.q_rope"]) == 0
     assert main(["judge", str(tmp_path / "bad"), "--out", str(tmp_path / "jb")]) == 1
     import pandas as pd
 
     rows = pd.read_parquet(tmp_path / "jb" / "rows.parquet")
     bad = rows[rows["status"] == "fail"]
-    assert set(zip(bad["reference"], bad["layer"], bad["probe"])) == {("hf", 1, "q_rope"), ("llamacpp", 1, "q_rope")}
+    assert set(zip(bad["reference"], bad["layer"], bad["probe"])) == {("hf", 1, "q_rope"), ("hf_cached", 1, "q_rope"),
+                                                                     ("llamacpp", 1, "q_rope")}
 
 
 def test_a_broken_dump_is_bad_input(tmp_path, capsys):

@@ -71,7 +71,9 @@ def test_hf_model_three_way(policy, checkpoints, family):
     rows = run(policy, family=family, hf_model=str(d), ref="all")
     assert not bad_rows(rows, ok=("pass", "not-exposed"))
     pairs = {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"}
-    assert pairs == {("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf")}
+    # --ref all also runs hf_cached, adding its pairs: the three pairs this test is about must be among the
+    # passing ones (any failing pair, hf_cached's included, is caught by bad_rows above)
+    assert {("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf")} <= pairs
     # the weights compared are the checkpoint's, not the family's seeded ones
     from harness import families
 

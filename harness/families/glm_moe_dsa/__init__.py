@@ -86,6 +86,16 @@ class GlmMoeDsa(MlaFamily):
             return NotInImpl("mla_dsa", DSA_REASON)
         return super().layer_config(config, i, variant)
 
+    def hf_canonical(self, probe, arr, lc):
+        # a layer not in impl keeps HF's raw layouts (no MLA canonical form, see
+        # lc_points_for) -- but the eager query and key still go rows-first ([S, H, T, D]
+        # -> [S, T, H, D], nothing reinterleaved): hf_cached puts its calls' probes
+        # together along the token axis (references/hf/capture.py _merge_calls), and
+        # only the head-major layout had tokens elsewhere (its calls failed to merge)
+        if isinstance(lc, NotInImpl) and probe in ("q_rope", "k_rope") and arr.ndim == 4:
+            return arr.transpose(0, 2, 1, 3)
+        return super().hf_canonical(probe, arr, lc)
+
     def layer_weights(self, model, config, i):
         return super().layer_weights(model, config, i) if self.indexer_inert(config) else {}
 
