@@ -268,9 +268,21 @@ def test_the_engines_are_entry_points():
         assert c.description and not c.teacher_forced == (name != "ort-gqa")
 
 
-def test_engines_matrix_names_every_engine():
+def test_engines_matrix_names_every_engine(monkeypatch):
+    """The spec names every engine over every family. Parsing it validates each case, and an
+    engine candidate's validate imports its engine (absent here and in CI: the extra is not
+    installed); this checks the spec's names, not the engines, so where the extra is missing
+    each engine module's ``require`` is stubbed (an engine that does not import is still refused
+    by the real ``require``: test_an_engine_that_is_not_installed_is_bad_input covers it)."""
+    import importlib
+
+    from harness.candidates.engines import installed
     from harness.matrix import load_spec
 
+    if not all(installed(d) for d in ("onnxruntime", "onnx", "onnxruntime-genai", "openvino", "ctranslate2")):
+        for mod in ("ort_layer", "ort_genai", "openvino_model", "ctranslate2_model"):
+            monkeypatch.setattr(importlib.import_module(f"harness.candidates.engines.{mod}"), "require",
+                                lambda module, candidate: None)
     spec = load_spec(ROOT / "fixtures" / "matrix" / "engines.toml")
     assert {c.candidate for c in spec.cases} == {"ort-gqa", "ort-genai", "openvino", "ctranslate2"}
     from harness import families
