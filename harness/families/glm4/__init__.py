@@ -49,6 +49,10 @@ class Glm4(LlamaLike):
     rope_layout = "interleaved"  # glm4's apply_rotary_pos_emb: adjacent pairs
     post_norm_kind = "rms"  # post_self_attn_layernorm, before the residual add
     weight_map = {**LlamaLike.weight_map, "post_self_attn_layernorm.weight": "post_norm"}
+    # the post_norm switch replaces impl's post_norm, which is post_self_attn_layernorm here;
+    # glm4's post_attention_layernorm is the pre-MLP norm, not the attention's (switching it
+    # left the branch norm's weight loaded into a layer whose post_norm was off)
+    switch_modules = {**LlamaLike.switch_modules, "post_norm": ("post_self_attn_layernorm",)}
     # attn_out: what the residual adds (the normed branch); resid_mid: LlamaLike's
     # (post_attention_layernorm's input, the pre-MLP norm)
     hf_points = {**LlamaLike.hf_points, "attn_out": Point("post_self_attn_layernorm", "out")}
