@@ -91,6 +91,14 @@ class Ministral3(Mistral3):
             rp = dict(config.rope_parameters)
             rp["llama_4_scaling_beta"] = 0.0  # HF: scale 1 everywhere; the converter writes 0 = off
             sw["temperature_no_offset"] = {"rope_parameters": rp}
+        rp = config.rope_parameters or {}
+        for tag in [t for t, o in sw.items() if "rope_parameters" in o and t != "temperature_no_offset"]:
+            # the RoPE switches (identity RoPE, default RoPE) keep only theta and the rotary width;
+            # Ministral3Attention also reads llama_4_scaling_beta and original_max_position_embeddings
+            # from rope_parameters (get_llama_4_attn_scale: None / None fails), and the temperature is
+            # not RoPE: keep them
+            keep = {k: rp[k] for k in ("llama_4_scaling_beta", "original_max_position_embeddings") if k in rp}
+            sw[tag] = {**sw[tag], "rope_parameters": {**sw[tag]["rope_parameters"], **keep}}
         return sw
 
     # ------------------------------------------------------------------ GGUF
