@@ -127,7 +127,12 @@ def test_matrix_k_selects_cases_as_pytest_does():
     for bad in ("", "qwen2 and", "(qwen2", "and llama", "llama qwen2"):
         with pytest.raises(UsageError):
             keyword_matcher(bad)
+    # as pytest's -k, a bare name matches as a substring: "qwen2" also selects qwen2_moe's cases
+    assert keyword_matcher("qwen2")("qwen2_moe/numpy-cpu-float64/decode/prefill/hf/s0/t16")
     p = cli("matrix", "fixtures/matrix/smoke.toml", "--list", "-k", "qwen2 and numpy-cpu-float64")
+    assert p.returncode == 0 and p.stdout.split() == ["qwen2/numpy-cpu-float64/decode/prefill/hf/s0/t16",
+                                                      "qwen2_moe/numpy-cpu-float64/decode/prefill/hf/s0/t16"], p.stdout
+    p = cli("matrix", "fixtures/matrix/smoke.toml", "--list", "-k", "qwen2/ and numpy-cpu-float64")  # the family alone
     assert p.returncode == 0 and p.stdout.split() == ["qwen2/numpy-cpu-float64/decode/prefill/hf/s0/t16"], p.stdout
     assert "selects none of the" in one_line_exit_2(cli("matrix", "fixtures/matrix/smoke.toml", "-k", "zzz"))
 

@@ -120,7 +120,7 @@ class Build:
         if hf_only and any(not references.get(r).sees_modules for r in self.case.refs):
             names = " or ".join(f"--ref {r.name}" for r in seeing) or "a reference that runs the model's modules"
             raise UsageError(f"switch_off {', '.join(hf_only)} replaces model modules, which only "
-                             f"{', '.join(r.label for r in seeing) or 'such a reference'} sees; use {names}")
+                             f"{' or '.join(r.label for r in seeing) or 'such a reference'} sees; use {names}")
         return [known[t] for t in self.case.switch_off]
 
     @cached_property
