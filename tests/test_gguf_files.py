@@ -477,7 +477,13 @@ CONVERTER_CONFIG = {"cohere2": {"layer_types": [_S, _S, _S, _F]}, "gemma3": {"la
 # another (EXAONE and InternLM3 save LlamaForCausalLM, the Mistral 3 text decoder
 # MistralForCausalLM): the converter class the family's export mirrors is chosen by it
 # (conversion/exaone.py ExaoneModel, conversion/mistral3.py Mistral3Model)
-CONVERTER_JSON = {"exaone": {"architectures": ["ExaoneForCausalLM"]},
+# Falcon-7B's hub config.json names no num_kv_heads (multi_query: one KV head);
+# transformers 5 saves num_kv_heads = num_attention_heads, which conversion/falcon.py
+# reads as the KV head count of the fused QKV (view(n_head_kv, ...) fails): one, as the hub's
+# GPT-2's hub config.json has n_ctx (= n_positions), which conversion/gpt2.py reads and
+# transformers 5 no longer saves: the family's tiny n_positions (256)
+CONVERTER_JSON = {"exaone": {"architectures": ["ExaoneForCausalLM"]}, "falcon": {"num_kv_heads": 1},
+                  "gpt2": {"n_ctx": 256},
                   "mistral3": {"architectures": ["Mistral3ForConditionalGeneration"]}}
 
 
