@@ -484,9 +484,7 @@ CONVERTER_CONFIG = {"cohere2": {"layer_types": [_S, _S, _S, _F]}, "gemma3": {"la
 # transformers 5 no longer saves: the family's tiny n_positions (256)
 CONVERTER_JSON = {"exaone": {"architectures": ["ExaoneForCausalLM"]}, "falcon": {"num_kv_heads": 1},
                   "gpt2": {"n_ctx": 256},
-                  # conversion/gpt_neox.py reads hparams["rotary_pct"], which transformers 5 saves
-                  # as rope_parameters' partial_rotary_factor: the family's tiny 0.25
-                  "gpt_neox": {"rotary_pct": 0.25},
+
                   "mistral3": {"architectures": ["Mistral3ForConditionalGeneration"]}}
 
 

@@ -55,7 +55,11 @@ HUB_KEYS = {"Cohere2ForCausalLM": {"rotary_pct": 1.0},
             # conversion/exaone.py ExaoneModel.set_gguf_parameters asserts
             # hparams["activation_function"] == "silu": the hub's remote-code config key, which
             # transformers 5's ExaoneConfig maps onto hidden_act (attribute_map) and saves as that
-            "ExaoneForCausalLM": {"activation_function": "silu"}}
+            "ExaoneForCausalLM": {"activation_function": "silu"},
+            # conversion/gpt_neox.py reads hparams["rotary_pct"], which transformers 5's
+            # GPTNeoXConfig turns into rope_parameters' partial_rotary_factor (the gpt_neox
+            # family's tiny: 0.25)
+            "GPTNeoXForCausalLM": {"rotary_pct": 0.25}}
 
 
 def tiny_tokenizer(dest: Path) -> None:
