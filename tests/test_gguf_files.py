@@ -472,7 +472,11 @@ CONVERTER_VOCAB = {"gemma3": "sentencepiece"}
 # arch's own (src/models/cohere2.cpp load_swa_pattern(ml, 4): every 4th layer
 # full; gemma3.cpp: 6): the checkpoints take that pattern, so their files say it
 _S, _F = "sliding_attention", "full_attention"
-CONVERTER_CONFIG = {"cohere2": {"layer_types": [_S, _S, _S, _F]}, "gemma3": {"layer_types": [_S] * 4}}
+# conversion/stablelm.py's modify_tensors is a generator that `return`s its stacked QK
+# norms (_stack_qk_norm) instead of yielding them: they are lost and the converter fails
+# "Unprocessed norms" -- stablelm's checkpoint goes without QK norms
+CONVERTER_CONFIG = {"cohere2": {"layer_types": [_S, _S, _S, _F]}, "gemma3": {"layer_types": [_S] * 4},
+                    "stablelm": {"qk_layernorm": False}}
 # the architectures a hub checkpoint of the family names, where transformers 5 saves
 # another (EXAONE and InternLM3 save LlamaForCausalLM, the Mistral 3 text decoder
 # MistralForCausalLM): the converter class the family's export mirrors is chosen by it
