@@ -55,7 +55,11 @@ HUB_KEYS = {"Cohere2ForCausalLM": {"rotary_pct": 1.0},
             # conversion/exaone.py ExaoneModel.set_gguf_parameters asserts
             # hparams["activation_function"] == "silu": the hub's remote-code config key, which
             # transformers 5's ExaoneConfig maps onto hidden_act (attribute_map) and saves as that
-            "ExaoneForCausalLM": {"activation_function": "silu"}}
+            "ExaoneForCausalLM": {"activation_function": "silu"},
+            # conversion/gpt_neox.py reads hparams["rotary_pct"], which transformers 5's
+            # GPTNeoXConfig turns into rope_parameters' partial_rotary_factor (the gpt_neox
+            # family's tiny: 0.25)
+            "GPTNeoXForCausalLM": {"rotary_pct": 0.25}}
 
 
 def tiny_tokenizer(dest: Path) -> None:
@@ -88,8 +92,15 @@ def main() -> int:
     def patched(name, mmproj=False):
         cls = get_model_class(name, mmproj)
         if state["tiny"]:
-            patched_classes.setdefault(cls, cls.__dict__.get("set_vocab"))
-            cls.set_vocab = tiny_set_vocab
+            # and the model classes it nests and delegates to (conversion/mistral3.py: the
+            # Ministral 3 wrapper's self.impl = Mistral3Model.Ministral3Model(...), whose own
+            # set_vocab the wrapper calls)
+            from conversion.base import ModelBase
+
+            inner = [c for c in vars(cls).values() if isinstance(c, type) and issubclass(c, ModelBase)]
+            for c in (cls, *inner):
+                patched_classes.setdefault(c, c.__dict__.get("set_vocab"))
+                c.set_vocab = tiny_set_vocab
         return cls
 
     conversion.get_model_class = patched

@@ -176,6 +176,32 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
         w.add_layer_norm_rms_eps(config.layer_norm_epsilon)
         w.add_vocab_size(config.vocab_size)
 
+    def config_from_gguf(self, meta, shapes, tensors):
+        """mamba.cpp load_arch_hparams (LLM_ARCH_MAMBA2): ``ssm.conv_kernel``, ``ssm.inner_size``,
+        ``ssm.state_size``, ``ssm.time_step_rank`` (the heads), ``ssm.group_count``, the RMS eps;
+        head_dim = inner_size / time_step_rank, expand = inner_size / embedding_length (HF
+        Mamba2Config's own sizes). The conv bias is the file's ``ssm_conv1d.bias``."""
+        from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
+
+        hp = read_hparams(meta)
+        refuse_experts(meta, hp, self.name)
+        vocab = vocab_of(meta, shapes)
+        inner, heads = int(meta.get("ssm.inner_size")), int(meta.get("ssm.time_step_rank"))
+        if heads < 1 or inner % heads:
+            meta.refuse("ssm.inner_size", inner, f"not a multiple of ssm.time_step_rank {heads} (the heads)")
+        if inner % hp.n_embd:
+            meta.refuse("ssm.inner_size", inner, f"not a multiple of embedding_length {hp.n_embd} (HF's expand)")
+        return {"vocab_size": vocab, "hidden_size": hp.n_embd, "num_hidden_layers": hp.n_layer,
+                "num_heads": heads, "head_dim": inner // heads, "expand": inner // hp.n_embd,
+                "n_groups": int(meta.get("ssm.group_count")), "state_size": int(meta.get("ssm.state_size")),
+                "conv_kernel": int(meta.get("ssm.conv_kernel")), "use_bias": False,
+                "use_conv_bias": "blk.0.ssm_conv1d.bias" in shapes,
+                # no key holds HF's SSD chunk (llama.cpp's ssm_scan is sequential whatever the
+                # chunk): the family's own, as its export was built
+                "chunk_size": self.tiny["chunk_size"],
+                "layer_norm_epsilon": meta.get_f32("attention.layer_norm_rms_epsilon"),
+                "tie_word_embeddings": "output.weight" not in shapes, **special_tokens(meta, vocab)}
+
     def gguf_convert(self, name, data, config, variant=None):
         """Mamba2Model.filter_tensors (``dt_bias`` -> ``dt_proj.bias``) and modify_tensors:
         the conv squeezed, A and D ``(H,)`` -> ``(H, 1)``, the gated norm ``(d_inner,)`` ->
