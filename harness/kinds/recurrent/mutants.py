@@ -69,6 +69,5 @@ MUTANTS = [
            {"family": "qwen3_next", "kv": "paged"}, "rec_conv",
            doc="the paged backing keeps the recurrent state on the page pool the sequences share, not on the "
                "sequence (spec KvStep::recurrent_slot: Paged's cache is the sequence's): the second sequence "
-               "continues the first one's state",
-           bisect_note=NOTE.format(what="per-sequence state")),
+               "continues the first one's state"),  # bisection names kv_paged: the backing it breaks
 ]
