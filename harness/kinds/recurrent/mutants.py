@@ -62,12 +62,12 @@ MUTANTS = [
            doc="every call starts the recurrence from a zero state: prefill in one call is right, every later "
                "call forgets what came before (HF initial_state=recurrent_state; llama.cpp build_rs)",
            bisect_note=NOTE.format(what="state")),
-    Mutant("recurrent-state-on-the-pool", "recurrent_state", "impl.kv",
+    Mutant("recurrent-state-on-the-pool", "kv_paged", "impl.kv",
            "case Decode(holder) | Batched(holder) | Paged(holder, _):\n            if holder.recurrent is None:",
            'case Decode(holder) | Batched(holder) | Paged(_, holder):\n'
            '            if getattr(holder, "recurrent", None) is None:',
            {"family": "qwen3_next", "kv": "paged"}, "rec_conv",
            doc="the paged backing keeps the recurrent state on the page pool the sequences share, not on the "
                "sequence (spec KvStep::recurrent_slot: Paged's cache is the sequence's): the second sequence "
-               "continues the first one's state"),  # bisection names kv_paged: the backing it breaks
+               "continues the first one's state"),  # the paged backing's bug: bisection names kv_paged
 ]
