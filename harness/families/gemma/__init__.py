@@ -32,6 +32,21 @@ from .._gguf_import import llama_like_config, read_hparams
 from ..base import LcPoint, LlamaLike
 
 
+def gemma_gguf_params(w, config) -> None:
+    """conversion/gemma.py GemmaModel.set_gguf_parameters, key for key (no super(): no
+    rope.freq_base, no rope scaling); Gemma2Model.set_gguf_parameters writes the same
+    keys before its softcaps and window (gemma2 calls this)."""
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_block_count(config.num_hidden_layers)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(config.num_key_value_heads)
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    w.add_key_length(config.head_dim)
+    w.add_value_length(config.head_dim)
+
+
 class Gemma(NormPlusOne, LlamaLike):
     name = "gemma"
     hf_model_type = "gemma"
@@ -53,17 +68,7 @@ class Gemma(NormPlusOne, LlamaLike):
                  "resid_mid": LcPoint("sa_out")}
 
     def gguf_params(self, w, config, variant=None):
-        # conversion/gemma.py GemmaModel.set_gguf_parameters, key for key (no super():
-        # no rope.freq_base, no rope scaling)
-        w.add_context_length(config.max_position_embeddings)
-        w.add_embedding_length(config.hidden_size)
-        w.add_block_count(config.num_hidden_layers)
-        w.add_feed_forward_length(config.intermediate_size)
-        w.add_head_count(config.num_attention_heads)
-        w.add_head_count_kv(config.num_key_value_heads)
-        w.add_layer_norm_rms_eps(config.rms_norm_eps)
-        w.add_key_length(config.head_dim)
-        w.add_value_length(config.head_dim)
+        gemma_gguf_params(w, config)
 
     def gguf_transform(self, name, data, config):
         if name == "lm_head.weight":  # GemmaModel.filter_tensors: skipped

@@ -49,6 +49,7 @@ from impl import LayerConfig
 from .._gguf_export import NormPlusOne
 from .._gguf_import import llama_like_config, one_theta, read_hparams, swa_pattern
 from ..base import LcPoint, LlamaLike, post_norm_points
+from ..gemma import gemma_gguf_params
 
 QPAS_24 = (("query_pre_attn_scalar", 24),)  # the HF-only scale config, as overrides
 O_BIAS = (("attention_bias", True),)  # the HF-only o_proj-bias config
@@ -92,16 +93,9 @@ class Gemma2(NormPlusOne, LlamaLike):
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):
         # conversion/gemma.py Gemma2Model.set_gguf_parameters, key for key (it does
-        # not call super(): no rope.freq_base, no rope scaling, no layer pattern)
-        w.add_context_length(config.max_position_embeddings)
-        w.add_embedding_length(config.hidden_size)
-        w.add_block_count(config.num_hidden_layers)
-        w.add_feed_forward_length(config.intermediate_size)
-        w.add_head_count(config.num_attention_heads)
-        w.add_head_count_kv(config.num_key_value_heads)
-        w.add_layer_norm_rms_eps(config.rms_norm_eps)
-        w.add_key_length(config.head_dim)
-        w.add_value_length(config.head_dim)
+        # not call super(): no rope.freq_base, no rope scaling, no layer pattern):
+        # GemmaModel's keys, then the softcaps and the window
+        gemma_gguf_params(w, config)
         w.add_attn_logit_softcapping(config.attn_logit_softcapping)
         w.add_final_logit_softcapping(config.final_logit_softcapping)
         w.add_sliding_window(config.sliding_window)
