@@ -62,6 +62,39 @@ MUTANTS = [
            doc="every call starts the recurrence from a zero state: prefill in one call is right, every later "
                "call forgets what came before (HF initial_state=recurrent_state; llama.cpp build_rs)",
            bisect_note=NOTE.format(what="state")),
+    Mutant("mamba2-b-c-swapped", "mamba2", "impl.recurrent",
+           "k = xp.reshape(conv_out[:, hv * dv: hv * dv + hk * dk], (n, hk, dk))\n"
+           "        q = xp.reshape(conv_out[:, hv * dv + hk * dk:], (n, hk, dk))",
+           "q = xp.reshape(conv_out[:, hv * dv: hv * dv + hk * dk], (n, hk, dk))\n"
+           "        k = xp.reshape(conv_out[:, hv * dv + hk * dk:], (n, hk, dk))",
+           {"family": "mamba2", "schedule": "mixed"}, "rec_q",
+           doc="the conv output's B and C slices swapped: the state is written with C and read with B (HF "
+               "Mamba2Mixer `torch.split(hidden_states_B_C, [intermediate, G * N, G * N])` is x | B | C; "
+               "mamba-base.cpp build_mamba2_layer views B at offset d_inner, C after it)",
+           bisect_note=NOTE.format(what="x | B | C split")),
+    Mutant("mamba2-conv-bias-dropped", "conv_bias", "impl.recurrent",
+           'if "conv_b" in w:\n        out = out + xp.astype(w["conv_b"], acc, copy=False)',
+           'if False:\n        out = out + xp.astype(w["conv_b"], acc, copy=False)',
+           {"family": "mamba2", "schedule": "mixed"}, "rec_conv",
+           doc="the causal conv's bias is loaded but never added (HF Mamba2Mixer conv1d(bias=use_conv_bias); "
+               "mamba-base.cpp `ggml_add(ctx0, xBC, model.layers[il].ssm_conv1d_b)`)",
+           bisect_note=NOTE.format(what="conv bias")),
+    Mutant("gated-norm-ungrouped", "gated_out_norm", "impl.recurrent",
+           "yg = yg / xp.sqrt(xp.mean(yg * yg, axis=-1, keepdims=True) + cfg.out_norm_eps)",
+           "yg = yg / xp.sqrt(xp.mean(yg * yg, axis=(-2, -1), keepdims=True) + cfg.out_norm_eps)",
+           QWEN3_NEXT, "attn_branch",
+           doc="the gated output RMS norm over the whole row instead of per head (HF Qwen3NextRMSNormGated "
+               "over head_v_dim; qwen35.cpp build_norm_gated on the {head_v_dim, n_heads} view): right only "
+               "for one head (the same code groups mamba2's MambaRMSNormGated by n_groups)",
+           bisect_note=NOTE.format(what="gated norm")),
+    Mutant("kimi-decay-reads-gate-bottleneck", "low_rank_gates", "impl.recurrent",
+           'a_in = normed if "w_decay_a" not in w else _linear(xp, normed, w["w_decay_a"], None)',
+           'a_in = normed if "w_decay_a" not in w else _linear(xp, normed, w["w_z_a"], None)',
+           {"family": "kimi_linear", "schedule": "mixed"}, "rec_decay",
+           doc="the forget gate's down-projection f_a read from the output gate's g_a (both [rank, hidden] "
+               "here): HF KimiDeltaAttention `f_b_proj(f_a_proj(x))` vs `g_b_proj(g_a_proj(x))`; "
+               "kimi-linear.cpp ssm_f_a / ssm_g_a",
+           bisect_note=NOTE.format(what="low-rank gate")),
     Mutant("recurrent-state-on-the-pool", "kv_paged", "impl.kv",
            "case Decode(holder) | Batched(holder) | Paged(holder, _):\n            if holder.recurrent is None:",
            'case Decode(holder) | Batched(holder) | Paged(_, holder):\n'

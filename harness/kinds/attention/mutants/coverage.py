@@ -26,14 +26,6 @@ NO_MUTANT = {
                   "which runs on kimi_linear",
     "short_conv": "the shape tag of lfm2's body: broken by recurrent-conv-state-shifted (causal_conv), "
                   "which runs on lfm2",
-    # KNOWN GAPS, not reasons a mutant cannot exist: these decorations came with the families merged
-    # (mamba2, kimi_linear, qwen3_next, ministral3) and no mutant has been written for them yet; listed
-    # here so the test still fails on any NEW unmutated decoration
-    "mamba2": "GAP: no mutant of the SSD body yet (recurrent-state-not-carried runs on qwen3_next only)",
-    "conv_bias": "GAP: no mutant drops mamba2's conv1d bias yet",
-    "gated_out_norm": "GAP: no mutant of the gated RMS norm yet (its norm or gate activation)",
-    "low_rank_gates": "GAP: no mutant of kimi_linear's f_a/f_b, g_a/g_b bottlenecks yet",
-    "temperature_no_offset": "GAP: no mutant of ministral3's floor(pos / s) (vs llama4's (pos + 1)) yet",
 }
 
 MUTANTS = [

@@ -44,6 +44,13 @@ MUTANTS = [
            "scales = np.log1p(np.floor((pos - p0 + t.offset) / t.floor_scale)) * t.attn_scale + 1.0",
            LLAMA4_TEMP, "q_rope", layer=3,
            doc="temperature from the row's index in this call, not its position (right for prefill only)"),
+    Mutant("temperature-offset-of-llama4", "temperature_no_offset", "impl.attention",
+           "scales = np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1.0",
+           "scales = np.log1p(np.floor((pos + 1) / t.floor_scale)) * t.attn_scale + 1.0",
+           {"family": "ministral3"}, "q_rope",
+           doc="ministral3's temperature floor(pos / s) read with llama4's offset, floor((pos + 1) / s) (HF "
+               "Ministral3 get_llama_4_attn_scale; llama.cpp mistral3 f_attn_temp_offset = 0): one position "
+               "early at every step of the floor"),
     Mutant("post-rope-norm-skips-k", "qk_norm_post_rope", "impl.attention",
            'if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":\n        q, k = _qk_norm(layer, q, k)',
            'if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":\n        q, _ = _qk_norm(layer, q, k)',
