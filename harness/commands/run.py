@@ -44,7 +44,7 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     case.validate()
     _require_device(case)
     phases = Phases(quiet)
-    run = CaseRun(case, policy, progress=phases)
+    run = CaseRun(case, policy, progress=phases, warm=True)  # from its record where it has one (harness/warm.py)
     _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
     budget.check(run)  # and a case the model or this machine cannot hold
     t0 = time.time()
