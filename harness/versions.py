@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("numpy", "torch", "transformers", "llama_cpp_python", "gguf", "array_api_compat", "pandas")
 
 
+@lru_cache(maxsize=None)
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist.replace("_", "-"))
