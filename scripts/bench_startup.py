@@ -72,8 +72,12 @@ def main(argv=None) -> int:
         ("bad --set (unknown key)", 1.0, lambda: ["run", "--family", "llama", "--set", "hiden_size=64"], 2),
         ("warm tiny run (llama, hf)", 2.0, warm, 0),
     ]
-    # warm-up: the captures and the config schema cached, as a second run finds them
+    # warm-up: the captures, the case's record and the config schema cached, as a second run finds them
     once(warm(), env, 0)
+    once(warm(), env, 0)
+    last = tmp / f"r{next(runs) - 1}" / "meta.json"
+    if not json.loads(last.read_text()).get("warm"):
+        sys.exit(f"bench: the second tiny run did not take the warm path ({last}: warm false)")
     once(benches[2][2](), env, 2)
     load0 = os.getloadavg()
     results = []
@@ -84,6 +88,10 @@ def main(argv=None) -> int:
                         "wall_median_s": statistics.median(walls), "cpu_min_s": min(cpus),
                         "met": min(walls) <= target})
     load1 = os.getloadavg()
+    # the first run of the warm-up writes the record; every later one must have read it
+    cold = [m for m in sorted(tmp.glob("r*/meta.json")) if m.parent.name != "r0" and not json.loads(m.read_text()).get("warm")]
+    if cold:
+        sys.exit(f"bench: {len(cold)} timed tiny run(s) ran cold: {cold[0]}")
     print(f"start-up, {a.n} runs each; load average {load0[0]:.2f} before, {load1[0]:.2f} after "
           f"({os.cpu_count()} CPUs); bytecode cache {'off (as the environment is)' if a.no_bytecode_cache else 'on'}")
     print(f"{'command':<28} {'target':>7} {'wall min':>9} {'median':>8} {'cpu min':>8}  verdict")
