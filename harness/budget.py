@@ -72,6 +72,11 @@ def check(run) -> None:
     from .errors import UsageError
 
     case = run.case
+    if getattr(run, "record", None) is not None:
+        # the warm path (harness/warm.py): these checks passed on the cold run that wrote the
+        # record, and its key holds everything they read (the case, the config, the code)
+        _ = run.plan  # the memory plan is this machine's, made again
+        return
     lim = max_positions(run.config)
     if lim and case.tokens > lim[1]:
         key, n = lim
@@ -100,7 +105,11 @@ _COUNTS: dict = {}
 
 def param_counts(family, config) -> ParamCounts:
     """``ParamCounts`` of the family's HF model for ``config``, built on torch's meta
-    device (no memory is allocated, every family's own shapes count)."""
+    device (no memory is allocated, every family's own shapes count); a recorded
+    config (harness/warm.py ``ConfigSnapshot``) holds the counts made so."""
+    counts = getattr(config, "counts", None)
+    if isinstance(counts, ParamCounts):
+        return counts
     key = (family.name, config.to_json_string(use_diff=False))
     if key in _COUNTS:
         return _COUNTS[key]

@@ -17,11 +17,11 @@ import weakref
 from pathlib import Path
 
 from .store import META, ProbeStore, StoreWriter
-from .versions import ROOT
+from .versions import cache_root
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("CONFORMANCE_CACHE", ROOT / ".cache" / "conformance"))
+    d = cache_root()
     d.mkdir(parents=True, exist_ok=True)
     return d
 

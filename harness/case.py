@@ -225,8 +225,10 @@ class CaseRun(Build):
     references and candidates see) and the orchestration of capture, oracle,
     judge and verdict; rows come out of ``rows()``."""
 
-    def __init__(self, case: Case, policy: Policy, progress=None):
-        super().__init__(case)
+    def __init__(self, case: Case, policy: Policy, progress=None, warm: bool = False):
+        """``warm``: take the case's record where there is one (harness/warm.py), and
+        write it after a cold run that can be recorded."""
+        super().__init__(case, warm=warm)
         self.policy = policy
         self.progress = _progress(progress)
         self.derived: dict[tuple[str, str], str] = {}  # (reference, probe key) -> how it was derived
@@ -281,6 +283,23 @@ class CaseRun(Build):
 
     # ------------------------------------------------------------ rows
     def rows(self) -> list[dict]:
+        """The case's rows: from its record where the run has one (harness/warm.py),
+        the cold way where the record lacks something (it then writes a new one)."""
+        from .warm import Miss
+
+        if self.record is not None:
+            try:
+                return self._rows()
+            except Miss:
+                self.go_cold()
+                from . import budget
+
+                budget.check(self)  # the checks the warm path left to the record
+        rows = self._rows()
+        self.write_record()
+        return rows
+
+    def _rows(self) -> list[dict]:
         case = self.case
         cand = self.candidate
         name = cand.name

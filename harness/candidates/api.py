@@ -61,6 +61,10 @@ class Candidate(ABC):
     # ragged case is skipped, saying so -- it was written for one chunk plan for every
     # sequence (``LayerCall.chunks``)
     ragged: bool = False
+    # True: it reads nothing of the case beyond a LayerCall (and the run's case, layer
+    # descriptions and selection), so a case whose captures are all cached may run it from
+    # the case's record without building the HF config or the model (harness/warm.py)
+    warm_path: bool = False
 
     def validate(self, case) -> None:
         """Raise ``UsageError`` (one line) for a case this candidate can never run."""

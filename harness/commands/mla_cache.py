@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from ..schedule import chunk_sizes
 
 KV_MODES = ("decode", "batched", "paged")
 FORMS = ("naive", "absorbed")
@@ -88,6 +87,8 @@ def measure(family, tokens: int = 16, backend: str = "numpy", dtype: str = "floa
             held, formula = 0.0, 0
             for i, lc in mla:
                 layer = load_layer(lc, weights[i], be)
+                from ..schedule import chunk_sizes  # NumPy: not at parser registration (`--help`)
+
                 plan = [chunk_sizes("mixed", len(x)) for x in inputs]
                 _, _, steps = run_layer(layer, inputs, kv, plan, trace=False, seed=seed)
                 if kv == "paged":

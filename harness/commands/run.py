@@ -44,7 +44,7 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     case.validate()
     _require_device(case)
     phases = Phases(quiet)
-    run = CaseRun(case, policy, progress=phases)
+    run = CaseRun(case, policy, progress=phases, warm=True)  # from its record where it has one (harness/warm.py)
     _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
     budget.check(run)  # and a case the model or this machine cannot hold
     t0 = time.time()
@@ -58,7 +58,9 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
                               "spec": {"name": run.case.case_id(), "path": f"conformance {command}"},
                               "candidate": run.candidate.name, "notes": run.notes,
                               "features": run.features, "timings": run.timings, "wall_s": time.time() - t0,
-                              "plan": run.plan.meta(), "resources": budget.usage(), **run.meta_extra()})
+                              "plan": run.plan.meta(), "resources": budget.usage(),
+                              # built from the case's record (harness/warm.py), not from the model
+                              "warm": run.record is not None, **run.meta_extra()})
         if plots:
             phases("drawing the plot")
             try:

@@ -35,7 +35,7 @@ class Build:
     replaced where the input decides it (a ``--gguf`` file's family and weight
     type, a ``--prompt``'s length)."""
 
-    def __init__(self, case):
+    def __init__(self, case, warm: bool = False):
         self.case = case
         self.timings: dict[str, float] = {}
         self.derived: dict[tuple[str, str], str] = {}  # (reference, probe key) -> how it was derived
@@ -58,7 +58,70 @@ class Build:
         else:
             self.family = families.get(case.family)
         self.variant = case.variant or (self.family.variants[0] if self.family.variants else None)
+        # the warm path (harness/warm.py): a record of this case's model stage, served
+        # instead of building the config and the model; or the recorder of a cold run
+        self.record = self.recorder = None
+        if warm:
+            self._warm_up()
 
+    def _warm_up(self) -> None:
+        from .. import candidates, warm
+
+        if not warm.eligible(self.case, candidates.get(self.case.candidate)):
+            return
+        k = warm.key(self.case, self.family, references.names())
+        self.record = warm.load(k)
+        if self.record is None:
+            self.recorder = warm.Recorder(k)
+            return
+        self.__dict__["config"] = self.record.config
+        self.__dict__["raw_layer_cfgs"] = self.__dict__["layer_cfgs"] = list(self.record.layer_cfgs)
+        self.__dict__["tokens"] = self.record.tokens.copy()
+
+    def go_cold(self) -> None:
+        """Forget the record and everything made from it: the case runs the cold way
+        (a capture the record does not hold, harness/warm.py ``Miss``)."""
+        from .. import warm
+
+        for cls in type(self).__mro__:
+            for name, attr in vars(cls).items():
+                if isinstance(attr, cached_property) and name != "candidate":
+                    self.__dict__.pop(name, None)
+        self.record = None
+        self.recorder = warm.Recorder(warm.key(self.case, self.family, references.names()))
+        self._memo.clear()
+        self.timings.clear()
+        self.derived.clear()
+        self.notes.clear()
+
+    def write_record(self) -> None:
+        """After a cold run of an eligible case: its record (harness/warm.py)."""
+        if self.recorder is None or not self.recorder.ok:
+            return
+        counts = budget.param_counts(self.family, self.config)
+        self.recorder.write(self.config, counts, self.layer_cfgs, self.tokens)
+
+    def capture_ref(self, ref, **kw) -> RefCapture:
+        """Reference ``ref``'s capture of this case with ``kw`` (``Reference.capture``'s
+        arguments): the recorded one on the warm path; else made from ``request()``
+        (and recorded where the run is recorded)."""
+        if self.record is not None:
+            return self.record.capture(ref.name, kw)
+        try:
+            rc = ref.capture(self.request(), **kw)
+        except BaseException:
+            if self.recorder is not None:
+                self.recorder.ok = False
+            raise
+        if self.recorder is not None:
+            self.recorder.capture(ref.name, kw, rc)
+        return rc
+
+    def _cold_only(self, what: str) -> None:
+        if self.record is not None:
+            from ..warm import Miss
+
+            raise Miss(what)
 
     def memo(self, key: str, make):
         """``make()`` once per case under ``key`` (a candidate's free run that serves
@@ -75,6 +138,7 @@ class Build:
 
     def request(self) -> CaptureRequest:
         """What a reference is given to capture this case (harness/references)."""
+        self._cold_only("a capture request")
         return self.memo("request", lambda: CaptureRequest(
             case=self.case, family=self.family, config=self.config, layer_cfgs=tuple(self.layer_cfgs),
             tokens=self.tokens, selection=self.selection, variant=self.variant, hf_dtype=self.plan.hf_dtype,
@@ -156,6 +220,7 @@ class Build:
         at the case's weight type (quantized by llama.cpp itself)."""
         if self.source is not None:
             return Path(self.source.path)
+        self._cold_only("the GGUF")
         if not self.family.gguf_arch:
             raise RuntimeError(f"family {self.family.name} has no GGUF export (llama.cpp arch unknown)")
         from ..gguf.weights import export_for_case
@@ -195,6 +260,7 @@ class Build:
     def float_model(self):
         """The model as built: the family's seeded one, a checkpoint, or the
         user's GGUF read back (its weights already those llama.cpp runs)."""
+        self._cold_only("the model")
         if self.source is not None:  # --gguf: the HF model gguf_import rebuilt from the file
             return self.source.model
         t = time.perf_counter()
@@ -284,14 +350,19 @@ class Build:
         lc = self.layer_cfgs[i]
         if not kinds.implemented(lc):
             return {}
+        held = dtype if dtype in ("float16", "bfloat16") else "float32"
+        if self.record is not None:
+            return self.record.layer_weights(held, i)
         if self.source is not None:
             w = self.source.layer_weights[i]
         else:
-            model = self.model_in(dtype if dtype in ("float16", "bfloat16") else "float32")
-            w = self.family.layer_weights(model, self.config, i)
+            w = self.family.layer_weights(self.model_in(held), self.config, i)
         # a named variant may store the same function in other weights (llama's
         # wo_scale: wo / s, with s as the {1} companion)
-        return self.family.variant_weights(w, self.config, i, self.variant)
+        w = self.family.variant_weights(w, self.config, i, self.variant)
+        if self.recorder is not None and self.recorder.ok:
+            self.recorder.add_weights(held, i, w, budget.param_counts(self.family, self.config).total)
+        return w
 
     def weights_for(self, dtype: str) -> list[dict]:
         """Every layer's ``layer_weights_for`` (small models; a real-size run takes them one layer at a time)."""

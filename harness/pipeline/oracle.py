@@ -29,7 +29,7 @@ def forced(build, rc: RefCapture) -> RefCapture:
     with ``error`` set (the comparison then errors, the run goes on)."""
     t = time.perf_counter()
     try:
-        oc = references.get(rc.name).capture(build.request(), dtype="float64", weights=rc.dtype, force=rc)
+        oc = build.capture_ref(references.get(rc.name), dtype="float64", weights=rc.dtype, force=rc)
     except UsageError:
         raise
     except Exception as e:
@@ -45,7 +45,7 @@ def free(build) -> RefCapture:
         t = time.perf_counter()
         try:
             w = build.case.dtype if build.case.dtype in ("float16", "bfloat16") else "float32"
-            oc = references.oracle_reference().capture(build.request(), dtype="float64", weights=w)
+            oc = build.capture_ref(references.oracle_reference(), dtype="float64", weights=w)
         except UsageError:
             raise
         except Exception as e:
@@ -103,7 +103,7 @@ def drift(build, rc: RefCapture) -> RefCapture | None:
             return None
         t = time.perf_counter()
         try:
-            dc = ref.capture(build.request(), dtype="float32", rounding=acts)
+            dc = build.capture_ref(ref, dtype="float32", rounding=acts)
         except UsageError:
             raise
         except Exception as e:
@@ -148,7 +148,7 @@ def rounding_for(build, rc: RefCapture, teacher_forced: bool) -> RefCapture | No
     def make():
         t = time.perf_counter()
         try:
-            oc = o.capture(build.request(), dtype="float64", weights="float32", force=rc)
+            oc = build.capture_ref(o, dtype="float64", weights="float32", force=rc)
         except UsageError:
             raise
         except Exception as e:
