@@ -125,3 +125,16 @@ def test_export_without_neg_exp_a_log_is_caught(policy, monkeypatch, tmp_path):
     st = all_statuses(run(policy, family="mamba", ref="llamacpp"))
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
     assert st[("impl", "llamacpp", 0, "state_rec")] == "fail"
+
+
+@pytest.mark.parametrize("bad", [1, 0, True, "2", 2.5])
+def test_a_schedule_key_that_would_excuse_any_schedule_is_refused(bad):
+    """later_call_rows_at_least = 1 would hold for one row per call too (every call
+    carries a row): refused in one line, as every malformed finding is."""
+    from harness.errors import UsageError
+    from harness.policy import _check_finding
+
+    with pytest.raises(UsageError, match="later_call_rows_at_least must be an integer >= 2") as e:
+        _check_finding("p.toml", "x", {"family": "mamba", "candidate": "hf_cached", "reference": "hf", "reason": "r",
+                                       "later_call_rows_at_least": bad})
+    assert "\n" not in str(e.value)
