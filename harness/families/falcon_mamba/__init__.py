@@ -11,7 +11,9 @@ NULL, ..., LLM_NORM_RMS)`` at the file's ``attention.layer_norm_rms_epsilon`` (n
 holds HF's ``mixer_rms_eps``). The contract's ``bc_norm`` (a weightless RMS spec).
 
 Tiny config: family mamba's, ``mixer_rms_eps`` HF's default 1e-6 (the file's eps is
-``layer_norm_epsilon``, 1e-5: findings.toml).
+``layer_norm_epsilon``, 1e-5: findings.toml). A file read back (``--gguf``) keeps HF's
+default too, as transformers' GGUF loader does: no key holds it, and the checkpoints'
+own is that default.
 """
 
 from __future__ import annotations
@@ -31,12 +33,6 @@ class FalconMamba(Mamba):
     def bc_norm_spec(self, config) -> NormSpec:
         """FalconMambaMixer.__init__: ``FalconMambaWeightlessRMSNorm(..., eps=config.mixer_rms_eps)``."""
         return NormSpec("rms", float(config.mixer_rms_eps))
-
-    def gguf_extra_config(self, meta, eps: float) -> dict:
-        """llama.cpp normalises dt / B / C at the file's one RMS eps (mamba-base.cpp
-        ``build_norm(dt, ssm_dt_norm, NULL, LLM_NORM_RMS, il)``, hparams.f_norm_rms_eps):
-        the file's model is HF's with ``mixer_rms_eps`` = that eps."""
-        return {"mixer_rms_eps": eps}
 
 
 FAMILY = FalconMamba()

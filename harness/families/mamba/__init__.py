@@ -170,12 +170,8 @@ class Mamba(Mamba2):
                 "expand": inner // hp.n_embd,
                 "state_size": int(meta.get("ssm.state_size")), "conv_kernel": int(meta.get("ssm.conv_kernel")),
                 "time_step_rank": int(meta.get("ssm.time_step_rank")), "use_bias": False, "use_conv_bias": True,
-                "layer_norm_epsilon": eps, **self.gguf_extra_config(meta, eps), "use_mambapy": False,
+                "layer_norm_epsilon": eps, "use_mambapy": False,
                 "tie_word_embeddings": "output.weight" not in shapes, **special_tokens(meta, vocab)}
-
-    def gguf_extra_config(self, meta, eps: float) -> dict:
-        """Config keys a Mamba-1 variant adds to what the file's keys give."""
-        return {}
 
     def gguf_convert(self, name, data, config, variant=None):
         """MambaModel.modify_tensors: the conv squeezed (``A_log``'s ``-exp`` is the value
