@@ -255,7 +255,8 @@ class CaseRun(Build):
                             features=tuple(self.features), variant=self.variant, candidate=cand.name,
                             teacher_forced=cand.teacher_forced, weight_dtype=self.weight_dtype,
                             plan_notes=tuple(self.plan.notes), derived=dict(self.derived),
-                            lengths=self.batch_plan.lengths if self.batch_plan.ragged else None)
+                            lengths=self.batch_plan.lengths if self.batch_plan.ragged else None,
+                            chunks=tuple(tuple(c) for c in self.batch_plan.chunks))
 
     def feed(self) -> CandidateFeed:
         """How the candidate's probes reach the judge: a candidate that computes one

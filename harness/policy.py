@@ -19,10 +19,10 @@ _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol",
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
                  "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason", "seen_by",
-                 "tokens_at_most_key"}
+                 "tokens_at_most_key", "later_call_rows_at_least"}
 # what a [finding.seen_by] inherits from the statement it belongs to (the same disagreement,
 # the same reference config; its own probes, bounds and, optionally, words)
-_INHERITED = ("family", "config", "layer_kind", "dtypes", "reason", "tokens_at_most_key")
+_INHERITED = ("family", "config", "layer_kind", "dtypes", "reason", "tokens_at_most_key", "later_call_rows_at_least")
 FAMILIES_DIR = Path(__file__).resolve().parent / "families"
 _MISSING = object()
 
@@ -137,13 +137,15 @@ class Policy:
 
     def finding(self, family: str, candidate: str, reference: str, probe: str, layer_kind: str,
                 config=None, layer: int | None = None, nmse: float | None = None, bounded: bool = True,
-                dtype: str | None = None, tokens: int | None = None, n_layers: int | None = None) -> str | None:
+                dtype: str | None = None, tokens: int | None = None, n_layers: int | None = None,
+                chunks: tuple | None = None) -> str | None:
         """The written reason when a failing comparison is a KNOWN disagreement of
         the references (a finding, reported as such), else None. Matched on the
         reference's own ``config`` (the HF config the case built, or read back from a
         GGUF's keys) -- never on what impl was told to compute, so an impl bug that
         switches a feature on cannot switch its excuse on -- and only up to the
-        finding's measured size (``max_nmse``)."""
+        finding's measured size (``max_nmse``). ``chunks``: the case's rows per call,
+        one tuple per sequence (harness/schedule.py ``BatchPlan.chunks``)."""
         for f in self.findings:
             fam = f.get("family", family)
             # a list: one disagreement of several families' llama.cpp archs (the same cause)
@@ -166,6 +168,14 @@ class Policy:
             if "tokens_at_most_key" in f:
                 limit = config_value(config, f["tokens_at_most_key"]) if config is not None else _MISSING
                 if tokens is None or not isinstance(limit, (int, float)) or tokens > limit:
+                    continue
+            # later_call_rows_at_least: it holds only where some sequence has a call after its
+            # first carrying at least that many rows (HF Mamba-1's cached multi-row scan, which
+            # restarts from a zero state: a prefill alone, or one row per later call, is excused
+            # nothing)
+            if "later_call_rows_at_least" in f:
+                need = f["later_call_rows_at_least"]
+                if not chunks or not any(len(c) > 1 and max(c[1:]) >= need for c in chunks):
                     continue
             # downstream_of: "L0.layer_out" -- the disagreement starts there and is carried
             # by every later probe of a free-running reference (e.g. an FFN difference)
@@ -231,6 +241,10 @@ def _check_finding(p, n, f) -> None:
         if key in f and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
             raise UsageError(f"tolerance policy {p}: finding {n} ({f.get('family')}) {key} must be a positive "
                              f"number, got {v!r}")
+    v = f.get("later_call_rows_at_least")
+    if "later_call_rows_at_least" in f and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
+        raise UsageError(f"tolerance policy {p}: finding {n} ({f.get('family')}) later_call_rows_at_least must be "
+                         f"an integer >= 2 (rows in one call after a sequence's first), got {v!r}")
     if not str(f.get("reason", "")).strip() or "family" not in f:
         raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason (finding {n})")
     fam = f["family"]

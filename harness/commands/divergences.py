@@ -57,9 +57,7 @@ def _command(row) -> str:
 
 
 def _cond(f: dict) -> str:
-    c = f.get("config")
-    if not c:
-        return "always (the family's default config)"
+    c = f.get("config") or {}
     out = []
     for k, v in c.items():
         if isinstance(v, dict):
@@ -75,7 +73,9 @@ def _cond(f: dict) -> str:
             out.append(f"{k} = {v}")
     if f.get("tokens_at_most_key"):
         out.append(f"a sequence no longer than {f['tokens_at_most_key']}")
-    return ", ".join(out)
+    if f.get("later_call_rows_at_least"):
+        out.append(f"a call after a sequence's first carrying >= {f['later_call_rows_at_least']} rows (--schedule)")
+    return ", ".join(out) or "always (the family's default config)"
 
 
 def _bound(f: dict) -> str:

@@ -49,6 +49,8 @@ class JudgeRequest:
     derived: dict = field(default_factory=dict)  # (side, probe key) -> how it was derived
     # a ragged case's rows per sequence (harness/schedule.py): rows past them are not compared
     lengths: tuple | None = None
+    # the rows each call carries, per sequence (BatchPlan.chunks): findings keyed on the schedule
+    chunks: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -269,7 +271,7 @@ class Judge:
             lc = req.layer_cfgs[layer] if layer is not None else None
             known = req.policy.finding(req.family, cand_name, ref_name, probe, kinds.label(lc), req.config,
                                        layer=layer, nmse=m["nmse"], dtype=cdt, tokens=req.case.tokens,
-                                       n_layers=len(req.layer_cfgs))
+                                       n_layers=len(req.layer_cfgs), chunks=req.chunks)
             if known:
                 status, reason = "finding", f"{reason} -- known disagreement: {known}"
         key = f"L{layer}.{probe}" if layer is not None else probe

@@ -77,12 +77,14 @@ def assert_llamacpp_fails_first_at_q(st):
 
 
 def finding(pol, family, candidate, reference, probe, overrides=None, layer=0, nmse=1e-6, layer_kind="attention",
-            tokens=16):
+            tokens=16, chunks=None):
     """``Policy.finding`` on the HF config the family builds with ``overrides`` (findings
     match the reference's own config, never impl's feature tags), in a case of
-    ``tokens`` tokens (the default case's 16: some bounds scale with it)."""
+    ``tokens`` tokens (the default case's 16: some bounds scale with it), fed ``chunks``
+    rows per call (one tuple per sequence; default one call of all ``tokens``)."""
     from harness.families import get
 
     config = get(family).make_config(dict(overrides or {}))
     return pol.finding(family, candidate, reference, probe, layer_kind, config, layer=layer, nmse=nmse,
-                       tokens=tokens, n_layers=getattr(config, "num_hidden_layers", None))
+                       tokens=tokens, n_layers=getattr(config, "num_hidden_layers", None),
+                       chunks=chunks if chunks is not None else ((tokens,),))

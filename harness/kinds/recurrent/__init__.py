@@ -57,6 +57,9 @@ DECORATIONS = {
                         "KvStep::recurrent_slot (HF LinearAttentionLayer conv_states / recurrent_states, "
                         "llama.cpp r_l / s_l)"),
     "chunked_scan": ("the recurrence in chunks (the WY / UT form)", "(HF torch_chunk_gated_delta_rule)"),
+    "dt_bc_norm": ("Mamba-1's RMS norms on dt / B / C after x_proj (weightless, or with weights)",
+                   "(HF FalconMambaMixer dt_layernorm / b_layernorm / c_layernorm, JambaMambaMixer; llama.cpp "
+                   "mamba-base.cpp build_mamba_layer ssm_dt_b_c_rms)"),
 }
 
 REFERENCE_GAPS = {
@@ -104,6 +107,8 @@ class Recurrent(LayerKind):
         f.add("recurrent_state")
         if rc.scan == "chunked":
             f.add("chunked_scan")
+        if rc.bc_norm is not None:
+            f.add("dt_bc_norm")
         return f
 
     def dims(self, rc):

@@ -103,4 +103,26 @@ MUTANTS = [
            doc="the paged backing keeps the recurrent state on the page pool the sequences share, not on the "
                "sequence (spec KvStep::recurrent_slot: Paged's cache is the sequence's): the second sequence "
                "continues the first one's state"),  # the paged backing's bug: bisection names kv_paged
+    # Mamba-1's own decorations (impl.recurrent _recurrence_inputs' mamba1 branch)
+    Mutant("mamba1-x-proj-b-c-swapped", "mamba1", "impl.recurrent",
+           "dt_low, bb, cc = xdbc[:, :r], xdbc[:, r: r + dk], xdbc[:, r + dk:]",
+           "dt_low, bb, cc = xdbc[:, :r], xdbc[:, r + dk:], xdbc[:, r: r + dk]",
+           {"family": "mamba"}, "rec_q",
+           doc="x_proj's output split as dt | C | B instead of dt | B | C (HF MambaMixer `torch.split(x_proj(x), "
+               "[time_step_rank, state_size, state_size])`; mamba-base.cpp build_mamba_layer's B view at dt_rank, "
+               "C at dt_rank + d_state): the write reads C, the read B",
+           bisect_note=NOTE.format(what="x_proj split")),
+    Mutant("mamba1-dt-norm-dropped", "dt_bc_norm", "impl.recurrent",
+           'dt_low = normalize(xp, dt_low, cfg.bc_norm, w.get("dt_norm"), None, acc)', "pass",
+           {"family": "falcon_mamba"}, "rec_decay",
+           doc="dt's RMS norm skipped (B and C still normed): HF FalconMambaMixer `time_step = "
+               "self.dt_layernorm(time_step)`, mamba-base.cpp `build_norm(dt, ssm_dt_norm, ...)` normalise all "
+               "three",
+           bisect_note=NOTE.format(what="dt / B / C norm")),
+    Mutant("mamba1-d-skip-one-channel", "mamba1", "impl.recurrent",
+           'skip = f(w["D"])[:, None]', 'skip = f(w["D"])[:1, None]',
+           {"family": "mamba"}, "rec_out",
+           doc="the D skip reads channel 0's D for every channel, not D per channel (HF `hidden_states * "
+               "D[None, :, None]` over d_inner; mamba-base.cpp `ggml_mul(x, ssm_d)` with ssm_d [d_inner])",
+           bisect_note=NOTE.format(what="D skip")),
 ]

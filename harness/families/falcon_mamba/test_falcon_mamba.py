@@ -1,0 +1,56 @@
+"""falcon_mamba: family mamba's layer with the weightless dt / B / C RMS norms, judged
+three-way with its states; llama.cpp's norms at the file's one RMS eps (HF's
+mixer_rms_eps has no key) and HF's cached multi-row scan that drops the carried
+state are findings, each bounded by what it holds under; a planted dt-norm bug
+fails where it acts."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.families.mamba.test_mamba import check_three_way
+from harness.mutants import applied, registry
+from harness.testing import all_statuses, finding, run
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+@pytest.mark.parametrize("kv,schedule,dropped,eps", [("batched", "5,1,10", True, False),
+                                                     ("paged", "mixed", False, False),
+                                                     ("paged", "mixed", False, True)])
+def test_falcon_mamba_three_way_with_its_states(policy, kv, schedule, dropped, eps):
+    """At HF's default mixer_rms_eps (1e-6) llama.cpp's norms (at the file's 1e-5) are
+    the eps finding; with the two equal nothing is excused but the schedule's."""
+    overrides = (("mixer_rms_eps", 1e-5),) if eps else ()
+    rows = run(policy, family="falcon_mamba", ref="all", kv=kv, schedule=schedule, overrides=overrides)
+    eps_rows = [r for r in rows if r["status"] == "finding" and "mixer_rms_eps" in r["reason"]]
+    assert bool(eps_rows) != eps, eps_rows[:1]
+    for r in eps_rows:  # where llama.cpp's norms show: its states and l_out, never inside HF's run
+        r["status"] = "pass"
+    assert {(r["candidate"], r["reference"]) for r in eps_rows} <= {("impl", "llamacpp"), ("llamacpp", "hf"),
+                                                                   ("llamacpp", "hf_cached")}
+    check_three_way(rows, "falcon_mamba", "build_mamba_layer", dropped)
+
+
+def test_the_eps_finding_needs_the_two_eps_to_differ(policy):
+    kw = dict(layer_kind="mamba1", nmse=1e-9, chunks=((16,),))
+    assert finding(policy, "falcon_mamba", "llamacpp", "hf", "resid_mid", **kw)
+    assert finding(policy, "falcon_mamba", "impl", "llamacpp", "state_rec", **kw)
+    assert not finding(policy, "falcon_mamba", "llamacpp", "hf", "resid_mid", {"mixer_rms_eps": 1e-5}, **kw)
+    assert not finding(policy, "falcon_mamba", "impl", "llamacpp", "state_rec", {"mixer_rms_eps": 1e-5}, **kw)
+    # bounded by its size: a norm-level bug is larger
+    assert not finding(policy, "falcon_mamba", "impl", "llamacpp", "state_rec", **{**kw, "nmse": 1e-4})
+    # and never against HF, which computes the eps impl does
+    assert not finding(policy, "falcon_mamba", "impl", "hf", "rec_decay", **kw)
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+def test_planted_dt_norm_bug_fails_where_it_acts(policy):
+    with applied(registry()["mamba1-dt-norm-dropped"]):
+        st = all_statuses(run(policy, family="falcon_mamba", ref="all", schedule="mixed",
+                              overrides=(("mixer_rms_eps", 1e-5),)))
+    assert st[("impl", "hf", 0, "rec_q")] == "pass"  # B and C are still normed
+    assert st[("impl", "hf", 0, "rec_decay")] == "fail"
+    assert st[("impl", "hf_cached", 0, "state_rec")] == "fail"
+    assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
+    assert st[("impl", "llamacpp", 0, "state_rec")] == "fail"
+    assert st[("llamacpp", "hf", 0, "layer_out")] == "pass"

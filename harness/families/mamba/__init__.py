@@ -1,0 +1,182 @@
+"""mamba: a pure Mamba-1 stack (HF ``MambaForCausalLM``, modeling_mamba.py; llama.cpp
+arch ``mamba``, src/models/mamba.cpp with mamba-base.cpp ``build_mamba_layer``;
+converter conversion/mamba.py ``MambaModel``).
+
+Every layer is ``MambaBlock``: ``norm`` (RMS) -> ``MambaMixer`` -> + residual (no FFN),
+described as ``contract.recurrent.RecurrentConfig`` kind ``mamba1``: ``in_proj`` -> x | z
+(``projected_states.chunk(2)``), a SiLU causal conv with bias over x, ``x_proj`` -> dt
+(``time_step_rank``) | B | C (``state_size`` each), ``dt_proj`` (weight only: its bias
+goes inside the softplus, ``mamba_selective_scan(delta_bias=...)``), the decay
+``exp(dt * A)`` per (channel, state) with ``A = -exp(A_log)`` ``[d_inner, N]``, the D
+skip, ``y * silu(z)``, ``out_proj``.
+
+llama.cpp's build_mamba_layer names NOTHING inside the layer: only mamba.cpp's
+``attn_norm`` and ``l_out`` (the residual: no FFN, so also ``resid_mid``); the conv
+state ``[d_inner, K-1]`` and the SSM state ``{d_state, d_inner}`` (HF's ``[d_inner, N]``)
+come from ``llama_state_seq_get_data``.
+
+A finding (findings.toml): HF's ``mamba_selective_scan`` (modeling_mamba.py) takes no
+initial state -- "Initial hidden state is not supported by the kernel path" -- so
+HF's cached path restarts the SSM from zero in every multi-row call after the first:
+``hf_cached`` disagrees with impl, llama.cpp and HF's own full forward there, and
+agrees where every later call is one row (``mamba_selective_state_update`` carries
+the state).
+
+Tiny config: 2 layers, hidden 64, expand 2 (llama.cpp's mamba loads only expansion 2:
+mamba.cpp ``load_arch_tensors`` "only an expansion factor of 2 is supported"), state
+16, conv 4, ``time_step_rank`` 8.
+"""
+
+from __future__ import annotations
+
+from contract.recurrent import RecurrentConfig
+from impl import NormSpec
+
+from ...errors import UsageError
+from ..base import LcPoint
+from ..mamba2 import Mamba2
+
+
+class Mamba(Mamba2):
+    name = "mamba"
+    hf_model_type = "mamba"
+    description = "pure Mamba-1: selective scan with a per-(channel, state) decay, x_proj -> dt / B / C, D skip"
+    tiny = dict(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, state_size=16, expand=2, conv_kernel=4,
+        time_step_rank=8, use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5, use_mambapy=False,
+        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    gguf_arch = "mamba"
+    # HF MambaConfig has no attention heads: the width and depth are all the generic checks read
+    size_keys = {"hidden": "hidden_size", "layers": "num_hidden_layers"}
+    # z enters the scan (mamba_selective_scan's `z`): the taps read it there, no gated norm
+    hf_rec_gate_norm = None
+    # mamba.cpp graph(): attn_norm and l_out; build_mamba_layer names nothing
+    lc_points = {"attn_in": LcPoint("attn_norm"), "resid_mid": LcPoint("l_out"), "layer_out": LcPoint("l_out")}
+    lc_not_exposed = {p: "mamba-base.cpp build_mamba_layer names no tensor inside the layer (mamba.cpp names only "
+                         "attn_norm and l_out); the conv and SSM states are read from llama_state_seq_get_data"
+                      for p in ("rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
+                                "attn_branch", "attn_out")}
+    # falcon_mamba / the file's ssm.dt_b_c_rms: RMS norms on dt / B / C after x_proj
+    bc_norm = False
+
+    def validate(self, kw: dict) -> None:
+        """The sizes by their HF names (HFConfig.validate's head checks have no heads to read)."""
+        g = {**self.tiny, **kw}
+        for key in ("hidden_size", "num_hidden_layers", "state_size", "conv_kernel", "expand"):
+            v = g.get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise UsageError(f"{key}={v!r}: must be a positive integer")
+        r = g.get("time_step_rank")
+        if r != "auto" and (not isinstance(r, int) or isinstance(r, bool) or r < 1):
+            raise UsageError(f"time_step_rank={r!r}: must be a positive integer or \"auto\" (HF MambaConfig: "
+                             f"ceil(hidden_size / 16))")
+
+    def reference_refusal(self, config, reference: str) -> str | None:
+        """mamba.cpp load_arch_tensors: ``2 * n_embd != d_inner`` throws."""
+        if reference == "llamacpp" and config.intermediate_size != 2 * config.hidden_size:
+            return (f"expand={config.expand}: llama.cpp's mamba loads only an expansion factor of 2 (mamba.cpp "
+                    f"load_arch_tensors); valid for --ref llamacpp: 2 (HF computes any: --ref hf or hf_cached)")
+        return super().reference_refusal(config, reference)
+
+    def bc_norm_spec(self, config) -> NormSpec | None:
+        """The dt / B / C norms' spec (None: plain Mamba-1)."""
+        return None
+
+    def layer_config(self, config, i: int) -> RecurrentConfig:
+        """MambaMixer.__init__: d_inner = ``intermediate_size`` channels of width 1 over one
+        B / C group of ``state_size``; ``x_proj`` -> ``time_step_rank`` | N | N."""
+        b = bool(config.use_bias)
+        return RecurrentConfig.of(
+            "mamba1", hidden_size=config.hidden_size, n_v_heads=config.intermediate_size, k_dim=config.state_size,
+            dt_rank=int(config.time_step_rank), conv_kernel=config.conv_kernel, conv_bias=bool(config.use_conv_bias),
+            in_bias=b, out_bias=b, bc_norm=self.bc_norm_spec(config),
+            input_norm=NormSpec("rms", float(config.layer_norm_epsilon)))
+
+    def layer_weights(self, model, config, i: int) -> dict:
+        from ..base import tensor
+
+        layer = self.decoder_layers(model)[i]
+        di = config.intermediate_size
+        w_in = tensor(layer, "mixer.in_proj.weight")  # `projected_states.chunk(2, dim=1)`: x | z
+        w = {"attn_norm": tensor(layer, "norm.weight"), "w_in": w_in[:di], "w_z": w_in[di:],
+             "conv": tensor(layer, "mixer.conv1d.weight")[:, 0], "w_x_proj": tensor(layer, "mixer.x_proj.weight"),
+             "w_dt": tensor(layer, "mixer.dt_proj.weight"), "dt_bias": tensor(layer, "mixer.dt_proj.bias"),
+             "A_log": tensor(layer, "mixer.A_log"), "D": tensor(layer, "mixer.D"),
+             "wo": tensor(layer, "mixer.out_proj.weight")}
+        if config.use_conv_bias:
+            w["conv_b"] = tensor(layer, "mixer.conv1d.bias")
+        if config.use_bias:
+            b = tensor(layer, "mixer.in_proj.bias")
+            w.update(b_in=b[:di], b_z=b[di:], bo=tensor(layer, "mixer.out_proj.bias"))
+        return w
+
+    def lc_state_canonical(self, r_row, s_row, lc, config) -> dict:
+        """build_mamba_layer's states: conv ``[d_inner, K-1]`` channel-major (as
+        mamba2's), SSM ``{d_state, head_dim = 1, n_head = d_inner}`` (its
+        ``ggml_reshape_4d(states, d_state, head_dim, n_head, ...)``), row-major HF's
+        ``[d_inner, N]``."""
+        out = {}
+        if r_row.size:
+            out["state_conv"] = r_row.reshape(lc.conv_channels, lc.conv_kernel - 1)
+        if s_row.size:
+            out["state_rec"] = s_row.reshape(lc.n_v_heads, lc.k_dim)
+        return out
+
+    # ------------------------------------------------------------------ GGUF
+    def gguf_params(self, w, config, variant=None):
+        """conversion/mamba.py ``MambaModel.set_gguf_parameters``: its ``add_context_length(2**20)``,
+        feed-forward length and head count 0, ``add_ssm_dt_b_c_rms`` (true for model_type
+        falcon_mamba), the vocabulary as set_vocab pads it (to a multiple of 8)."""
+        if config.use_bias:
+            raise ValueError(f"{self.name} export: use_bias=true is not exported (build_mamba_layer loads no "
+                             f"ssm_in / ssm_out bias); valid: false")
+        if not config.use_conv_bias:
+            raise ValueError(f"{self.name} export: use_conv_bias=false is not exported (mamba.cpp load_arch_tensors "
+                             f"requires ssm_conv1d.bias); valid: true")
+        w.add_context_length(2 ** 20)
+        w.add_embedding_length(config.hidden_size)
+        w.add_feed_forward_length(0)
+        w.add_head_count(0)
+        w.add_block_count(config.num_hidden_layers)
+        w.add_ssm_conv_kernel(config.conv_kernel)
+        w.add_ssm_inner_size(config.intermediate_size)
+        w.add_ssm_state_size(config.state_size)
+        w.add_ssm_time_step_rank(int(config.time_step_rank))
+        w.add_layer_norm_rms_eps(config.layer_norm_epsilon)
+        w.add_ssm_dt_b_c_rms(self.bc_norm)
+        w.add_vocab_size(config.vocab_size)
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """mamba.cpp load_arch_hparams: ``ssm.conv_kernel``, ``ssm.inner_size``,
+        ``ssm.state_size``, ``ssm.time_step_rank``, ``ssm.dt_b_c_rms`` (optional, false),
+        the RMS eps; expand = inner_size / embedding_length (HF MambaConfig's). A file
+        whose ``ssm.dt_b_c_rms`` is not this family's is the other Mamba-1 family's."""
+        from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
+
+        hp = read_hparams(meta)
+        refuse_experts(meta, hp, self.name)
+        vocab = vocab_of(meta, shapes)
+        inner = int(meta.get("ssm.inner_size"))
+        if inner % hp.n_embd:
+            meta.refuse("ssm.inner_size", inner, f"not a multiple of embedding_length {hp.n_embd} (HF's expand)")
+        rms = bool(meta.get("ssm.dt_b_c_rms", False))
+        if rms != self.bc_norm:
+            meta.refuse("ssm.dt_b_c_rms", rms, f"family {self.name} has {'the' if self.bc_norm else 'no'} dt / B / C "
+                                               f"RMS norms (valid: {str(self.bc_norm).lower()}; the other value is "
+                                               f"family {'mamba' if self.bc_norm else 'falcon_mamba'}'s)")
+        eps = meta.get_f32("attention.layer_norm_rms_epsilon")
+        return {"vocab_size": vocab, "hidden_size": hp.n_embd, "num_hidden_layers": hp.n_layer,
+                "expand": inner // hp.n_embd,
+                "state_size": int(meta.get("ssm.state_size")), "conv_kernel": int(meta.get("ssm.conv_kernel")),
+                "time_step_rank": int(meta.get("ssm.time_step_rank")), "use_bias": False, "use_conv_bias": True,
+                "layer_norm_epsilon": eps, "use_mambapy": False,
+                "tie_word_embeddings": "output.weight" not in shapes, **special_tokens(meta, vocab)}
+
+    def gguf_convert(self, name, data, config, variant=None):
+        """MambaModel.modify_tensors: the conv squeezed (``A_log``'s ``-exp`` is the value
+        step, NegExpALog); A ``[d_inner, N]`` and D ``[d_inner]`` keep their shapes."""
+        yield name, (data.squeeze() if "conv1d.weight" in name else data)
+
+
+FAMILY = Mamba()
