@@ -301,10 +301,14 @@ class Bamba(GraniteHybrid):
         if not kw.pop("_rope"):
             meta.refuse("rope.scaling.finetuned", False, "no RoPE (a Granite 4.0-H file: family granitemoehybrid); "
                                                          "HF Bamba rotates")
-        for key in ("logit_scale", "residual_scale", "embedding_scale", "attention.scale"):
+        # each key absent, 0 or its no-op value (1; the attention scale 1/sqrt(head_dim))
+        hd = kw["hidden_size"] // kw["num_attention_heads"]
+        for key, noop in (("logit_scale", 1.0), ("residual_scale", 1.0), ("embedding_scale", 1.0),
+                          ("attention.scale", float(hd) ** -0.5)):
             v = meta.get_f32(key, 0.0)
-            if v:
-                meta.refuse(key, v, "a granite multiplier; HF Bamba has none (family granitemoehybrid)")
+            if v and abs(v - noop) > 1e-6 * noop:
+                meta.refuse(key, v, f"a granite multiplier; HF Bamba has none (valid: absent, 0 or {noop:g}; "
+                                    f"family granitemoehybrid has them)")
         meta.get("expert_shared_feed_forward_length", None)  # a shared expert exists only with experts (refused)
         recr = kw.pop("_recurrent")
         kw["rope_parameters"] = kw.pop("_rope_parameters")
