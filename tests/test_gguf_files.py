@@ -486,8 +486,13 @@ CONVERTER_CONFIG = {"cohere2": {"layer_types": [_S, _S, _S, _F]}, "gemma3": {"la
 # reads as the KV head count of the fused QKV (view(n_head_kv, ...) fails): one, as the hub's
 # GPT-2's hub config.json has n_ctx (= n_positions), which conversion/gpt2.py reads and
 # transformers 5 no longer saves: the family's tiny n_positions (256)
+# GraniteMoeHybrid's hub config.json names its layers "mamba" / "attention"; transformers 5
+# saves "linear_attention" / "full_attention", and conversion/granite.py
+# GraniteHybridModel.get_attn_layers keeps only `typ == "attention"`: on the saved names it
+# finds no attention layer and writes head_count_kv = [0, 0, 0] (every layer Mamba), a file
+# no family reads -- the checkpoint gets the hub's names
 CONVERTER_JSON = {"exaone": {"architectures": ["ExaoneForCausalLM"]}, "falcon": {"num_kv_heads": 1},
-                  "gpt2": {"n_ctx": 256},
+                  "gpt2": {"n_ctx": 256}, "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba"]},
 
                   "mistral3": {"architectures": ["Mistral3ForConditionalGeneration"]}}
 

@@ -61,6 +61,10 @@ EXPECTED = {
     ("gptneox", False): ("pass", ""),
     ("granite", False): ("pass", ""),
     ("granite", True): ("refused", "an MoE FFN; family granite's HF model is dense"),
+    # the saver writes the granite multipliers (residual_scale 3.56, ...) with RoPE on
+    # (rope.scaling.finetuned defaults true): family bamba has no multipliers, and family
+    # granitemoehybrid reads only what the converter writes for a hybrid, RoPE off
+    ("granitehybrid", False): ("refused", "a granite multiplier; HF Bamba has none"),
     ("hunyuan-dense", False): ("refused", "M-RoPE (HunYuan-VL) is not HF HunYuanDenseV1's text RoPE"),
     ("kimi-linear", True): ("refused", "head_count = [1, 0]: per-layer values"),
     # past the fixture's per-layer head counts [2, 0] (layer 1 a short conv: HF Lfm2's

@@ -32,7 +32,7 @@ U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
 
 MLA_ARCHS = ("deepseek2", "glm-dsa", "kimi-linear")
 # test-llama-archs.cpp get_gguf_ctx: n_head per layer with a 0 (recurrent / short-conv) layer 1
-HYBRID_HEADS = ("kimi-linear", "lfm2", "lfm2moe")
+HYBRID_HEADS = ("granitehybrid", "kimi-linear", "lfm2", "lfm2moe")
 
 
 def fixture(arch: str, moe: bool) -> list[tuple[str, int, object]]:

@@ -34,8 +34,10 @@ from impl import NormSpec
 
 from ...errors import UsageError
 from .._gguf_export import NegExpALog
+from .._mamba2 import (LC_NOT_EXPOSED, Mamba2Sizes, mamba2_config, mamba2_convert, mamba2_state_canonical,
+                       mamba2_weights, refuse_short_conv)
 from .._recurrent import RecurrentProbes
-from ..base import Family, LcPoint, Point, tensor
+from ..base import Family, LcPoint, Point
 
 
 class Mamba2(RecurrentProbes, NegExpALog, Family):
@@ -74,11 +76,7 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
         "resid_mid": LcPoint("l_out"),
         "layer_out": LcPoint("l_out"),
     }
-    lc_not_exposed = {p: "mamba-base.cpp build_mamba2_layer names no tensor inside the layer but mamba2_y_add_d and "
-                         "mamba_out (the in-projection, conv, x / B / C, dt and the gated norm are unnamed views and "
-                         "ops); the conv and SSM states are read from llama_state_seq_get_data instead"
-                      for p in ("rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay",
-                                "attn_branch")}
+    lc_not_exposed = LC_NOT_EXPOSED
 
     def is_recurrent(self, config, i: int) -> bool:
         return True
@@ -101,60 +99,30 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
             raise UsageError(f"hidden_size * expand = {g['hidden_size'] * g['expand']} != num_heads * head_dim = "
                              f"{g['num_heads'] * g['head_dim']}; valid: equal (HF Mamba2Config.validate_architecture)")
 
+    def ssm_sizes(self, config) -> Mamba2Sizes:
+        """Mamba2Config's names for the mixer's sizes (Mamba2Mixer.__init__)."""
+        return Mamba2Sizes(heads=config.num_heads, head_dim=config.head_dim, groups=config.n_groups,
+                           state=config.state_size, conv=config.conv_kernel, conv_bias=bool(config.use_conv_bias),
+                           proj_bias=bool(config.use_bias), eps=float(config.layer_norm_epsilon),
+                           chunk=int(config.chunk_size), limit=tuple(config.time_step_limit))
+
     def reference_refusal(self, config, reference: str) -> str | None:
-        """build_mamba2_layer: ``ssm_conv`` needs ``d_conv - 1 >= 1`` rows of state
-        (mamba-base.cpp ``ggml_reshape_3d(conv, d_conv - 1, ...)`` of a zero-sized state)."""
-        if reference == "llamacpp" and config.conv_kernel < 2:
-            return (f"conv_kernel={config.conv_kernel}: llama.cpp's Mamba-2 keeps conv_kernel - 1 rows of conv state "
-                    f"and asserts at least one; valid for --ref llamacpp: >= 2 (HF computes 1: --ref hf or hf_cached)")
-        return None
+        return refuse_short_conv(self.ssm_sizes(config), reference, "conv_kernel")
 
     def layer_config(self, config, i: int) -> RecurrentConfig:
-        """Mamba2Mixer.__init__: heads = ``num_heads`` of ``head_dim``, B / C over
-        ``n_groups`` groups of ``state_size``; ``MambaRMSNormGated(intermediate,
-        group_size=intermediate // n_groups)``: gate then norm over n_groups groups."""
-        b = bool(config.use_bias)
-        lim = tuple(float(x) for x in config.time_step_limit)
-        return RecurrentConfig.of(
-            "mamba2", hidden_size=config.hidden_size, n_k_heads=config.n_groups, n_v_heads=config.num_heads,
-            k_dim=config.state_size, v_dim=config.head_dim, conv_kernel=config.conv_kernel,
-            conv_bias=bool(config.use_conv_bias), in_bias=b, out_bias=b, out_norm_groups=config.n_groups,
-            out_norm_eps=float(config.layer_norm_epsilon),
-            dt_limit=None if lim == (0.0, float("inf")) else lim, chunk_size=int(config.chunk_size),
-            input_norm=NormSpec("rms", float(config.layer_norm_epsilon)))
+        """Mamba2Mixer.__init__ (harness/families/_mamba2.py mamba2_config)."""
+        return mamba2_config(self.ssm_sizes(config), config.hidden_size,
+                             NormSpec("rms", float(config.layer_norm_epsilon)))
 
     def layer_weights(self, model, config, i: int) -> dict:
-        layer = self.decoder_layers(model)[i]
-        di = config.num_heads * config.head_dim
-        cd = di + 2 * config.n_groups * config.state_size
-        w_in = tensor(layer, "mixer.in_proj.weight")  # `projected_states.split([intermediate, conv_dim, num_heads])`
-        w = {"attn_norm": tensor(layer, "norm.weight"), "w_z": w_in[:di], "w_in": w_in[di:di + cd],
-             "w_decay": w_in[di + cd:], "conv": tensor(layer, "mixer.conv1d.weight")[:, 0],
-             "dt_bias": tensor(layer, "mixer.dt_bias"), "A_log": tensor(layer, "mixer.A_log"),
-             "D": tensor(layer, "mixer.D"), "out_norm": tensor(layer, "mixer.norm.weight"),
-             "wo": tensor(layer, "mixer.out_proj.weight")}
-        if config.use_conv_bias:
-            w["conv_b"] = tensor(layer, "mixer.conv1d.bias")
-        if config.use_bias:
-            b = tensor(layer, "mixer.in_proj.bias")
-            w.update(b_z=b[:di], b_in=b[di:di + cd], b_decay=b[di + cd:], bo=tensor(layer, "mixer.out_proj.bias"))
-        return w
+        return mamba2_weights(self.decoder_layers(model)[i], "mixer", "norm", self.ssm_sizes(config))
 
     # ------------------------------------------------------------------ llama.cpp
     def lc_canonical(self, probe, arr, lc, config):
         return self.lc_recurrent_canonical(probe, arr, lc, config)
 
     def lc_state_canonical(self, r_row, s_row, lc, config) -> dict:
-        """build_mamba2_layer's states: the conv row as the delta nets' ([C, K-1],
-        channel-major), the SSM row ``{d_state, head_dim, n_head}`` (ggml ssm_scan's
-        ``ggml_reshape_4d(states, d_state, head_dim, n_head, ...)``), which read
-        row-major is HF's ``[H, head_dim, N]`` as it stands (no transpose)."""
-        out = {}
-        if r_row.size:
-            out["state_conv"] = r_row.reshape(lc.conv_channels, lc.conv_kernel - 1)
-        if s_row.size:
-            out["state_rec"] = s_row.reshape(lc.n_v_heads, lc.v_dim, lc.k_dim)
-        return out
+        return mamba2_state_canonical(r_row, s_row, lc)
 
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):
@@ -203,23 +171,8 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
                 "tie_word_embeddings": "output.weight" not in shapes, **special_tokens(meta, vocab)}
 
     def gguf_convert(self, name, data, config, variant=None):
-        """Mamba2Model.filter_tensors (``dt_bias`` -> ``dt_proj.bias``) and modify_tensors:
-        the conv squeezed, A and D ``(H,)`` -> ``(H, 1)``, the gated norm ``(d_inner,)`` ->
-        ``(n_groups, d_inner / n_groups)``; A_log's ``-exp`` is the value step (NegExpALog)."""
-        if name.endswith(".dt_bias"):
-            yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
-            return
-        if "conv1d.weight" in name:
-            yield name, data.squeeze()
-            return
-        if name.endswith((".A_log", ".D")):
-            yield name, data.reshape(*data.shape, 1)
-            return
-        if name.endswith("mixer.norm.weight"):
-            di = config.num_heads * config.head_dim
-            yield name, data.reshape(config.n_groups, di // config.n_groups)
-            return
-        yield name, data
+        """Mamba2Model's tensor steps (harness/families/_mamba2.py mamba2_convert)."""
+        yield from mamba2_convert(name, data, self.ssm_sizes(config)) or [(name, data)]
 
 
 FAMILY = Mamba2()
