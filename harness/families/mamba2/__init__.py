@@ -34,11 +34,12 @@ from impl import NormSpec
 
 from ...errors import UsageError
 from .._gguf_export import NegExpALog
+from .._mamba2 import Mamba2Mixer, Mamba2Sizes
 from .._recurrent import RecurrentProbes
 from ..base import Family, LcPoint, Point, tensor
 
 
-class Mamba2(RecurrentProbes, NegExpALog, Family):
+class Mamba2(Mamba2Mixer, RecurrentProbes, NegExpALog, Family):
     name = "mamba2"
     hf_model_type = "mamba2"
     description = "pure Mamba-2: SSD selective scan (per-head decay, grouped B/C, D skip, gated grouped RMS norm)"
@@ -86,75 +87,39 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
     def norm_eps(self, config) -> float:
         return float(config.layer_norm_epsilon)
 
+    def mamba2_sizes(self, config) -> Mamba2Sizes:
+        """Mamba2Mixer.__init__'s sizes by Mamba2Config's names; ``time_step_limit`` as
+        the config holds it."""
+        return Mamba2Sizes(
+            heads=config.num_heads, head_dim=config.head_dim, groups=config.n_groups, state=config.state_size,
+            conv=config.conv_kernel, conv_bias=bool(config.use_conv_bias), bias=bool(config.use_bias),
+            eps=float(config.layer_norm_epsilon), chunk=int(config.chunk_size),
+            dt_limit=tuple(float(x) for x in config.time_step_limit))
+
     def validate(self, kw: dict) -> None:
         """The SSD shapes HF checks late or not at all, by their HF names."""
         super().validate(kw)
         g = {**self.tiny, **kw}
-        for key in ("n_groups", "state_size", "conv_kernel", "chunk_size", "expand"):
-            v = g.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise UsageError(f"{key}={v!r}: must be a positive integer")
-        if g["num_heads"] % g["n_groups"]:
-            raise UsageError(f"n_groups={g['n_groups']} does not divide num_heads={g['num_heads']}; valid: a divisor "
-                             f"of {g['num_heads']}")
+        self.mamba2_validate({k: g.get(k) for k in ("num_heads", "n_groups", "state_size", "conv_kernel",
+                                                    "chunk_size", "expand")}, "num_heads", "n_groups")
         if g["hidden_size"] * g["expand"] != g["num_heads"] * g["head_dim"]:
             raise UsageError(f"hidden_size * expand = {g['hidden_size'] * g['expand']} != num_heads * head_dim = "
                              f"{g['num_heads'] * g['head_dim']}; valid: equal (HF Mamba2Config.validate_architecture)")
 
     def reference_refusal(self, config, reference: str) -> str | None:
-        """build_mamba2_layer: ``ssm_conv`` needs ``d_conv - 1 >= 1`` rows of state
-        (mamba-base.cpp ``ggml_reshape_3d(conv, d_conv - 1, ...)`` of a zero-sized state)."""
-        if reference == "llamacpp" and config.conv_kernel < 2:
-            return (f"conv_kernel={config.conv_kernel}: llama.cpp's Mamba-2 keeps conv_kernel - 1 rows of conv state "
-                    f"and asserts at least one; valid for --ref llamacpp: >= 2 (HF computes 1: --ref hf or hf_cached)")
-        return None
+        return self.mamba2_refusal(config, reference)
 
     def layer_config(self, config, i: int) -> RecurrentConfig:
-        """Mamba2Mixer.__init__: heads = ``num_heads`` of ``head_dim``, B / C over
-        ``n_groups`` groups of ``state_size``; ``MambaRMSNormGated(intermediate,
-        group_size=intermediate // n_groups)``: gate then norm over n_groups groups."""
-        b = bool(config.use_bias)
-        lim = tuple(float(x) for x in config.time_step_limit)
-        return RecurrentConfig.of(
-            "mamba2", hidden_size=config.hidden_size, n_k_heads=config.n_groups, n_v_heads=config.num_heads,
-            k_dim=config.state_size, v_dim=config.head_dim, conv_kernel=config.conv_kernel,
-            conv_bias=bool(config.use_conv_bias), in_bias=b, out_bias=b, out_norm_groups=config.n_groups,
-            out_norm_eps=float(config.layer_norm_epsilon),
-            dt_limit=None if lim == (0.0, float("inf")) else lim, chunk_size=int(config.chunk_size),
-            input_norm=NormSpec("rms", float(config.layer_norm_epsilon)))
+        # Mamba2Block.norm: Mamba2RMSNorm(hidden_size, eps=layer_norm_epsilon)
+        return self.mamba2_config(config, NormSpec("rms", float(config.layer_norm_epsilon)))
 
     def layer_weights(self, model, config, i: int) -> dict:
         layer = self.decoder_layers(model)[i]
-        di = config.num_heads * config.head_dim
-        cd = di + 2 * config.n_groups * config.state_size
-        w_in = tensor(layer, "mixer.in_proj.weight")  # `projected_states.split([intermediate, conv_dim, num_heads])`
-        w = {"attn_norm": tensor(layer, "norm.weight"), "w_z": w_in[:di], "w_in": w_in[di:di + cd],
-             "w_decay": w_in[di + cd:], "conv": tensor(layer, "mixer.conv1d.weight")[:, 0],
-             "dt_bias": tensor(layer, "mixer.dt_bias"), "A_log": tensor(layer, "mixer.A_log"),
-             "D": tensor(layer, "mixer.D"), "out_norm": tensor(layer, "mixer.norm.weight"),
-             "wo": tensor(layer, "mixer.out_proj.weight")}
-        if config.use_conv_bias:
-            w["conv_b"] = tensor(layer, "mixer.conv1d.bias")
-        if config.use_bias:
-            b = tensor(layer, "mixer.in_proj.bias")
-            w.update(b_z=b[:di], b_in=b[di:di + cd], b_decay=b[di + cd:], bo=tensor(layer, "mixer.out_proj.bias"))
-        return w
+        return {"attn_norm": tensor(layer, "norm.weight"), **self.mamba2_weights(layer, config)}
 
     # ------------------------------------------------------------------ llama.cpp
     def lc_canonical(self, probe, arr, lc, config):
         return self.lc_recurrent_canonical(probe, arr, lc, config)
-
-    def lc_state_canonical(self, r_row, s_row, lc, config) -> dict:
-        """build_mamba2_layer's states: the conv row as the delta nets' ([C, K-1],
-        channel-major), the SSM row ``{d_state, head_dim, n_head}`` (ggml ssm_scan's
-        ``ggml_reshape_4d(states, d_state, head_dim, n_head, ...)``), which read
-        row-major is HF's ``[H, head_dim, N]`` as it stands (no transpose)."""
-        out = {}
-        if r_row.size:
-            out["state_conv"] = r_row.reshape(lc.conv_channels, lc.conv_kernel - 1)
-        if s_row.size:
-            out["state_rec"] = s_row.reshape(lc.n_v_heads, lc.v_dim, lc.k_dim)
-        return out
 
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):
@@ -203,23 +168,8 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
                 "tie_word_embeddings": "output.weight" not in shapes, **special_tokens(meta, vocab)}
 
     def gguf_convert(self, name, data, config, variant=None):
-        """Mamba2Model.filter_tensors (``dt_bias`` -> ``dt_proj.bias``) and modify_tensors:
-        the conv squeezed, A and D ``(H,)`` -> ``(H, 1)``, the gated norm ``(d_inner,)`` ->
-        ``(n_groups, d_inner / n_groups)``; A_log's ``-exp`` is the value step (NegExpALog)."""
-        if name.endswith(".dt_bias"):
-            yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
-            return
-        if "conv1d.weight" in name:
-            yield name, data.squeeze()
-            return
-        if name.endswith((".A_log", ".D")):
-            yield name, data.reshape(*data.shape, 1)
-            return
-        if name.endswith("mixer.norm.weight"):
-            di = config.num_heads * config.head_dim
-            yield name, data.reshape(config.n_groups, di // config.n_groups)
-            return
-        yield name, data
+        """Mamba2Model.filter_tensors and modify_tensors (Mamba2Mixer.mamba2_convert)."""
+        yield from self.mamba2_convert(name, data, config) or [(name, data)]
 
 
 FAMILY = Mamba2()
