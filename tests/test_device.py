@@ -125,8 +125,8 @@ def test_every_family_stays_on_the_device(family, variant):
     be = GuardedBackend("torch", META, "float32")
     ran = 0
     for lc, w in zip(run.layer_cfgs, run.weights_for("float32")):
-        if isinstance(lc, NotInImpl):
-            continue
+        if isinstance(lc, NotInImpl) or getattr(lc, "shape", None) == "absent":
+            continue  # nothing to run (an absent layer -- nemotron_h's MLP layers -- returns no branch)
         layer = load_layer(lc, w, be)
         hidden = run.config.hidden_size
         g, outs, _, _ = _run_guarded(layer, _xs(2, tokens=6, hidden=hidden), "paged")

@@ -555,8 +555,13 @@ def test_converter_files_read_back(converted_all):
 
     # the converter's own files llama.cpp refuses, and why: sarvam_mla's direct Q (no
     # q_lora_rank) at a depth other than DeepSeek-V2-Lite's 27 layers, where load_arch_hparams
-    # (src/llama-model.cpp, LLM_ARCH_DEEPSEEK2) reads attention.q_lora_rank unconditionally
-    refused = {"sarvam_mla": "q_lora_rank"}
+    # (src/llama-model.cpp, LLM_ARCH_DEEPSEEK2) reads attention.q_lora_rank unconditionally;
+    # nemotron_h's dense checkpoint, which the converter writes as
+    # the MoE arch (conversion/nemotron.py NemotronHModel.__init__: has_moe_params =
+    # "num_experts_per_tok" in the config, which transformers 5's to_dict always holds, and the
+    # list pattern's _MLP_LAYER_TYPES = {"moe"} leaves the "mlp" layers' feed_forward_length 0;
+    # llama.cpp then refuses it: "tensor 'blk.2.ssm_in.weight' not found")
+    refused = {"sarvam_mla": "q_lora_rank", "nemotron_h": "the file's architecture is 'nemotron_h_moe'"}
     for fam, (path, model, config) in converted_all.items():
         if fam in refused:
             with pytest.raises(UsageError, match=refused[fam]):

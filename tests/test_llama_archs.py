@@ -84,6 +84,10 @@ EXPECTED = {
     ("mistral3", True): ("refused", "an MoE FFN; family mistral3's HF model is dense"),
     ("mpt", False): ("refused", "feed_forward_length = 384: not a multiple of embedding_length"),
     ("nemotron", False): ("pass", ""),
+    # the fixture's scalar head_count_kv and feed_forward_length (both > 0 on every layer) make
+    # every layer an MLP layer (nemotron-h.cpp load_arch_hparams: recurrent iff n_head_kv == 0 and
+    # n_ff == 0, attention iff n_ff == 0): a stack neither reference runs (no cache at all)
+    ("nemotron_h", False): ("refused", "MLP layers only"),
     # L1 attn_out, derived as ffn_inp - layer_in, measured 3.99e-10 > 1.01e-10 until the bound allowed
     # for the derivation's float32 cancellation (Judge.derived_difference)
     ("olmo", False): ("pass", ""),

@@ -1,8 +1,10 @@
 """The Mamba-2 mixer as every family that has one describes it (HF ``Mamba2Mixer``
-and its copies ``BambaMixer``, ``GraniteMoeHybridMambaLayer``; llama.cpp
+and its copies ``BambaMixer``, ``GraniteMoeHybridMambaLayer``, ``NemotronHMamba2Mixer``; llama.cpp
 mamba-base.cpp ``build_mamba2_layer``; converter conversion/mamba.py
 ``Mamba2Model.modify_tensors``): one body, the families differ only in the HF
 config names of its sizes (``Mamba2Sizes``) and where the mixer sits in the layer.
+The functions are the body; ``Mamba2Mixer`` is the same body as a family mix-in
+(nemotron_h), parameterised by ``mamba2_sizes`` and ``mamba2_module``.
 
 HF: ``in_proj`` -> z | xBC | dt (``projected_states.split([intermediate, conv_dim,
 num_heads])``), the SiLU causal conv with bias over xBC, x | B | C (v = x, k = B,
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 from contract.recurrent import RecurrentConfig
 
+from ..errors import UsageError
 from .base import LcPoint, tensor
 
 # what build_mamba2_layer leaves unnamed (views and ops with no cb())
@@ -73,16 +76,19 @@ def mamba2_config(s: Mamba2Sizes, hidden: int, input_norm, residual_beta: float 
         residual_beta=float(residual_beta))
 
 
-def mamba2_weights(layer, mixer: str, norm: str, s: Mamba2Sizes) -> dict:
+def mamba2_weights(layer, mixer: str, norm: str | None, s: Mamba2Sizes) -> dict:
     """impl's weights of the mixer at ``mixer`` (relative to the decoder layer) with the
-    layer's input norm at ``norm``: ``in_proj`` split z | xBC | dt as HF splits it."""
+    layer's input norm at ``norm`` (None: the family adds it): ``in_proj`` split z | xBC |
+    dt as HF splits it."""
     di, cd = s.inner, s.conv_dim
     w_in = tensor(layer, f"{mixer}.in_proj.weight")
-    w = {"attn_norm": tensor(layer, f"{norm}.weight"), "w_z": w_in[:di], "w_in": w_in[di:di + cd],
+    w = {"w_z": w_in[:di], "w_in": w_in[di:di + cd],
          "w_decay": w_in[di + cd:], "conv": tensor(layer, f"{mixer}.conv1d.weight")[:, 0],
          "dt_bias": tensor(layer, f"{mixer}.dt_bias"), "A_log": tensor(layer, f"{mixer}.A_log"),
          "D": tensor(layer, f"{mixer}.D"), "out_norm": tensor(layer, f"{mixer}.norm.weight"),
          "wo": tensor(layer, f"{mixer}.out_proj.weight")}
+    if norm is not None:
+        w["attn_norm"] = tensor(layer, f"{norm}.weight")
     if s.conv_bias:
         w["conv_b"] = tensor(layer, f"{mixer}.conv1d.bias")
     if s.proj_bias:
@@ -128,3 +134,40 @@ def refuse_short_conv(s: Mamba2Sizes, reference: str, key: str) -> str | None:
         return (f"{key}={s.conv}: llama.cpp's Mamba-2 keeps {key} - 1 rows of conv state and asserts at least one; "
                 f"valid for --ref llamacpp: >= 2 (HF computes 1: --ref hf or hf_cached)")
     return None
+
+
+class Mamba2Mixer:
+    """The functions above as a family mix-in (before ``Family``): the family says
+    where its mixer sits (``mamba2_module``) and what its HF config calls the sizes
+    (``mamba2_sizes``)."""
+
+    mamba2_module = "mixer"
+
+    def mamba2_sizes(self, config) -> Mamba2Sizes:
+        raise NotImplementedError
+
+    def mamba2_config(self, config, input_norm) -> RecurrentConfig:
+        return mamba2_config(self.mamba2_sizes(config), config.hidden_size, input_norm)
+
+    def mamba2_weights(self, layer, config) -> dict:
+        return mamba2_weights(layer, self.mamba2_module, None, self.mamba2_sizes(config))
+
+    def mamba2_validate(self, ints: dict, heads: str, groups: str) -> None:
+        """The SSD shapes HF checks late or not at all, by the config's own names:
+        every size in ``ints`` a positive integer, the ``groups`` dividing the ``heads``
+        (head ``h`` reads B / C group ``h // (heads / groups)``)."""
+        for key, v in ints.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise UsageError(f"{key}={v!r}: must be a positive integer")
+        if ints[heads] % ints[groups]:
+            raise UsageError(f"{groups}={ints[groups]} does not divide {heads}={ints[heads]}; valid: a divisor "
+                             f"of {ints[heads]}")
+
+    def mamba2_refusal(self, config, reference: str, key: str = "conv_kernel") -> str | None:
+        return refuse_short_conv(self.mamba2_sizes(config), reference, key)
+
+    def lc_state_canonical(self, r_row, s_row, lc, config) -> dict:
+        return mamba2_state_canonical(r_row, s_row, lc)
+
+    def mamba2_convert(self, name: str, data, config):
+        return mamba2_convert(name, data, self.mamba2_sizes(config))

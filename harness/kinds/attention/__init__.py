@@ -69,9 +69,6 @@ DECORATIONS = {
 # Decorations of the spec no reference family in this environment has, with the
 # reason and what verifies them instead (`conformance features`, summary.md).
 REFERENCE_GAPS = {
-    "absent_layer": "no HF transformers family has a layer without attention (deci / nemotron-nas "
-                    "ship remote code, which the harness never runs); checked against a plain float64 "
-                    "formula in tests/test_family_shapes.py",
     "linear_layer": "no HF transformers family has an attention that is one linear map (deci's is remote "
                     "code); checked against a plain float64 formula in tests/test_family_shapes.py",
 }

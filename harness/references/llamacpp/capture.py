@@ -414,6 +414,15 @@ def derive_attn_out(probes: dict, layer_cfgs) -> dict[str, str]:
     ``{probe key: how it was derived}``."""
     derived = {}
     for i, lc in enumerate(layer_cfgs):
+        if getattr(lc, "shape", None) == "absent":
+            # a layer without attention (nemotron-h.cpp's MLP layers): the residual the
+            # FFN half reads is the layer's input itself (`inpSA = inpL`), which the graph
+            # names as the previous layer's output, read here as layer_in
+            x = probes.get(f"L{i}.layer_in")
+            if f"L{i}.resid_mid" not in probes and x is not None:
+                probes[f"L{i}.resid_mid"] = x
+                derived[f"L{i}.resid_mid"] = "the layer's input (no attention half: the residual passes through)"
+            continue
         key = f"L{i}.attn_out"
         if key in probes or getattr(lc, "residual", None) != "sequential":
             continue

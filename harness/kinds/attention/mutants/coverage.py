@@ -40,4 +40,10 @@ MUTANTS = [
            {"family": "mimo_v2_flash"}, "attn_probs",
            doc="the default softmax scale taken from the V head width instead of the Q/K width: the same when "
                "V is as wide as K (HF MiMoV2FlashAttention: scaling = head_dim ** -0.5)"),
+    Mutant("absent-layer-adds-its-input", "absent_layer", "impl.attention",
+           'put("resid_mid", x)\n        return None, x', 'x = x + x\n        put("resid_mid", x)\n        return None, x',
+           {"family": "nemotron_h"}, "resid_mid", layer=2,
+           doc="a layer without attention adds its own input as the branch (residual 2x) instead of passing "
+               "the residual through: nemotron_h's MLP layers (HF NemotronHBlock: residual + mlp(norm(x)), "
+               "nothing before the MLP)"),
 ]
