@@ -194,15 +194,30 @@ def test_default_configs_raise_no_transformers_warnings():
         def emit(self, record):
             seen.append(f"{record.name}: {record.getMessage()}")
 
+    from transformers.utils import logging as hf_logging
+
+    # warning_once is lru-cached per process: without this the outcome depends on which
+    # test ran first in the worker
+    hf_logging.warning_once.cache_clear()
+    # HF's advice for Phi-3's own config shape (modeling_rope_utils.py
+    # _validate_longrope_parameters: no rope_parameters["factor"] beside
+    # original_max_position_embeddings). Real Phi-3 checkpoints have that shape, and
+    # following the advice would CHANGE the model under `--set max_position_embeddings=...`
+    # (HF then uses the stale factor, the converter the ratio: conversion/phi.py); it
+    # reaches the run log only (harness/runlog.py)
+    expected = {"phi3": "rope_parameters['original_max_position_embeddings']"}
     lg = logging.getLogger("transformers")
     h = Catch(level=logging.WARNING)
     lg.addHandler(h)
+    unexpected = []
     try:
-        for fam in families.registry().values():
+        for name, fam in families.registry().items():
+            seen.clear()
             fam.make_config({})
+            unexpected += [f"{name}: {m}" for m in seen if not (name in expected and expected[name] in m)]
     finally:
         lg.removeHandler(h)
-    assert not seen, seen  # e.g. "bos_token_id ... got 50256" from HF's own default Starcoder2Config
+    assert not unexpected, unexpected  # e.g. "bos_token_id ... got 50256" from HF's own default Starcoder2Config
 
 
 def test_third_party_lines_go_to_the_log_and_to_stderr_only_with_v(tmp_path, capsys):
