@@ -57,6 +57,8 @@ DECORATIONS = {
                         "KvStep::recurrent_slot (HF LinearAttentionLayer conv_states / recurrent_states, "
                         "llama.cpp r_l / s_l)"),
     "chunked_scan": ("the recurrence in chunks (the WY / UT form)", "(HF torch_chunk_gated_delta_rule)"),
+    "normed_residual": ("the branch added to the NORMED input times alpha, not to the input",
+                        "(HF MiniMaxDecoderLayer residual * alpha + attn * beta, minimax-01.cpp f_residual_scale)"),
 }
 
 REFERENCE_GAPS = {
@@ -104,6 +106,8 @@ class Recurrent(LayerKind):
         f.add("recurrent_state")
         if rc.scan == "chunked":
             f.add("chunked_scan")
+        if rc.residual == "normed" or rc.residual_alpha != 1.0 or rc.residual_beta != 1.0:
+            f.add("normed_residual")
         return f
 
     def dims(self, rc):
