@@ -96,7 +96,7 @@ def test_reversed_slopes_fail_at_the_decay_and_the_state(policy):
     still pass; y differs against HF, and against the two references that run the calls
     (HF's cached path, llama.cpp) layer 0 fails too."""
     m = registry()["lightning-slopes-reversed"]
-    case = dict(family="minimax", kv="batched", schedule="5,1,10")
+    case = dict(family="minimax", kv="paged", schedule="mixed")
     with applied(m):
         rows = run(policy, ref="all", **case)
     st = all_statuses(rows)
