@@ -185,13 +185,29 @@ class MiniMax(RecurrentProbes, LlamaLike):
     # the 1e-5 term, a finding)
     slope_rule = "hf"
 
+    def slopes(self, h: int, i: int, n_layers: int) -> tuple[float, ...]:
+        """Layer ``i``'s slopes as HF's model holds them: HF ``get_slope_rate`` computes
+        ``base ** (arange(H) + 1) * factor`` in torch's default float32 (a python float
+        to the power of an int64 tensor), so even a float64 HF model carries float32
+        slopes (``slope_rate`` is a buffer, cast after); computed here with the same
+        torch ops, then rounded as HF rounds them. The rule (HF's factor; llama.cpp's
+        differs by the 1e-5 term) is impl's ``lightning_slopes``, checked against these."""
+        import torch
+
+        if self.slope_rule != "hf":
+            return lightning_slopes(h, i, n_layers, self.slope_rule)
+        base = 1 / (2 ** (8 / h))
+        factor = 1 - i / (n_layers - 1 + 1e-5) + 1e-5
+        rate = (base ** (torch.arange(h) + 1)) * factor  # float32, as HF's buffer
+        return tuple(float(v) for v in rate)
+
     def recurrent_config(self, config, i: int) -> RecurrentConfig:
         """Layer ``i``'s lightning attention (HF MiniMaxLightningAttention.__init__ /
         forward, MiniMaxDecoderLayer's linear_attn alpha / beta)."""
         h, d = config.num_attention_heads, self.head_dim(config)
         return RecurrentConfig.of(
             "lightning", hidden_size=config.hidden_size, n_k_heads=h, n_v_heads=h, k_dim=d, v_dim=d,
-            decay_slopes=lightning_slopes(h, i, config.num_hidden_layers, self.slope_rule),
+            decay_slopes=self.slopes(h, i, config.num_hidden_layers),
             out_norm_eps=HF_LIGHTNING_NORM_EPS, input_norm=NormSpec("rms", float(config.rms_norm_eps)),
             residual="normed", residual_alpha=float(config.linear_attn_alpha_factor),
             residual_beta=float(config.linear_attn_beta_factor))
