@@ -223,6 +223,14 @@ class LayerConfig:
     post_norm: NormSpec | None = None  # gemma2/olmo2: norm of the branch before the residual
     residual: Literal["sequential", "parallel"] = "sequential"
     residual_multiplier: float = 1.0  # granite: resid + branch * m
+    # What the branch is added to: the layer's input (``input``, every pre-norm family) or
+    # its NORMED input times ``residual_alpha`` (``normed``: HF ``MiniMaxDecoderLayer.forward``
+    # ``residual = input_layernorm(x)``, ``residual * attn_alpha_factor + attn * attn_beta_factor``,
+    # the beta being ``residual_multiplier``; llama.cpp minimax-01.cpp ``residual = cur`` after
+    # ``attn_norm``, ``ggml_scale(residual, f_residual_scale)``). RecurrentConfig's ``residual``
+    # / ``residual_alpha`` say the same of a recurrent layer.
+    residual_base: Literal["input", "normed"] = "input"
+    residual_alpha: float = 1.0
 
     def __post_init__(self):
         if self.hidden_size < 1:
@@ -269,6 +277,11 @@ class LayerConfig:
                               f"attention output of width v_head_dim={self.dv}; valid: v_head_dim equal to head_dim")
         if self.residual not in ("sequential", "parallel"):
             raise ConfigError(f"unknown residual layout {self.residual!r}; valid: sequential, parallel")
+        if self.residual_base not in ("input", "normed"):
+            raise ConfigError(f"unknown residual base {self.residual_base!r}; valid: input, normed")
+        if (self.residual_base == "normed" or self.residual_alpha != 1.0) and self.residual != "sequential":
+            raise ConfigError("residual_base / residual_alpha describe the residual a sequential layer adds its "
+                              "branch to; valid with residual='parallel': residual_base='input', residual_alpha=1")
 
     @property
     def dv(self) -> int:

@@ -46,10 +46,13 @@ def _names(side: str) -> tuple[str, ...]:
 
 def config_value(config, dotted: str):
     """A value of the reference's own config by dotted path (``rope_parameters.truncate``,
-    ``attn_config.alibi_bias_max``: a table or an attribute at each step)."""
+    ``attn_config.alibi_bias_max``: a table or an attribute at each step; a number
+    indexes a list, ``layer_types.0``)."""
     obj = config
     for part in dotted.split("."):
-        if isinstance(obj, dict):
+        if isinstance(obj, (list, tuple)):
+            obj = obj[int(part)] if part.isdigit() and int(part) < len(obj) else _MISSING
+        elif isinstance(obj, dict):
             obj = obj.get(part, _MISSING)
         else:
             obj = getattr(obj, part, _MISSING)

@@ -181,7 +181,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
         # `o_proj.apply(normed)`, no bias -- _check_shapes refuses one).
         branch = _linear(xp, normed, w["wo"], None)
         put("attn_out", branch)
-        return _residual(layer, x, branch, put)
+        return _residual(layer, x, branch, put, normed)
 
     n = x.shape[0]
     h, hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
@@ -287,7 +287,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     if cfg.post_norm is not None:
         out = normalize(xp, out, cfg.post_norm, w.get("post_norm"), w.get("post_norm_b"), be.acc_dtype)
     put("attn_out", out)
-    return _residual(layer, x, out, put)
+    return _residual(layer, x, out, put, normed)
 
 
 def attend(be: Backend, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray, *, scale: float, head_map,
@@ -421,12 +421,19 @@ def _qk_norm(layer: Layer, q, k):
     return xp.reshape(qr, q.shape), xp.reshape(kr, k.shape)
 
 
-def _residual(layer: Layer, x, branch, put):
+def _residual(layer: Layer, x, branch, put, normed=None):
     cfg = layer.cfg
     if cfg.residual == "parallel":
         # cohere2: attention and FFN read the same normed input and are summed into
         # the residual together; there is no residual between them to report.
         return branch, None
+    if cfg.residual_base == "normed":
+        # HF MiniMaxDecoderLayer.forward: `residual = input_layernorm(x)`, then
+        # `residual * attn_alpha_factor + attn * attn_beta_factor` (beta: residual_multiplier);
+        # minimax-01.cpp `ggml_scale(residual, f_residual_scale)` on the attn_norm output
+        x = normed * cfg.residual_alpha if cfg.residual_alpha != 1.0 else normed
+    elif cfg.residual_alpha != 1.0:
+        x = x * cfg.residual_alpha
     resid = x + branch * cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else x + branch
     put("resid_mid", resid)
     return branch, resid

@@ -460,8 +460,12 @@ def converted_all(tmp_path_factory, llama_cpp_tree):
 # (HF saves its own MoE layout, the converter wants Moonshot's per-expert tensors),
 # mimo_v2_flash (the converter wants the hub config's swa_* keys) and bitnet
 # (conversion/bitnet.py maps 1bitLLM's inner_attn_ln / ffn_layernorm, not transformers'
-# attn_sub_norm / ffn_sub_norm, via gguf-py's tensor_mapping.py) it does not
-CONVERTIBLE = [f for f in all_families() if f not in ("bitnet", "kimi_linear", "mimo_v2_flash")]
+# attn_sub_norm / ffn_sub_norm, via gguf-py's tensor_mapping.py) and minimax
+# (conversion/__init__.py registers MiniMaxText01ForCausalLM / MiniMaxM1ForCausalLM and
+# conversion/minimax.py reads the original config.json's layernorm_*_alpha / rotary_dim;
+# transformers 5 saves MiniMaxForCausalLM with full_attn_alpha_factor ..., no rotary_dim)
+# it does not
+CONVERTIBLE = [f for f in all_families() if f not in ("bitnet", "kimi_linear", "mimo_v2_flash", "minimax")]
 CONVERTER_ARGS = {"qwen3_next": ["--no-mtp"], "qwen3_5_text": ["--no-mtp"]}
 # conversion/gemma.py Gemma3Model.modify_tensors cuts token_embd to the tokenizer's
 # own size (tokenizer.model or tokenizer.json): gemma3 gets the trained SentencePiece

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
-MOE_ONLY = {"afmoe", "deepseek2", "ernie4_5", "glm-dsa", "gpt-oss", "kimi-linear", "lfm2moe", "llama4", "mimo2",
+MOE_ONLY = {"afmoe", "deepseek2", "ernie4_5", "glm-dsa", "gpt-oss", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01",
             "olmoe", "qwen2moe", "qwen3moe", "qwen3next"}
 MOE_TOO = {"llama", "granite", "mistral3"}
 
@@ -79,6 +79,8 @@ EXPECTED = {
     ("llama", True): ("refused", "tensors with no counterpart in family mixtral's HF model: blk.0.attn_k.bias"),
     ("llama4", True): ("refused", "HF Llama4 chunks exactly its RoPE layers"),
     ("mimo2", True): ("refused", "head_count_kv = [2, 2]"),
+    # minimax-01.cpp create_tensor_qkv reads optional q / k / v biases; HF MiniMaxAttention has none
+    ("minimax-01", True): ("refused", "tensors with no counterpart in family minimax's HF model: blk.1.attn_k.bias"),
     # llama.cpp's mistral3 reads the llama biases (TENSOR_NOT_REQUIRED); HF Ministral3 has none
     ("mistral3", False): ("refused", "tensors with no counterpart in family mistral3's HF model: blk.0.attn_k.bias"),
     ("mistral3", True): ("refused", "an MoE FFN; family mistral3's HF model is dense"),

@@ -703,9 +703,13 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
             out.append((g, arr))
         return out
 
+    # a buffer the export drops (gguf_convert yields nothing: minimax's lightning decay
+    # tables, which llama.cpp computes as HF's __init__ does) is the model's own, not the file's
+    buffers = {n for n, _ in model.named_buffers()}
     params = [(n, p) for n, p in sd.items()
               # the tied head: never exported (GGUFExport.gguf_tensors), loaded with token_embd
-              if not (embed_ptr is not None and p.data_ptr() == embed_ptr and n != emb_name)]
+              if not (embed_ptr is not None and p.data_ptr() == embed_ptr and n != emb_name)
+              and not (n in buffers and not traced(n, p, None))]
     # pass 1: the shape of every GGUF tensor the export writes (cheap int8 stand-ins)
     expected = {g: tuple(a.shape) for n, p in params for g, a in traced(n, p, None)}
     tensors = split_fused(tensors, expected, where)

@@ -321,6 +321,8 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
     emb = getattr(model.get_input_embeddings(), "weight", None)
     sd = model.state_dict()
     tied = {k for k in missing if emb is not None and k in sd and sd[k].data_ptr() == emb.data_ptr()}
+    # buffers the export drops (trace_import): computed in __init__, as the RoPE tables
+    tied |= {k for k in missing if k in dict(model.named_buffers()) and k not in state}
     if set(missing) - tied or unexpected:
         raise UsageError(f"--gguf {path}: the weights do not fit family {fam.name}'s HF model "
                          f"(missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]})")

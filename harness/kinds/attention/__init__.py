@@ -64,6 +64,8 @@ DECORATIONS = {
     "layernorm": ("LayerNorm input norm", "(family input norm)"),
     "rms1p": ("(1 + w) RMS norm convention (gemma) on the input, QK or post norm", "(family norm convention)"),
     "residual_multiplier": ("residual multiplier", "(family residual layout)"),
+    "normed_residual": ("the branch added to the NORMED input times alpha, not to the input",
+                        "(family residual layout: HF MiniMaxDecoderLayer, minimax-01.cpp f_residual_scale)"),
 }
 
 # Decorations of the spec no reference family in this environment has, with the
@@ -160,6 +162,8 @@ class Attention(LayerKind):
             f.add("rms1p")
         if lc.residual_multiplier != 1.0:
             f.add("residual_multiplier")
+        if lc.residual_base == "normed" or lc.residual_alpha != 1.0:
+            f.add("normed_residual")
         return f
 
     def model_features(self, descs, tags: set[str]) -> set[str]:

@@ -109,7 +109,9 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
         o = norm(o, cfg.post_norm, w.get("post_norm"), w.get("post_norm_b"))
     P["attn_out"] = o
     if cfg.residual == "sequential":
-        P["resid_mid"] = x + o * cfg.residual_multiplier
+        # HF MiniMaxDecoderLayer: the residual is the normed input times alpha (residual_base)
+        base = a if cfg.residual_base == "normed" else x
+        P["resid_mid"] = base * cfg.residual_alpha + o * cfg.residual_multiplier
     return P
 
 

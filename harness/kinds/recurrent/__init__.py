@@ -60,6 +60,9 @@ DECORATIONS = {
     "dt_bc_norm": ("Mamba-1's RMS norms on dt / B / C after x_proj (weightless, or with weights)",
                    "(HF FalconMambaMixer dt_layernorm / b_layernorm / c_layernorm, JambaMambaMixer; llama.cpp "
                    "mamba-base.cpp build_mamba_layer ssm_dt_b_c_rms)"),
+    "residual_multiplier": ("residual multiplier", "(family residual layout)"),
+    "normed_residual": ("the branch added to the NORMED input times alpha, not to the input",
+                        "(HF MiniMaxDecoderLayer residual * alpha + attn * beta, minimax-01.cpp f_residual_scale)"),
 }
 
 REFERENCE_GAPS = {
@@ -109,6 +112,11 @@ class Recurrent(LayerKind):
             f.add("chunked_scan")
         if rc.bc_norm is not None:
             f.add("dt_bc_norm")
+        if rc.residual == "normed" or rc.residual_alpha != 1.0:
+            f.add("normed_residual")
+        if rc.residual_beta != 1.0:
+            # granitemoehybrid's Mamba branch times residual_multiplier (the attention kind's tag)
+            f.add("residual_multiplier")
         return f
 
     def dims(self, rc):

@@ -16,6 +16,7 @@ NOTE = ("no switch turns a recurrent layer's {what} off in the seeded model (nei
         "llama.cpp's graph has a setting for it): listed as unswitchable")
 
 QWEN3_NEXT = {"family": "qwen3_next", "schedule": "mixed", "tokens": 16}
+MINIMAX = {"family": "minimax"}
 
 MUTANTS = [
     Mutant("recurrent-decay-sign", "log_decay", "impl.recurrent",
@@ -95,6 +96,20 @@ MUTANTS = [
                "here): HF KimiDeltaAttention `f_b_proj(f_a_proj(x))` vs `g_b_proj(g_a_proj(x))`; "
                "kimi-linear.cpp ssm_f_a / ssm_g_a",
            bisect_note=NOTE.format(what="low-rank gate")),
+    Mutant("lightning-slopes-reversed", "lightning", "impl.recurrent",
+           "g = xp.zeros((n, hv), dtype=acc, **_dev(be)) - slopes",
+           "g = xp.zeros((n, hv), dtype=acc, **_dev(be)) - xp.flip(slopes, axis=0)",
+           MINIMAX, "rec_decay",
+           doc="lightning's per-head slopes applied in reverse head order (head h decays with head H-1-h's "
+               "slope; HF get_slope_rate `base ** (arange(H) + 1)`, minimax-01.cpp `start * powf(ratio, h)`)",
+           bisect_note=NOTE.format(what="slope decay")),
+    Mutant("normed-residual-alpha-dropped", "normed_residual", "impl.recurrent",
+           "    if cfg.residual_alpha != 1.0:\n        base = base * cfg.residual_alpha",
+           "    if False:\n        base = base * cfg.residual_alpha",
+           MINIMAX, "resid_mid",
+           doc="the normed input the branch is added to is not scaled by alpha (HF MiniMaxDecoderLayer "
+               "`residual * linear_attn_alpha_factor`; minimax-01.cpp `ggml_scale(residual, f_residual_scale)`)",
+           bisect_note=NOTE.format(what="residual alpha")),
     Mutant("recurrent-state-on-the-pool", "kv_paged", "impl.kv",
            "case Decode(holder) | Batched(holder) | Paged(holder, _):\n            if holder.recurrent is None:",
            'case Decode(holder) | Batched(holder) | Paged(_, holder):\n'

@@ -426,12 +426,17 @@ def derive_attn_out(probes: dict, layer_cfgs) -> dict[str, str]:
         key = f"L{i}.attn_out"
         if key in probes or getattr(lc, "residual", None) != "sequential":
             continue
-        resid, x = probes.get(f"L{i}.resid_mid"), probes.get(f"L{i}.layer_in")
+        normed = getattr(lc, "residual_base", "input") == "normed"
+        base = f"L{i}.attn_in" if normed else f"L{i}.layer_in"
+        resid, x = probes.get(f"L{i}.resid_mid"), probes.get(base)
         if resid is None or x is None or resid.shape != x.shape:
             continue
         m = float(getattr(lc, "residual_multiplier", 1.0))
-        probes[key] = (np.asarray(resid, dtype=np.float64) - np.asarray(x, dtype=np.float64)) / m
-        derived[key] = "derived as ffn_inp - layer_in" + (f", over the residual multiplier {m:g}" if m != 1.0 else "")
+        alpha = float(getattr(lc, "residual_alpha", 1.0))
+        # minimax-01.cpp: `ffn_inp = cur + ggml_scale(attn_norm output, f_residual_scale)`
+        probes[key] = (np.asarray(resid, dtype=np.float64) - alpha * np.asarray(x, dtype=np.float64)) / m
+        what = ("attn_norm" if normed else "layer_in") + (f" x {alpha:g}" if alpha != 1.0 else "")
+        derived[key] = f"derived as ffn_inp - {what}" + (f", over the residual multiplier {m:g}" if m != 1.0 else "")
     return derived
 
 

@@ -78,6 +78,14 @@ MUTANTS = [
            "resid = x + branch * cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else x + branch",
            "resid = x + branch",
            GRANITE, "resid_mid", doc="the branch is added to the residual unscaled"),
+    # --- the residual from the normed input x alpha (minimax's softmax-attention layer 7) ---
+    Mutant("attn-normed-residual-from-input", "normed_residual", "impl.attention",
+           'if cfg.residual_base == "normed":', "if False:",
+           {"family": "minimax"}, "resid_mid", layer=7,
+           doc="the branch is added to the layer's input, not to its normed input times alpha (HF "
+               "MiniMaxDecoderLayer `residual = input_layernorm(x)`; minimax-01.cpp residual = attn_norm's output)",
+           bisect_note="no switch turns minimax's residual layout off in the seeded model (MiniMaxDecoderLayer "
+                       "always adds to the normed input): listed as unswitchable"),
     # --- YaRN (gpt_oss) ---
     Mutant("yarn-truncate-ignored", "rope_scaling", "impl.rope",
            'if p.get("truncate", True):', "if True:",

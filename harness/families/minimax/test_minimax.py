@@ -1,0 +1,130 @@
+"""minimax: the lightning layers judged probe by probe against HF's full forward,
+HF's cached path and llama.cpp, their state at every call boundary; the
+softmax-attention layer 7 with its residual from the normed input x alpha; HF's
+cached path losing the positions after a lightning layer 0 (a bounded finding,
+absent where layer 0 is softmax attention); planted bugs in the slopes and the
+residual fail where they act."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from harness.mutants import applied, registry
+from harness.testing import all_statuses, run
+
+LIGHTNING = range(7)  # the tiny config: layers 0-6 lightning, 7 softmax attention
+REC_PROBES = ("attn_in", "rec_z", "rec_q", "rec_k", "rec_v", "rec_out", "attn_out", "resid_mid")
+BAD = ("fail", "error", "unguarded", "missing", "not-implemented")
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+def test_lightning_layers_three_way_with_their_states(policy):
+    rows = run(policy, family="minimax", ref="all", kv="paged", schedule="mixed")
+    assert not [r for r in rows if r["status"] in BAD]
+    st = all_statuses(rows)
+    for layer in LIGHTNING:
+        assert {r["layer_kind"] for r in rows if r["layer"] == layer} == {"lightning"}
+        for ref in ("hf", "hf_cached", "llamacpp"):
+            for probe in REC_PROBES:
+                assert st[("impl", ref, layer, probe)] == "pass", (ref, layer, probe)
+        for probe in ("rec_decay", "attn_branch"):  # HF's own slope buffer; out_proj's input
+            assert st[("impl", "hf", layer, probe)] == "pass"
+            # minimax-01.cpp: slope_rate is per layer ([n_head]); the gated row is unnamed
+            assert st[("impl", "llamacpp", layer, probe)] == "not-exposed"
+        assert st[("impl", "hf_cached", layer, "state_rec")] == "pass"
+        assert st[("impl", "llamacpp", layer, "state_rec")] == "pass"
+        assert st[("llamacpp", "hf_cached", layer, "state_rec")] == "pass"
+        assert st[("impl", "hf", layer, "state_rec")] == "not-exposed"
+        # the lightning layers before the attention layer agree in HF's cached path
+        assert st[("hf_cached", "hf", layer, "rec_out")] == "pass"
+    # the softmax-attention layer: against HF's forward and llama.cpp it passes ...
+    for ref in ("hf", "llamacpp"):
+        for probe in ("q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_out", "resid_mid"):
+            assert st[("impl", ref, 7, probe)] == "pass", (ref, probe)
+    assert st[("llamacpp", "hf", 7, "attn_probs")] == "pass"
+    # ... and HF's cached path restarts its positions at 0 after each call (the finding):
+    # its q / k / v still agree, everything from q_rope on is the finding's
+    assert st[("impl", "hf_cached", 7, "q")] == "pass"
+    for probe in ("q_rope", "attn_probs", "resid_mid"):
+        assert st[("impl", "hf_cached", 7, probe)] == "finding", probe
+        assert st[("hf_cached", "hf", 7, probe)] == "finding", probe
+        assert st[("llamacpp", "hf_cached", 7, probe)] == "finding", probe
+    excused = {m for r in rows if r["status"] == "finding" for m in re.findall(r"finding (\w+#\d+)", r["reason"])}
+    assert excused <= {"minimax#1", "minimax#2"}, excused
+
+
+def test_hf_cached_positions_are_right_when_layer_0_is_attention(policy):
+    """The finding's condition is the cause: with layer 0 softmax attention (HF-only: the
+    file cannot carry that layout) HF's cache counts the rows, and its cached path agrees
+    with its forward on every probe. Also HF-only: betas != 1 and unequal alphas."""
+    types = ["full_attention"] + ["linear_attention"] * 6 + ["full_attention"]
+    rows = run(policy, family="minimax", ref="hf_cached", kv="batched", schedule="mixed",
+               overrides=(("layer_types", types), ("linear_attn_beta_factor", 0.75), ("mlp_alpha_factor", 1.25)))
+    assert not [r for r in rows if r["status"] in BAD + ("finding",)]
+    st = all_statuses(rows)
+    for layer in (0, 7):
+        for probe in ("q_rope", "attn_probs", "attn_heads", "resid_mid"):
+            assert st[("impl", "hf_cached", layer, probe)] == "pass", (layer, probe)
+    assert st[("impl", "hf_cached", 3, "state_rec")] == "pass"
+    feats = set(rows[0]["features"].split(";"))
+    assert {"lightning", "normed_residual"} <= feats
+
+
+def test_llamacpp_refuses_what_the_converter_cannot_write():
+    """What the converter cannot write is refused for llama.cpp in one line (exit 2 before
+    any work, harness/budget.py), and only for it: a beta other than 1, unequal alphas
+    (MiniMaxText01Model.set_gguf_parameters asserts both), a layout other than every 8th
+    layer softmax attention (minimax-01.cpp's default interval)."""
+    from harness.families import get
+
+    fam = get("minimax")
+    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    types = ["full_attention"] + ["linear_attention"] * 6 + ["full_attention"]
+    for kw, word in (({"full_attn_beta_factor": 0.5}, "betas"), ({"mlp_alpha_factor": 2.0}, "alphas"),
+                     ({"layer_types": types}, "every 8th")):
+        why = fam.reference_refusal(fam.make_config(kw), "llamacpp")
+        assert why and word in why and "\n" not in why, (kw, why)
+        assert fam.reference_refusal(fam.make_config(kw), "hf") is None
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+def test_reversed_slopes_fail_at_the_decay_and_the_state(policy):
+    """The planted bug: lightning's per-head slopes in reverse head order. Against HF's
+    forward the decay itself differs (rec_decay, from HF's slope buffer) while q / k / v
+    still pass; y differs against HF, and against the two references that run the calls
+    (HF's cached path, llama.cpp) layer 0 fails too."""
+    m = registry()["lightning-slopes-reversed"]
+    case = dict(family="minimax", kv="paged", schedule="mixed")
+    with applied(m):
+        rows = run(policy, ref="all", **case)
+    st = all_statuses(rows)
+    assert st[("impl", "hf", 0, "rec_decay")] == "fail"
+    assert st[("impl", "hf", 0, "rec_q")] == "pass"
+    assert st[("impl", "hf", 0, "rec_out")] == "fail"
+    # the references that run the calls (the clean case passes every probe against them)
+    for ref in ("hf_cached", "llamacpp"):
+        bad = {r["probe"] for r in rows if r["candidate"] == "impl" and r["reference"] == ref and r["layer"] == 0
+               and r["status"] == "fail"}
+        assert bad & {"rec_out", "state_rec", "attn_out"}, (ref, bad)
+
+
+@pytest.mark.parametrize("name, layer", [("normed-residual-alpha-dropped", 0), ("attn-normed-residual-from-input", 7)])
+def test_a_residual_without_alpha_fails_at_resid_mid(policy, name, layer):
+    """Planted: the lightning body drops alpha / the attention body adds the branch to the
+    raw input. Everything before resid_mid passes; resid_mid fails at the layer's kind."""
+    with applied(registry()[name]):
+        st = all_statuses(run(policy, family="minimax", ref="hf"))
+    assert st[("impl", "hf", layer, "attn_out")] == "pass"
+    assert st[("impl", "hf", layer, "resid_mid")] == "fail"
+
+
+def test_config_value_indexes_a_list():
+    """The finding's condition ``layer_types.0``: a number indexes a list (harness/policy.py)."""
+    from harness.policy import config_matches
+
+    cond = {"layer_types.0": "linear_attention"}
+    assert config_matches({"layer_types": ["linear_attention", "full_attention"]}, cond)
+    assert not config_matches({"layer_types": ["full_attention", "linear_attention"]}, cond)
+    assert not config_matches({"layer_types": []}, cond)
