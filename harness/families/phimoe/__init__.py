@@ -69,6 +69,9 @@ class Phimoe(Phi3):
     weight_map = {**LlamaLike.weight_map, "input_layernorm.bias": "attn_norm_b"}
     layer_weights = LlamaLike.layer_weights
     has_experts = True
+    # PhimoeConfig has no head_dim field (PhimoeAttention reads it with getattr); phimoe.cpp
+    # shapes wq as {n_embd, n_embd} (head_dim = hidden / heads): not offered
+    extra_settable = ()
 
     def head_dim(self, config) -> int:
         # PhimoeAttention: getattr(config, "head_dim", hidden // heads)
