@@ -49,7 +49,8 @@ class Ernie45Moe(Ernie45):
     name = "ernie4_5_moe"
     hf_model_type = "ernie4_5_moe"
     description = "ernie4_5's interleaved RoPE with biased-selection experts, shared experts and a dense lead"
-    fuzz_space = {"knobs": ("heads", "theta")}
+    # not "heads": the converter's shared width is intermediate_size // num_key_value_heads
+    fuzz_space = {"knobs": ("theta",)}
     tiny = dict(
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
