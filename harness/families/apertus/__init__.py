@@ -105,11 +105,16 @@ class Apertus(LlamaLike):
     def gguf_import_tensors(self, tensors, model, config, variant=None, path="", provenance=None):
         out = trace_import(self, self.gguf_import_prepare(dict(tensors), config), _WithoutAct(model), config,
                            variant, path, provenance)
+        xielu = getattr(config, "xielu", None)
+        if xielu is None:
+            # the case's own model with its export's quantized weights (gguf/weights.py
+            # dequantized_model): its act_fn values are the file's keys, which no weight type rounds
+            return out
         sd = model.state_dict()
         for i in range(config.num_hidden_layers):
             for key in _ACT:
                 name = f"model.layers.{i}.mlp.act_fn.{key}"
-                out[name] = np.full(tuple(sd[name].shape), config.xielu[key][i], dtype=np.float32)
+                out[name] = np.full(tuple(sd[name].shape), xielu[key][i], dtype=np.float32)
         return out
 
 
