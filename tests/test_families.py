@@ -12,6 +12,13 @@ from conftest import bad_rows, run
 from harness.families import registry
 
 FAMILIES = sorted(registry())
+# families whose llama.cpp graph computes another model from the first norm on: every impl
+# vs llamacpp row is that finding (teacher-forced, impl holds to HF), so none can pass; the
+# family's own test shows impl passing llama.cpp with llama.cpp's arithmetic
+ALL_FINDING_AGAINST_LLAMACPP = {
+    "phimoe": "phi3.cpp norms with an RMS norm plus bias where HF has LayerNorm (phimoe#1, from L0.attn_in); "
+              "harness/families/phimoe/test_phimoe.py: impl with an rms input norm passes llama.cpp",
+}
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
@@ -23,7 +30,10 @@ def test_family_three_way(policy, need_llamacpp, family, kv):
     assert not bad, bad
     passed = {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"}
     assert ("impl", "hf") in passed
-    if fam.gguf_arch:
+    if family in ALL_FINDING_AGAINST_LLAMACPP:
+        lc = {r["status"] for r in rows if (r["candidate"], r["reference"]) == ("impl", "llamacpp")}
+        assert lc <= {"finding", "not-exposed"} and "finding" in lc, lc
+    elif fam.gguf_arch:
         assert ("impl", "llamacpp") in passed and ("llamacpp", "hf") in passed
     # every layer impl implements was compared and passed its guard probe (an attention
     # layer's last attention probe, a recurrent layer's own: mamba2 has no attention

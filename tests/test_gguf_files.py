@@ -497,6 +497,11 @@ CONVERTER_CONFIG = {"cohere2": {"layer_types": [_S, _S, _S, _F]}, "gemma3": {"la
 # no family reads -- the checkpoint gets the hub's names
 CONVERTER_JSON = {"exaone": {"architectures": ["ExaoneForCausalLM"]}, "falcon": {"num_kv_heads": 1},
                   "gpt2": {"n_ctx": 256}, "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba"]},
+                  # conversion/hunyuan.py HunYuanMoEModel.set_gguf_parameters reads the hub config's
+                  # per-layer lists, which transformers 5's HunYuanMoEV1Config has no field for: HF's
+                  # model is one intermediate_size (experts and shared MLP), one top-k, one shared MLP
+                  "hunyuan_v1_moe": {"moe_intermediate_size": [48, 48], "moe_topk": [2, 2],
+                                     "num_shared_expert": [1, 1]},
 
                   "mistral3": {"architectures": ["Mistral3ForConditionalGeneration"]}}
 

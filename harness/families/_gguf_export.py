@@ -46,6 +46,11 @@ class GGUFExport:
         w.add_vocab_size(config.vocab_size)
         w.add_rope_dimension_count(hd or config.hidden_size // config.num_attention_heads)
 
+    def gguf_model_params(self, w, model, config, variant: str | None = None) -> None:
+        """The metadata the converter takes from the WEIGHTS, not the config (default:
+        none): apertus's per-layer xIELU parameters, which conversion/llama.py
+        ``ApertusModel.modify_tensors`` writes as key arrays instead of tensors."""
+
     def gguf_transform(self, name: str, data: np.ndarray, config) -> np.ndarray:
         """A layout step the converter applies to one tensor (default: none). Only
         moves elements (permute, reshape, slice): the import runs it backwards by

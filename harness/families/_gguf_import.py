@@ -45,6 +45,10 @@ from ._llamacpp_keys import BY_ARCH, GENERIC, SCALES
 # token ids (or tokenizes with llama.cpp's own vocabulary, --prompt).
 _NEUTRAL_PREFIXES = ("general.", "tokenizer.", "split.", "GGUF.")
 _REQUIRED = object()
+# keys llama.cpp reads WITHOUT the arch's prefix (src/llama-arch.cpp:428-431: "xielu.alpha_n",
+# not "%s.xielu.alpha_n"; gguf-py's add_xielu_* writes them so), which the generated key
+# table (scripts/llamacpp_keys.py: "%s." keys and the generic ones) does not list
+_ARCHLESS_READS = {"apertus": frozenset({"xielu.alpha_n", "xielu.alpha_p", "xielu.beta", "xielu.eps"})}
 # llama_pooling_type: NONE 0; UNSPECIFIED -1 (the model saver writes it as a u32)
 _POOLING_NONE = (0, -1, 0xFFFFFFFF)
 
@@ -63,14 +67,15 @@ class GGUFMeta:
         # vocab_size: read by load_arch_hparams of some archs and by the vocab loader
         # (llama-vocab.cpp, tokenizer "none"); the reverse checks it against token_embd
         self.reads = GENERIC | BY_ARCH.get(arch, frozenset()) | {"vocab_size"}
+        self.archless = _ARCHLESS_READS.get(arch, frozenset())
         self.read: set[str] = set()
         self.skipped: dict[str, str] = {}
 
     def full(self, key: str) -> str:
-        return key if key.startswith(_NEUTRAL_PREFIXES) else f"{self.arch}.{key}"
+        return key if key.startswith(_NEUTRAL_PREFIXES) or key in self.archless else f"{self.arch}.{key}"
 
     def _check(self, key: str) -> str:
-        if not key.startswith(_NEUTRAL_PREFIXES) and key not in self.reads:
+        if not key.startswith(_NEUTRAL_PREFIXES) and key not in self.reads and key not in self.archless:
             raise AssertionError(f"the reverse reads {self.arch}.{key}, which llama.cpp does not read for "
                                  f"{self.arch} (harness/families/_llamacpp_keys.py)")
         return self.full(key)
@@ -118,7 +123,7 @@ class GGUFMeta:
     def unhonoured(self) -> list[str]:
         """Keys llama.cpp reads for the arch that the reverse did not account for."""
         pre = f"{self.arch}."
-        return sorted(k for k in self.values if k.startswith(pre) and k[len(pre):] in self.reads
+        return sorted(k for k in self.values if (k.startswith(pre) and k[len(pre):] in self.reads or k in self.archless)
                       and k not in self.read and k not in self.skipped)
 
     def ignored(self) -> dict[str, str]:
@@ -127,7 +132,7 @@ class GGUFMeta:
         pre = f"{self.arch}."
         out = {}
         for k in sorted(self.values):
-            if k.startswith(_NEUTRAL_PREFIXES):
+            if k.startswith(_NEUTRAL_PREFIXES) or k in self.archless:
                 continue
             if not k.startswith(pre):
                 out[k] = f"ignored by llama.cpp for {self.arch} (not a {self.arch}.* key)"

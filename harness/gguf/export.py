@@ -137,6 +137,7 @@ def _write(family, model, config, weight_type: str, variant: str | None, tmp: Pa
     # every added array until the end otherwise: a second copy of a real model)
     w = gguf.GGUFWriter(str(tmp), family.gguf_arch, use_temp_file=True)
     family.gguf_params(w, config, variant)
+    family.gguf_model_params(w, model, config, variant)
     ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[weight_type]
     w.add_file_type(ftype)

@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: har
 from harness.gguf.export import write_tiny_vocab  # noqa: E402
 
 # transformers' saved architecture -> the name the converter registers
-ARCH_ALIASES = {"MptForCausalLM": "MPTForCausalLM"}
+# (conversion/phi.py registers "PhiMoEForCausalLM"; transformers 5 saves PhimoeForCausalLM)
+ARCH_ALIASES = {"MptForCausalLM": "MPTForCausalLM", "PhimoeForCausalLM": "PhiMoEForCausalLM"}
 
 # config keys the converter reads unconditionally from hub configs that
 # transformers 5 no longer saves, with the value transformers' model implies:

@@ -86,6 +86,7 @@ class Phi3(LlamaLike):
     # phi3.cpp names neither wo's product nor the residual after attention
     lc_points = {k: v for k, v in LlamaLike.lc_points.items() if k not in ("attn_out", "resid_mid")}
     switch_params = {**LlamaLike.switch_params}
+    has_experts = False  # phimoe reads phi3's RoPE keys with its experts (config_from_gguf)
 
     def config_kwargs(self, overrides: dict) -> dict:
         """The tiny config with the overrides; where they change the rotated width
@@ -153,7 +154,10 @@ class Phi3(LlamaLike):
         # conversion/phi.py Phi3MiniModel.set_gguf_parameters (no TextModel super call)
         rp = config.rope_parameters
         w.add_context_length(config.max_position_embeddings)
-        w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+        # find_hparam(["original_max_position_embeddings"]): HF phi3 keeps it in rope_parameters
+        # (standardize_rope_params), phimoe's plain RoPE as the top-level key config.json has
+        orig = rp.get("original_max_position_embeddings", getattr(config, "original_max_position_embeddings", None))
+        w.add_rope_scaling_orig_ctx_len(orig)
         w.add_embedding_length(config.hidden_size)
         w.add_feed_forward_length(config.intermediate_size)
         w.add_block_count(config.num_hidden_layers)
@@ -166,8 +170,8 @@ class Phi3(LlamaLike):
         w.add_sliding_window(config.sliding_window or 0)
         if rp.get("long_factor"):
             # generate_extra_tensors: the attention factor from the two lengths alone
-            scale = config.max_position_embeddings / rp["original_max_position_embeddings"]
-            attn = math.sqrt(1 + math.log(scale) / math.log(rp["original_max_position_embeddings"])) \
+            scale = config.max_position_embeddings / orig
+            attn = math.sqrt(1 + math.log(scale) / math.log(orig)) \
                 if scale > 1.0 else 1.0
             w.add_rope_scaling_attn_factors(attn)
 
@@ -206,8 +210,9 @@ class Phi3(LlamaLike):
         elif hp.rope_attn_factor != 1.0:
             meta.refuse("rope.scaling.attn_factor", hp.rope_attn_factor, "an attention factor without LongRoPE "
                         "factor tensors; HF's phi3 default RoPE has none")
-        kw = llama_like_config(self, meta, shapes, hp, rotary=False, rope=rp)
-        swa = int(meta.get("attention.sliding_window", 0))
+        kw = llama_like_config(self, meta, shapes, hp, rotary=False, rope=rp, moe=self.has_experts)
+        # phimoe.cpp load_arch_hparams reads no window at all (phi3.cpp reads it, then drops it)
+        swa = int(meta.get("attention.sliding_window", 0)) if not self.has_experts else 0
         kw.update(original_max_position_embeddings=hp.n_ctx_orig_yarn,
                   rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
                   # phi3.cpp disables SWA whatever the key says: the model llama.cpp runs has none
