@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
-MOE_ONLY = {"afmoe", "deepseek2", "ernie4_5", "glm-dsa", "gpt-oss", "kimi-linear", "lfm2moe", "llama4", "mimo2",
-            "olmoe", "qwen2moe", "qwen3moe", "qwen3next"}
+MOE_ONLY = {"afmoe", "deepseek2", "ernie4_5", "exaone-moe", "glm-dsa", "glm4moe", "gpt-oss", "kimi-linear", "lfm2moe",
+            "llama4", "mimo2", "olmoe", "qwen2moe", "qwen3moe", "qwen3next"}
 MOE_TOO = {"llama", "granite", "mistral3"}
 
 EXPECTED = {
