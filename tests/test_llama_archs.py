@@ -44,17 +44,23 @@ EXPECTED = {
     ("arcee", False): ("pass", ""),
     ("bitnet", False): ("unwritten", "llama-model-saver.cpp:31 GGML_ASSERT(llama_model_saver_supports_arch"),
     ("bloom", False): ("refused", "feed_forward_length = 384: not a multiple of embedding_length"),
+    ("chatglm", False): ("pass", ""),
     ("cohere2", False): ("pass", ""),
     ("command-r", False): ("pass", ""),
     ("deepseek2", True): ("pass", "the latent norms' epsilon"),
     # test-llama-archs.cpp moe_mandatory lists ERNIE4_5; the fixture's sections reach every arch
     ("ernie4_5", True): ("refused", "M-RoPE (ERNIE 4.5 VL) is not HF Ernie4_5's text RoPE"),
     ("exaone", False): ("pass", ""),
+    # the fixture's shared experts (192 wide) are not expert_feed_forward_length x expert_shared_count
+    ("exaone-moe", True): ("refused", "HF ExaoneMoe's shared experts are expert_feed_forward_length x "
+                                      "expert_shared_count"),
     ("falcon", False): ("pass", ""),  # its feed_forward_length 384 is HF's ffn_hidden_size
     ("gemma", False): ("pass", ""),
     ("gemma2", False): ("pass", ""),
     ("gemma3", False): ("pass", ""),
     ("glm-dsa", True): ("pass", "the latent norms' epsilon"),
+    # test-llama-archs.cpp's fixture writes rope.dimension_sections for every arch (as ernie4_5's)
+    ("glm4moe", True): ("refused", "M-RoPE (GLM-4.5V); HF SolarOpen rotates one position"),
     ("glm4", False): ("refused", "M-RoPE (GLM-4V) permutes Q/K to neox"),
     ("gpt-oss", True): ("pass", ""),
     ("gpt2", False): ("pass", ""),  # its feed_forward_length 384 is HF's n_inner
@@ -62,6 +68,7 @@ EXPECTED = {
     ("granite", False): ("pass", ""),
     ("granite", True): ("refused", "an MoE FFN; family granite's HF model is dense"),
     ("hunyuan-dense", False): ("refused", "M-RoPE (HunYuan-VL) is not HF HunYuanDenseV1's text RoPE"),
+    ("jais2", False): ("pass", ""),
     ("kimi-linear", True): ("refused", "head_count = [1, 0]: per-layer values"),
     # past the fixture's per-layer head counts [2, 0] (layer 1 a short conv: HF Lfm2's
     # layer_types): lfm2.cpp reads q / k / v biases (TENSOR_NOT_REQUIRED), HF Lfm2 has none

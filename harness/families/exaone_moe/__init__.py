@@ -132,10 +132,18 @@ class ExaoneMoe(LlamaLike):
         kw = llama_like_config(self, meta, shapes, hp, swa=True, moe=True)
         n_exp, n_used = experts(meta, hp, self.name)
         n_dense = int(meta.get("leading_dense_block_count", 0))
+        n_ff_exp = one_per_layer(meta, "expert_feed_forward_length", hp.n_layer)
+        n_shared = int(meta.get("expert_shared_count", 0))
+        # exaone-moe.cpp: the shared experts' width is expert_shared_feed_forward_length (absent:
+        # the experts'); HF's ExaoneMoeMLP(intermediate_size = moe_intermediate_size * num_shared_experts)
+        n_ff_shexp = int(meta.get("expert_shared_feed_forward_length", 0)) or n_ff_exp
+        if n_ff_shexp != n_ff_exp * n_shared:
+            meta.refuse("expert_shared_feed_forward_length", n_ff_shexp,
+                        f"HF ExaoneMoe's shared experts are expert_feed_forward_length x expert_shared_count "
+                        f"= {n_ff_exp * n_shared} wide")
         kw.update(rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"), num_experts=n_exp,
                   num_experts_per_tok=n_used, n_group=1, topk_group=1, first_k_dense_replace=n_dense,
-                  moe_intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer),
-                  num_shared_experts=int(meta.get("expert_shared_count", 0)),
+                  moe_intermediate_size=n_ff_exp, num_shared_experts=n_shared,
                   norm_topk_prob=bool(meta.get("expert_weights_norm", False)),
                   routed_scaling_factor=meta.get_f32("expert_weights_scale", 0.0) or 1.0,
                   sliding_window=int(meta.get("attention.sliding_window")), scoring_func="sigmoid",
