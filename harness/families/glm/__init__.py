@@ -50,8 +50,10 @@ class Glm(LlamaLike):
     name = "glm"
     hf_model_type = "glm"
     description = "interleaved partial RoPE (0.5), QKV bias; the chatglm converter's fixed eps / theta"
-    # the fuzzer's knobs (harness/fuzz.py; hf_only: a knob only HF expresses, judged against HF alone)
-    fuzz_space = {"knobs": ("heads", "partial")}
+    # the fuzzer's knobs (harness/fuzz.py; hf_only: a knob only HF expresses, judged against HF alone);
+    # no "heads" (the head width is GlmConfig's own head_dim, and chatglm.cpp needs head_dim x
+    # heads = hidden) and no "theta" (the converter writes 10000 whatever it is: findings.toml)
+    fuzz_space = {"knobs": ("partial",)}
     tiny = dict(
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
