@@ -36,8 +36,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
+<<<<<<< HEAD
 MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "ernie4_5", "ernie4_5-moe", "hunyuan-moe", "phimoe", "glm-dsa", "gpt-oss", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01",
             "olmoe", "qwen2moe", "qwen3moe", "qwen3next"}
+=======
+MOE_ONLY = {"afmoe", "deepseek2", "ernie4_5", "exaone-moe", "glm-dsa", "glm4moe", "gpt-oss", "kimi-linear", "lfm2moe",
+            "llama4", "mimo2", "olmoe", "qwen2moe", "qwen3moe", "qwen3next"}
+>>>>>>> s2-f
 MOE_TOO = {"llama", "granite", "mistral3"}
 
 EXPECTED = {
@@ -48,6 +53,7 @@ EXPECTED = {
     ("arcee", False): ("pass", ""),
     ("bitnet", False): ("unwritten", "llama-model-saver.cpp:31 GGML_ASSERT(llama_model_saver_supports_arch"),
     ("bloom", False): ("refused", "feed_forward_length = 384: not a multiple of embedding_length"),
+    ("chatglm", False): ("pass", ""),
     ("cohere2", False): ("pass", ""),
     ("command-r", False): ("pass", ""),
     ("deepseek2", True): ("pass", "the latent norms' epsilon"),
@@ -56,11 +62,16 @@ EXPECTED = {
     # ernie4-5.cpp load_arch_hparams (shared by ernie4_5-moe) reads the sections too
     ("ernie4_5-moe", True): ("refused", "M-RoPE (ERNIE 4.5 VL) is not HF Ernie4_5_Moe's text RoPE"),
     ("exaone", False): ("pass", ""),
+    # the fixture's shared experts (192 wide) are not expert_feed_forward_length x expert_shared_count
+    ("exaone-moe", True): ("refused", "HF ExaoneMoe's shared experts are expert_feed_forward_length x "
+                                      "expert_shared_count"),
     ("falcon", False): ("pass", ""),  # its feed_forward_length 384 is HF's ffn_hidden_size
     ("gemma", False): ("pass", ""),
     ("gemma2", False): ("pass", ""),
     ("gemma3", False): ("pass", ""),
     ("glm-dsa", True): ("pass", "the latent norms' epsilon"),
+    # test-llama-archs.cpp's fixture writes rope.dimension_sections for every arch (as ernie4_5's)
+    ("glm4moe", True): ("refused", "M-RoPE (GLM-4.5V); HF SolarOpen rotates one position"),
     ("glm4", False): ("refused", "M-RoPE (GLM-4V) permutes Q/K to neox"),
     ("gpt-oss", True): ("pass", ""),
     ("gpt2", False): ("pass", ""),  # its feed_forward_length 384 is HF's n_inner
@@ -72,8 +83,12 @@ EXPECTED = {
     # granitemoehybrid reads only what the converter writes for a hybrid, RoPE off
     ("granitehybrid", False): ("refused", "a granite multiplier; HF Bamba has none"),
     ("hunyuan-dense", False): ("refused", "M-RoPE (HunYuan-VL) is not HF HunYuanDenseV1's text RoPE"),
+<<<<<<< HEAD
     # the fixture's shared width (192) is not its feed_forward_length (384): HF has one width
     ("hunyuan-moe", True): ("refused", "HF HunYuanMoEV1's shared MLP is intermediate_size (384) wide"),
+=======
+    ("jais2", False): ("pass", ""),
+>>>>>>> s2-f
     ("kimi-linear", True): ("refused", "head_count = [1, 0]: per-layer values"),
     # past the fixture's per-layer head counts [2, 0] (layer 1 a short conv: HF Lfm2's
     # layer_types): lfm2.cpp reads q / k / v biases (TENSOR_NOT_REQUIRED), HF Lfm2 has none
