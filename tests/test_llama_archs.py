@@ -36,13 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
-<<<<<<< HEAD
-MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "ernie4_5", "ernie4_5-moe", "hunyuan-moe", "phimoe", "glm-dsa", "gpt-oss", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01",
-            "olmoe", "qwen2moe", "qwen3moe", "qwen3next"}
-=======
-MOE_ONLY = {"afmoe", "deepseek2", "ernie4_5", "exaone-moe", "glm-dsa", "glm4moe", "gpt-oss", "kimi-linear", "lfm2moe",
-            "llama4", "mimo2", "olmoe", "qwen2moe", "qwen3moe", "qwen3next"}
->>>>>>> s2-f
+MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "ernie4_5", "ernie4_5-moe", "exaone-moe", "glm-dsa", "glm4moe",
+            "gpt-oss", "hunyuan-moe", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01", "olmoe", "phimoe",
+            "qwen2moe", "qwen3moe", "qwen3next"}
 MOE_TOO = {"llama", "granite", "mistral3"}
 
 EXPECTED = {
@@ -83,12 +79,9 @@ EXPECTED = {
     # granitemoehybrid reads only what the converter writes for a hybrid, RoPE off
     ("granitehybrid", False): ("refused", "a granite multiplier; HF Bamba has none"),
     ("hunyuan-dense", False): ("refused", "M-RoPE (HunYuan-VL) is not HF HunYuanDenseV1's text RoPE"),
-<<<<<<< HEAD
     # the fixture's shared width (192) is not its feed_forward_length (384): HF has one width
     ("hunyuan-moe", True): ("refused", "HF HunYuanMoEV1's shared MLP is intermediate_size (384) wide"),
-=======
     ("jais2", False): ("pass", ""),
->>>>>>> s2-f
     ("kimi-linear", True): ("refused", "head_count = [1, 0]: per-layer values"),
     # past the fixture's per-layer head counts [2, 0] (layer 1 a short conv: HF Lfm2's
     # layer_types): lfm2.cpp reads q / k / v biases (TENSOR_NOT_REQUIRED), HF Lfm2 has none
