@@ -52,7 +52,27 @@ from ..base import LlamaLike, gguf_moe_convert, text_model_gguf_params
 QK_NORM = QkNormSpec(NormSpec("rms"), over="head", where="pre_rope")  # Glm4MoeAttention q_norm / k_norm
 
 
-class Glm4Moe(LlamaLike):
+class SeededExpertBias:
+    """HF's ``e_score_correction_bias`` is a buffer its init zeroes (``*TopkRouter``:
+    ``init.zeros_``; Family.init_weights seeds parameters only): seeded here so the
+    expert choice (on ``sigmoid + bias``) depends on it, as a trained checkpoint's
+    does, and a reference that drops it shows. Mixed in before the family's base."""
+
+    # sigmoid scores lie in (0, 1): a bias of this std changes some tokens' choice
+    expert_bias_std = 0.3
+
+    def init_weights(self, model, seed: int) -> None:
+        import torch
+
+        super().init_weights(model, seed)
+        gen = torch.Generator().manual_seed(7919 + seed)
+        with torch.no_grad():
+            for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+                if name.endswith("e_score_correction_bias"):
+                    b.copy_(self.expert_bias_std * torch.randn(b.shape, generator=gen, dtype=torch.float64))
+
+
+class Glm4Moe(SeededExpertBias, LlamaLike):
     name = "glm4_moe"
     hf_model_type = "glm4_moe"
     description = "neox partial RoPE (0.5), QKV bias, optional QK norm, sigmoid experts + shared after dense layers"
@@ -69,27 +89,12 @@ class Glm4Moe(LlamaLike):
     gguf_arch = "glm4moe"
     # Glm4MoeExperts.forward's own loop; the default grouped_mm kernel refuses float64
     experts_implementation = "eager"
-    # the std of the seeded e_score_correction_bias (init_weights): sigmoid scores lie in
-    # (0, 1), so a bias of this size changes some tokens' choice of experts
-    expert_bias_std = 0.3
 
     def layer_config(self, config, i):
         lc = super().layer_config(config, i)
         if getattr(config, "use_qk_norm", False):  # Glm4MoeAttention: if self.use_qk_norm
             lc = lc.replace(qk_norm=dataclasses.replace(QK_NORM, norm=NormSpec("rms", self.norm_eps(config))))
         return lc
-
-    def init_weights(self, model, seed: int) -> None:
-        # HF's e_score_correction_bias is a buffer (Glm4MoeTopkRouter, init.zeros_): seeded
-        # here so the expert choice depends on it, as a trained checkpoint's does
-        import torch
-
-        super().init_weights(model, seed)
-        gen = torch.Generator().manual_seed(7919 + seed)
-        with torch.no_grad():
-            for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
-                if name.endswith("e_score_correction_bias"):
-                    b.copy_(self.expert_bias_std * torch.randn(b.shape, generator=gen, dtype=torch.float64))
 
     def gguf_params(self, w, config, variant=None):
         # conversion/glm.py Glm4MoeModel.set_gguf_parameters (with --no-mtp): TextModel's keys,
