@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
 MOE_ONLY = {"afmoe", "deepseek2", "ernie4_5", "glm-dsa", "gpt-oss", "kimi-linear", "lfm2moe", "llama4", "mimo2",
-            "olmoe", "qwen2moe", "qwen3moe", "qwen3next"}
-MOE_TOO = {"llama", "granite", "mistral3"}
+            "olmoe", "qwen2moe", "qwen3moe", "qwen3next", "glm4moe", "dots1"}
+MOE_TOO = {"llama", "granite", "granitemoe", "mistral3"}
 
 EXPECTED = {
     ("afmoe", True): ("refused", "n_no_rope_layer_step"),
@@ -48,19 +48,28 @@ EXPECTED = {
     ("command-r", False): ("pass", ""),
     ("deepseek2", True): ("pass", "the latent norms' epsilon"),
     # test-llama-archs.cpp moe_mandatory lists ERNIE4_5; the fixture's sections reach every arch
+    ("dots1", True): ("pass", ""),
     ("ernie4_5", True): ("refused", "M-RoPE (ERNIE 4.5 VL) is not HF Ernie4_5's text RoPE"),
     ("exaone", False): ("pass", ""),
+    # the fixture's q / k / v biases (create_tensor_qkv, TENSOR_NOT_REQUIRED): HF Exaone4 has none
+    ("exaone4", False): ("refused", "tensors with no counterpart in family exaone4's HF model: blk.0.attn_k.bias"),
     ("falcon", False): ("pass", ""),  # its feed_forward_length 384 is HF's ffn_hidden_size
     ("gemma", False): ("pass", ""),
     ("gemma2", False): ("pass", ""),
     ("gemma3", False): ("pass", ""),
     ("glm-dsa", True): ("pass", "the latent norms' epsilon"),
     ("glm4", False): ("refused", "M-RoPE (GLM-4V) permutes Q/K to neox"),
+    # the fixture's rope.dimension_sections [32, 32, 32, 32]: glm4-moe.cpp's M-RoPE (GLM-4.5V)
+    ("glm4moe", True): ("refused", "M-RoPE (GLM-4.5V)"),
     ("gpt-oss", True): ("pass", ""),
     ("gpt2", False): ("pass", ""),  # its feed_forward_length 384 is HF's n_inner
     ("gptneox", False): ("pass", ""),
     ("granite", False): ("pass", ""),
     ("granite", True): ("refused", "an MoE FFN; family granite's HF model is dense"),
+    # one arch, two HF classes: granitemoe and granitemoeshared are both MoE
+    ("granitemoe", False): ("refused", "no experts; family granitemoe's HF model is an MoE"),
+    # the fixture writes every key, a shared expert's width among them: granitemoeshared's file
+    ("granitemoe", True): ("pass", ""),
     ("hunyuan-dense", False): ("refused", "M-RoPE (HunYuan-VL) is not HF HunYuanDenseV1's text RoPE"),
     ("kimi-linear", True): ("refused", "head_count = [1, 0]: per-layer values"),
     # past the fixture's per-layer head counts [2, 0] (layer 1 a short conv: HF Lfm2's
