@@ -50,6 +50,10 @@ def family_sources(family) -> list[Path]:
         f = getattr(mod, "__file__", None)
         if f and cls.__module__.startswith("harness.") and Path(f) not in files:
             files.append(Path(f))
+    # the generated table of what llama.cpp reads per arch (keys, the scales a graph passes
+    # on): a data module, in no family's MRO, that shapes how a GGUF is read back (by
+    # path: the cache imports no family module)
+    files.append(Path(__file__).resolve().parent / "families" / "_llamacpp_keys.py")
     return files
 
 

@@ -127,6 +127,12 @@ def arch_scales(tree: Path, model_src: str) -> dict[str, set[str]]:
     for f in sorted((tree / "src" / "models").glob("*.cpp")):
         for cls in re.findall(r"llama_model_(\w+)::(?:graph::graph|build_arch_graph)\(", f.read_text()):
             files[cls] = f.read_text()
+    # an arch that builds another's graph (src/models/models.h: ``using graph =
+    # llama_model_z::graph;``, granite_moe's is granite's) passes on what that graph does
+    models_h = (tree / "src" / "models" / "models.h").read_text()
+    for cls, struct in re.findall(r"struct llama_model_(\w+)\s*:[^{]*\{(.*?)\n\};", models_h, re.S):
+        if (m := re.search(r"using graph\s*=\s*llama_model_(\w+)::graph;", struct)) and m.group(1) in files:
+            files[cls] = files.get(cls, "") + files[m.group(1)]
     graph = (tree / "src" / "llama-graph.cpp").read_text()
     qkv_body = body(graph, graph.index("llm_graph_qkv llm_graph_context::build_qkv(", graph.index("build_qkv(") + 1))
     qkv = set(re.findall(r"layer\.(\w+)_s\b", qkv_body))

@@ -36,10 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
-MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "ernie4_5", "ernie4_5-moe", "exaone-moe", "glm-dsa", "glm4moe",
-            "gpt-oss", "hunyuan-moe", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01", "olmoe", "phimoe",
-            "qwen2moe", "qwen3moe", "qwen3next"}
-MOE_TOO = {"llama", "granite", "mistral3"}
+MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "dots1", "ernie4_5", "ernie4_5-moe", "exaone-moe", "glm-dsa",
+            "glm4moe", "gpt-oss", "hunyuan-moe", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01", "olmoe",
+            "phimoe", "qwen2moe", "qwen3moe", "qwen3next"}
+MOE_TOO = {"llama", "granite", "granitemoe", "mistral3"}
 
 EXPECTED = {
     ("afmoe", True): ("refused", "n_no_rope_layer_step"),
@@ -54,6 +54,7 @@ EXPECTED = {
     ("command-r", False): ("pass", ""),
     ("deepseek2", True): ("pass", "the latent norms' epsilon"),
     # test-llama-archs.cpp moe_mandatory lists ERNIE4_5; the fixture's sections reach every arch
+    ("dots1", True): ("pass", ""),
     ("ernie4_5", True): ("refused", "M-RoPE (ERNIE 4.5 VL) is not HF Ernie4_5's text RoPE"),
     # ernie4-5.cpp load_arch_hparams (shared by ernie4_5-moe) reads the sections too
     ("ernie4_5-moe", True): ("refused", "M-RoPE (ERNIE 4.5 VL) is not HF Ernie4_5_Moe's text RoPE"),
@@ -61,14 +62,16 @@ EXPECTED = {
     # the fixture's shared experts (192 wide) are not expert_feed_forward_length x expert_shared_count
     ("exaone-moe", True): ("refused", "HF ExaoneMoe's shared experts are expert_feed_forward_length x "
                                       "expert_shared_count"),
+    # the fixture's q / k / v biases (create_tensor_qkv, TENSOR_NOT_REQUIRED): HF Exaone4 has none
+    ("exaone4", False): ("refused", "tensors with no counterpart in family exaone4's HF model: blk.0.attn_k.bias"),
     ("falcon", False): ("pass", ""),  # its feed_forward_length 384 is HF's ffn_hidden_size
     ("gemma", False): ("pass", ""),
     ("gemma2", False): ("pass", ""),
     ("gemma3", False): ("pass", ""),
     ("glm-dsa", True): ("pass", "the latent norms' epsilon"),
-    # test-llama-archs.cpp's fixture writes rope.dimension_sections for every arch (as ernie4_5's)
-    ("glm4moe", True): ("refused", "M-RoPE (GLM-4.5V); HF SolarOpen rotates one position"),
     ("glm4", False): ("refused", "M-RoPE (GLM-4V) permutes Q/K to neox"),
+    # the fixture's rope.dimension_sections [32, 32, 32, 32]: glm4-moe.cpp's M-RoPE (GLM-4.5V)
+    ("glm4moe", True): ("refused", "M-RoPE (GLM-4.5V)"),
     ("gpt-oss", True): ("pass", ""),
     ("gpt2", False): ("pass", ""),  # its feed_forward_length 384 is HF's n_inner
     ("gptneox", False): ("pass", ""),
@@ -78,6 +81,10 @@ EXPECTED = {
     # (rope.scaling.finetuned defaults true): family bamba has no multipliers, and family
     # granitemoehybrid reads only what the converter writes for a hybrid, RoPE off
     ("granitehybrid", False): ("refused", "a granite multiplier; HF Bamba has none"),
+    # one arch, two HF classes: granitemoe and granitemoeshared are both MoE
+    ("granitemoe", False): ("refused", "no experts; family granitemoe's HF model is an MoE"),
+    # the fixture writes every key, a shared expert's width among them: granitemoeshared's file
+    ("granitemoe", True): ("pass", ""),
     ("hunyuan-dense", False): ("refused", "M-RoPE (HunYuan-VL) is not HF HunYuanDenseV1's text RoPE"),
     # the fixture's shared width (192) is not its feed_forward_length (384): HF has one width
     ("hunyuan-moe", True): ("refused", "HF HunYuanMoEV1's shared MLP is intermediate_size (384) wide"),
