@@ -77,7 +77,11 @@ class Mamba(Mamba2):
         if reference == "llamacpp" and config.intermediate_size != 2 * config.hidden_size:
             return (f"expand={config.expand}: llama.cpp's mamba loads only an expansion factor of 2 (mamba.cpp "
                     f"load_arch_tensors); valid for --ref llamacpp: 2 (HF computes any: --ref hf or hf_cached)")
-        return super().reference_refusal(config, reference)
+        # build_mamba_layer keeps d_conv - 1 rows of conv state as build_mamba2_layer does
+        if reference == "llamacpp" and config.conv_kernel < 2:
+            return (f"conv_kernel={config.conv_kernel}: llama.cpp's Mamba keeps conv_kernel - 1 rows of conv state "
+                    f"and asserts at least one; valid for --ref llamacpp: >= 2 (HF computes 1: --ref hf or hf_cached)")
+        return None
 
     def bc_norm_spec(self, config) -> NormSpec | None:
         """The dt / B / C norms' spec (None: plain Mamba-1)."""
