@@ -128,6 +128,10 @@ class _WithoutAct:
     def state_dict(self):
         return {k: v for k, v in self._model.state_dict().items() if ".mlp.act_fn." not in k}
 
+    def named_buffers(self):
+        # trace_import keeps a buffer the export drops as the model's own (_gguf_import.py)
+        return ((n, b) for n, b in self._model.named_buffers() if ".mlp.act_fn." not in n)
+
     def get_input_embeddings(self):
         return self._model.get_input_embeddings()
 
