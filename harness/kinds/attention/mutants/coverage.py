@@ -45,5 +45,8 @@ MUTANTS = [
            {"family": "nemotron_h"}, "resid_mid", layer=2,
            doc="a layer without attention adds its own input as the branch (residual 2x) instead of passing "
                "the residual through: nemotron_h's MLP layers (HF NemotronHBlock: residual + mlp(norm(x)), "
-               "nothing before the MLP)"),
+               "nothing before the MLP)",
+           bisect_note="no switch turns an absent layer into a present one in the seeded model (HF's "
+                       "layers_block_type and llama.cpp's per-layer head counts fix the stack): listed as "
+                       "unswitchable"),
 ]
