@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from contract.recurrent import RecurrentConfig
 
 from ..errors import UsageError
-from .base import LcPoint, tensor
+from .base import LcPoint, Point, tensor
 
 # what build_mamba2_layer leaves unnamed (views and ops with no cb())
 LC_NOT_EXPOSED = {p: "mamba-base.cpp build_mamba2_layer names no tensor inside the layer but mamba2_y_add_d and "
@@ -37,6 +37,17 @@ LC_POINTS = {
     "attn_in": LcPoint("attn_norm"),
     "rec_out": LcPoint("mamba2_y_add_d", "last", "heads"),
     "attn_out": LcPoint("mamba_out"),
+}
+
+# HF's block around the mixer (Mamba2Block / NemotronHBlock.forward): norm -> mixer ->
+# residual + mixer out, no FFN half, so the block's output is the residual after the branch
+HF_BLOCK_POINTS = {
+    "layer_in": Point("", "in"),
+    "attn_in": Point("mixer", "in"),
+    "attn_branch": Point("mixer.out_proj", "in"),
+    "attn_out": Point("mixer", "out"),
+    "resid_mid": Point("", "out"),
+    "layer_out": Point("", "out"),
 }
 
 

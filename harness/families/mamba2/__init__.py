@@ -34,10 +34,10 @@ from impl import NormSpec
 
 from ...errors import UsageError
 from .._gguf_export import NegExpALog
-from .._mamba2 import (LC_NOT_EXPOSED, Mamba2Sizes, mamba2_config, mamba2_convert, mamba2_state_canonical,
+from .._mamba2 import (HF_BLOCK_POINTS, LC_NOT_EXPOSED, Mamba2Sizes, mamba2_config, mamba2_convert, mamba2_state_canonical,
                        mamba2_weights, refuse_short_conv)
 from .._recurrent import RecurrentProbes
-from ..base import Family, LcPoint, Point
+from ..base import Family, LcPoint
 
 
 class Mamba2(RecurrentProbes, NegExpALog, Family):
@@ -60,14 +60,7 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
     hf_rec_gate_norm = "norm"
     # Mamba2Block.forward: norm -> mixer -> residual + mixer out (no FFN: the block's output
     # is the residual after the branch)
-    hf_points = {
-        "layer_in": Point("", "in"),
-        "attn_in": Point("mixer", "in"),
-        "attn_branch": Point("mixer.out_proj", "in"),
-        "attn_out": Point("mixer", "out"),
-        "resid_mid": Point("", "out"),
-        "layer_out": Point("", "out"),
-    }
+    hf_points = HF_BLOCK_POINTS
     # mamba.cpp graph() + mamba-base.cpp build_mamba2_layer cb() names
     lc_points = {
         "attn_in": LcPoint("attn_norm"),

@@ -52,7 +52,7 @@ from impl import LayerConfig, NormSpec
 from ...errors import UsageError
 from .._gguf_export import NegExpALog
 from .._lc_capture import lc_unrotated
-from .._mamba2 import Mamba2Mixer, Mamba2Sizes
+from .._mamba2 import HF_BLOCK_POINTS, Mamba2Mixer, Mamba2Sizes
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, Point, tensor
 from ..llama import PermutedQK
@@ -89,14 +89,7 @@ class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
 
     # NemotronHBlock.forward: norm -> mixer -> residual + mixer out (one residual, no FFN
     # half: the block's output is the residual after the branch)
-    hf_mamba_points = {
-        "layer_in": Point("", "in"),
-        "attn_in": Point("mixer", "in"),
-        "attn_branch": Point("mixer.out_proj", "in"),
-        "attn_out": Point("mixer", "out"),
-        "resid_mid": Point("", "out"),
-        "layer_out": Point("", "out"),
-    }
+    hf_mamba_points = HF_BLOCK_POINTS
     hf_points = {
         "layer_in": Point("", "in"),
         "attn_in": Point("mixer", "in"),
