@@ -51,6 +51,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.rows import FAILING
+
 from . import atomic, families
 from .case import Case
 from .errors import UsageError, suggest
@@ -323,8 +325,28 @@ def _plain(x):
 _POLICIES: dict = {}
 
 
-def work(case_dict: dict, policy_path: str | None, plot_dir: str | None) -> dict:
-    """Run one case (in a worker process, or in-process for -j1) and draw its plot."""
+# Which cases of a matrix get a PNG (``conformance matrix --plots``). Drawing one costs
+# 0.5-2 s of matplotlib text layout (harness/views.py _draw), more than a warm case: at
+# 821 cases the plots were ~30% of the default matrix's cold time, and 83% of them
+# showed a case whose every comparison passed. "needed" draws the cases a reader has to
+# look at: a failing row (contract.rows.FAILING) or a finding.
+PLOT_WHICH = ("needed", "all", "none")
+PLOT_NEEDED_STATUSES = frozenset(FAILING) | {"finding"}
+
+
+def wants_plot(rows, which: str) -> bool:
+    """Whether a case with these rows gets its plot under ``--plots which``."""
+    if which == "all":
+        return True
+    if which == "none":
+        return False
+    return any(r.get("status") in PLOT_NEEDED_STATUSES for r in rows)
+
+
+def work(case_dict: dict, policy_path: str | None, plot_dir) -> dict:
+    """Run one case (in a worker process, or in-process for -j1) and draw its plot.
+    ``plot_dir``: None (no plot), a folder (every case's plot), or ``(folder, which)``
+    with ``which`` one of ``PLOT_WHICH``."""
     from .case import run_case
     from .policy import load_policy
 
@@ -342,7 +364,8 @@ def work(case_dict: dict, policy_path: str | None, plot_dir: str | None) -> dict
     info["timings"]["case_s"] = time.perf_counter() - t
     if _WORKER_STARTUP:  # this worker's first case: what starting it cost, reported apart
         info["worker_startup_s"] = _WORKER_STARTUP.pop()
-    if plot_dir:
+    plot_dir, which = plot_dir if isinstance(plot_dir, (tuple, list)) else (plot_dir, "all")
+    if plot_dir and wants_plot(rows, which):
         from . import views
 
         try:
@@ -551,15 +574,17 @@ def cases_of(run: dict) -> list[Case]:
 
 
 def complete(d: Path, jobs: int, on_start=lambda c: None, on_done=lambda c, rec: None,
-             plots: bool = True) -> tuple:
-    """Run whatever the journal of ``d`` does not hold yet, then finalize ``d``."""
+             plots: bool | str = "needed") -> tuple:
+    """Run whatever the journal of ``d`` does not hold yet, then finalize ``d``.
+    ``plots``: which cases get a PNG, one of ``PLOT_WHICH`` (True: "needed", False: "none")."""
+    which = plots if isinstance(plots, str) else ("needed" if plots else "none")
     run = read_run(d)
     cases = cases_of(run)
     journal = Journal(d)
     journal.repair()
     held = journal.records()
     todo = [c for c in cases if c.case_id() not in held]
-    plot_dir = d / "plots" if plots else None
+    plot_dir = d / "plots" if which != "none" else None
     if plot_dir:
         plot_dir.mkdir(exist_ok=True)
     t0 = time.perf_counter()
@@ -568,7 +593,7 @@ def complete(d: Path, jobs: int, on_start=lambda c: None, on_done=lambda c, rec:
         journal.append(rec)
         on_done(c, rec)
 
-    execute(run_order(todo), jobs, run.get("policy"), str(plot_dir) if plot_dir else None, on_start, done)
+    execute(run_order(todo), jobs, run.get("policy"), (str(plot_dir), which) if plot_dir else None, on_start, done)
     wall = time.perf_counter() - t0
     prior = run.get("wall_s", 0.0)
     run["wall_s"] = prior + wall  # summed over the invocations that made the run

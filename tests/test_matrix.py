@@ -156,7 +156,7 @@ def unsharded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("matrix")
     s = spec(tmp, TINY)
     out = tmp / "full"
-    assert main(["matrix", s, "--out", str(out), "-j2"]) == 0
+    assert main(["matrix", s, "--out", str(out), "-j2", "--plots", "all"]) == 0
     return s, out
 
 
@@ -177,10 +177,37 @@ def test_a_run_leaves_every_report(unsharded):
     assert sum(int(s.get("tests")) for s in suites) == 5
 
 
+def test_plots_needed_draws_only_the_cases_a_reader_must_look_at(tmp_path, monkeypatch):
+    """The default ``--plots needed``: a case whose rows all pass (or are not exposed)
+    gets no PNG, one with a failing row or a finding does; ``all`` draws every case,
+    ``none`` none (harness/matrix.py PLOT_WHICH: the plots were ~30% of the default
+    matrix's cold time)."""
+    import harness.case
+    from harness import matrix
+    from harness.case import Case
+
+    statuses = {0: ["pass", "not-exposed"], 1: ["pass", "finding"], 2: ["pass", "fail"], 3: ["error"]}
+
+    def fake_run_case(case, policy):
+        rows = [dict(case_id=case.case_id(), candidate="impl", reference="hf", layer=0, probe="attn_out",
+                     status=st, nmse=1e-9) for st in statuses[case.seed]]
+        return rows, {"features": [], "timings": {}}
+
+    monkeypatch.setattr(harness.case, "run_case", fake_run_case)
+    drawn = []
+    monkeypatch.setattr("harness.views.plot_case", lambda rows, path: drawn.append(rows[0]["case_id"]))
+    for which, want in (("needed", [1, 2, 3]), ("all", [0, 1, 2, 3]), ("none", [])):
+        drawn.clear()
+        for seed in statuses:
+            matrix.work(Case(family="llama", seed=seed).to_dict(), None, (str(tmp_path), which) if which != "none" else None)
+        assert drawn == [Case(family="llama", seed=s).case_id() for s in want], which
+    assert matrix.wants_plot([{"status": "pass"}], "needed") is False
+
+
 def test_sharded_and_merged_equals_unsharded(unsharded, tmp_path):
     s, full = unsharded
     for i in (1, 2):
-        assert main(["matrix", s, "--out", str(tmp_path / f"s{i}"), "-j1", "--shard", f"{i}/2"]) == 0
+        assert main(["matrix", s, "--out", str(tmp_path / f"s{i}"), "-j1", "--shard", f"{i}/2", "--plots", "all"]) == 0
     assert len(_rows(tmp_path / "s1")) < len(_rows(full))
     assert main(["merge", str(tmp_path / "s2"), str(tmp_path / "s1"), "--out", str(tmp_path / "m")]) == 0
     pd.testing.assert_frame_equal(_rows(tmp_path / "m"), _rows(full))

@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 def cmd_features(a) -> int:
     from .. import matrix, report, views
-    from .matrix import DEFAULT_SPEC, run_dir, say_default
+    from .matrix import DEFAULT_SPEC, plots_of, run_dir, say_default
 
     if a.run:
         if a.spec:
@@ -44,7 +44,7 @@ def cmd_features(a) -> int:
         spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
         d = matrix.start(spec, a.out, None, a.policy, a.jobs, sys.argv[1:])
         say_default(a.spec, spec, "features")
-        df = run_dir(d, a.jobs, not a.no_plots)[1]
+        df = run_dir(d, a.jobs, plots_of(a))[1]
     print(views.feature_map(df))
     print(views.run_model(df, {}).last_line())
     return report.exit_status(df)

@@ -43,7 +43,10 @@ def add_run_args(p) -> None:
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                    help="worker processes (default: the CPU count; 1 runs in this process)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
-    p.add_argument("--no-plots", action="store_true", help="skip the per-case PNG plots")
+    p.add_argument("--plots", choices=("needed", "all", "none"), default="needed",
+                   help="which cases get a PNG plot: needed (default: a case with a failing row or a finding), "
+                        "all, or none")
+    p.add_argument("--no-plots", action="store_true", help="no per-case PNG plots (as --plots none)")
     from ..cli import add_verbose
     from ..progress import add_quiet
 
@@ -77,7 +80,7 @@ def cmd_matrix(a) -> int:
             return 0
         d = matrix.start(spec, a.out, sh, a.policy, a.jobs, sys.argv[1:])
         say_default(a.spec, spec, "matrix")
-    return run_dir(d, a.jobs, not a.no_plots, quiet=getattr(a, "quiet", False))[0]
+    return run_dir(d, a.jobs, plots_of(a), quiet=getattr(a, "quiet", False))[0]
 
 
 def keyword_matcher(expr: str):
@@ -151,7 +154,12 @@ def select(spec, expr: str):
     return dataclasses.replace(spec, cases=cases)
 
 
-def run_dir(d: Path, jobs: int, plots: bool, quiet: bool = False):
+def plots_of(a) -> str:
+    """Which cases get a plot (``--plots``; ``--no-plots`` is ``none``)."""
+    return "none" if a.no_plots else a.plots
+
+
+def run_dir(d: Path, jobs: int, plots: bool | str, quiet: bool = False):
     """Complete the run in ``d`` with a progress display; ``(exit status, rows)``."""
     from .. import matrix, report, runlog
 

@@ -5,6 +5,7 @@ shape checks HF itself does not make."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 from impl.config import ConfigError, divisors
@@ -40,15 +41,10 @@ class HFConfig:
     def config_class(self):
         # the class itself, not type(an instance): HF's default Starcoder2Config
         # (vocab 49152, bos/eos 50256) warns "got 50256" each time it is built
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-        return CONFIG_MAPPING[self.hf_model_type]
+        return _config_class(self.hf_model_type)
 
     def settable_keys(self) -> list[str]:
-        cls = self.config_class()
-        names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else list(vars(cls()))
-        names += list(self.extra_settable)
-        return sorted({n for n in names if n not in _GENERIC_FIELDS and not n.startswith("_")})
+        return list(_settable_keys(self.config_class(), tuple(self.extra_settable)))
 
     def key_aliases(self) -> dict[str, str]:
         """The config class's own aliases (``PretrainedConfig.attribute_map``: GPT-2's
@@ -156,3 +152,21 @@ def _one_line(e: Exception) -> str:
 def _divisors(n: int) -> str:
     return ", ".join(map(str, divisors(n)))
 
+
+
+# Memoized per process: CONFIG_MAPPING's lazy lookup costs milliseconds a call (the
+# transformers import structure is walked each time) and a matrix spec asks it for every
+# case's config (harness/matrix.py _check_configs: ~2400 calls for the default spec, a
+# quarter of the spec's load time). Both are pure functions of their arguments.
+@functools.lru_cache(maxsize=None)
+def _config_class(model_type: str):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]
+
+
+@functools.lru_cache(maxsize=None)
+def _settable_keys(cls, extra: tuple) -> tuple:
+    names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else list(vars(cls()))
+    names += list(extra)
+    return tuple(sorted({n for n in names if n not in _GENERIC_FIELDS and not n.startswith("_")}))
