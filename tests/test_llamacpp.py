@@ -119,3 +119,33 @@ def test_the_export_writes_rope_freqs_where_the_converter_does(family, written):
     model = fam.build_model(config, 0, "float32")
     names = {n for n, _ in fam.gguf_tensors(model, config)}
     assert ("rope_freqs.weight" in names) == written
+
+
+def test_the_worker_serves_captures_and_a_failure_starts_a_fresh_one(tmp_path):
+    """harness/references/llamacpp/capture.py _WorkerServer: a second capture runs in the
+    same worker process (no second interpreter and libllama start) and gives the same
+    tensors; a capture that fails is an error naming the worker's status and message,
+    its process is gone, and the next capture starts a new one."""
+    import numpy as np
+
+    from harness.families import get
+    from harness.gguf import export as gguf_export
+    from harness.references.llamacpp import capture as llamacpp
+
+    fam = get("llama")
+    config = fam.make_config({})
+    path = gguf_export.export(fam, fam.build_model(config, 0), config, "f32", 0, None)
+    calls = [[(1, 0, 0), (5, 1, 0)], [(7, 2, 0)]]
+    llamacpp._SERVER.close()
+    first, index = llamacpp.run_worker(path, calls, 1, {"l_out"})
+    pid = llamacpp._SERVER.proc.pid
+    again, _ = llamacpp.run_worker(path, calls, 1, {"l_out"})
+    assert llamacpp._SERVER.proc.pid == pid
+    assert index and all(np.array_equal(first[r["key"]], again[r["key"]]) for r in index)
+    (tmp_path / "not.gguf").write_bytes(b"not a gguf")
+    with pytest.raises(RuntimeError, match=r"exit status 3: .*could not load"):
+        llamacpp.run_worker(tmp_path / "not.gguf", calls, 1, {"l_out"})
+    assert llamacpp._SERVER.proc is None
+    third, _ = llamacpp.run_worker(path, calls, 1, {"l_out"})
+    assert llamacpp._SERVER.proc.pid != pid
+    assert all(np.array_equal(first[r["key"]], third[r["key"]]) for r in index)

@@ -15,6 +15,7 @@ reshaped, the converter's Q/K permutation undone, ...).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -204,6 +205,87 @@ def _note_worker_peak(path: Path) -> None:
         WORKER_PEAK_RSS_GB = max(gb, WORKER_PEAK_RSS_GB or 0.0)
 
 
+class _WorkerServer:
+    """The serving worker (``python -m WORKER_MODULE --serve``), started on the first
+    capture and reused by the next ones of this process: the interpreter and libllama
+    start once, not once a capture. What a crash means is unchanged -- the capture that
+    crashed (or failed, or timed out) is an error, the process is gone (the worker
+    ends itself after any failure; a timeout kills it), and the next capture starts a
+    fresh one. Its stderr goes to a file of its own; each capture's message is what was
+    written there from its request on. A change of ``WORKER_MODULE`` or of the
+    environment starts a new one; after ``MAX_CAPTURES`` it is renewed anyway, so
+    whatever llama.cpp keeps between models never accumulates without bound."""
+
+    MAX_CAPTURES = 64
+
+    def __init__(self):
+        self.proc = None
+        self.err = None
+        self.key = None
+        self.served = 0
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        if self.err is not None:
+            self.err.close()
+            self.err = None
+
+    def _start(self, key) -> None:
+        self.close()
+        self.err = tempfile.TemporaryFile(prefix="conformance-lc-err-")
+        self.proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, env=worker_env(), cwd=str(ROOT),
+                                     text=True, bufsize=1)
+        self.key, self.served = key, 0
+
+    def capture(self, req_path: Path, out_dir: Path, timeout: float) -> tuple[int, str]:
+        """Run one capture; ``(status, its stderr)``: 0, or the worker's exit status
+        (negative: the signal that ended it)."""
+        import select
+
+        key = (WORKER_MODULE, tuple(sorted(worker_env().items())))
+        if self.proc is None or self.proc.poll() is not None or key != self.key or self.served >= self.MAX_CAPTURES:
+            self._start(key)
+        self.served += 1
+        # read by position (pread): the file's offset is shared with the worker writing to it
+        fd = self.err.fileno()
+        start = os.fstat(fd).st_size
+        try:
+            self.proc.stdin.write(f"{req_path}\t{out_dir}\n")
+            self.proc.stdin.flush()
+        except OSError:  # it is gone already (a worker that dies as it starts): its status below
+            pass
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            self.proc.kill()
+            self.close()
+            raise RuntimeError(f"llama.cpp capture timed out after {timeout}s")
+        answer = self.proc.stdout.readline()
+        rc = int(answer.split()[1]) if answer.startswith("done ") else None
+        if rc != 0:  # the worker ends after a failure; a crash ended it already
+            try:
+                status = self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                status = self.proc.wait()
+            rc = status if rc is None else rc
+        err = os.pread(fd, max(os.fstat(fd).st_size - start, 0), start).decode(errors="replace")
+        if rc != 0:
+            self.close()
+        return rc, err
+
+
+_SERVER = _WorkerServer()
+atexit.register(_SERVER.close)
+
+
 def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None,
                engine: dict | None = None, states: bool = False):
     """Run the worker; return ``(arrays, index)`` or raise RuntimeError with its message.
@@ -230,14 +312,10 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
     with tempfile.TemporaryDirectory(prefix="conformance-lc-") as d:
         rp, op = Path(d) / "req.json", Path(out_dir) if out_dir is not None else Path(d) / "out"
         rp.write_text(json.dumps(req))
-        try:
-            proc = subprocess.run([sys.executable, "-m", WORKER_MODULE, str(rp), str(op)],
-                                  capture_output=True, text=True, timeout=timeout, env=worker_env(), cwd=str(ROOT))
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"llama.cpp capture timed out after {timeout}s") from None
-        if proc.returncode != 0:
-            tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-6:] if line.strip())
-            how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+        rc, err = _SERVER.capture(rp, op, timeout)
+        if rc != 0:
+            tail = " | ".join(line for line in err.strip().splitlines()[-6:] if line.strip())
+            how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
             raise RuntimeError(f"llama.cpp worker {how}: {tail or '(no message)'}")
         index = json.loads((op / "index.json").read_text())
         _note_worker_peak(op / "usage.json")

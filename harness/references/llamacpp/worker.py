@@ -1,10 +1,16 @@
 """llama.cpp capture, run in its own process.
 
-``python -m harness.references.llamacpp.worker REQUEST.json OUT_DIR``
+``python -m harness.references.llamacpp.worker REQUEST.json OUT_DIR`` (one capture), or
+``python -m harness.references.llamacpp.worker --serve`` (one capture per line
+``REQUEST.json<TAB>OUT_DIR`` on stdin, each answered ``done <status>`` on stdout).
 
 The parent (``harness.references.llamacpp.capture``) runs this in a subprocess so that an
 abort or a segfault inside llama.cpp ends THIS process, and becomes an error
-row there, while the run goes on.
+row there, while the run goes on. It keeps one serving process and reuses it:
+starting Python and loading libllama costs 0.3-0.9 s, more than a tiny model's
+whole capture (428 captures of a cold default matrix spent ~270 s in workers).
+A capture that fails in any way ends the serving process (``serve``), so a
+later capture never runs in a process llama.cpp left in an unknown state.
 
 The request names the GGUF, the decode calls (each a list of ``[token, pos,
 seq]``), and which graph tensor names to keep. Every ``llama_decode`` call
@@ -36,6 +42,13 @@ import sys
 import numpy as np
 
 
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _quiet(level, text, user):
+    # module level: llama.cpp keeps the pointer past the capture that set it (serve)
+    if level == 4 and text:  # GGML_LOG_LEVEL_ERROR: keep errors for the error row
+        sys.stderr.write(text.decode(errors="replace"))
+
+
 def main(req_path: str, out_dir: str) -> int:
     req = json.loads(open(req_path).read())
     import llama_cpp as lc
@@ -45,13 +58,11 @@ def main(req_path: str, out_dir: str) -> int:
     ggml = Ggml()
     wanted = set(req["names"])
     verbose = bool(req.get("verbose"))
+    if verbose:  # llama-cpp-python's own logger, the one its import installs (llama_cpp/_logger.py)
+        from llama_cpp._logger import llama_log_callback
 
-    if not verbose:
-        @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-        def _quiet(level, text, user):
-            if level == 4 and text:  # GGML_LOG_LEVEL_ERROR: keep errors for the error row
-                sys.stderr.write(text.decode(errors="replace"))
-
+        lc.llama_log_set(llama_log_callback, ctypes.c_void_p(0))
+    else:
         lc.llama_log_set(_quiet, None)
     lc.llama_backend_init()
 
@@ -173,5 +184,44 @@ def _own_peak_rss_gb() -> float | None:
     return None
 
 
+def _reset_peak() -> None:
+    """Start VmHWM afresh for the next capture (Linux: writing 5 to clear_refs resets
+    the peak resident size, Documentation/filesystems/proc.rst), so usage.json says
+    this capture's peak, not the serving process's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # the peak then covers earlier captures too: an over-, never an under-statement
+
+
+def serve() -> int:
+    """Captures one after another, one line each on stdin. The answer goes on a copy
+    of the original stdout; fd 1 itself then points at stderr, so nothing llama.cpp or
+    Python prints can be taken for an answer. Ends at end of input (the parent went)
+    or after the first capture that did not succeed."""
+    import os
+    import traceback
+
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        req_path, out_dir = line.rstrip("\n").split("\t")
+        _reset_peak()
+        try:
+            rc = main(req_path, out_dir)
+        except Exception:  # noqa: BLE001 -- reported as the capture's failure, with its traceback
+            traceback.print_exc()
+            rc = 1
+        sys.stderr.flush()
+        answers.write(f"done {rc}\n")
+        answers.flush()
+        if rc != 0:
+            return rc
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(serve() if sys.argv[1:] == ["--serve"] else main(sys.argv[1], sys.argv[2]))
