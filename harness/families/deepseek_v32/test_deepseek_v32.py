@@ -91,3 +91,16 @@ def test_gating_key_is_written_and_required(need_llamacpp):
     path = gguf_export.export(fam, fam.build_model(config, 0), config, "f32", 0, "absorbed")
     with pytest.raises(RuntimeError, match="could not load|exit status|signal"):
         llamacpp.run_worker(path, [[(1, 0, 0)]], 1, {"l_out"})
+
+
+def test_yarn_mscale_below_one_is_a_finding(policy, need_llamacpp):
+    """mscale = mscale_all_dim = 0.707: HF's rope magnitude stays 1, llama.cpp's
+    deepseek32 assumes mscale = 1 (llama-context.cpp special-cases deepseek2 only):
+    a bounded finding from L0 q_pe on; impl (HF's model) passes against HF."""
+    rows = run(policy, family=FAMILY, ref="all", overrides=(("rope_parameters.mscale_all_dim", 0.707),
+                                                            ("rope_parameters.mscale", 0.707)))
+    assert not bad_rows(rows)
+    assert all(r["status"] in ("pass", "not-exposed") for r in rows if r["reference"] == "hf" and r["candidate"] == "impl")
+    found = {(r["candidate"], r["reference"], r["layer"], r["probe"]) for r in rows if r["status"] == "finding"}
+    assert {("impl", "llamacpp", 0, "q_pe"), ("llamacpp", "hf", 0, "q_pe"), ("llamacpp", "hf", -1, "logits")} <= found
+    assert ("impl", "llamacpp", 0, "kv_latent") not in found
