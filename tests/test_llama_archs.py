@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
-MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "dots1", "ernie4_5", "ernie4_5-moe", "exaone-moe", "glm-dsa",
+MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "deepseek32", "dots1", "ernie4_5", "ernie4_5-moe", "exaone-moe", "glm-dsa",
             "glm4moe", "gpt-oss", "hunyuan-moe", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01", "olmoe",
             "phimoe", "qwen2moe", "qwen3moe", "qwen3next"}
 MOE_TOO = {"llama", "granite", "granitemoe", "mistral3"}
@@ -53,6 +53,7 @@ EXPECTED = {
     ("cohere2", False): ("pass", ""),
     ("command-r", False): ("pass", ""),
     ("deepseek2", True): ("pass", "the latent norms' epsilon"),
+    ("deepseek32", True): ("pass", "the latent norms' epsilon"),
     # test-llama-archs.cpp moe_mandatory lists ERNIE4_5; the fixture's sections reach every arch
     ("dots1", True): ("pass", ""),
     ("ernie4_5", True): ("refused", "M-RoPE (ERNIE 4.5 VL) is not HF Ernie4_5's text RoPE"),

@@ -30,7 +30,8 @@ import numpy as np
 # gguf_type (ggml/include/gguf.h)
 U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
 
-MLA_ARCHS = ("deepseek2", "glm-dsa", "kimi-linear")
+# test-llama-archs.cpp get_gguf_ctx (lines 148-150, 231-233): the MLA sizes
+MLA_ARCHS = ("deepseek2", "deepseek32", "glm-dsa", "kimi-linear")
 # test-llama-archs.cpp get_gguf_ctx: n_head per layer with a 0 (recurrent / short-conv) layer 1
 HYBRID_HEADS = ("granitehybrid", "kimi-linear", "lfm2", "lfm2moe")
 
