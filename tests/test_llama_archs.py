@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
-MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "deepseek32", "dots1", "ernie4_5", "ernie4_5-moe", "exaone-moe", "glm-dsa",
-            "glm4moe", "gpt-oss", "hunyuan-moe", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01", "olmoe",
+MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "deepseek32", "dots1", "ernie4_5", "ernie4_5-moe",
+            "exaone-moe", "glm-dsa", "glm4moe", "gpt-oss", "hunyuan-moe", "kimi-linear", "laguna", "lfm2moe",
+            "llama4", "mimo2", "minimax-01", "olmoe",
             "phimoe", "qwen2moe", "qwen3moe", "qwen3next"}
 MOE_TOO = {"llama", "granite", "granitemoe", "mistral3"}
 
@@ -91,6 +92,9 @@ EXPECTED = {
     ("hunyuan-moe", True): ("refused", "HF HunYuanMoEV1's shared MLP is intermediate_size (384) wide"),
     ("jais2", False): ("pass", ""),
     ("kimi-linear", True): ("refused", "head_count = [1, 0]: per-layer values"),
+    # the fixture's expert_weights_norm is false; conversion/laguna.py always writes true (HF's router
+    # renormalises the top-k weights unconditionally)
+    ("laguna", True): ("refused", "unnormalised top-k weights; HF LagunaTopKRouter always renormalises them"),
     # past the fixture's per-layer head counts [2, 0] (layer 1 a short conv: HF Lfm2's
     # layer_types): lfm2.cpp reads q / k / v biases (TENSOR_NOT_REQUIRED), HF Lfm2 has none
     ("lfm2", False): ("refused", "tensors with no counterpart in family lfm2's HF model: blk.0.attn_k.bias"),

@@ -49,4 +49,18 @@ MUTANTS = [
            bisect_note="no switch turns an absent layer into a present one in the seeded model (HF's "
                        "layers_block_type and llama.cpp's per-layer head counts fix the stack): listed as "
                        "unswitchable"),
+    # --- the softplus output gate, one scalar per head (laguna) ---
+    Mutant("softplus-gate-as-sigmoid", "softplus_gate", "impl.attention",
+           "g = _softplus(xp, g, be.acc_dtype)", "g = _sigmoid(xp, g)",
+           {"family": "laguna"}, "attn_branch",
+           doc="the output gate squashed by sigmoid (afmoe's, qwen3_next's) where laguna's is softplus "
+               "(HF LagunaAttention.forward: F.softplus(g_proj(hidden_states).float()); laguna.cpp ggml_softplus): "
+               "the heads agree, the gated branch does not"),
+    Mutant("per-head-gate-strided", "output_gate_per_head", "impl.attention",
+           "g = xp.reshape(xp.broadcast_to(xp.reshape(g, (n, h, 1)), (n, h, dv)), (n, h * dv))",
+           "g = xp.reshape(xp.broadcast_to(xp.reshape(g, (n, 1, h)), (n, dv, h)), (n, h * dv))",
+           {"family": "laguna"}, "attn_branch",
+           doc="the per-head gate spread head-minor: channel c takes head c % n_heads's scalar instead of head "
+               "c // head_dim's (HF LagunaAttention.forward: view(..., -1, head_dim) * gate.unsqueeze(-1); "
+               "laguna.cpp reshapes the gate to [1, n_head, T] against [head_dim, n_head, T])"),
 ]
