@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
 MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "dots1", "ernie4_5", "ernie4_5-moe", "exaone-moe", "glm-dsa",
-            "glm4moe", "gpt-oss", "hunyuan-moe", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01", "olmoe",
+            "glm4moe", "gpt-oss", "hunyuan-moe", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01", "minimax-m2", "olmoe",
             "phimoe", "qwen2moe", "qwen3moe", "qwen3next"}
 MOE_TOO = {"llama", "granite", "granitemoe", "mistral3"}
 
@@ -128,6 +128,8 @@ EXPECTED = {
                                "not found (the family's own export passes three-way)"),
     ("mamba2", False): ("open", "L0 state_conv impl vs llama.cpp nmse 2.7e3 (call 0, ch 746), attn_out nmse 8e5: "
                                 "not found (the family's own export passes three-way)"),
+    # minimax-m2.cpp create_tensor_qkv reads optional q / k / v biases; HF MiniMaxM2Attention has none
+    ("minimax-m2", True): ("refused", "tensors with no counterpart in family minimax_m2's HF model: blk.0.attn_k.bias"),
     ("olmoe", True): ("pass", ""),
     ("qwen2moe", True): ("pass", ""),
     ("qwen3moe", True): ("pass", ""),
