@@ -471,9 +471,13 @@ def converted_all(tmp_path_factory, llama_cpp_tree):
 # attn_sub_norm / ffn_sub_norm, via gguf-py's tensor_mapping.py) and minimax
 # (conversion/__init__.py registers MiniMaxText01ForCausalLM / MiniMaxM1ForCausalLM and
 # conversion/minimax.py reads the original config.json's layernorm_*_alpha / rotary_dim;
-# transformers 5 saves MiniMaxForCausalLM with full_attn_alpha_factor ..., no rotary_dim)
+# transformers 5 saves MiniMaxForCausalLM with full_attn_alpha_factor ..., no rotary_dim) and
+# minimax_m2 (conversion/minimax.py MiniMaxM2Model.set_gguf_parameters: find_hparam(["rotary_dim"]),
+# which MiniMaxM2Config.convert_rope_params_to_dict turns into partial_rotary_factor: to_dict()
+# has no rotary_dim, so the converter raises KeyError)
 # it does not
-CONVERTIBLE = [f for f in all_families() if f not in ("bitnet", "kimi_linear", "mimo_v2_flash", "minimax")]
+CONVERTIBLE = [f for f in all_families() if f not in ("bitnet", "kimi_linear", "mimo_v2_flash", "minimax",
+                                                      "minimax_m2")]
 # the multi-token-prediction layers (a transformers-5 Glm4MoeConfig saves num_nextn_predict_layers = 1)
 # are not compared: the converter's --no-mtp drops them, as users converting for inference do
 CONVERTER_ARGS = {"qwen3_next": ["--no-mtp"], "qwen3_5_text": ["--no-mtp"], "glm4_moe": ["--no-mtp"]}

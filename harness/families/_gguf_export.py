@@ -109,6 +109,31 @@ class GGUFExport:
                 yield "rope_freqs.weight", factors
 
 
+def tensor_name_map(tensors: tuple[str, ...], n_blocks: int):
+    """gguf's ``TensorNameMap`` for an arch the installed gguf-py has no entry for
+    (gguf 0.19 lacks cohere2moe): the installed ``mappings_cfg`` /
+    ``block_mappings_cfg`` (tensor_mapping.py: HF module -> GGUF tensor) kept to
+    ``tensors``, the ``MODEL_TENSOR`` names the arch's ``MODEL_TENSORS`` entry of the
+    vendored gguf-py lists -- what ``TensorNameMap.__init__`` keeps for an arch it
+    knows. Only ``get_name`` is used (export and ``--gguf``)."""
+    import gguf
+
+    keep = {getattr(gguf.MODEL_TENSOR, t) for t in tensors}
+    tmap = gguf.TensorNameMap.__new__(gguf.TensorNameMap)
+    tmap.mapping = {}
+    for tensor, keys in gguf.TensorNameMap.mappings_cfg.items():
+        if tensor in keep:
+            for key in (gguf.TENSOR_NAMES[tensor], *keys):
+                tmap.mapping[key] = (tensor, gguf.TENSOR_NAMES[tensor])
+    for bid in range(n_blocks):
+        for tensor, keys in gguf.TensorNameMap.block_mappings_cfg.items():
+            if tensor in keep:
+                name = gguf.TENSOR_NAMES[tensor].format(bid=bid)
+                for key in (name, *(k.format(bid=bid) for k in keys)):
+                    tmap.mapping[key] = (tensor, name)
+    return tmap
+
+
 def gguf_size_params(w, config, head_count_kv: bool = True) -> None:
     """The sizes conversion/base.py ``TextModel.set_gguf_parameters`` writes first
     (block count, context, embedding and feed-forward lengths, head counts), from
@@ -117,7 +142,8 @@ def gguf_size_params(w, config, head_count_kv: bool = True) -> None:
     w.add_block_count(config.num_hidden_layers)
     w.add_context_length(config.max_position_embeddings)
     w.add_embedding_length(config.hidden_size)
-    w.add_feed_forward_length(config.intermediate_size)
+    if getattr(config, "intermediate_size", None) is not None:  # an all-MoE config may have none
+        w.add_feed_forward_length(config.intermediate_size)
     w.add_head_count(config.num_attention_heads)
     if head_count_kv:
         w.add_head_count_kv(config.num_key_value_heads)
@@ -184,7 +210,8 @@ def text_model_gguf_params(w, config) -> None:
     w.add_block_count(config.num_hidden_layers)
     for value, add in ((find("max_position_embeddings", "n_ctx", "n_positions"), w.add_context_length),
                        (find("hidden_size", "n_embd", "dim"), w.add_embedding_length),
-                       (find("intermediate_size", "n_inner", "hidden_dim"), w.add_feed_forward_length),
+                       (find("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size", "n_inner",
+                             "hidden_dim"), w.add_feed_forward_length),
                        (find("num_attention_heads", "n_head", "n_heads"), w.add_head_count),
                        (find("num_key_value_heads", "n_kv_heads"), w.add_head_count_kv)):
         if value is not None:

@@ -82,9 +82,9 @@ class Cohere2(LlamaLike):
         return super().layer_config(config, i).replace(residual="parallel")
 
     def lc_points_for(self, config, i: int):
-        if self.is_sliding(config, i):
+        if self.uses_rope(config, i):
             return self.lc_points
-        # cohere2.cpp: no ggml_rope_ext on a full layer; Qcur/Kcur enter attention as reshaped
+        # cohere2.cpp: no ggml_rope_ext on a NoPE (full) layer; Qcur/Kcur enter attention as reshaped
         return lc_unrotated(self.lc_points)
 
     def gguf_params(self, w, config, variant=None):

@@ -108,7 +108,11 @@ class Qwen35Text(GatedHybrid):
         from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
-        kw = self.hybrid_config(meta, shapes, hp, moe=False)
+        return self.with_mrope(meta, self.hybrid_config(meta, shapes, hp, moe=False))
+
+    def with_mrope(self, meta, kw: dict) -> dict:
+        """``kw`` (the hybrid's config) with a qwen35 / qwen35moe file's (required)
+        ``rope.dimension_sections`` as HF's interleaved mrope_section."""
         sections = [int(s) for s in meta.get_per_layer("rope.dimension_sections", 4)]
         kw["rope_parameters"].update(mrope_section=sections[:3], mrope_interleaved=True)
         return kw

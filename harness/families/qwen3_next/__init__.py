@@ -292,6 +292,31 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
         prf = rp.get("partial_rotary_factor", 0.25)
         w.add_rope_dimension_count(int(self.head_dim(config) * prf))
 
+    def _params_experts(self, w, config) -> None:
+        """base.py: expert_count / expert_used_count; Qwen2MoeModel: the expert and
+        shared-expert feed-forward lengths (qwen3_next and qwen3_5_moe alike)."""
+        w.add_expert_count(config.num_experts)
+        w.add_expert_used_count(config.num_experts_per_tok)
+        w.add_expert_feed_forward_length(config.moe_intermediate_size)
+        w.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+
+    def experts_config(self, meta, hp, kw: dict) -> dict:
+        """qwen3next.cpp / qwen35moe.cpp load_arch_hparams: the experts' width
+        (default ``n_ff / n_expert_used``) and the shared expert's (default
+        ``n_ff``); the graphs route by softmax and always renormalise
+        (build_moe_ffn norm_w = true), every layer MoE with a sigmoid-gated shared
+        expert -- HF's Qwen3NextSparseMoeBlock / Qwen3_5MoeSparseMoeBlock."""
+        from .._gguf_import import experts, one_per_layer
+
+        n_exp, n_used = experts(meta, hp, self.name)
+        kw.update(num_experts=n_exp, num_experts_per_tok=n_used,
+                  moe_intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer,
+                                                      hp.ff // n_used),
+                  shared_expert_intermediate_size=int(meta.get("expert_shared_feed_forward_length", hp.ff)))
+        if "norm_topk_prob" in self.tiny:  # Qwen3NextConfig's switch; Qwen3_5MoeTopKRouter always renormalises
+            kw["norm_topk_prob"] = True
+        return kw
+
     # Qwen3NextModel.modify_tensors: every *norm.weight except the delta-net's gated
     # norm gets + 1 (NormPlusOne: llama.cpp's RMS norm multiplies by w, HF by 1 + w)
     norm_plus_one_skip = ("linear_attn.norm.weight",)
@@ -351,30 +376,15 @@ class Qwen3Next(GatedHybrid):
 
     def gguf_params(self, w, config, variant=None):
         self._params_common(w, config)
-        # base.py: expert_count / expert_used_count; Qwen2MoeModel: the expert and
-        # shared-expert feed-forward lengths
-        w.add_expert_count(config.num_experts)
-        w.add_expert_used_count(config.num_experts_per_tok)
-        w.add_expert_feed_forward_length(config.moe_intermediate_size)
-        w.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
-
-
+        self._params_experts(w, config)
 
     def config_from_gguf(self, meta, shapes, tensors):
-        """qwen3next.cpp load_arch_hparams: the hybrid keys, the experts' width
-        (default ``n_ff / n_expert_used``) and the shared expert's (default
-        ``n_ff``); the graph routes by softmax and always renormalises
-        (build_moe_ffn norm_w = true), every layer MoE."""
-        from .._gguf_import import experts, one_per_layer, read_hparams
+        """qwen3next.cpp load_arch_hparams: the hybrid keys and the experts'
+        (``experts_config``)."""
+        from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
-        kw = self.hybrid_config(meta, shapes, hp, moe=True)
-        n_exp, n_used = experts(meta, hp, self.name)
-        kw.update(num_experts=n_exp, num_experts_per_tok=n_used, norm_topk_prob=True,
-                  moe_intermediate_size=one_per_layer(meta, "expert_feed_forward_length", hp.n_layer,
-                                                      hp.ff // n_used),
-                  shared_expert_intermediate_size=int(meta.get("expert_shared_feed_forward_length", hp.ff)))
-        return kw
+        return self.experts_config(meta, hp, self.hybrid_config(meta, shapes, hp, moe=True))
 
 
 FAMILY = Qwen3Next()
