@@ -107,8 +107,11 @@ class FalconH1(NegExpALog, LlamaLike):
     # FalconH1Model.forward: `inputs_embeds = embed_tokens(ids) * embedding_multiplier` outside the
     # module: the first layer's input is the scaled embedding (llama.cpp's `embd`: the folded table)
     hf_model_points = {"embeddings": ("model.layers.0", "in"), "final_norm": ("model.final_layernorm", "out")}
-    # falcon-h1.cpp cb() names
-    lc_points = {**LlamaLike.lc_points, "ssm_out": LcPoint("ssm_out")}
+    # falcon-h1.cpp cb() names: the graph renames the rotated Q / K and the reshaped V
+    # (`cb(Qcur, "Qcur-post-rope", il)`, same tensor objects: ggml keeps the last name)
+    lc_points = {**LlamaLike.lc_points, "q_rope": LcPoint("Qcur-post-rope", "last", "heads"),
+                 "k_rope": LcPoint("Kcur-post-rope", "last", "heads"),
+                 "v": LcPoint("Vcur-post-rope", "last", "heads"), "ssm_out": LcPoint("ssm_out")}
 
     # ------------------------------------------------------------------ config
     def validate(self, kw: dict) -> None:
