@@ -275,6 +275,44 @@ class FalconH1(NegExpALog, LlamaLike):
             data = (data.astype(np.float64) / np.asarray(f, dtype=np.float64)).astype(np.float32)
         return super().gguf_value_unmap(name, data, config)
 
+    def config_from_gguf(self, meta, shapes, tensors):
+        """falcon-h1.cpp load_arch_hparams (the RMS eps, ``ssm.conv_kernel`` / ``inner_size`` /
+        ``state_size`` / ``time_step_rank`` (the heads) / ``group_count``) and the attention's
+        sizes, as HF FalconH1 holds them. The file carries no multiplier: the converter folded
+        each into a weight and falcon-h1.cpp applies none, so the file reads back as the model
+        with every multiplier 1 and the folded weights -- the model llama.cpp runs. The gated
+        norm is the file's ``ssm_norm`` (present: ``mamba_rms_norm``, gate then norm as
+        build_mamba2_layer orders it); the conv bias is ``ssm_conv1d.bias``."""
+        from .._gguf_import import hf_rope, read_hparams, refuse_experts, special_tokens, vocab_of
+
+        hp = read_hparams(meta)
+        refuse_experts(meta, hp, self.name)
+        for key, vals in (("attention.head_count", hp.n_head), ("attention.head_count_kv", hp.n_head_kv),
+                          ("feed_forward_length", hp.n_ff)):
+            if len(set(vals)) != 1:
+                meta.refuse(key, vals, "one value for every layer (falcon-h1.cpp reads layer 0's)")
+        inner, heads = int(meta.get("ssm.inner_size")), int(meta.get("ssm.time_step_rank"))
+        if heads < 1 or inner % heads:
+            meta.refuse("ssm.inner_size", inner, f"not a multiple of ssm.time_step_rank {heads} (the heads)")
+        vocab = vocab_of(meta, shapes)
+        n_head = hp.n_head[0]
+        ff = hp.n_ff[0]
+        return {"vocab_size": vocab, "hidden_size": hp.n_embd, "num_hidden_layers": hp.n_layer,
+                "num_attention_heads": n_head, "num_key_value_heads": hp.n_head_kv[0],
+                "head_dim": hp.n_embd_head_k, "intermediate_size": ff, "max_position_embeddings": hp.n_ctx_train,
+                "rms_norm_eps": meta.get_f32("attention.layer_norm_rms_epsilon"),
+                "mamba_d_ssm": inner, "mamba_n_heads": heads, "mamba_d_head": inner // heads,
+                "mamba_expand": max(1, inner // hp.n_embd),
+                "mamba_n_groups": int(meta.get("ssm.group_count")), "mamba_d_state": int(meta.get("ssm.state_size")),
+                "mamba_d_conv": int(meta.get("ssm.conv_kernel")), "mamba_proj_bias": False,
+                "mamba_conv_bias": "blk.0.ssm_conv1d.bias" in shapes,
+                "mamba_rms_norm": "blk.0.ssm_norm.weight" in shapes, "mamba_norm_before_gate": False,
+                # no key holds HF's SSD chunk (ggml's ssm_scan is sequential): the family's own
+                "mamba_chunk_size": self.tiny["mamba_chunk_size"],
+                **{k: 1.0 for k in MULTIPLIERS}, "ssm_multipliers": [1.0] * 5, "mlp_multipliers": [1.0, 1.0],
+                "rope_parameters": hf_rope(meta, hp),
+                "tie_word_embeddings": "output.weight" not in shapes, **special_tokens(meta, vocab)}
+
     def gguf_convert(self, name, data, config, variant=None):
         """Mamba2Model.modify_tensors' layout steps (harness/families/_mamba2.py mamba2_convert:
         conv squeezed, A / D unsqueezed, the gated norm ``(n_groups, d_ssm / n_groups)``)."""
