@@ -259,15 +259,24 @@ class FalconH1(NegExpALog, LlamaLike):
             return config.embedding_multiplier
         return None
 
-    def gguf_value_map(self, name, data, config):
-        data = super().gguf_value_map(name, data, config)
+    # what a falcon-h1 file reads back as (config_from_gguf): every multiplier 1, the weights
+    # folded -- the overrides that make the HF config of that model (tests/test_gguf_files.py)
+    gguf_unit_multipliers = tuple((k, 1.0) for k in MULTIPLIERS) + (("ssm_multipliers", [1.0] * 5),
+                                                                     ("mlp_multipliers", [1.0, 1.0]))
+
+    def gguf_fold(self, name, data, config):
+        """HF tensor ``name`` with its multiplier folded in, as the converter writes it
+        (``_fold``; float32, the converter's torch product: one rounding)."""
         f = self._fold(name, config)
         if f is None:
             return data
-        import torch  # the converter multiplies float32 torch tensors (one rounding, as it does)
+        import torch
 
         t = torch.from_numpy(np.ascontiguousarray(data))
         return (t * torch.as_tensor(np.asarray(f, dtype=np.float32))).numpy() if np.ndim(f) else (t * f).numpy()
+
+    def gguf_value_map(self, name, data, config):
+        return self.gguf_fold(name, super().gguf_value_map(name, data, config), config)
 
     def gguf_value_unmap(self, name, data, config):
         f = self._fold(name, config)
