@@ -37,7 +37,8 @@ def test_three_way_every_probe_of_both_branches(policy, kv, schedule):
         assert st[("llamacpp", "hf", layer, "ssm_out")] == "pass"
         assert st[("llamacpp", "hf", layer, "layer_out")] == "pass"
     # the model's multipliers (embedding, lm_head: folded by the converter, applied by HF)
-    assert st[("llamacpp", "hf", None, "logits")] == "pass"
+    assert st[("llamacpp", "hf", -1, "embeddings")] == "pass"
+    assert st[("llamacpp", "hf", -1, "logits")] == "pass"
 
 
 NORM_FIRST = (("mamba_norm_before_gate", True),)
