@@ -149,13 +149,22 @@ class FalconH1(NegExpALog, LlamaLike):
 
     def reference_refusal(self, config, reference: str) -> str | None:
         if reference == "llamacpp":
-            for key in ("mamba_proj_bias", "projectors_bias", "attention_bias", "mlp_bias"):
+            for key in ("mamba_proj_bias", "projectors_bias"):
                 if getattr(config, key, False):
-                    # conversion/falcon_h1.py modify_tensors scales the WEIGHTS only, where HF scales
-                    # the projection's output (bias included): not the same model with a bias
-                    return (f"{key}=true: the converter folds falcon_h1's multipliers into the weights only "
-                            f"(conversion/falcon_h1.py modify_tensors), HF scales the biased output; valid for "
+                    return (f"{key}=true: falcon-h1.cpp load_arch_tensors loads no ssm_in / ssm_out bias; valid for "
                             f"--ref llamacpp: false (HF computes it: --ref hf or hf_cached)")
+            # conversion/falcon_h1.py modify_tensors scales the WEIGHT, where HF scales the biased
+            # output: the same model only where the multiplier on that output is 1
+            # (attention_in_multiplier scales the INPUT, which folding into W reproduces)
+            for key, mults in (("attention_bias", (("key_multiplier", config.key_multiplier),
+                                                   ("attention_out_multiplier", config.attention_out_multiplier))),
+                               ("mlp_bias", (("mlp_multipliers", config.mlp_multipliers[0]),
+                                             ("mlp_multipliers", config.mlp_multipliers[1])))):
+                bad = [m for m, v in mults if v != 1.0]
+                if getattr(config, key, False) and bad:
+                    return (f"{key}=true with {bad[0]} != 1: the converter folds the multiplier into the weight "
+                            f"only (conversion/falcon_h1.py modify_tensors), HF scales the biased output; valid for "
+                            f"--ref llamacpp: {key}=false or those multipliers 1 (HF computes it: --ref hf)")
             if config.tie_word_embeddings:
                 return ("tie_word_embeddings=true: the converter folds embedding_multiplier into token_embd, which "
                         "llama.cpp's tied head reuses, where HF's head is lm_head_multiplier times the unscaled "
@@ -314,6 +323,7 @@ class FalconH1(NegExpALog, LlamaLike):
                 "mamba_expand": max(1, inner // hp.n_embd),
                 "mamba_n_groups": int(meta.get("ssm.group_count")), "mamba_d_state": int(meta.get("ssm.state_size")),
                 "mamba_d_conv": int(meta.get("ssm.conv_kernel")), "mamba_proj_bias": False,
+                "attention_bias": "blk.0.attn_q.bias" in shapes, "mlp_bias": "blk.0.ffn_up.bias" in shapes,
                 "mamba_conv_bias": "blk.0.ssm_conv1d.bias" in shapes,
                 "mamba_rms_norm": "blk.0.ssm_norm.weight" in shapes, "mamba_norm_before_gate": False,
                 # no key holds HF's SSD chunk (ggml's ssm_scan is sequential): the family's own
