@@ -303,12 +303,13 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
         out = out * cfg.o_scale
     if "bo" in w:
         out = out + w["bo"]
-    if cfg.attn_out_multiplier != 1.0:
-        out = out * cfg.attn_out_multiplier  # HF FalconH1DecoderLayer `attention_hidden_states * attn_out_multiplier`
     if cfg.value_scale is not None:
         out = out * cfg.value_scale
     if cfg.post_norm is not None:
         out = normalize(xp, out, cfg.post_norm, w.get("post_norm"), w.get("post_norm_b"), be.acc_dtype)
+    if cfg.attn_out_multiplier != 1.0:
+        # HF FalconH1DecoderLayer.forward: the attention module's output `* attn_out_multiplier`
+        out = out * cfg.attn_out_multiplier
     put("attn_out", out)
     if layer.ssm is not None:
         # spec parallel_ssm_rows / falcon-h1.cpp:156-160: the Mamba-2 block on the SAME normed row

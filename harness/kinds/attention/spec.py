@@ -109,11 +109,12 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
     o = b @ w["wo"].T
     if cfg.o_scale is not None:
         o = o * cfg.o_scale
-    o = (o + w.get("bo", 0.0)) * cfg.attn_out_multiplier  # HF FalconH1DecoderLayer: * attention_out_multiplier
+    o = o + w.get("bo", 0.0)
     if cfg.value_scale is not None:
         o = o * cfg.value_scale
     if cfg.post_norm is not None:
         o = norm(o, cfg.post_norm, w.get("post_norm"), w.get("post_norm_b"))
+    o = o * cfg.attn_out_multiplier  # HF FalconH1DecoderLayer: the attention's output * attention_out_multiplier
     P["attn_out"] = o
     if cfg.residual == "sequential":
         # HF MiniMaxDecoderLayer: the residual is the normed input times alpha (residual_base)
