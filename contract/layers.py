@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from .errors import ConfigError
 
@@ -231,6 +231,21 @@ class LayerConfig:
     # / ``residual_alpha`` say the same of a recurrent layer.
     residual_base: Literal["input", "normed"] = "input"
     residual_alpha: float = 1.0
+    # The spec's ``parallel_ssm_rows`` (falcon-h1.cpp:156-160; HF ``FalconH1DecoderLayer.forward``):
+    # a Mamba-2 block (a ``contract.recurrent.RecurrentConfig`` of kind ``mamba2``) on the SAME
+    # normed row as the attention, its output summed with the attention's into the residual
+    # (None: no parallel branch). Its weights ride in the layer's dict under ``ssm.<name>``.
+    parallel_ssm: Any = None
+    # falcon_h1's branch multipliers (HF FalconH1DecoderLayer / FalconH1Attention): the row the
+    # attention reads is ``normed * attn_in_multiplier``, K is ``k_proj(.) * key_multiplier``
+    # (before RoPE), the attention's output (after wo) ``* attn_out_multiplier``; the SSM block
+    # reads ``normed * ssm_in_multiplier`` and its output is ``* ssm_out_multiplier``. llama.cpp
+    # folds every one into the weights (conversion/falcon_h1.py modify_tensors).
+    attn_in_multiplier: float = 1.0
+    key_multiplier: float = 1.0
+    attn_out_multiplier: float = 1.0
+    ssm_in_multiplier: float = 1.0
+    ssm_out_multiplier: float = 1.0
 
     def __post_init__(self):
         if self.hidden_size < 1:
@@ -282,6 +297,26 @@ class LayerConfig:
         if (self.residual_base == "normed" or self.residual_alpha != 1.0) and self.residual != "sequential":
             raise ConfigError("residual_base / residual_alpha describe the residual a sequential layer adds its "
                               "branch to; valid with residual='parallel': residual_base='input', residual_alpha=1")
+        for name in ("attn_in_multiplier", "key_multiplier", "attn_out_multiplier", "ssm_in_multiplier",
+                     "ssm_out_multiplier"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"{name}={v!r}: must be a finite number")
+        ssm = self.parallel_ssm
+        if ssm is None:
+            if self.ssm_in_multiplier != 1.0 or self.ssm_out_multiplier != 1.0:
+                raise ConfigError("ssm_in_multiplier / ssm_out_multiplier scale the parallel SSM branch; valid: 1 "
+                                  "without parallel_ssm")
+        else:
+            if getattr(ssm, "kind", None) != "mamba2":
+                raise ConfigError(f"parallel_ssm is a Mamba-2 block (falcon-h1.cpp build_mamba2_layer); got kind "
+                                  f"{getattr(ssm, 'kind', None)!r}; valid: a RecurrentConfig of kind mamba2")
+            if ssm.hidden_size != self.hidden_size:
+                raise ConfigError(f"parallel_ssm hidden_size {ssm.hidden_size} != the layer's {self.hidden_size}; "
+                                  f"valid: the same row width")
+            if self.residual != "sequential":
+                raise ConfigError("parallel_ssm sums into a sequential residual (falcon-h1.cpp: attn_out + ssm_out "
+                                  "+ inpSA); valid: residual='sequential'")
 
     @property
     def dv(self) -> int:
@@ -304,8 +339,9 @@ class LayerConfig:
             return ("resid_mid",)
         if self.shape == "linear":
             return ("attn_in", "attn_out") + seq
+        ssm = ("ssm_out",) if self.parallel_ssm is not None else ()
         return ("attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_branch",
-                "attn_out") + seq
+                "attn_out") + ssm + seq
 
     def replace(self, **kw) -> "LayerConfig":
         return replace(self, **kw)

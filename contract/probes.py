@@ -97,7 +97,11 @@ _LAYER = (
     Probe("attn_branch", "[S, T, H * Dv]", ROW, "what enters wo (after gates and sub-norm; recurrent: what enters "
                                                 "out_proj, after the output norm / gate, [S, T, W])"),
     Probe("attn_out", "[S, T, hidden]", ROW, "what is added to the residual (after wo, its scale and bias, value "
-                                             "scale, post-attention norm)"),
+                                             "scale, post-attention norm; with a parallel SSM branch: the "
+                                             "attention's part, ssm_out the other)"),
+    Probe("ssm_out", "[S, T, hidden]", ROW, "a parallel SSM branch's output (falcon_h1: the Mamba-2 block on the "
+                                            "same normed row, after out_proj and its multiplier; the residual adds "
+                                            "it to attn_out)", kinds=("attention",)),
     Probe("resid_mid", "[S, T, hidden]", ROW, "the residual after the attention half (sequential blocks)"),
     Probe("layer_out", "[S, T, hidden]", ROW, "the decoder layer's output (free-running sides)"),
 )

@@ -44,6 +44,7 @@ mamba's ``in_proj``) splits them on the way in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError
@@ -187,6 +188,10 @@ class RecurrentConfig:
     residual: str = "input"
     residual_alpha: float = 1.0
     residual_beta: float = 1.0
+    # mamba2 only: HF FalconH1Mixer's ``mup_vector`` -- the in-projection's output scaled per
+    # segment, (z, x, B, C, dt) (modeling_falcon_h1.py compute_mup_vector, ``ssm_multipliers``);
+    # None: unscaled. llama.cpp folds it into ssm_in (conversion/falcon_h1.py modify_tensors).
+    proj_multipliers: tuple[float, ...] | None = None
     scan: str = "sequential"
     chunk_size: int = 64
 
@@ -281,6 +286,11 @@ class RecurrentConfig:
         if g is not None and (g < 0 or (g > 0 and width % g)):
             raise ConfigError(f"out_norm_groups={g} does not divide the output row of {width}; valid: None (per head), "
                               f"0 (no norm) or a divisor of {width}")
+        pm = self.proj_multipliers
+        if pm is not None and (self.kind != "mamba2" or len(pm) != 5 or not all(
+                isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) for m in pm)):
+            raise ConfigError(f"proj_multipliers={pm!r}: five finite numbers (z, x, B, C, dt) of a mamba2 layer's "
+                              f"in-projection; valid: None or five numbers with kind mamba2")
         if (g == 0) != (self.gate_order == "gate_only"):
             raise ConfigError(f"gate_order={self.gate_order!r} with out_norm_groups={g}: 'gate_only' is the order of "
                               f"an output stage without a norm (out_norm_groups=0) and only of it")

@@ -38,6 +38,7 @@ from .ops import linear as _linear
 from .ops import noop as _noop
 from .ops import sigmoid as _sigmoid
 from .ops import softplus as _softplus
+from .recurrent import RecurrentLayer, recurrent_branch
 
 # The weights a layer may carry, in HF nn.Linear layout ([out, in]). Presence
 # turns on the decorations the spec says "the tensor decides".
@@ -64,7 +65,11 @@ LAYER_WEIGHTS = {
     "bo": "[hidden] o_proj bias",
     "post_norm": "[hidden] post-attention norm weight",
     "post_norm_b": "[hidden] post-attention norm bias",
+    # ssm.<name>: a parallel SSM branch's weights (LayerConfig.parallel_ssm), by the recurrent
+    # body's names (impl.recurrent.RECURRENT_WEIGHTS) without its input norm: it reads the
+    # attention's normed row
 }
+SSM_PREFIX = "ssm."
 
 
 @dataclass
@@ -75,18 +80,29 @@ class Layer:
     backend: Backend
     w: dict = field(default_factory=dict)
     slopes: object = None
+    ssm: object = None  # the parallel SSM branch, an impl.recurrent.RecurrentLayer (None: none)
 
     @classmethod
     def load(cls, cfg: LayerConfig, weights: dict, backend: Backend) -> "Layer":
+        ssm_w = {k[len(SSM_PREFIX):]: v for k, v in weights.items() if k.startswith(SSM_PREFIX)}
+        weights = {k: v for k, v in weights.items() if not k.startswith(SSM_PREFIX)}
         unknown = set(weights) - set(LAYER_WEIGHTS)
         if unknown:
             raise ConfigError(f"unknown layer weights {sorted(unknown)}; valid: {', '.join(LAYER_WEIGHTS)}")
+        if ssm_w and cfg.parallel_ssm is None:
+            raise ConfigError(f"weights {sorted(SSM_PREFIX + k for k in ssm_w)} are a parallel SSM branch's; valid: "
+                              f"with LayerConfig.parallel_ssm set")
+        if "attn_norm" in ssm_w or "attn_norm_b" in ssm_w:
+            raise ConfigError("a parallel SSM branch reads the attention's normed row; valid: no ssm.attn_norm")
         _check_shapes(cfg, weights)
+        ssm = None
+        if cfg.parallel_ssm is not None:
+            ssm = RecurrentLayer.load(cfg.parallel_ssm, ssm_w, backend)
         w = {k: backend.asarray(v) for k, v in weights.items() if v is not None}
         slopes = None
         if cfg.alibi_max_bias is not None:
             slopes = backend.asarray(np.asarray(alibi_slopes(cfg.n_heads, cfg.alibi_max_bias)), backend.acc_dtype)
-        return cls(cfg, backend, w, slopes)
+        return cls(cfg, backend, w, slopes, ssm)
 
     # the layer protocol the runner drives (impl.runner): a body and its cache rows
     def block(self, x, kv, trace=None):
@@ -185,10 +201,12 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
 
     n = x.shape[0]
     h, hkv, d, dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
+    # HF FalconH1DecoderLayer.forward `self_attn(hidden_states * attention_in_multiplier)`
+    a_in = normed * cfg.attn_in_multiplier if cfg.attn_in_multiplier != 1.0 else normed
     # spec project_qkv: the three products, weights only
-    q = _linear(xp, normed, w["wq"], None)
-    k = _linear(xp, normed, w["wk"], None)
-    v = _linear(xp, normed, w["wv"], None)
+    q = _linear(xp, a_in, w["wq"], None)
+    k = _linear(xp, a_in, w["wk"], None)
+    v = _linear(xp, a_in, w["wv"], None)
     gate = None
     if cfg.q_gate_interleaved:
         # qwen3next / qwen35 (HF `torch.chunk(q_proj(x).view(..., head_dim * 2), 2, -1)`,
@@ -207,6 +225,9 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
         k = k + w["bk"]
     if "bv" in w:
         v = v + w["bv"]
+    if cfg.key_multiplier != 1.0:
+        # HF FalconH1Attention.forward `k_proj(hidden_states).view(...) * self.key_multiplier`, before RoPE
+        k = k * cfg.key_multiplier
     if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":
         # olmo `clip_qkv`; llama.cpp build_qkv `f_clamp_kqv`: after the bias.
         c = cfg.qkv_clamp
@@ -286,7 +307,21 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
         out = out * cfg.value_scale
     if cfg.post_norm is not None:
         out = normalize(xp, out, cfg.post_norm, w.get("post_norm"), w.get("post_norm_b"), be.acc_dtype)
+    if cfg.attn_out_multiplier != 1.0:
+        # HF FalconH1DecoderLayer.forward: the attention module's output `* attn_out_multiplier`
+        out = out * cfg.attn_out_multiplier
     put("attn_out", out)
+    if layer.ssm is not None:
+        # spec parallel_ssm_rows / falcon-h1.cpp:156-160: the Mamba-2 block on the SAME normed row
+        # (HF FalconH1DecoderLayer.forward: `self.mamba(hidden_states=hidden_states)`, its input
+        # scaled by ssm_in_multiplier inside FalconH1Mixer.forward), its output * ssm_out_multiplier,
+        # summed with the attention's (spec add_parallel_ssm; falcon-h1.cpp `ggml_add(attn_out, ssm_out)`)
+        s_in = normed * cfg.ssm_in_multiplier if cfg.ssm_in_multiplier != 1.0 else normed
+        ssm = recurrent_branch(layer.ssm, s_in, kvmod.recurrent_slot(kv))
+        if cfg.ssm_out_multiplier != 1.0:
+            ssm = ssm * cfg.ssm_out_multiplier
+        put("ssm_out", ssm)
+        out = out + ssm
     return _residual(layer, x, out, put, normed)
 
 

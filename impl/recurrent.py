@@ -116,6 +116,7 @@ class RecurrentLayer:
     backend: Backend
     w: dict = field(default_factory=dict)
     head_index: object = None
+    xbc_multipliers: object = None  # proj_multipliers' x | B | C segments as one [C] row (mamba2)
 
     @classmethod
     def load(cls, cfg: RecurrentConfig, weights: dict, backend: Backend) -> "RecurrentLayer":
@@ -125,7 +126,12 @@ class RecurrentLayer:
         _check_shapes(cfg, weights)
         w = {k: backend.asarray(v) for k, v in weights.items() if v is not None}
         idx = backend.index(head_index(cfg)) if cfg.has_recurrence else None
-        return cls(cfg, backend, w, idx)
+        xbc = None
+        if cfg.proj_multipliers is not None:
+            _, mx, mb, mc, _ = cfg.proj_multipliers
+            gn = cfg.n_k_heads * cfg.k_dim
+            xbc = backend.asarray(np.concatenate([np.full(cfg.width, mx), np.full(gn, mb), np.full(gn, mc)]))
+        return cls(cfg, backend, w, idx, xbc)
 
     # the layer protocol the runner drives (impl.runner)
     def block(self, x, kv, trace=None):
@@ -213,11 +219,30 @@ def recurrent_block(layer: RecurrentLayer, x, kv: kvmod.KvStep, trace=None):
     xp, w, acc = be.xp, layer.w, be.acc_dtype
     put = trace.put if trace is not None else _noop
     slot = kvmod.recurrent_slot(kv)
-    n = x.shape[0]
 
     put("layer_in", x)
     normed = normalize(xp, x, cfg.input_norm, w.get("attn_norm"), w.get("attn_norm_b"), acc)
     put("attn_in", normed)
+    out = recurrent_branch(layer, normed, slot, put)
+    if trace is not None:
+        _put_states(cfg, be, slot, trace)
+    # HF MiniMaxDecoderLayer: `residual * alpha + hidden_states * beta`, residual = the NORMED input
+    base = normed if cfg.residual == "normed" else x
+    if cfg.residual_alpha != 1.0:
+        base = base * cfg.residual_alpha
+    resid = base + (out * cfg.residual_beta if cfg.residual_beta != 1.0 else out)
+    put("resid_mid", resid)
+    return out, resid
+
+
+def recurrent_branch(layer: RecurrentLayer, normed, slot: kvmod.RecurrentState, put=_noop):
+    """The recurrent block on the already-normed rows ``normed[n, hidden]``, from the
+    in-projections to out_proj, advancing ``slot``: the branch before any residual.
+    ONE body for a recurrent layer (``recurrent_block``) and a parallel SSM branch
+    beside attention (falcon_h1: ``impl.attention.attn_block``, spec ``parallel_ssm_rows``)."""
+    cfg, be = layer.cfg, layer.backend
+    xp, w, acc = be.xp, layer.w, be.acc_dtype
+    n = normed.shape[0]
 
     # the projections, per role (weights only; a kind's bias where it has one)
     conv_in = _linear(xp, normed, w["w_in"], w.get("b_in"))
@@ -226,6 +251,11 @@ def recurrent_block(layer: RecurrentLayer, x, kv: kvmod.KvStep, trace=None):
         conv_in = _linear(xp, normed, w["w_bx"], w.get("b_bx")) * conv_in
     z_in = normed if "w_z_a" not in w else _linear(xp, normed, w["w_z_a"], None)  # KDA g_b(g_a(x))
     z = _linear(xp, z_in, w["w_z"], w.get("b_z"))
+    if cfg.proj_multipliers is not None:
+        # HF FalconH1Mixer.forward `projected_states * self.mup_vector` (compute_mup_vector: z | x | B | C
+        # | dt segments of in_proj's output); conversion/falcon_h1.py folds the same into ssm_in's rows
+        z = z * cfg.proj_multipliers[0]
+        conv_in = conv_in * layer.xbc_multipliers
 
     # the causal conv over (conv state ++ rows), then its activation
     if cfg.kind == "lightning":
@@ -255,15 +285,7 @@ def recurrent_block(layer: RecurrentLayer, x, kv: kvmod.KvStep, trace=None):
     out = _linear(xp, branch, w["wo"], w.get("bo"))
     put("attn_out", out)
     slot.rows += n
-    if trace is not None:
-        _put_states(cfg, be, slot, trace)
-    # HF MiniMaxDecoderLayer: `residual * alpha + hidden_states * beta`, residual = the NORMED input
-    base = normed if cfg.residual == "normed" else x
-    if cfg.residual_alpha != 1.0:
-        base = base * cfg.residual_alpha
-    resid = base + (out * cfg.residual_beta if cfg.residual_beta != 1.0 else out)
-    put("resid_mid", resid)
-    return out, resid
+    return out
 
 
 def _causal_conv(be: Backend, layer: RecurrentLayer, rows, slot: kvmod.RecurrentState):
@@ -367,6 +389,8 @@ def _recurrence_inputs(layer: RecurrentLayer, normed, conv_out, put):
     elif cfg.decay_param == "dt_A":
         if cfg.kind == "mamba2":
             dt_raw = _linear(xp, normed, w["w_decay"], w.get("b_decay"))
+            if cfg.proj_multipliers is not None:
+                dt_raw = dt_raw * cfg.proj_multipliers[4]  # HF mup_vector's dt segment
         # HF mamba2_chunk_scan / MambaMixer: `dt = softplus(dt + dt_bias)`, then (mamba2's chunk path only)
         # `clamp(dt, *time_step_limit)`; ggml ssm_scan: `ggml_compute_softplus_f32(dt[h])`, no clamp
         dt = _softplus(xp, f(dt_raw) + f(w["dt_bias"]))

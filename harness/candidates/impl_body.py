@@ -26,7 +26,7 @@ class ImplCandidate(LayerCandidate):
     def run_layer(self, call: LayerCall) -> dict:
         from impl.runner import load_layer, run_layer
 
-        from harness.references.llamacpp.ggml_matmul import installed
+        from harness.references.llamacpp.ggml_matmul import installed, weight_names
 
         layer = load_layer(call.config, call.weights, self.backend(call))
         # against llama.cpp on quantized weights, the projections' inputs rounded as ggml's
@@ -46,7 +46,7 @@ class ImplCandidate(LayerCandidate):
                                      arrivals=[call.arrival(s) for s in range(n)])
         # a weight the layer's form makes no product with (the absorbed MLA's wkv_b) has
         # nothing to round
-        call.ggml_met.update(met | (set(call.ggml_act) - set(layer.w)))
+        call.ggml_met.update(met | (set(call.ggml_act) - weight_names(layer)))
         per_seq = [t.assemble() for t in traces]
         if len({len(x) for x in call.inputs}) > 1:  # ragged: one array per sequence, each its own length
             return {probe: [p[probe] for p in per_seq] for probe in per_seq[0]}

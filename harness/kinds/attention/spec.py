@@ -14,6 +14,11 @@ from ...specref import alibi_slopes, attention, layernorm, norm, rms, rope, sig 
 def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
     """The attention half of one layer (an ``impl.config.LayerConfig``) over one
     sequence ``x[n, hidden]`` in the spec's order: the canonical probes."""
+    if getattr(cfg, "parallel_ssm", None) is not None:
+        # the Mamba-2 kind has no spec formula yet (harness/kinds/recurrent/spec.py SUPPORTED):
+        # refused rather than a formula that silently leaves the branch out
+        raise NotImplementedError("no spec formula for a layer with a parallel SSM branch (falcon_h1): the "
+                                  "Mamba-2 kind has none yet (harness/kinds/recurrent/spec.py)")
     n = x.shape[0]
     P = {"layer_in": x}
     if cfg.shape == "absent":  # deci.cpp: no branch, the residual passes through
@@ -27,8 +32,10 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
         P["resid_mid"] = x + o
         return P
     H, Hkv, D, Dv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dv
-    # project_qkv: weights only
-    q, k, v = a @ w["wq"].T, a @ w["wk"].T, a @ w["wv"].T
+    # project_qkv: weights only, of the row times falcon_h1's attention_in_multiplier
+    # (HF FalconH1DecoderLayer.forward: self_attn(hidden_states * attention_in_multiplier))
+    ai = a * cfg.attn_in_multiplier
+    q, k, v = ai @ w["wq"].T, ai @ w["wk"].T, ai @ w["wv"].T
     gate = None
     if cfg.q_gate_interleaved:  # split_interleaved_q_gate: per head [q(D) | gate(D)]
         qg = q.reshape(n, H, 2 * D)
@@ -37,7 +44,7 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
             gate = gate + w["bq_gate"]
     # apply_qkv_bias_and_clamp, at the widths after the split
     q = q + w.get("bq", 0.0)
-    k = k + w.get("bk", 0.0)
+    k = (k + w.get("bk", 0.0)) * cfg.key_multiplier  # HF FalconH1Attention: k_proj(h) * key_multiplier
     v = v + w.get("bv", 0.0)
     if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":
         q, k, v = (np.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
@@ -107,6 +114,7 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
         o = o * cfg.value_scale
     if cfg.post_norm is not None:
         o = norm(o, cfg.post_norm, w.get("post_norm"), w.get("post_norm_b"))
+    o = o * cfg.attn_out_multiplier  # HF FalconH1DecoderLayer: the attention's output * attention_out_multiplier
     P["attn_out"] = o
     if cfg.residual == "sequential":
         # HF MiniMaxDecoderLayer: the residual is the normed input times alpha (residual_base)

@@ -174,6 +174,31 @@ def _rebuild_rotary(model) -> list[tuple[object, str, object]]:
     return replaced
 
 
+def _rebuild_config_buffers(model) -> list[tuple[object, str, object]]:
+    """Re-compute the buffers HF computes from the config in float32 when the model is
+    built, by the modeling module's own function, now in float64 (the default dtype
+    inside ``float64_paths``): falcon_h1's ``mup_vector`` (modeling_falcon_h1.py
+    ``FalconH1Model.__init__``: ``compute_mup_vector(config)``, ``torch.ones`` in the
+    default dtype, then ``register_buffer``), whose multipliers ``.to(torch.float64)``
+    would only widen from their float32 roundings. Returns ``(module, buffer,
+    original)`` for each, to put back."""
+    import torch
+
+    replaced = []
+    for m in model.modules():
+        if "mup_vector" not in m._buffers:
+            continue
+        fn = getattr(sys.modules.get(type(m).__module__), "compute_mup_vector", None)
+        if fn is None:
+            continue
+        orig = m._buffers["mup_vector"]
+        # float64 whatever the model is held in: promoted() widens a float32-held layer's
+        # tensors just before its forward, which would only widen the rounded values again
+        m._buffers["mup_vector"] = fn(model.config).to(device=orig.device, dtype=torch.float64)
+        replaced.append((m, "mup_vector", orig))
+    return replaced
+
+
 def _float_tensors(module, recurse: bool):
     """``(owner, kind, name, tensor)`` for the floating parameters and buffers of
     ``module`` (its own only, or its whole subtree)."""
@@ -286,7 +311,7 @@ def float64_paths(model, rebuild: bool = True):
 
     fp = Float64Paths()
     fp._done, fp._done_mods = set(), set()
-    rotary = []
+    rotary, buffers = [], []
     # the float32 no source line names: an integer tensor's true division (Ministral3Attention's
     # get_llama_4_attn_scale: torch.floor(position_ids / original_max_position_embeddings)) and
     # a Python float made a tensor come out in the default dtype
@@ -299,9 +324,12 @@ def float64_paths(model, rebuild: bool = True):
             fp.patch_module_functions(type(m).__module__)
         if rebuild:
             rotary = _rebuild_rotary(model)
+        buffers = _rebuild_config_buffers(model)
         yield fp
     finally:
         torch.set_default_dtype(default)
         for parent, attr, orig in reversed(rotary):
             setattr(parent, attr, orig)
+        for m, name, orig in reversed(buffers):
+            m._buffers[name] = orig
         fp.restore()

@@ -238,7 +238,8 @@ def installed(layer, act_types: dict[str, str], orders: dict | None = None):
     hits: set[str] = set()
     saved = {}
     for name, act in act_types.items():
-        w = layer.w.get(name)
+        table, key = weight_home(layer, name)
+        w = table.get(key)
         if not isinstance(w, np.ndarray):
             continue
         q = w.view(_Quantizing)
@@ -248,12 +249,29 @@ def installed(layer, act_types: dict[str, str], orders: dict | None = None):
         else:
             rnd = ROUNDING[act] if order is None else _in_order(ROUNDING[act], order)
         q._round, q._order, q._hit = rnd, order, (lambda n=name: hits.add(n))
-        saved[name] = w
-        layer.w[name] = q
+        saved[name] = (table, key, w)
+        table[key] = q
     try:
         yield hits
     finally:
-        layer.w.update(saved)
+        for table, key, w in saved.values():
+            table[key] = w
+
+
+def weight_home(layer, name: str) -> tuple[dict, str]:
+    """``(the dict holding impl weight name, its key there)``: a parallel SSM branch's
+    ``ssm.<name>`` (impl.attention ``SSM_PREFIX``) lives in the branch's own layer
+    (``impl.attention.Layer.ssm``), every other weight in ``layer.w``."""
+    ssm = getattr(layer, "ssm", None)
+    if ssm is not None and name.startswith("ssm."):
+        return ssm.w, name[len("ssm."):]
+    return layer.w, name
+
+
+def weight_names(layer) -> set[str]:
+    """Every impl weight name ``layer`` holds, a parallel SSM branch's as ``ssm.<name>``."""
+    ssm = getattr(layer, "ssm", None)
+    return set(layer.w) | ({f"ssm.{k}" for k in ssm.w} if ssm is not None else set())
 
 
 # ---------------------------------------------------------------- a whole model, free-running

@@ -1,0 +1,98 @@
+"""falcon_h1: the parallel layer (attention + Mamba-2 on the same normed row, summed)
+judged probe by probe against HF's full forward, HF's cached path and llama.cpp
+(falcon-h1, on the converter's folded multipliers), each branch at its own output
+(``attn_out``, ``ssm_out``) and their sum at ``resid_mid``; the gated norm's other order
+(``mamba_norm_before_gate=True``) as the bounded finding it is, both sides shown; planted
+bugs in the parallel arrangement and in the multipliers fail where they act."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.kinds.mutant import Mutant
+from harness.mutants import applied
+from harness.testing import all_statuses, run
+
+PROBES = ("attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out",
+          "ssm_out", "resid_mid")
+LC_EXPOSED = ("attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_out", "ssm_out", "resid_mid")
+
+
+def _bad(rows):
+    return [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented", "finding")]
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+@pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
+def test_three_way_every_probe_of_both_branches(policy, kv, schedule):
+    rows = run(policy, family="falcon_h1", ref="all", kv=kv, schedule=schedule)
+    assert not _bad(rows), _bad(rows)[:3]
+    st = all_statuses(rows)
+    for layer in (0, 1):
+        for probe in PROBES:
+            for ref in ("hf", "hf_cached"):
+                assert st[("impl", ref, layer, probe)] == "pass", (ref, layer, probe)
+        for probe in LC_EXPOSED:
+            assert st[("impl", "llamacpp", layer, probe)] == "pass", (layer, probe)
+        assert st[("llamacpp", "hf", layer, "ssm_out")] == "pass"
+        assert st[("llamacpp", "hf", layer, "layer_out")] == "pass"
+    # the model's multipliers (embedding, lm_head: folded by the converter, applied by HF)
+    assert st[("llamacpp", "hf", -1, "embeddings")] == "pass"
+    assert st[("llamacpp", "hf", -1, "logits")] == "pass"
+
+
+NORM_FIRST = (("mamba_norm_before_gate", True),)
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+def test_norm_before_gate_is_a_bounded_finding_on_both_sides(policy):
+    """HF FalconH1RMSNormGated(norm_before_gate=True) norms, then gates; build_mamba2_layer
+    gates, then norms: impl follows HF (pass), llama.cpp is the finding at ssm_out on."""
+    st = all_statuses(run(policy, family="falcon_h1", ref="all", schedule="5,1,10", overrides=NORM_FIRST))
+    for layer in (0, 1):
+        assert st[("impl", "hf", layer, "ssm_out")] == "pass"
+        assert st[("impl", "hf", layer, "attn_out")] == "pass"
+    assert st[("impl", "llamacpp", 0, "attn_out")] == "pass"  # the attention branch agrees
+    assert st[("impl", "llamacpp", 0, "ssm_out")] == "finding"
+    assert st[("llamacpp", "hf", 0, "ssm_out")] == "finding"
+    # and the default order (gate then norm) has no finding: the tiny config sits where both agree
+    st = all_statuses(run(policy, family="falcon_h1", ref="all", schedule="5,1,10"))
+    assert st[("impl", "llamacpp", 0, "ssm_out")] == "pass"
+    assert st[("llamacpp", "hf", 0, "ssm_out")] == "pass"
+
+
+def test_gate_order_follows_mamba_norm_before_gate():
+    """impl's description takes HF's order from the config (FalconH1Mixer.__init__:
+    ``FalconH1RMSNormGated(norm_before_gate=config.mamba_norm_before_gate)``)."""
+    from harness.families import get
+
+    fam = get("falcon_h1")
+    cfg = fam.make_config(dict(NORM_FIRST))
+    assert fam.layer_config(cfg, 0).parallel_ssm.gate_order == "norm_then_gate"
+    assert fam.layer_config(fam.make_config({}), 0).parallel_ssm.gate_order == "gate_then_norm"
+
+
+# the parallel arrangement: the SSM branch fed the un-normed row (spec parallel_ssm_rows reads `normed`)
+SSM_UNNORMED = Mutant("parallel-ssm-reads-unnormed-row", "parallel_ssm", "impl.attention",
+                      "s_in = normed * cfg.ssm_in_multiplier if cfg.ssm_in_multiplier != 1.0 else normed",
+                      "s_in = x * cfg.ssm_in_multiplier if cfg.ssm_in_multiplier != 1.0 else x")
+# ... and dropped from the sum
+SSM_DROPPED = Mutant("parallel-ssm-dropped", "parallel_ssm", "impl.attention", "        out = out + ssm\n",
+                     "        out = out\n")
+# the multipliers: key_multiplier never applied, the mup vector's z segment never applied
+KEY_MULT = Mutant("key-multiplier-dropped", "branch_multipliers", "impl.attention",
+                  "k = k * cfg.key_multiplier", "k = k")
+MUP_Z = Mutant("mup-z-segment-dropped", "branch_multipliers", "impl.recurrent",
+               "z = z * cfg.proj_multipliers[0]", "z = z")
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+@pytest.mark.parametrize("mutant,first,before", [
+    (SSM_UNNORMED, "ssm_out", "attn_out"), (SSM_DROPPED, "resid_mid", "ssm_out"), (KEY_MULT, "k", "q"),
+    (MUP_Z, "ssm_out", "attn_out")], ids=lambda m: getattr(m, "name", None))
+def test_planted_bugs_fail_where_they_act(policy, mutant, first, before):
+    with applied(mutant):
+        st = all_statuses(run(policy, family="falcon_h1", ref="all", schedule="5,1,10"))
+    for ref in ("hf", "hf_cached", "llamacpp"):
+        assert st[("impl", ref, 0, first)] == "fail", (ref, first)
+        assert st[("impl", ref, 0, before)] == "pass", (ref, before)
