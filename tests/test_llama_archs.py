@@ -52,6 +52,7 @@ EXPECTED = {
     ("chatglm", False): ("pass", ""),
     ("cohere2", False): ("pass", ""),
     ("command-r", False): ("pass", ""),
+    ("dbrx", True): ("pass", ""),
     ("deepseek2", True): ("pass", "the latent norms' epsilon"),
     # test-llama-archs.cpp moe_mandatory lists ERNIE4_5; the fixture's sections reach every arch
     ("dots1", True): ("pass", ""),
