@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
 MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "dots1", "ernie4_5", "ernie4_5-moe", "exaone-moe", "glm-dsa",
-            "glm4moe", "gpt-oss", "hunyuan-moe", "kimi-linear", "lfm2moe", "llama4", "mimo2", "minimax-01", "olmoe",
+            "glm4moe", "gpt-oss", "hunyuan-moe", "hy_v3", "kimi-linear", "lfm2moe", "llama4", "mellum", "mimo2",
+            "minimax-01", "olmoe",
             "phimoe", "qwen2moe", "qwen3moe", "qwen3next"}
 MOE_TOO = {"llama", "granite", "granitemoe", "mistral3"}
 
@@ -102,6 +103,7 @@ EXPECTED = {
     # (TENSOR_NOT_REQUIRED) that HF Mixtral's attention has no place for
     ("llama", True): ("refused", "tensors with no counterpart in family mixtral's HF model: blk.0.attn_k.bias"),
     ("llama4", True): ("refused", "HF Llama4 chunks exactly its RoPE layers"),
+    ("mellum", True): ("pass", ""),
     ("mimo2", True): ("refused", "head_count_kv = [2, 2]"),
     # minimax-01.cpp create_tensor_qkv reads optional q / k / v biases; HF MiniMaxAttention has none
     ("minimax-01", True): ("refused", "tensors with no counterpart in family minimax's HF model: blk.1.attn_k.bias"),
