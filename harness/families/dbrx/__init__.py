@@ -111,17 +111,17 @@ class Dbrx(LlamaLike):
                 "wq": wqkv[:h], "wk": wqkv[h:h + hkv * d], "wv": wqkv[h + hkv * d:],
                 "wo": tensor(layer, "norm_attn_norm.attn.out_proj.weight")}
 
-    def feature_switches(self, config, features):
-        sw = super().feature_switches(config, features)
-        if "qkv_clamp" in features:
-            sw["qkv_clamp"] = {"attn_config.clip_qkv": None}
-        return sw
+    # No feature switch for the clamp: HF cannot run without one (reference_refusal), so
+    # bisection has no clamp-free reference to compare with.
 
     def reference_refusal(self, config, reference):
-        if reference == "llamacpp" and config.attn_config.clip_qkv is None:
-            return ("attn_config.clip_qkv is None: the converter writes clamp_kqv from it unconditionally "
-                    "(conversion/dbrx.py set_gguf_parameters) and dbrx.cpp requires the key; set a clamp or "
-                    "run against --ref hf")
+        if config.attn_config.clip_qkv is None:
+            if reference == "llamacpp":
+                return ("attn_config.clip_qkv is None: the converter writes clamp_kqv from it unconditionally "
+                        "(conversion/dbrx.py set_gguf_parameters) and dbrx.cpp requires the key; set a clamp")
+            # modeling_dbrx.py:206 DbrxAttention.forward: qkv_states.clamp(min=None, max=None)
+            return ("attn_config.clip_qkv is None: HF DbrxAttention.forward calls qkv_states.clamp(min=None, "
+                    "max=None), which torch refuses; set a clamp")
         return super().reference_refusal(config, reference)
 
     # ------------------------------------------------------------------ HF probes

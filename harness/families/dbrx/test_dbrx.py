@@ -1,6 +1,7 @@
 """dbrx: three-way on the clamped fused Wqkv with GQA and experts; the clamp
 active and tapped from HF's own rotation call; the attn_config.rope_theta HF
-ignores (a finding, bounded); the clamp-less config refused for llama.cpp; a
+ignores (a finding, bounded); the clamp-less config refused (HF's forward and the
+converter both need a clamp); a
 broken clamp in impl fails against both references."""
 
 from __future__ import annotations
@@ -50,14 +51,23 @@ def test_the_finding_needs_its_setting_and_is_bounded():
     assert not finding(pol, "dbrx", "llamacpp", "hf", "q_rope", dict(THETA), nmse=100.0)
 
 
-def test_no_clamp_is_refused_for_llamacpp_in_one_line():
+def test_no_clamp_is_refused_in_one_line():
+    import torch
+
     from harness.families import get
 
     fam = get("dbrx")
-    why = fam.reference_refusal(fam.make_config({"attn_config.clip_qkv": None}), "llamacpp")
+    no_clamp = fam.make_config({"attn_config.clip_qkv": None})
+    why = fam.reference_refusal(no_clamp, "llamacpp")
     assert why and "clamp_kqv" in why and "\n" not in why
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
-    assert fam.reference_refusal(fam.make_config({"attn_config.clip_qkv": None}), "hf") is None
+    why = fam.reference_refusal(no_clamp, "hf")
+    assert why and "clamp(min=None" in why and "\n" not in why
+    for ref in ("hf", "llamacpp"):
+        assert fam.reference_refusal(fam.make_config({}), ref) is None
+    # what the HF refusal is about: HF's own forward fails without a clamp
+    model = fam.build_model(no_clamp, 0)
+    with pytest.raises(RuntimeError, match="clamp"):
+        model(torch.zeros(1, 4, dtype=torch.long))
 
 
 def test_the_file_carries_the_converter_s_layout():
