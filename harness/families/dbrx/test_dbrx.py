@@ -99,3 +99,16 @@ def test_a_broken_clamp_fails_against_both_references(policy):
         st = all_statuses(run(policy, family="dbrx", ref="all", kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "attn_in")] == "pass" and st[("impl", ref, 0, "q")] == "fail", ref
+
+
+def test_a_p_norm_routing_is_a_bounded_finding(policy):
+    from harness.policy import load_policy
+
+    p2 = (("ffn_config.moe_normalize_expert_weights", 2.0),)
+    st = all_statuses(run(policy, family="dbrx", ref="all", kv="decode", overrides=p2))
+    assert not [k for k, s in st.items() if s in ("fail", "error")]
+    assert all(s == "pass" for (c, _r, *_), s in st.items() if c == "impl")
+    assert st[("llamacpp", "hf", 0, "attn_out")] == "pass" and st[("llamacpp", "hf", 0, "layer_out")] == "finding"
+    pol = load_policy()
+    assert not finding(pol, "dbrx", "llamacpp", "hf", "layer_out", {}, nmse=0.018, layer=1)
+    assert not finding(pol, "dbrx", "llamacpp", "hf", "layer_out", dict(p2), nmse=0.5, layer=1)

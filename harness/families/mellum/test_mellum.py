@@ -58,3 +58,18 @@ def test_a_broken_window_fails_against_both_references(policy):
         st = all_statuses(run(policy, family="mellum", ref="all", kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q_rope")] == "pass" and st[("impl", ref, 0, "attn_probs")] == "fail", ref
+
+
+def test_unnormalised_routing_is_a_bounded_finding(policy):
+    from harness.policy import load_policy
+
+    unnormed = {"norm_topk_prob": False}
+    st = all_statuses(run(policy, family="mellum", ref="all", kv="decode", overrides=tuple(unnormed.items())))
+    assert not [k for k, s in st.items() if s in ("fail", "error")]
+    assert all(s == "pass" for (c, _r, *_), s in st.items() if c == "impl")
+    assert st[("llamacpp", "hf", 0, "attn_out")] == "pass" and st[("llamacpp", "hf", 1, "layer_out")] == "finding"
+    pol = load_policy()
+    assert finding(pol, "mellum", "llamacpp", "hf", "layer_out", unnormed, nmse=0.0176, layer=1)
+    assert not finding(pol, "mellum", "llamacpp", "hf", "layer_out", {}, nmse=0.0176, layer=1)
+    assert not finding(pol, "mellum", "llamacpp", "hf", "layer_out", unnormed, nmse=0.5, layer=1)
+    assert not finding(pol, "mellum", "llamacpp", "hf", "attn_out", unnormed, nmse=0.0176, layer=0)  # upstream
