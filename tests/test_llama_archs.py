@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # test-llama-archs.cpp moe_mandatory / moe_implemented (lines 583-657): the MoE variant is
 # the only one for these, and one of two for llama / granite
 MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "deepseek32", "dots1", "ernie4_5", "ernie4_5-moe",
-            "exaone-moe", "glm-dsa", "glm4moe", "gpt-oss", "hunyuan-moe", "kimi-linear", "laguna", "lfm2moe",
-            "llama4", "mimo2", "minimax-01", "minimax-m2", "olmoe", "phimoe", "qwen2moe", "qwen35moe", "qwen3moe",
-            "qwen3next"}
+            "exaone-moe", "glm-dsa", "glm4moe", "gpt-oss", "hunyuan-moe", "hy_v3", "kimi-linear", "laguna",
+            "lfm2moe", "llama4", "mellum", "mimo2", "minimax-01", "minimax-m2", "olmoe", "phimoe", "qwen2moe",
+            "qwen35moe", "qwen3moe", "qwen3next"}
 MOE_TOO = {"llama", "granite", "granitemoe", "mistral3"}
 
 EXPECTED = {
@@ -55,6 +55,7 @@ EXPECTED = {
     # the fixture's shared width (192) is not expert_feed_forward_length x expert_shared_count
     ("cohere2moe", True): ("refused", "HF's shared experts are intermediate_size x num_shared_experts wide"),
     ("command-r", False): ("pass", ""),
+    ("dbrx", True): ("pass", ""),
     ("deepseek2", True): ("pass", "the latent norms' epsilon"),
     ("deepseek32", True): ("pass", "the latent norms' epsilon"),
     # test-llama-archs.cpp moe_mandatory lists ERNIE4_5; the fixture's sections reach every arch
@@ -112,7 +113,10 @@ EXPECTED = {
     # with an MoE FFN), reads them; llama.cpp's llama.cpp loads q / k / v / o biases
     # (TENSOR_NOT_REQUIRED) that HF Mixtral's attention has no place for
     ("llama", True): ("refused", "tensors with no counterpart in family mixtral's HF model: blk.0.attn_k.bias"),
+    # the fixture writes expert_weights_norm = false, which hy-v3.cpp honours (build_moe_ffn norm_w)
+    ("hy_v3", True): ("refused", "HF HYV3TopKRouter always divides the top-k by their sum"),
     ("llama4", True): ("refused", "HF Llama4 chunks exactly its RoPE layers"),
+    ("mellum", True): ("pass", ""),
     ("mimo2", True): ("refused", "head_count_kv = [2, 2]"),
     # minimax-01.cpp create_tensor_qkv reads optional q / k / v biases; HF MiniMaxAttention has none
     ("minimax-01", True): ("refused", "tensors with no counterpart in family minimax's HF model: blk.1.attn_k.bias"),

@@ -74,12 +74,25 @@ class GGUFExport:
         if data is not None:
             yield name, data
 
+    # An arch of the installed gguf package whose tensor map names this family's HF
+    # tensors as llama.cpp's ``gguf_arch`` does, used only where the installed gguf
+    # predates ``gguf_arch`` (gguf 0.19 has no mellum, no hy_v3; llama.cpp's vendored
+    # gguf-py does): the arch string written is still ``gguf_arch``, and llama.cpp's
+    # loader checks every name against its own table (a wrong one fails to load).
+    gguf_tensor_names_from: str | None = None
+
     def gguf_tensor_map(self, config):
-        """gguf's own tensor-name map of the family's arch (``get_tensor_name_map``)."""
+        """gguf's own tensor-name map of the family's arch (``get_tensor_name_map``),
+        or of ``gguf_tensor_names_from`` where the installed gguf lacks the arch."""
         import gguf
 
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.gguf_arch]
-        return gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+        archs = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
+        name = self.gguf_arch if self.gguf_arch in archs else self.gguf_tensor_names_from
+        if name not in archs:
+            raise RuntimeError(f"{self.name}: the installed gguf {getattr(gguf, '__version__', '')} has no arch "
+                               f"{self.gguf_arch!r} and the family names no gguf_tensor_names_from to map its "
+                               "tensors with")
+        return gguf.get_tensor_name_map(archs[name], config.num_hidden_layers)
 
     def gguf_tensors(self, model, config, variant: str | None = None):
         """``(gguf_name, array)`` for every HF tensor, converted (``gguf_convert``)
