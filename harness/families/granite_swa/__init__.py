@@ -39,7 +39,7 @@ slide), a window of 4 at 16 tokens, sinks N(0, 1) (HF's init is zeros: no mass).
 
 from __future__ import annotations
 
-from .._gguf_import import llama_like_config, one_theta, read_hparams, swa_pattern
+from .._gguf_import import llama_like_config, read_hparams, swa_pattern
 from ..granite import Granite
 
 # why HF's attn_probs is not granite_swa's (the module docstring)
@@ -135,7 +135,8 @@ class GraniteSWA(Granite):
         if not isinstance(meta.get("attention.sliding_window_pattern", None), (list, tuple)):
             meta.refuse("attention.sliding_window_pattern", meta.get("attention.sliding_window_pattern", None),
                         "granite-swa.cpp reads a per-layer array (ml.get_arr, required)")
-        theta = one_theta(meta, hp, swa)
+        # granite-swa.cpp reads no rope.freq_base_swa: the sliding layers rotate at the main base
+        theta = hp.rope_freq_base
         kw = llama_like_config(self, meta, shapes, hp, swa=any(swa), moe=self.moe)
         hd = kw["hidden_size"] // kw["num_attention_heads"]
         rope_on = meta.get("attention.rope_pattern", None) or [True] * hp.n_layer
