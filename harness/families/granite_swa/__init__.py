@@ -84,6 +84,8 @@ class GraniteSWA(Granite):
         Granite.tiny, num_hidden_layers=4,  # HF's default layer_types: full, slide, slide, slide
         sliding_window=4,  # 4 keys of 16 on the sliding layers
         tie_word_embeddings=False,
+        # GraniteSWAConfig's own bos / eos (100257) lie outside the tiny vocabulary
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     gguf_arch = "granite_swa"
     tensor_map_arch = "granite"  # the arch whose gguf tensor map names the rest (_WithSinks)
