@@ -18,7 +18,7 @@ DECORATIONS = {
     "mla_absorbed": ("MLA absorbed (split k_b/v_b) form", "mla.rs: MlaKvB::Split"),
     "mla_naive": ("MLA naive (combined kv_b) form", "mla.rs: MlaKvB::Combined"),
     "mla_low_rank_q": ("MLA low-rank Q (q_a, norm, q_b)", "mla.rs: MlaQProj"),
-    "mla_rope": ("MLA decoupled RoPE (interleaved)", "mla.rs: rotate_pe"),
+    "mla_rope": ("MLA decoupled RoPE (interleaved; rotate-half in MiniCPM3)", "mla.rs: rotate_pe"),
     "mla_yarn": ("MLA YaRN (bands, magnitude, kq_scale)", "mla.rs: mla_yarn"),
     "mla_gate": ("MLA sigmoid output gate", "mla.rs: g_proj"),
     # MiniCPM3's MLA (HF modeling_minicpm3.py, llama.cpp minicpm3.cpp): beyond the spec's
