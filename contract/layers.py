@@ -410,6 +410,10 @@ class MlaConfig:
     form: MlaForm = "absorbed"
     use_output_gate: bool = False
     residual: Literal["sequential", "parallel"] = "sequential"
+    # the branch's weight in the residual: resid_mid = layer_in + attn_out * m (MiniCPM3's
+    # muP scale_depth / sqrt(num_hidden_layers): MiniCPM3DecoderLayer.forward, llama.cpp
+    # minicpm3.cpp `scale_res`); 1 elsewhere
+    residual_multiplier: float = 1.0
 
     def __post_init__(self):
         for name in ("hidden_size", "n_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
@@ -428,16 +432,22 @@ class MlaConfig:
             if self.rope.rotary_dim != self.qk_rope_head_dim:
                 raise ConfigError(f"MLA RoPE rotates {self.rope.rotary_dim} channels; the decoupled slice is "
                                   f"qk_rope_head_dim={self.qk_rope_head_dim} (they must be equal)")
-            if self.rope.layout != "interleaved":
-                # spec rotate_pe: apply_rope_interleaved, the NORM layout (deepseek2.cpp)
-                raise ConfigError(f"MLA rotates its decoupled slices in interleaved pairs (spec rotate_pe); "
-                                  f"got RoPE layout {self.rope.layout!r}; valid: interleaved")
-            if self.rope.kind not in ("default", "linear") or self.rope.attention_factor != 1.0:
+            if self.rope.layout not in ("interleaved", "neox"):
+                # spec rotate_pe: apply_rope_interleaved, the NORM layout (deepseek2.cpp); MiniCPM3
+                # rotates its slices rotate-half (HF MiniCPM3Attention apply_rotary_pos_emb;
+                # llama.cpp minicpm3 is LLAMA_ROPE_TYPE_NEOX)
+                raise ConfigError(f"MLA rotates its decoupled slices in interleaved pairs or rotate-half; "
+                                  f"got RoPE layout {self.rope.layout!r}; valid: interleaved, neox")
+            if self.rope.kind not in ("default", "linear", "longrope") or (
+                    self.rope.kind != "longrope" and self.rope.attention_factor != 1.0):
                 # linear: bands divided by one factor, no magnitude (llama.cpp freq_scale; the
-                # identity rotation feature bisection switches RoPE off with)
-                raise ConfigError(f"MLA RoPE is the rotation at theta's bands (valid scaling: default, linear); "
-                                  f"{self.rope.kind!r} with attention factor {self.rope.attention_factor} is not: "
-                                  "YaRN is MlaConfig.yarn, which reaches the rotation and the softmax scale together")
+                # identity rotation feature bisection switches RoPE off with); longrope: bands
+                # divided by the factor set, its attention factor on cos and sin (MiniCPM3:
+                # HF _compute_longrope_parameters, llama.cpp ggml_rope_ext freq_factors)
+                raise ConfigError(f"MLA RoPE is the rotation at theta's bands (valid scaling: default, linear, "
+                                  f"longrope); {self.rope.kind!r} with attention factor "
+                                  f"{self.rope.attention_factor} is not: YaRN is MlaConfig.yarn, which reaches "
+                                  "the rotation and the softmax scale together")
         if self.yarn is not None:
             if self.rope is None:
                 raise ConfigError("MLA YaRN without RoPE: the yarn setting scales the rotation's bands; "

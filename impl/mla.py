@@ -228,7 +228,8 @@ def mla_block(layer: MlaLayer, x, kv: kvmod.KvStep, trace=None):
     put("attn_out", out)
     if cfg.residual == "parallel":
         return out, None
-    resid = x + out
+    # MiniCPM3's muP residual scale (MlaConfig.residual_multiplier)
+    resid = x + out * cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else x + out
     put("resid_mid", resid)
     return out, resid
 

@@ -40,7 +40,7 @@ MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "deepseek32", "dots1", "
             "exaone-moe", "glm-dsa", "glm4moe", "gpt-oss", "hunyuan-moe", "hy_v3", "kimi-linear", "laguna",
             "lfm2moe", "llama4", "mellum", "mimo2", "minimax-01", "minimax-m2", "olmoe", "phimoe", "qwen2moe",
             "qwen35moe", "qwen3moe", "qwen3next"}
-MOE_TOO = {"llama", "granite", "granitemoe", "mistral3"}
+MOE_TOO = {"llama", "granite", "granitemoe", "granite_swa", "mistral3"}
 
 EXPECTED = {
     ("afmoe", True): ("refused", "n_no_rope_layer_step"),
@@ -95,6 +95,11 @@ EXPECTED = {
     ("granitemoe", False): ("refused", "no experts; family granitemoe's HF model is an MoE"),
     # the fixture writes every key, a shared expert's width among them: granitemoeshared's file
     ("granitemoe", True): ("pass", ""),
+    # granite-swa.cpp load_arch_hparams reads the per-layer window pattern with ml.get_arr
+    # (required), which the fixture writes as no array: llama.cpp refuses its own file
+    # (dense and MoE alike; families granite_swa / granitemoe_swa)
+    ("granite_swa", False): ("unwritten", "array key not found in model: granite_swa.attention.sliding_window_pattern"),
+    ("granite_swa", True): ("unwritten", "array key not found in model: granite_swa.attention.sliding_window_pattern"),
     ("hunyuan-dense", False): ("refused", "M-RoPE (HunYuan-VL) is not HF HunYuanDenseV1's text RoPE"),
     # the fixture's shared width (192) is not its feed_forward_length (384): HF has one width
     ("hunyuan-moe", True): ("refused", "HF HunYuanMoEV1's shared MLP is intermediate_size (384) wide"),
@@ -118,6 +123,9 @@ EXPECTED = {
     ("llama4", True): ("refused", "HF Llama4 chunks exactly its RoPE layers"),
     ("mellum", True): ("pass", ""),
     ("mimo2", True): ("refused", "head_count_kv = [2, 2]"),
+    # the fixture's rope.dimension_count 128 = its key_length: a query with no nope part, which
+    # HF MiniCPM3's MLA (qk_nope_head_dim >= 1) cannot hold
+    ("minicpm3", False): ("refused", "the rope slice must lie inside the 128-wide head"),
     # minimax-01.cpp create_tensor_qkv reads optional q / k / v biases; HF MiniMaxAttention has none
     ("minimax-01", True): ("refused", "tensors with no counterpart in family minimax's HF model: blk.1.attn_k.bias"),
     # llama.cpp's mistral3 reads the llama biases (TENSOR_NOT_REQUIRED); HF Ministral3 has none

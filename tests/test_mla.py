@@ -134,9 +134,15 @@ def test_refuses_impossible_layers():
                   v_head_dim=V, rope=_rope())
     with pytest.raises(ConfigError, match="valid: naive, absorbed"):
         _cfg("latent")
-    # the spec's MLA rotates in interleaved pairs only (rotate_pe: apply_rope_interleaved)
-    with pytest.raises(ConfigError, match="interleaved pairs.*got RoPE layout 'neox'"):
-        _cfg().replace(rope=make_rope("default", 10000.0, ROPE, "neox"))
+    # the spec's MLA rotates in interleaved pairs (rotate_pe: apply_rope_interleaved); MiniCPM3
+    # rotate-half (minicpm3.cpp NEOX, HF MiniCPM3Attention apply_rotary_pos_emb): both accepted,
+    # and they are different rotations of the same slice
+    neox = _cfg().replace(rope=make_rope("default", 10000.0, ROPE, "neox"))
+    assert neox.rope.layout == "neox"
+    w = _weights()
+    be = Backend("numpy", "cpu", "float64")
+    assert not np.allclose(_run(neox, w, be, "decode", "prefill")[2][0]["q_pe"],
+                           _run(_cfg(), w, be, "decode", "prefill")[2][0]["q_pe"])
     # YaRN is ONE setting (spec `yarn` argument): not smuggled in through the rotation ...
     with pytest.raises(ConfigError, match="YaRN is MlaConfig.yarn"):
         _cfg().replace(rope=make_rope("yarn", 10000.0, ROPE, "interleaved", YARN_PARAMS), yarn=None)

@@ -33,6 +33,11 @@ class HFCapture:
     # module's own modeling file (wrapped during capture to read q_rope, k_rope,
     # attn_probs, attn_heads).
     eager_name = "eager_attention_forward"
+    # probe -> why HF's tensor at that point is not the probe's quantity, so the capture
+    # drops it and the report says not-exposed with this reason (granite_swa's eager
+    # attention returns the softmax WITHOUT its sink: attn_probs is another quantity
+    # there; default: none)
+    hf_not_exposed: dict[str, str] = {}
 
     def decoder_layers(self, model):
         obj = model

@@ -18,9 +18,16 @@ DECORATIONS = {
     "mla_absorbed": ("MLA absorbed (split k_b/v_b) form", "mla.rs: MlaKvB::Split"),
     "mla_naive": ("MLA naive (combined kv_b) form", "mla.rs: MlaKvB::Combined"),
     "mla_low_rank_q": ("MLA low-rank Q (q_a, norm, q_b)", "mla.rs: MlaQProj"),
-    "mla_rope": ("MLA decoupled RoPE (interleaved)", "mla.rs: rotate_pe"),
+    "mla_rope": ("MLA decoupled RoPE (interleaved; rotate-half in MiniCPM3)", "mla.rs: rotate_pe"),
     "mla_yarn": ("MLA YaRN (bands, magnitude, kq_scale)", "mla.rs: mla_yarn"),
     "mla_gate": ("MLA sigmoid output gate", "mla.rs: g_proj"),
+    # MiniCPM3's MLA (HF modeling_minicpm3.py, llama.cpp minicpm3.cpp): beyond the spec's
+    # mla.rs, whose rotate_pe is interleaved at plain / YaRN bands and whose residual adds 1x
+    # (its rotate-half layout is a RopeSpec layout of mla_rope, not a decoration of its own)
+    "mla_longrope": ("MLA LongRoPE factor set on the decoupled slices (MiniCPM3)",
+                     "not in mla.rs: minicpm3.cpp rope_factors"),
+    "mla_residual_multiplier": ("MLA branch times a residual multiplier (MiniCPM3 scale_depth / sqrt(L))",
+                                "not in mla.rs: minicpm3.cpp scale_res"),
 }
 
 REFERENCE_GAPS = {
@@ -46,6 +53,10 @@ class Mla(LayerKind):
             f.add("mla_rope")
             if lc.yarn is not None:
                 f.add("mla_yarn")
+            if lc.rope.kind == "longrope":
+                f.add("mla_longrope")
+        if lc.residual_multiplier != 1.0:
+            f.add("mla_residual_multiplier")
         if lc.use_output_gate:
             f.add("mla_gate")
         return f

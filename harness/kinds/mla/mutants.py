@@ -12,7 +12,21 @@ GLM_YARN = {"family": "glm_moe_dsa", "overrides": (
     ("rope_parameters.rope_type", "yarn"), ("rope_parameters.factor", 4.0),
     ("rope_parameters.original_max_position_embeddings", 128), ("rope_parameters.mscale_all_dim", 1.0))}
 
+MINICPM3 = {"family": "minicpm3"}  # rotate-half LongRoPE slices, muP residual scale 1.4 / sqrt(2)
+
 MUTANTS = [
+    Mutant("mla-residual-multiplier-dropped", "mla_residual_multiplier", "impl.mla",
+           "resid = x + out * cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else x + out",
+           "resid = x + out", MINICPM3, "resid_mid",
+           doc="MiniCPM3's branch is added to the residual unscaled (scale_depth / sqrt(L) dropped)"),
+    Mutant("mla-rope-neox-as-pairs", "mla_rope", "impl.mla",
+           "    d = rope.rotary_dim\n",
+           "    d = rope.rotary_dim\n    rope = replace(rope, layout=\"interleaved\")\n",
+           MINICPM3, "q_pe", doc="MiniCPM3's decoupled slices rotated in interleaved pairs instead of rotate-half"),
+    Mutant("mla-longrope-factors-dropped", "mla_longrope", "impl.mla",
+           "    d = rope.rotary_dim\n",
+           "    d = rope.rotary_dim\n    cos, sin = ropemod.cos_sin_on(be, replace(rope, freq_factors=None), pos)\n",
+           MINICPM3, "q_pe", doc="the LongRoPE factor set is not divided into the decoupled slices' bands"),
     Mutant("mla-kq-scale-absorbed-width", "mla", "impl.mla",
            "return mscale**2 / math.sqrt(cfg.qk_head_dim)",
            "return mscale**2 / math.sqrt(cfg.latent_width)",

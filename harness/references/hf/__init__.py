@@ -85,7 +85,7 @@ class HF(Reference):
             model = copy.deepcopy(model)
             model.set_attn_implementation(attn_implementation)
         meta = {"family": req.family.name, "dtype": dtype, "weights": weights, **({"built_by": how} if how else {}),
-                "not_exposed": self.not_exposed(), **({"calls": len(calls)} if calls is not None else {}),
+                "not_exposed": {**self.not_exposed(), **req.family.hf_not_exposed}, **({"calls": len(calls)} if calls is not None else {}),
                 **({"ggml_rounding": len(rounding)} if rounding else {})}
         forced = None if force is None else {k2: force.probes[k2] for k2 in force.probes if k2.endswith(".layer_in")}
         # each probe goes to disk as HF computes it (harness/store.py); the oracle stops
