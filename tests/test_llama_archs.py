@@ -89,6 +89,9 @@ EXPECTED = {
     # the fixture's shared width (192) is not its feed_forward_length (384): HF has one width
     ("hunyuan-moe", True): ("refused", "HF HunYuanMoEV1's shared MLP is intermediate_size (384) wide"),
     ("jais2", False): ("pass", ""),
+    # jamba.cpp create_tensor_qkv reads optional q / k / v biases (the fixture writes them);
+    # HF JambaAttention has none
+    ("jamba", False): ("refused", "tensors with no counterpart in family jamba's HF model: blk.0.attn_k.bias"),
     ("kimi-linear", True): ("refused", "head_count = [1, 0]: per-layer values"),
     # past the fixture's per-layer head counts [2, 0] (layer 1 a short conv: HF Lfm2's
     # layer_types): lfm2.cpp reads q / k / v biases (TENSOR_NOT_REQUIRED), HF Lfm2 has none
