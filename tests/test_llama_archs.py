@@ -104,6 +104,9 @@ EXPECTED = {
     # the fixture's shared width (192) is not its feed_forward_length (384): HF has one width
     ("hunyuan-moe", True): ("refused", "HF HunYuanMoEV1's shared MLP is intermediate_size (384) wide"),
     ("jais2", False): ("pass", ""),
+    # jamba.cpp create_tensor_qkv reads optional q / k / v biases (the fixture writes them);
+    # HF JambaAttention has none
+    ("jamba", False): ("refused", "tensors with no counterpart in family jamba's HF model: blk.0.attn_k.bias"),
     ("kimi-linear", True): ("refused", "head_count = [1, 0]: per-layer values"),
     # the fixture's expert_weights_norm is false; conversion/laguna.py always writes true (HF's router
     # renormalises the top-k weights unconditionally)

@@ -29,12 +29,80 @@ mamba.cpp ``load_arch_tensors`` "only an expansion factor of 2 is supported"), s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from contract.recurrent import RecurrentConfig
 from impl import NormSpec
 
 from ...errors import UsageError
 from ..base import LcPoint
 from ..mamba2 import Mamba2
+
+
+@dataclass(frozen=True)
+class Mamba1Sizes:
+    """One Mamba-1 mixer's sizes and switches, whatever the HF config calls them
+    (MambaConfig / FalconMambaConfig: intermediate_size, state_size, ...; JambaConfig:
+    mamba_expand * hidden_size, mamba_d_state, ...)."""
+
+    inner: int
+    state: int
+    dt_rank: int
+    conv: int
+    conv_bias: bool
+    proj_bias: bool
+
+
+def mamba1_config(s: Mamba1Sizes, hidden: int, input_norm: NormSpec, bc_norm: NormSpec | None) -> RecurrentConfig:
+    """MambaMixer.__init__ (and its copies FalconMambaMixer, JambaMambaMixer): d_inner
+    channels of width 1 over one B / C group of ``state``; ``x_proj`` -> dt_rank | N | N;
+    ``bc_norm``: the dt / B / C RMS norms after x_proj (None: plain Mamba-1)."""
+    return RecurrentConfig.of(
+        "mamba1", hidden_size=hidden, n_v_heads=s.inner, k_dim=s.state, dt_rank=s.dt_rank, conv_kernel=s.conv,
+        conv_bias=s.conv_bias, in_bias=s.proj_bias, out_bias=s.proj_bias, bc_norm=bc_norm, input_norm=input_norm)
+
+
+# JambaMambaMixer's weighted dt / B / C norms (JambaRMSNorm: ``weight * x * rsqrt(...)``),
+# mixer-relative HF name -> impl weight name
+BC_NORM_WEIGHTS = {"dt_layernorm.weight": "dt_norm", "b_layernorm.weight": "b_norm", "c_layernorm.weight": "c_norm"}
+
+
+def mamba1_weights(layer, mixer: str, norm: str, s: Mamba1Sizes, bc_weights: bool = False) -> dict:
+    """The mixer's weights at ``layer.<mixer>`` with its input norm ``layer.<norm>``:
+    ``in_proj`` split x | z (``projected_states.chunk(2, dim=1)``), the conv squeezed;
+    ``bc_weights``: the dt / B / C norms' weights (Jamba's JambaRMSNorm). FalconMamba's
+    norms hold a ``weight`` buffer too, never read (FalconMambaWeightlessRMSNorm: "Dummy
+    weights that are not used", dt's even d_inner wide): not taken."""
+    from ..base import tensor
+
+    m = lambda n: tensor(layer, f"{mixer}.{n}")  # noqa: E731
+    di = s.inner
+    w_in = m("in_proj.weight")
+    w = {"attn_norm": tensor(layer, f"{norm}.weight"), "w_in": w_in[:di], "w_z": w_in[di:],
+         "conv": m("conv1d.weight")[:, 0], "w_x_proj": m("x_proj.weight"),
+         "w_dt": m("dt_proj.weight"), "dt_bias": m("dt_proj.bias"),
+         "A_log": m("A_log"), "D": m("D"), "wo": m("out_proj.weight")}
+    if bc_weights:
+        w.update({ours: m(hf_name) for hf_name, ours in BC_NORM_WEIGHTS.items()})
+    if s.conv_bias:
+        w["conv_b"] = m("conv1d.bias")
+    if s.proj_bias:
+        b = m("in_proj.bias")
+        w.update(b_in=b[:di], b_z=b[di:], bo=m("out_proj.bias"))
+    return w
+
+
+def mamba1_state_canonical(r_row, s_row, lc) -> dict:
+    """build_mamba_layer's states: conv ``[d_inner, K-1]`` channel-major (as
+    mamba2's), SSM ``{d_state, head_dim = 1, n_head = d_inner}`` (its
+    ``ggml_reshape_4d(states, d_state, head_dim, n_head, ...)``), row-major HF's
+    ``[d_inner, N]``."""
+    out = {}
+    if r_row.size:
+        out["state_conv"] = r_row.reshape(lc.conv_channels, lc.conv_kernel - 1)
+    if s_row.size:
+        out["state_rec"] = s_row.reshape(lc.n_v_heads, lc.k_dim)
+    return out
 
 
 class Mamba(Mamba2):
@@ -87,45 +155,21 @@ class Mamba(Mamba2):
         """The dt / B / C norms' spec (None: plain Mamba-1)."""
         return None
 
+    def mamba1_sizes(self, config) -> Mamba1Sizes:
+        """MambaConfig's names for the mixer's sizes (MambaMixer.__init__)."""
+        return Mamba1Sizes(inner=config.intermediate_size, state=config.state_size,
+                           dt_rank=int(config.time_step_rank), conv=config.conv_kernel,
+                           conv_bias=bool(config.use_conv_bias), proj_bias=bool(config.use_bias))
+
     def layer_config(self, config, i: int) -> RecurrentConfig:
-        """MambaMixer.__init__: d_inner = ``intermediate_size`` channels of width 1 over one
-        B / C group of ``state_size``; ``x_proj`` -> ``time_step_rank`` | N | N."""
-        b = bool(config.use_bias)
-        return RecurrentConfig.of(
-            "mamba1", hidden_size=config.hidden_size, n_v_heads=config.intermediate_size, k_dim=config.state_size,
-            dt_rank=int(config.time_step_rank), conv_kernel=config.conv_kernel, conv_bias=bool(config.use_conv_bias),
-            in_bias=b, out_bias=b, bc_norm=self.bc_norm_spec(config),
-            input_norm=NormSpec("rms", float(config.layer_norm_epsilon)))
+        return mamba1_config(self.mamba1_sizes(config), config.hidden_size,
+                             NormSpec("rms", float(config.layer_norm_epsilon)), self.bc_norm_spec(config))
 
     def layer_weights(self, model, config, i: int) -> dict:
-        from ..base import tensor
-
-        layer = self.decoder_layers(model)[i]
-        di = config.intermediate_size
-        w_in = tensor(layer, "mixer.in_proj.weight")  # `projected_states.chunk(2, dim=1)`: x | z
-        w = {"attn_norm": tensor(layer, "norm.weight"), "w_in": w_in[:di], "w_z": w_in[di:],
-             "conv": tensor(layer, "mixer.conv1d.weight")[:, 0], "w_x_proj": tensor(layer, "mixer.x_proj.weight"),
-             "w_dt": tensor(layer, "mixer.dt_proj.weight"), "dt_bias": tensor(layer, "mixer.dt_proj.bias"),
-             "A_log": tensor(layer, "mixer.A_log"), "D": tensor(layer, "mixer.D"),
-             "wo": tensor(layer, "mixer.out_proj.weight")}
-        if config.use_conv_bias:
-            w["conv_b"] = tensor(layer, "mixer.conv1d.bias")
-        if config.use_bias:
-            b = tensor(layer, "mixer.in_proj.bias")
-            w.update(b_in=b[:di], b_z=b[di:], bo=tensor(layer, "mixer.out_proj.bias"))
-        return w
+        return mamba1_weights(self.decoder_layers(model)[i], "mixer", "norm", self.mamba1_sizes(config))
 
     def lc_state_canonical(self, r_row, s_row, lc, config) -> dict:
-        """build_mamba_layer's states: conv ``[d_inner, K-1]`` channel-major (as
-        mamba2's), SSM ``{d_state, head_dim = 1, n_head = d_inner}`` (its
-        ``ggml_reshape_4d(states, d_state, head_dim, n_head, ...)``), row-major HF's
-        ``[d_inner, N]``."""
-        out = {}
-        if r_row.size:
-            out["state_conv"] = r_row.reshape(lc.conv_channels, lc.conv_kernel - 1)
-        if s_row.size:
-            out["state_rec"] = s_row.reshape(lc.n_v_heads, lc.k_dim)
-        return out
+        return mamba1_state_canonical(r_row, s_row, lc)
 
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):

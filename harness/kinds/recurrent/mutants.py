@@ -134,6 +134,14 @@ MUTANTS = [
                "self.dt_layernorm(time_step)`, mamba-base.cpp `build_norm(dt, ssm_dt_norm, ...)` normalise all "
                "three",
            bisect_note=NOTE.format(what="dt / B / C norm")),
+    Mutant("mamba1-b-norm-weight-dropped", "dt_bc_norm", "impl.recurrent",
+           'bb = normalize(xp, bb, cfg.bc_norm, w.get("b_norm"), None, acc)',
+           "bb = normalize(xp, bb, cfg.bc_norm, None, None, acc)",
+           {"family": "jamba"}, "rec_k",
+           doc="B's RMS norm applied without its weight (dt's and C's keep theirs): HF JambaMambaMixer "
+               "`B = self.b_layernorm(B)` (JambaRMSNorm: `weight * x * rsqrt(...)`), mamba-base.cpp "
+               "`build_norm(B, layer.ssm_b_norm, ...)` multiply by it; falcon_mamba's norms have none",
+           bisect_note=NOTE.format(what="dt / B / C norm")),
     Mutant("mamba1-d-skip-one-channel", "mamba1", "impl.recurrent",
            'skip = f(w["D"])[:, None]', 'skip = f(w["D"])[:1, None]',
            {"family": "mamba"}, "rec_out",
