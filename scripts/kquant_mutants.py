@@ -19,7 +19,8 @@ mscale_all_dim: llama.cpp's deepseek2 has no other), the output gate's own
 bias dropped or swapped for the Q bias (no family of the five has an output
 gate; their qkv_bias tag is the plain Q/K/V bias), the recurrent state kept on
 the paged KV pool (tag kv_paged, but none of the five has a recurrent layer
-whose state could go there). A subtle mutant (a parameter
+whose state could go there), MiniCPM3's rotate-half MLA slice rotated in pairs
+(tag mla_rope, but deepseek_v2 rotates pairs already). A subtle mutant (a parameter
 off by a percent, harness/kinds/attention/mutants/subtle.py) sized for float precisions only
 (``Mutant.dtypes``) is left out too, named as not visible at the cases'
 quantized weight type -- as ``conformance mutate`` counts it per precision.

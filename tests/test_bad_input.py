@@ -205,7 +205,8 @@ def test_default_configs_raise_no_transformers_warnings():
     # following the advice would CHANGE the model under `--set max_position_embeddings=...`
     # (HF then uses the stale factor, the converter the ratio: conversion/phi.py); it
     # reaches the run log only (harness/runlog.py)
-    expected = {"phi3": "rope_parameters['original_max_position_embeddings']"}
+    # MiniCPM3's released config has the same LongRoPE shape (conversion/minicpm.py reads it so)
+    expected = {f: "rope_parameters['original_max_position_embeddings']" for f in ("phi3", "minicpm3")}
     lg = logging.getLogger("transformers")
     h = Catch(level=logging.WARNING)
     lg.addHandler(h)

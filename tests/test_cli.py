@@ -40,7 +40,7 @@ BAD = [
     # a typed HF config field refusing a value (transformers 5 strict dataclasses; found by conformance fuzz)
     (["run", "--family", "glm_moe_dsa", "--set", "q_lora_rank=null"], "config key 'q_lora_rank' = None: expected int"),
     (["run", "--family", "llama", "--kv", "paged", "--kv-evict"], "--kv-evict applies to the contiguous KV"),
-    (["run", "--family", "deepseek_v3", "--set", "rope_interleave=false"], "interleaved pairs"),
+    (["run", "--family", "deepseek_v3", "--set", "rope_interleave=false", "--ref", "llamacpp"], "interleaved pairs"),
     *([(["run", "--family", "llama", "--backend", "torch", "--device", "cuda"],
         "device 'cuda' is not available on this machine")] if not __import__("torch").cuda.is_available() else []),
     (["frobnicate"], "unknown command 'frobnicate'"),

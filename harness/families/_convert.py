@@ -124,3 +124,31 @@ def llama3_from_factors(meta, factors: np.ndarray, rope: dict, head_dim: int) ->
         raise UsageError(f"--gguf {meta.path}: rope_freqs.weight does not follow llama3's scaling formula "
                          "(conversion/llama.py generate_extra_tensors); no HF RoPE reproduces it")
     return out
+
+
+# LongRoPE's two factor sets travel as global tensors, not keys (conversion/phi.py
+# Phi3MiniModel.generate_extra_tensors, conversion/minicpm.py MiniCPM3Model's; read by
+# phi3.cpp / minicpm3.cpp as model.rope_factors_long / _short): phi3, phimoe, minicpm3.
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def longrope_factor_tensors(rope_parameters: dict):
+    """The two factor tensors the converter writes for a LongRoPE config (none otherwise)."""
+    if rope_parameters.get("long_factor"):
+        yield LONGROPE_TENSORS[0], np.asarray(rope_parameters["long_factor"], dtype=np.float32)
+        yield LONGROPE_TENSORS[1], np.asarray(rope_parameters["short_factor"], dtype=np.float32)
+
+
+def without_longrope_tensors(tensors: dict) -> dict:
+    """A file's tensors less the factor sets: hyper-parameters, read by config_from_gguf."""
+    return {k: v for k, v in tensors.items() if k not in LONGROPE_TENSORS}
+
+
+def longrope_factors_of(tensors) -> dict | None:
+    """``long_factor`` / ``short_factor`` as HF's rope_parameters hold them (float32
+    values, as the file stores them), or None where the file has no factor tensors."""
+    if LONGROPE_TENSORS[0] not in tensors:
+        return None
+    long_f, short_f = (np.asarray(tensors[n](), dtype=np.float64).reshape(-1) for n in LONGROPE_TENSORS)
+    return {"long_factor": [float(np.float32(x)) for x in long_f],
+            "short_factor": [float(np.float32(x)) for x in short_f]}

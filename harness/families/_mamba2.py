@@ -147,6 +147,19 @@ def refuse_short_conv(s: Mamba2Sizes, reference: str, key: str) -> str | None:
     return None
 
 
+def validate_ssd_shapes(ints: dict, heads: str, groups: str) -> None:
+    """The SSD shapes HF checks late or not at all, by the config's own names (mamba2,
+    nemotron_h, bamba / granitemoehybrid, falcon_h1): every size in ``ints`` a positive
+    integer, the ``groups`` dividing the ``heads`` (head ``h`` reads B / C group
+    ``h // (heads / groups)``)."""
+    for key, v in ints.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise UsageError(f"{key}={v!r}: must be a positive integer")
+    if ints[heads] % ints[groups]:
+        raise UsageError(f"{groups}={ints[groups]} does not divide {heads}={ints[heads]}; valid: a divisor "
+                         f"of {ints[heads]}")
+
+
 class Mamba2Mixer:
     """The functions above as a family mix-in (before ``Family``): the family says
     where its mixer sits (``mamba2_module``) and what its HF config calls the sizes
@@ -164,15 +177,7 @@ class Mamba2Mixer:
         return mamba2_weights(layer, self.mamba2_module, None, self.mamba2_sizes(config))
 
     def mamba2_validate(self, ints: dict, heads: str, groups: str) -> None:
-        """The SSD shapes HF checks late or not at all, by the config's own names:
-        every size in ``ints`` a positive integer, the ``groups`` dividing the ``heads``
-        (head ``h`` reads B / C group ``h // (heads / groups)``)."""
-        for key, v in ints.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise UsageError(f"{key}={v!r}: must be a positive integer")
-        if ints[heads] % ints[groups]:
-            raise UsageError(f"{groups}={ints[groups]} does not divide {heads}={ints[heads]}; valid: a divisor "
-                             f"of {ints[heads]}")
+        validate_ssd_shapes(ints, heads, groups)
 
     def mamba2_refusal(self, config, reference: str, key: str = "conv_kernel") -> str | None:
         return refuse_short_conv(self.mamba2_sizes(config), reference, key)

@@ -33,7 +33,11 @@ class Switches:
             sw["softcap"] = {"attn_logit_softcapping": None}
         # every query head its own KV head: HF sizes k_proj / v_proj from num_key_value_heads
         nh, nkv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
-        if {"gqa", "mqa"} & features and "num_key_value_heads" in keys and nh and nkv and nkv < nh:
+        # a head count per layer (laguna's num_attention_heads_per_layer [4, 8, 8, 8]) leaves
+        # grouped layers at any one KV count: no single setting switches GQA off
+        per_layer = set(getattr(config, "num_attention_heads_per_layer", None) or ())
+        if {"gqa", "mqa"} & features and "num_key_value_heads" in keys and nh and nkv and nkv < nh \
+                and len(per_layer) <= 1:
             for tag in {"gqa", "mqa"} & features:
                 sw[tag] = {"num_key_value_heads": nh}
         # RoPE neutralised: linear scaling by a factor so large that every inv_freq is

@@ -40,9 +40,8 @@ from __future__ import annotations
 from contract.recurrent import RecurrentConfig
 from impl import NormSpec
 
-from ...errors import UsageError
 from .._gguf_export import NegExpALog, gguf_moe_convert, text_model_gguf_params
-from .._mamba2 import (LC_NOT_EXPOSED, LC_POINTS, Mamba2Sizes, mamba2_config, mamba2_convert,
+from .._mamba2 import (LC_NOT_EXPOSED, LC_POINTS, Mamba2Sizes, mamba2_config, mamba2_convert, validate_ssd_shapes,
                        mamba2_state_canonical, mamba2_weights, refuse_short_conv)
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, LlamaLike, Point
@@ -82,14 +81,9 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
         """The Mamba shapes HF checks late or not at all, by their HF names."""
         super().validate(kw)
         g = {**self.tiny, **kw}
-        for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_chunk_size",
-                    "mamba_expand"):
-            v = g.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise UsageError(f"{key}={v!r}: must be a positive integer")
-        if g["mamba_n_heads"] % g["mamba_n_groups"]:
-            raise UsageError(f"mamba_n_groups={g['mamba_n_groups']} does not divide mamba_n_heads="
-                             f"{g['mamba_n_heads']}; valid: a divisor of {g['mamba_n_heads']}")
+        validate_ssd_shapes({k: g.get(k) for k in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
+                                                   "mamba_chunk_size", "mamba_expand")},
+                            "mamba_n_heads", "mamba_n_groups")
 
     def reference_refusal(self, config, reference: str) -> str | None:
         """granite-hybrid.cpp load_arch_tensors ``GGML_ASSERT(2 * n_embd == d_inner)``

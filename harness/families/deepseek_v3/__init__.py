@@ -20,9 +20,11 @@ Tiny config: as deepseek_v2's (hidden 64, 3 layers, 4 heads, q/kv lora 24,
 nope 12 / rope 8 / v 10, 4 experts), YaRN factor 4 over 128 positions.
 
 ``--set rope_interleave=false`` (HF then rotates the raw slice with
-rotate-half) is refused: the spec's MLA rotates interleaved pairs only (mla.rs
-``rotate_pe``: ``apply_rope_interleaved``), as llama.cpp's deepseek2 always
-does (LLAMA_ROPE_TYPE_NORM), so impl has no such layer.
+rotate-half) runs against HF: impl's MLA takes the rotate-half layout too
+(MiniCPM3's, not in mla.rs). It is refused for llama.cpp: deepseek2 always
+rotates interleaved pairs (llama-model.cpp llama_model_rope_type:
+LLAMA_ROPE_TYPE_NORM) and conversion/deepseek.py neither permutes the rope
+slice nor writes a layout key, so the file is another model than HF's.
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ class DeepseekV3(MlaFamily):
         # modeling_deepseek_v3.py DeepseekV3Attention.forward: apply_rotary_pos_emb_interleave
         # if config.rope_interleave else apply_rotary_pos_emb (rotate-half on the raw slice)
         return "interleaved" if getattr(config, "rope_interleave", True) else "neox"
+
+    def reference_refusal(self, config, reference: str) -> str | None:
+        if reference == "llamacpp" and not getattr(config, "rope_interleave", True):
+            return ("rope_interleave=false: HF rotates the rope slice with rotate-half, llama.cpp's deepseek2 "
+                    "always rotates interleaved pairs (LLAMA_ROPE_TYPE_NORM; the converter neither permutes nor "
+                    "writes a layout key): run it against --ref hf, or keep rope_interleave=true")
+        return super().reference_refusal(config, reference)
 
     def lc_points_for(self, config, i):
         return self.lc_points

@@ -36,11 +36,17 @@ def test_naive_form_meets_both_references(policy, need_llamacpp, kv):
             and r["status"] == "pass"} >= {(0, "q_rope"), (0, "k_rope"), (0, "k_pe"), (2, "attn_probs")}
 
 
-def test_rope_interleave_false_is_refused(policy):
-    """HF-only rotate-half on the raw slice is not the spec's MLA (rotate_pe:
-    apply_rope_interleaved only): impl refuses the layout, so the case is bad input,
-    one line, before anything runs."""
-    from harness.errors import UsageError
-
-    with pytest.raises(UsageError, match="interleaved pairs.*'neox'"):
-        run(policy, family=FAMILY, ref="hf", overrides=(("rope_interleave", False),))
+def test_rope_interleave_false_meets_hf_and_is_refused_for_llamacpp(policy):
+    """rotate-half on the raw slice (rope_interleave=false): impl's MLA takes that
+    layout (minicpm3's), so impl meets HF at q_rope; llama.cpp's deepseek2 always
+    rotates interleaved pairs on an unpermuted file, another model, so a case
+    against it is bad input, one line, before anything runs (the CLI's exit 2:
+    tests/test_cli.py BAD)."""
+    rows = run(policy, family=FAMILY, ref="hf", overrides=(("rope_interleave", False),))
+    assert not bad_rows(rows)
+    assert any(r["probe"] == "q_rope" and r["status"] == "pass" for r in rows)
+    fam = get(FAMILY)
+    why = fam.reference_refusal(fam.make_config({"rope_interleave": False}), "llamacpp")
+    assert why and "interleaved pairs" in why and "--ref hf" in why
+    assert fam.reference_refusal(fam.make_config({"rope_interleave": False}), "hf") is None
+    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None

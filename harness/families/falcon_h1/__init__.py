@@ -62,7 +62,8 @@ import numpy as np
 
 from ...errors import UsageError
 from .._gguf_export import NegExpALog
-from .._mamba2 import Mamba2Sizes, mamba2_config, mamba2_convert, mamba2_weights, refuse_short_conv
+from .._mamba2 import (Mamba2Sizes, mamba2_config, mamba2_convert, mamba2_weights, refuse_short_conv,
+                      validate_ssd_shapes)
 from ..base import LcPoint, LlamaLike, Point
 from impl import NormSpec
 
@@ -117,14 +118,9 @@ class FalconH1(NegExpALog, LlamaLike):
     def validate(self, kw: dict) -> None:
         super().validate(kw)
         g = {**self.tiny, **kw}
-        for key in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_chunk_size",
-                    "mamba_d_ssm"):
-            v = g.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise UsageError(f"{key}={v!r}: must be a positive integer")
-        if g["mamba_n_heads"] % g["mamba_n_groups"]:
-            raise UsageError(f"mamba_n_groups={g['mamba_n_groups']} does not divide mamba_n_heads="
-                             f"{g['mamba_n_heads']}; valid: a divisor of {g['mamba_n_heads']}")
+        validate_ssd_shapes({k: g.get(k) for k in ("mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
+                                                   "mamba_chunk_size", "mamba_d_ssm")},
+                            "mamba_n_heads", "mamba_n_groups")
         if g["mamba_d_ssm"] % g["mamba_n_heads"]:
             raise UsageError(f"mamba_d_ssm={g['mamba_d_ssm']} is not a multiple of mamba_n_heads="
                              f"{g['mamba_n_heads']}; valid: a multiple (HF FalconH1Config.validate_architecture)")

@@ -45,10 +45,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from impl import make_rope
 
+from .._convert import longrope_factor_tensors, longrope_factors_of, without_longrope_tensors
 from .._gguf_import import llama_like_config, read_hparams, special_tokens, vocab_of  # noqa: F401
 from .._mla import MlaFamily
 from ..base import LcPoint
@@ -163,16 +162,10 @@ class MiniCPM3(MlaFamily):
     def gguf_tensors(self, model, config, variant=None):
         yield from super().gguf_tensors(model, config, variant)
         rp = config.rope_parameters
-        if rp.get("long_factor") or rp.get("short_factor"):
-            # MiniCPM3Model.generate_extra_tensors: the two factor sets, global tensors
-            yield "rope_factors_long.weight", np.asarray(rp["long_factor"], dtype=np.float32)
-            yield "rope_factors_short.weight", np.asarray(rp["short_factor"], dtype=np.float32)
+        yield from longrope_factor_tensors(rp)
 
     def gguf_import_prepare(self, tensors, config):
-        tensors = dict(tensors)
-        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
-            tensors.pop(name, None)  # hyper-parameters, read by config_from_gguf
-        return super().gguf_import_prepare(tensors, config)
+        return super().gguf_import_prepare(without_longrope_tensors(tensors), config)
 
     def config_from_gguf(self, meta, shapes, tensors):
         """minicpm3.cpp load_arch_hparams: the RMS eps, the Q and KV ranks (required);
@@ -191,12 +184,9 @@ class MiniCPM3(MlaFamily):
             meta.refuse("attention.value_length", hp.n_embd_head_v, f"HF MiniCPM3's v_head_dim defaults to "
                                                                     f"hidden / heads ({hp.n_embd // hp.head})")
         rp = {"rope_type": "default", "rope_theta": hp.rope_freq_base}
-        if "rope_factors_long.weight" in tensors:
-            long_f = np.asarray(tensors["rope_factors_long.weight"](), dtype=np.float64).reshape(-1)
-            short_f = np.asarray(tensors["rope_factors_short.weight"](), dtype=np.float64).reshape(-1)
-            rp.update(rope_type="longrope", original_max_position_embeddings=hp.n_ctx_orig_yarn,
-                      long_factor=[float(np.float32(x)) for x in long_f],
-                      short_factor=[float(np.float32(x)) for x in short_f])
+        factors = longrope_factors_of(tensors)
+        if factors is not None:
+            rp.update(rope_type="longrope", original_max_position_embeddings=hp.n_ctx_orig_yarn, **factors)
             if hp.rope_attn_factor != 1.0:
                 rp["attention_factor"] = hp.rope_attn_factor
         elif hp.rope_attn_factor != 1.0:

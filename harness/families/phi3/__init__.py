@@ -57,6 +57,7 @@ import numpy as np
 
 from impl import make_rope
 
+from .._convert import longrope_factor_tensors, longrope_factors_of, without_longrope_tensors
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, Point, tensor
 
@@ -178,16 +179,10 @@ class Phi3(LlamaLike):
     def gguf_tensors(self, model, config, variant=None):
         yield from super().gguf_tensors(model, config, variant)
         rp = config.rope_parameters
-        if rp.get("long_factor"):
-            # Phi3MiniModel.generate_extra_tensors: the two factor sets, global tensors
-            yield "rope_factors_long.weight", np.asarray(rp["long_factor"], dtype=np.float32)
-            yield "rope_factors_short.weight", np.asarray(rp["short_factor"], dtype=np.float32)
+        yield from longrope_factor_tensors(rp)
 
     def gguf_import_prepare(self, tensors, config):
-        tensors = dict(tensors)
-        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
-            tensors.pop(name, None)  # hyper-parameters, read by config_from_gguf
-        return super().gguf_import_prepare(tensors, config)
+        return super().gguf_import_prepare(without_longrope_tensors(tensors), config)
 
     def config_from_gguf(self, meta, shapes, tensors):
         """phi3.cpp load_arch_hparams: the RMS eps and the (ignored) sliding window;
@@ -198,11 +193,9 @@ class Phi3(LlamaLike):
         rp = {"rope_type": "default", "rope_theta": hp.rope_freq_base}
         if hp.n_rot != d:
             rp["partial_rotary_factor"] = hp.n_rot / d
-        if "rope_factors_long.weight" in tensors:
-            long_f = np.asarray(tensors["rope_factors_long.weight"](), dtype=np.float64).reshape(-1)
-            short_f = np.asarray(tensors["rope_factors_short.weight"](), dtype=np.float64).reshape(-1)
-            rp.update(rope_type="longrope", long_factor=[float(np.float32(x)) for x in long_f],
-                      short_factor=[float(np.float32(x)) for x in short_f])
+        factors = longrope_factors_of(tensors)
+        if factors is not None:
+            rp.update(rope_type="longrope", **factors)
             scale = hp.n_ctx_train / hp.n_ctx_orig_yarn
             want = math.sqrt(1 + math.log(scale) / math.log(hp.n_ctx_orig_yarn)) if scale > 1.0 else 1.0
             if abs(hp.rope_attn_factor - want) > 1e-6 * want:

@@ -55,12 +55,18 @@ MUTANTS = [
            {"family": "laguna"}, "attn_branch",
            doc="the output gate squashed by sigmoid (afmoe's, qwen3_next's) where laguna's is softplus "
                "(HF LagunaAttention.forward: F.softplus(g_proj(hidden_states).float()); laguna.cpp ggml_softplus): "
-               "the heads agree, the gated branch does not"),
+               "the heads agree, the gated branch does not",
+           bisect_note="HF LagunaAttention always gates (softplus of g_proj, modeling_laguna.py:401; no config "
+                       "turns it off), so no switch takes the gate away on the reference side: listed as "
+                       "unswitchable"),
     Mutant("per-head-gate-strided", "output_gate_per_head", "impl.attention",
            "g = xp.reshape(xp.broadcast_to(xp.reshape(g, (n, h, 1)), (n, h, dv)), (n, h * dv))",
            "g = xp.reshape(xp.broadcast_to(xp.reshape(g, (n, 1, h)), (n, dv, h)), (n, h * dv))",
            {"family": "laguna"}, "attn_branch",
            doc="the per-head gate spread head-minor: channel c takes head c % n_heads's scalar instead of head "
                "c // head_dim's (HF LagunaAttention.forward: view(..., -1, head_dim) * gate.unsqueeze(-1); "
-               "laguna.cpp reshapes the gate to [1, n_head, T] against [head_dim, n_head, T])"),
+               "laguna.cpp reshapes the gate to [1, n_head, T] against [head_dim, n_head, T])",
+           bisect_note="HF LagunaAttention always gates (softplus of g_proj, modeling_laguna.py:401; no config "
+                       "turns it off), so no switch takes the gate away on the reference side: listed as "
+                       "unswitchable"),
 ]
