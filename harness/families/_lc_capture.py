@@ -89,14 +89,26 @@ def lc_unrotated(points: dict[str, LcPoint], q: str = "Qcur", k: str = "Kcur") -
     return {**points, "q_rope": LcPoint(q, "last", "heads"), "k_rope": LcPoint(k, "last", "heads")}
 
 
+def lc_nope_points(**names: LcPoint | None) -> dict[str, LcPoint]:
+    """llama.cpp's points of an attention layer with no RoPE node: the default
+    points with ``q`` / ``k`` the last Qcur / Kcur (the tensors that enter kq)
+    and ``q_rope`` / ``k_rope`` the same ones (``lc_unrotated``); ``names``
+    renames a probe's tensor, or drops the probe (``None``: not exposed) --
+    the archs differ only in what they call the wo product and the residuals
+    (jamba.cpp: ``ffn_inp``; nemotron-h.cpp: ``attn_out`` and its block output)."""
+    points = {**LcCapture.lc_points, "q": LcPoint("Qcur", "last", "heads"), "k": LcPoint("Kcur", "last", "heads")}
+    for probe, point in names.items():
+        if point is None:
+            points.pop(probe, None)
+        else:
+            points[probe] = point
+    return lc_unrotated(points)
+
+
 # llama.cpp's points of a layer with a fused QKV projection and no RoPE (bloom.cpp,
 # mpt.cpp: ALiBi): q / k / v are the views build_qkv takes of the fused wqkv, and the
 # same tensors enter kq; build_attn's wo product carries no name, so attn_out is not
 # exposed
-FUSED_QKV_NOPE_LC_POINTS = lc_unrotated({
-    **{k: v for k, v in LcCapture.lc_points.items() if k != "attn_out"},
-    "q": LcPoint("Qcur", "last", "heads"),
-    "k": LcPoint("Kcur", "last", "heads"),
-})
+FUSED_QKV_NOPE_LC_POINTS = lc_nope_points(attn_out=None)
 
 

@@ -46,7 +46,7 @@ from impl import NormSpec
 
 from ...errors import UsageError
 from .._gguf_export import NegExpALog, gguf_moe_convert
-from .._lc_capture import lc_unrotated
+from .._lc_capture import lc_nope_points
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, LlamaLike, Point
 from ..mamba import Mamba1Sizes, mamba1_config, mamba1_state_canonical, mamba1_weights
@@ -87,17 +87,7 @@ class Jamba(RecurrentProbes, NegExpALog, LlamaLike):
                       "resid_mid": _RESID_UNNAMED}
     # jamba.cpp: build_qkv's Qcur / Kcur / Vcur enter build_attn unrotated; build_attn's
     # kq_soft_max and kqv_out; the wo product named ffn_inp by jamba.cpp; l_out
-    lc_attention_points = lc_unrotated({
-        "attn_in": LcPoint("attn_norm"),
-        "q": LcPoint("Qcur", "last", "heads"),
-        "k": LcPoint("Kcur", "last", "heads"),
-        "v": LcPoint("Vcur", "last", "heads"),
-        "attn_probs": LcPoint("kq_soft_max", "last", "probs"),
-        "attn_heads": LcPoint("kqv_out"),
-        "attn_branch": LcPoint("kqv_out"),
-        "attn_out": LcPoint("ffn_inp"),
-        "layer_out": LcPoint("l_out"),
-    })
+    lc_attention_points = lc_nope_points(attn_out=LcPoint("ffn_inp"), resid_mid=None)
     lc_mamba_points = {"attn_in": LcPoint("attn_norm"), "attn_out": LcPoint("ffn_inp"), "layer_out": LcPoint("l_out")}
 
     def is_recurrent(self, config, i: int) -> bool:

@@ -51,7 +51,7 @@ from impl import LayerConfig, NormSpec
 
 from ...errors import UsageError
 from .._gguf_export import NegExpALog
-from .._lc_capture import lc_unrotated
+from .._lc_capture import lc_nope_points
 from .._mamba2 import HF_BLOCK_POINTS, Mamba2Mixer, Mamba2Sizes
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, Point, tensor
@@ -113,18 +113,7 @@ class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
         "layer_out": BLOCK_OUT,
     }
     # build_attention_layer: no ROPE node, so q_rope / k_rope are the Qcur / Kcur that enter kq
-    lc_points = lc_unrotated({
-        "attn_in": LcPoint("attn_norm"),
-        "q": LcPoint("Qcur", "last", "heads"),
-        "k": LcPoint("Kcur", "last", "heads"),
-        "v": LcPoint("Vcur", "last", "heads"),
-        "attn_probs": LcPoint("kq_soft_max", "last", "probs"),
-        "attn_heads": LcPoint("kqv_out"),
-        "attn_branch": LcPoint("kqv_out"),
-        "attn_out": LcPoint("attn_out"),
-        "resid_mid": BLOCK_OUT,
-        "layer_out": BLOCK_OUT,
-    })
+    lc_points = lc_nope_points(resid_mid=BLOCK_OUT, layer_out=BLOCK_OUT)
     # build_ffn_layer's input is attn_norm and the residual is the block's input (the
     # capture's layer_in: resid_mid of an absent layer is read there)
     lc_mlp_points = {"layer_out": BLOCK_OUT}
