@@ -88,3 +88,33 @@ def finding(pol, family, candidate, reference, probe, overrides=None, layer=0, n
     return pol.finding(family, candidate, reference, probe, layer_kind, config, layer=layer, nmse=nmse,
                        tokens=tokens, n_layers=getattr(config, "num_hidden_layers", None),
                        chunks=chunks if chunks is not None else ((tokens,),))
+
+
+def assert_dsa_indexer_active(policy, family, topk=8):
+    """A DSA family (glm-dsa.cpp, deepseek32.cpp; HF's ``*Indexer``) at
+    ``index_topk`` below the 16-token default: from position ``topk`` on each query
+    keeps ``topk`` keys in both references, which agree; impl has no indexer, so its
+    ``mla_dsa`` layers are not implemented (no impl row passes or fails there)."""
+    import numpy as np
+
+    over = (("index_topk", topk),)
+    rows = run(policy, family=family, ref="all", overrides=over)
+    assert not bad_rows(rows)
+    assert {r["layer_kind"] for r in rows if r["status"] == "not-implemented"} == {"mla_dsa"}
+    assert {(0, "attn_probs"), (2, "attn_probs"), (-1, "logits")} <= {
+        (r["layer"], r["probe"]) for r in rows if r["candidate"] == "llamacpp" and r["status"] == "pass"}
+    # the indexer really dropped keys in HF's probabilities (what both references computed)
+    cr = case_run(policy, family, overrides=over)
+    kept = (cr.capture("hf").probes["L1.attn_probs"][0] > 0).sum(-1)  # [H, T]
+    assert (kept[:, :topk] == np.arange(1, topk + 1)).all() and (kept[:, topk:] == topk).all()
+    # ... and llama.cpp's probabilities drop the same keys (the choice is not causal-all)
+    assert ((cr.capture("llamacpp").probes["L1.attn_probs"][0] > 0).sum(-1) == kept).all()
+
+
+def assert_dsa_indexer_inert(policy, family):
+    """At the default config (index_topk >= the case's tokens) every query keeps every
+    causal key: the indexer changes nothing."""
+    import numpy as np
+
+    probs = case_run(policy, family).capture("hf").probes["L1.attn_probs"][0]
+    assert ((probs > 0).sum(-1) == np.arange(1, probs.shape[-1] + 1)).all()

@@ -6,11 +6,10 @@ the naive form meets HF only; the required gating key."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, bad_rows, case_run, run
+from harness.testing import all_statuses, assert_dsa_indexer_active, assert_dsa_indexer_inert, bad_rows, run
 
 FAMILY = "deepseek_v32"
 
@@ -43,27 +42,13 @@ def test_a_broken_yarn_fails_against_both_references(policy, need_llamacpp, name
 
 
 def test_active_indexer_is_compared_between_references(policy, need_llamacpp):
-    """index_topk=8 at 16 tokens: from position 8 on each query keeps 8 keys (NEOX
-    indexer RoPE in both references). impl has no indexer: its MLA layers are not
-    implemented here; HF and llama.cpp agree."""
-    rows = run(policy, family=FAMILY, ref="all", overrides=(("index_topk", 8),))
-    assert not bad_rows(rows)
-    assert {r["layer_kind"] for r in rows if r["status"] == "not-implemented"} == {"mla_dsa"}
-    assert {(0, "attn_probs"), (2, "attn_probs"), (-1, "logits")} <= {
-        (r["layer"], r["probe"]) for r in rows if r["candidate"] == "llamacpp" and r["status"] == "pass"}
-    cr = case_run(policy, FAMILY, overrides=(("index_topk", 8),))
-    probs = cr.capture("hf").probes["L1.attn_probs"][0]  # [H, T, T]
-    kept = (probs > 0).sum(-1)
-    assert (kept[:, :8] == np.arange(1, 9)).all() and (kept[:, 8:] == 8).all()
-    # the indexer's choice is not causal-all: llama.cpp's probabilities drop the same keys
-    lc = cr.capture("llamacpp").probes["L1.attn_probs"]
-    assert ((lc[0] > 0).sum(-1) == kept).all()
+    """index_topk=8 at 16 tokens: HF and llama.cpp keep the same 8 keys per query from
+    position 8 on; impl has no indexer (its MLA layers are not implemented here)."""
+    assert_dsa_indexer_active(policy, FAMILY)
 
 
 def test_default_indexer_is_inert(policy):
-    cr = case_run(policy, FAMILY)
-    probs = cr.capture("hf").probes["L1.attn_probs"][0]
-    assert ((probs > 0).sum(-1) == np.arange(1, 17)).all()
+    assert_dsa_indexer_inert(policy, FAMILY)
 
 
 @pytest.mark.parametrize("kv", ["batched", "paged"])

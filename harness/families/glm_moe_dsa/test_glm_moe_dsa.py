@@ -5,10 +5,9 @@ only."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from harness.testing import bad_rows, case_run, run
+from harness.testing import assert_dsa_indexer_active, assert_dsa_indexer_inert, bad_rows, run
 
 FAMILY = "glm_moe_dsa"
 YARN = (("rope_parameters.rope_type", "yarn"), ("rope_parameters.factor", 4.0),
@@ -16,24 +15,13 @@ YARN = (("rope_parameters.rope_type", "yarn"), ("rope_parameters.factor", 4.0),
 
 
 def test_active_indexer_is_compared_between_references(policy, need_llamacpp):
-    """index_topk=8 at 16 tokens: from position 8 on each query keeps 8 keys. impl has
-    no indexer, so its MLA layers are not implemented here; HF and llama.cpp agree."""
-    rows = run(policy, family=FAMILY, ref="all", overrides=(("index_topk", 8),))
-    assert not bad_rows(rows)
-    assert {r["layer_kind"] for r in rows if r["status"] == "not-implemented"} == {"mla_dsa"}
-    assert {(0, "attn_probs"), (2, "attn_probs"), (-1, "logits")} <= {
-        (r["layer"], r["probe"]) for r in rows if r["candidate"] == "llamacpp" and r["status"] == "pass"}
-    # the indexer really dropped keys in HF's probabilities (what both references computed)
-    cr = case_run(policy, FAMILY, overrides=(("index_topk", 8),))
-    probs = cr.capture("hf").probes["L1.attn_probs"][0]  # [H, T, T]
-    kept = (probs > 0).sum(-1)
-    assert (kept[:, :8] == np.arange(1, 9)).all() and (kept[:, 8:] == 8).all()
+    """index_topk=8 at 16 tokens: HF and llama.cpp keep the same 8 keys per query from
+    position 8 on; impl has no indexer (its MLA layers are not implemented here)."""
+    assert_dsa_indexer_active(policy, FAMILY)
 
 
 def test_default_indexer_is_inert(policy):
-    cr = case_run(policy, FAMILY)
-    probs = cr.capture("hf").probes["L1.attn_probs"][0]
-    assert ((probs > 0).sum(-1) == np.arange(1, 17)).all()
+    assert_dsa_indexer_inert(policy, FAMILY)
 
 
 def test_yarn_both_references(policy, need_llamacpp):
