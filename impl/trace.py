@@ -48,6 +48,7 @@ LAYER_PROBES = (
     "state_rec",  # the recurrent matrix after each call (Trace.put_state)
     "attn_branch",
     "attn_out",
+    "ssm_out",  # a parallel SSM branch's output (falcon_h1: impl.attention.attn_block), summed with attn_out
     "resid_mid",
     "layer_out",
 )

@@ -136,6 +136,14 @@ def arch_scales(tree: Path, model_src: str) -> dict[str, set[str]]:
     graph = (tree / "src" / "llama-graph.cpp").read_text()
     qkv_body = body(graph, graph.index("llm_graph_qkv llm_graph_context::build_qkv(", graph.index("build_qkv(") + 1))
     qkv = set(re.findall(r"layer\.(\w+)_s\b", qkv_body))
+    # the layer builders of the shared graph bases (src/models/*-base.cpp: mamba-base.cpp's
+    # build_mamba_layer / build_mamba2_layer pass ssm_in_s / ssm_out_s on to build_lora_mm,
+    # delta-net-base.cpp, rwkv*-base.cpp): an arch that calls one applies what it passes on
+    helpers: dict[str, set[str]] = {}
+    for f in sorted((tree / "src" / "models").glob("*-base.cpp")):
+        text = f.read_text()
+        for m in re.finditer(r"\bllm_build_\w+_base::(build_\w+)\(", text):
+            helpers.setdefault(m.group(1), set()).update(re.findall(r"\b(\w+?)_s\b", body(text, m.end())))
     factory = body(model_src, model_src.index("llama_model * llama_model_mapping("))
     out, pending = {}, []
     for tok in re.finditer(r"case (LLM_ARCH_\w+):|return new llama_model_(\w+)\(", factory):
@@ -144,8 +152,36 @@ def arch_scales(tree: Path, model_src: str) -> dict[str, set[str]]:
             continue
         src = files.get(tok.group(2), "")
         used = set(re.findall(r"\b(\w+?)_s\b", src)) | (qkv if "build_qkv(" in src else set())
+        for name, passed in helpers.items():
+            if re.search(rf"\b{name}\(", src):
+                used |= passed
         for arch in pending:
             out[arch] = {SCALE_TENSORS[u] for u in used if u in SCALE_TENSORS}
+        pending = []
+    return out
+
+
+def arch_rope_factors(tree: Path, model_src: str) -> set[str]:
+    """The arch enums whose graph rotates with a file's ``rope_freqs`` (src/models/<arch>.cpp
+    calls ``model.get_rope_factors`` or reads ``layers[il].rope_freqs``, with the graph it
+    builds through ``using graph``). An arch whose loader creates the tensor and whose graph
+    passes ``nullptr`` as ggml_rope_ext's freq_factors (falcon-h1.cpp) loads it unused."""
+    files = {}
+    for f in sorted((tree / "src" / "models").glob("*.cpp")):
+        for cls in re.findall(r"llama_model_(\w+)::(?:graph::graph|build_arch_graph)\(", f.read_text()):
+            files[cls] = f.read_text()
+    models_h = (tree / "src" / "models" / "models.h").read_text()
+    for cls, struct in re.findall(r"struct llama_model_(\w+)\s*:[^{]*\{(.*?)\n\};", models_h, re.S):
+        if (m := re.search(r"using graph\s*=\s*llama_model_(\w+)::graph;", struct)) and m.group(1) in files:
+            files[cls] = files.get(cls, "") + files[m.group(1)]
+    factory = body(model_src, model_src.index("llama_model * llama_model_mapping("))
+    out, pending = set(), []
+    for tok in re.finditer(r"case (LLM_ARCH_\w+):|return new llama_model_(\w+)\(", factory):
+        if tok.group(1):
+            pending.append(tok.group(1))
+            continue
+        if re.search(r"get_rope_factors\(|layers\[il\]\.rope_freqs\b", files.get(tok.group(2), "")):
+            out.update(pending)
         pending = []
     return out
 
@@ -166,6 +202,7 @@ def main() -> int:
     generic, only = generic_keys(model_src, kv)
     per_arch = arch_keys(tree, model_src)
     scales = arch_scales(tree, model_src)
+    rope_factors = arch_rope_factors(tree, model_src)
 
     def names(enums) -> list[str]:
         out = set()
@@ -212,6 +249,14 @@ def main() -> int:
         if enum in scales:
             print(f"    {arch!r}: frozenset({{{', '.join(repr(k) for k in sorted(scales[enum]))}}}),")
     print("}")
+    print()
+    print("# the archs whose graph rotates with the file's rope_freqs (src/models/<arch>.cpp calls")
+    print("# get_rope_factors or reads layers[il].rope_freqs); elsewhere the tensor is loaded and unused")
+    print("ROPE_FACTORS = frozenset({")
+    for enum, arch in sorted(archs.items(), key=lambda kv_: kv_[1]):
+        if enum in rope_factors:
+            print(f"    {arch!r},")
+    print("})")
     return 0
 
 

@@ -79,7 +79,8 @@ def test_every_switch_alone_passes_on_the_clean_case(policy, family):
             assert tag in sw.removes, (family, tag, sw.removes)
 
 
-@pytest.mark.parametrize("family,tag", [("qwen2", "qkv_bias"), ("starcoder2", "o_bias"), ("gpt_oss", "sinks")])
+@pytest.mark.parametrize("family,tag", [("qwen2", "qkv_bias"), ("starcoder2", "o_bias"), ("gpt_oss", "sinks"),
+                                        ("falcon_h1", "parallel_ssm")])
 def test_weight_switches_hold_for_llamacpp_too(policy, need_llamacpp, family, tag):
     """A weight switch changes the seeded model, from which the GGUF is exported: both
     references see it, and impl still agrees with both."""
@@ -91,6 +92,31 @@ def test_weight_switches_hold_for_llamacpp_too(policy, need_llamacpp, family, ta
     assert first_divergence(rows, candidate="llamacpp") is None
     assert {r["reference"] for r in rows if r["candidate"] == "impl" and r["status"] == "pass"} == {"hf", "hf_cached",
                                                                                               "llamacpp"}
+
+
+def test_falcon_h1_parallel_branch_switches(policy):
+    """Feature bisection can switch each parallel-branch feature off on its own: the muP
+    scalars and the mup vector through HF's own config fields (harness/families/_switches.py),
+    the branch itself by zeroing FalconH1Mixer.out_proj (harness/kinds/attention/switches.py),
+    which leaves the attention branch bit for bit as it was."""
+    from harness.families._switches import BRANCH_MULTIPLIERS
+
+    case = Case(family="falcon_h1", ref="hf")
+    on = CaseRun(case, policy)
+    assert {"parallel_ssm", "branch_multipliers", "mup_vector"} <= set(on.features)
+    usable, _ = switches_for(case, on)
+    assert usable["branch_multipliers"].overrides == {k: 1.0 for k in BRANCH_MULTIPLIERS}
+    assert usable["branch_multipliers"].removes == ["branch_multipliers"]
+    assert usable["mup_vector"].overrides == {"ssm_multipliers": [1.0] * 5}
+    assert usable["mup_vector"].removes == ["mup_vector"]
+    assert usable["parallel_ssm"].kind == "weights"
+    off = CaseRun(_switched(case, [usable["parallel_ssm"]]), policy)
+    a, b = on.capture("hf").probes, off.capture("hf").probes
+    _ = off.base_model  # (the capture may come from the cache without building the model)
+    assert off.switched == {"parallel_ssm": 2}  # out_proj of both layers
+    for i in (0, 1):
+        assert abs(a[f"L{i}.ssm_out"]).max() > 1e-3 and not abs(b[f"L{i}.ssm_out"]).max()
+    assert (a["L0.attn_out"] == b["L0.attn_out"]).all()
 
 
 def test_a_switched_case_is_its_own_case(policy):

@@ -133,6 +133,26 @@ def test_key_table_says_what_llama_cpp_reads():
     assert {a for a, ks in keys.BY_ARCH.items() if "attention.clamp_kqv" in ks} == {"dbrx", "mpt", "olmo"}
     assert "rope.scaling.yarn_beta_fast" not in keys.BY_ARCH["llama"] | keys.GENERIC
     assert "attention.sliding_window" in keys.BY_ARCH["gemma3"]
+    # the scales mamba-base.cpp's layer builders pass on (build_mamba_layer / build_mamba2_layer:
+    # build_lora_mm(ssm_in, cur, ssm_in_s), ... ssm_out_s), for every arch that calls one
+    for arch in ("mamba", "mamba2", "falcon-h1", "granitehybrid", "jamba", "nemotron_h"):
+        assert {"ssm_in", "ssm_out"} <= keys.SCALES[arch], arch
+    assert not {"ssm_in", "ssm_out"} & keys.SCALES["llama"]
+    # falcon-h1.cpp loads rope_freqs and rotates without it (ggml_rope_ext(..., nullptr, ...))
+    assert "falcon-h1" not in keys.ROPE_FACTORS and {"llama", "granite", "llama4"} <= keys.ROPE_FACTORS
+
+
+def test_tensors_a_graph_never_reads_are_listed_unused():
+    """What llama.cpp loads and its graph drops is not given to HF (and listed in meta.json):
+    falcon-h1's rope_freqs and attn_output.bias, a scale its graph does not pass on, every
+    input_scale; llama's graph reads the rope_freqs and the ffn scales."""
+    from harness.families._gguf_import import unused_tensors
+
+    names = ["rope_freqs.weight", "blk.0.attn_output.bias", "blk.0.attn_q.bias", "blk.0.ssm_in.scale",
+             "blk.0.ffn_up.scale", "blk.0.ssm_in.input_scale"]
+    assert unused_tensors(names, "falcon-h1") == ["blk.0.attn_output.bias", "blk.0.ffn_up.scale",
+                                                  "blk.0.ssm_in.input_scale", "rope_freqs.weight"]
+    assert unused_tensors(names, "llama") == ["blk.0.ssm_in.input_scale", "blk.0.ssm_in.scale"]
 
 
 # ---------------------------------------------------------------- metadata: read, ignored, refused

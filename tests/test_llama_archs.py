@@ -70,11 +70,13 @@ EXPECTED = {
     # the fixture's q / k / v biases (create_tensor_qkv, TENSOR_NOT_REQUIRED): HF Exaone4 has none
     ("exaone4", False): ("refused", "tensors with no counterpart in family exaone4's HF model: blk.0.attn_k.bias"),
     ("falcon", False): ("pass", ""),  # its feed_forward_length 384 is HF's ffn_hidden_size
-    # the fixture's every optional tensor: rope_freqs (falcon-h1.cpp loads it; the reverse passes it
-    # to HF as rope_parameters freq_factors, which HF's default RoPE ignores: q_rope nmse 0.78) and the
-    # *.scale companions (wo_s, ssm_out_s, ...: build_attn / build_lora_mm multiply them in, falcon_h1's
-    # layer_config reads none: attn_out nmse 1.9e3, ssm_out 8e5) -- not yet read by the family
-    ("falcon-h1", False): ("open", "falcon_h1 reads neither the fixture's rope_freqs nor its *.scale tensors"),
+    # the fixture's every optional tensor, read as falcon-h1.cpp reads it: rope_freqs loaded and
+    # never applied (ggml_rope_ext(..., nullptr, ...): ROPE_FACTORS), attn_output.bias loaded and
+    # never added (build_attn(..., wo, NULL, wo_s, ...): _gguf_import.UNREAD), the *.scale
+    # companions of attn_q / k / v / output, output and -- through mamba-base.cpp's
+    # build_mamba2_layer -- ssm_in / ssm_out folded into their weights (SCALES), the ffn ones unused
+    # (build_ffn is passed NULL); before, q_rope nmse 0.78, attn_out 1.9e3, ssm_out 8e5
+    ("falcon-h1", False): ("pass", ""),
     ("gemma", False): ("pass", ""),
     ("gemma2", False): ("pass", ""),
     ("gemma3", False): ("pass", ""),
@@ -146,15 +148,12 @@ EXPECTED = {
     # family olmo2 refuses the file's sliding layers (OLMo 3) and the arch's other candidate,
     # olmo3, reads them: three-way, passing
     ("olmo2", False): ("pass", ""),
-    # read back (mamba2's reverse), impl vs HF agreeing; impl vs llama.cpp not: the generator's
-    # file (2 heads of 256, 2 groups of state 128, inner 512) fails L0 already at its conv state
-    # read back as family mamba (no ssm.dt_b_c_rms), impl vs HF and hf_cached agreeing; llama.cpp
-    # not: its conv state after the prefill is ~0 (llama.cpp vs hf_cached nmse 0.96) and l_out
-    # differs -- mamba2's signature; the family's own export and the converter's file pass
-    ("mamba", False): ("open", "L0 state_conv impl vs llama.cpp nmse 2.7e3 (call 0, ch 82), L0 resid_mid nmse 2.5e-3: "
-                               "not found (the family's own export passes three-way)"),
-    ("mamba2", False): ("open", "L0 state_conv impl vs llama.cpp nmse 2.7e3 (call 0, ch 746), attn_out nmse 8e5: "
-                                "not found (the family's own export passes three-way)"),
+    # ssm_in.scale / ssm_out.scale: mamba-base.cpp build_mamba_layer / build_mamba2_layer pass
+    # ssm_in_s / ssm_out_s on to build_lora_mm ((W x) * s), folded into in_proj / out_proj (SCALES,
+    # scripts/llamacpp_keys.py now follows the *-base.cpp layer builders); dropped before, they gave
+    # L0 state_conv impl vs llama.cpp nmse 2.7e3 (the fixture's scales are ~0.1)
+    ("mamba", False): ("pass", ""),
+    ("mamba2", False): ("pass", ""),
     # minimax-m2.cpp create_tensor_qkv reads optional q / k / v biases; HF MiniMaxM2Attention has none
     ("minimax-m2", True): ("refused", "tensors with no counterpart in family minimax_m2's HF model: blk.0.attn_k.bias"),
     ("olmoe", True): ("pass", ""),

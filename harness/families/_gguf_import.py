@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ._llamacpp_keys import BY_ARCH, GENERIC, SCALES
+from ._llamacpp_keys import BY_ARCH, GENERIC, ROPE_FACTORS, SCALES
 
 # general.* and tokenizer.* say nothing about the arithmetic: the harness feeds
 # token ids (or tokenizes with llama.cpp's own vocabulary, --prompt).
@@ -550,13 +550,25 @@ def _identity_trace(arr: np.ndarray) -> bool:
                for i in range(0, flat.size, step))
 
 
+# tensors an arch's loader creates that its graph never passes on, beyond what the generated
+# tables (SCALES, ROPE_FACTORS) say: falcon-h1.cpp's graph calls build_attn(inp->get_attn(),
+# model.layers[il].wo, NULL, model.layers[il].wo_s, ...) -- NULL where wo_b goes -- so the
+# attn_output.bias its load_arch_tensors creates (TENSOR_NOT_REQUIRED) is never added; HF's
+# o_proj bias (attention_bias switches all four) is then the zero bias of an absent one
+UNREAD = {"falcon-h1": re.compile(r"blk\.\d+\.attn_output\.bias")}
+
+
 def unused_tensors(names, arch: str) -> list[str]:
     """The file's tensors llama.cpp loads for ``arch`` and its graph never reads:
-    every ``X.input_scale``, and each ``X.scale`` of a kind the arch's graph does
-    not pass on (``SCALES``, generated from src/models/<arch>.cpp)."""
+    every ``X.input_scale``, each ``X.scale`` of a kind the arch's graph does
+    not pass on (``SCALES``, generated from src/models/<arch>.cpp), and ``rope_freqs``
+    where the graph rotates without it (``ROPE_FACTORS``: falcon-h1.cpp loads it and
+    passes ``nullptr`` as ggml_rope_ext's freq_factors)."""
     kinds = SCALES.get(arch, frozenset())
     names = set(names)
     return sorted(n for n in names if n.endswith(".input_scale")
+                  or (n == "rope_freqs.weight" and arch not in ROPE_FACTORS)
+                  or (arch in UNREAD and UNREAD[arch].fullmatch(n) is not None)
                   or (n.endswith(".scale") and _kind(n.removesuffix(".scale")) not in kinds)
                   # qwen3next.cpp / qwen35.cpp: the legacy fused ssm_in only where no attn_qkv is
                   or (n.endswith(".ssm_in.weight") and n.replace(".ssm_in.", ".attn_qkv.") in names))
@@ -606,7 +618,9 @@ def rope_freqs(meta: GGUFMeta, kw: dict, tensors: dict) -> None:
     ``apply_freq_factors``: llama.cpp's random-model generator writes random ones)."""
     from ._convert import llama3_from_factors
 
-    if "rope_freqs.weight" not in tensors:
+    if "rope_freqs.weight" not in tensors or meta.arch not in ROPE_FACTORS:
+        # a graph that never reads it (falcon-h1.cpp: ggml_rope_ext(..., nullptr, ...)) rotates
+        # with theta alone; the tensor is listed unused (``unused_tensors``)
         return
     rp = kw.get("rope_parameters") or {}
     if "rope_theta" not in rp:

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from ..kinds.switches import ModelSwitch  # noqa: F401 (re-exported)
 
+# HF FalconH1Config's scalar multipliers of the two parallel branches (the feature
+# ``branch_multipliers``: LayerConfig attn_in / key / attn_out / ssm_in / ssm_out_multiplier)
+BRANCH_MULTIPLIERS = ("attention_in_multiplier", "key_multiplier", "attention_out_multiplier", "ssm_in_multiplier",
+                      "ssm_out_multiplier")
+
 
 class Switches:
     """The bisection half of ``Family`` (mixed in)."""
@@ -66,6 +71,16 @@ class Switches:
             # rope_factors_long / _short, which ggml_rope_ext divides by)
             n = len(rp["long_factor"])
             sw["longrope"] = {"rope_parameters": {**rp, "short_factor": [1.0] * n, "long_factor": [1.0] * n}}
+        # the parallel branches' muP multipliers at 1 (falcon_h1): HF applies each at run time
+        # (FalconH1DecoderLayer.forward attention_in / attn_out / ssm_out, FalconH1Attention
+        # key_multiplier, FalconH1Mixer ssm_in_multiplier and mup_vector), impl reads them from
+        # the same config, and the converter folds a 1 into nothing
+        mults = [k for k in BRANCH_MULTIPLIERS if k in keys and getattr(config, k, 1.0) != 1.0]
+        if "branch_multipliers" in features and mults:
+            sw["branch_multipliers"] = {k: 1.0 for k in mults}
+        mup = getattr(config, "ssm_multipliers", None)
+        if "mup_vector" in features and "ssm_multipliers" in keys and mup:
+            sw["mup_vector"] = {"ssm_multipliers": [1.0] * len(mup)}
         if "rope_attn_factor" in features and rp.get("rope_type") == "yarn":
             # _compute_yarn_parameters takes an explicit attention_factor as given
             sw["rope_attn_factor"] = {"rope_parameters": {**rp, "attention_factor": 1.0}}

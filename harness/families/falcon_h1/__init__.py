@@ -90,6 +90,9 @@ class FalconH1(NegExpALog, LlamaLike):
     )
     extra_settable = ("head_dim",)
     gguf_arch = "falcon-h1"
+    # feature bisection's weight switch of the parallel branch (harness/kinds/attention/switches.py):
+    # FalconH1Mixer.out_proj (and its bias, with projectors_bias) zeroed
+    switch_params = {**LlamaLike.switch_params, "parallel_ssm": ("mamba.out_proj.weight", "mamba.out_proj.bias")}
 
     hf_points = {
         "layer_in": Point("", "in"),

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.kinds.mutant import Mutant
-from harness.mutants import applied
+from harness.mutants import applied, registry
 from harness.testing import all_statuses, run
 
 PROBES = ("attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out",
@@ -72,27 +71,19 @@ def test_gate_order_follows_mamba_norm_before_gate():
     assert fam.layer_config(fam.make_config({}), 0).parallel_ssm.gate_order == "gate_then_norm"
 
 
-# the parallel arrangement: the SSM branch fed the un-normed row (spec parallel_ssm_rows reads `normed`)
-SSM_UNNORMED = Mutant("parallel-ssm-reads-unnormed-row", "parallel_ssm", "impl.attention",
-                      "s_in = normed * cfg.ssm_in_multiplier if cfg.ssm_in_multiplier != 1.0 else normed",
-                      "s_in = x * cfg.ssm_in_multiplier if cfg.ssm_in_multiplier != 1.0 else x")
-# ... and dropped from the sum
-SSM_DROPPED = Mutant("parallel-ssm-dropped", "parallel_ssm", "impl.attention", "        out = out + ssm\n",
-                     "        out = out\n")
-# the multipliers: key_multiplier never applied, the mup vector's z segment never applied
-KEY_MULT = Mutant("key-multiplier-dropped", "branch_multipliers", "impl.attention",
-                  "k = k * cfg.key_multiplier", "k = k")
-MUP_Z = Mutant("mup-z-segment-dropped", "branch_multipliers", "impl.recurrent",
-               "z = z * cfg.proj_multipliers[0]", "z = z")
-
-
+# the parallel branch's mutants live in the registry (harness/kinds/attention/mutants/parallel_ssm.py:
+# `conformance mutate` and feature bisection see them, tests/test_mutants.py judges each against HF);
+# here each against all three references, with the probe just before it still passing
 @pytest.mark.usefixtures("need_llamacpp")
-@pytest.mark.parametrize("mutant,first,before", [
-    (SSM_UNNORMED, "ssm_out", "attn_out"), (SSM_DROPPED, "resid_mid", "ssm_out"), (KEY_MULT, "k", "q"),
-    (MUP_Z, "ssm_out", "attn_out")], ids=lambda m: getattr(m, "name", None))
-def test_planted_bugs_fail_where_they_act(policy, mutant, first, before):
+@pytest.mark.parametrize("name,before", [
+    ("parallel-ssm-reads-unnormed-row", "attn_out"), ("parallel-ssm-dropped", "ssm_out"),
+    ("key-multiplier-dropped", "q"), ("mup-z-segment-dropped", "attn_out")])
+def test_planted_bugs_fail_where_they_act(policy, name, before):
+    mutant = registry()[name]
+    first = mutant.first_probe
     with applied(mutant):
         st = all_statuses(run(policy, family="falcon_h1", ref="all", schedule="5,1,10"))
     for ref in ("hf", "hf_cached", "llamacpp"):
         assert st[("impl", ref, 0, first)] == "fail", (ref, first)
         assert st[("impl", ref, 0, before)] == "pass", (ref, before)
+

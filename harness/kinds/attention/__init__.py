@@ -66,6 +66,12 @@ DECORATIONS = {
     "residual_multiplier": ("residual multiplier", "(family residual layout)"),
     "normed_residual": ("the branch added to the NORMED input times alpha, not to the input",
                         "(family residual layout: HF MiniMaxDecoderLayer, minimax-01.cpp f_residual_scale)"),
+    "parallel_ssm": ("a Mamba-2 block on the attention's normed row, its output summed with the attention's "
+                     "(falcon_h1)", "attn_block: parallel_ssm_rows / add_parallel_ssm"),
+    "branch_multipliers": ("the parallel branches' muP scalars: attention_in, key, attention_out, ssm_in, ssm_out "
+                           "(falcon_h1)", "(HF FalconH1DecoderLayer / FalconH1Attention; the converter folds them)"),
+    "mup_vector": ("the parallel Mamba-2 in_proj's per-segment multipliers of z, x, B, C and dt (falcon_h1 "
+                   "ssm_multipliers)", "(HF FalconH1Mixer mup_vector; the converter folds it into in_proj)"),
 }
 
 # Decorations of the spec no reference family in this environment has, with the
@@ -83,7 +89,7 @@ class Attention(LayerKind):
     rope_probe = "q_rope"
     mutant_modules = tuple(f"harness.kinds.attention.mutants.{m}" for m in (
         "core", "coverage", "features1", "features2", "features3", "features3_alibi_chunk", "features4", "features5", "subtle",
-        "engine"))
+        "engine", "parallel_ssm"))
 
     def features(self, lc, weights=None) -> set[str]:
         """The tags ON for one layer: read from what impl is told to compute (the
@@ -164,6 +170,14 @@ class Attention(LayerKind):
             f.add("residual_multiplier")
         if lc.residual_base == "normed" or lc.residual_alpha != 1.0:
             f.add("normed_residual")
+        if lc.parallel_ssm is not None:
+            f.add("parallel_ssm")
+            # HF FalconH1Mixer multiplies in_proj's output by mup_vector (its segments z | x | B | C | dt)
+            if any(m != 1.0 for m in (lc.parallel_ssm.proj_multipliers or ())):
+                f.add("mup_vector")
+        if any(m != 1.0 for m in (lc.attn_in_multiplier, lc.key_multiplier, lc.attn_out_multiplier,
+                                  lc.ssm_in_multiplier, lc.ssm_out_multiplier)):
+            f.add("branch_multipliers")
         return f
 
     def model_features(self, descs, tags: set[str]) -> set[str]:

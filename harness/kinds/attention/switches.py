@@ -29,6 +29,12 @@ def model_switches(family) -> dict[str, ModelSwitch]:
         "sinks": weight_switch("sink logits at -1e4: they take no probability mass", "sinks", -1e4),
         # a LayerNorm QK norm's bias zeroed (phi q_layernorm.bias): the norm without it
         "qk_norm_bias": weight_switch("QK norm biases zeroed", "qk_norm_bias", 0.0),
+        # the parallel SSM branch's out_proj zeroed (falcon_h1 mamba.out_proj): the Mamba-2 block
+        # still runs, and adds exactly 0 to the sum (HF FalconH1DecoderLayer.forward
+        # `mamba_hidden_states + attention_hidden_states`; falcon-h1.cpp ggml_add(attn_out, ssm_out))
+        "parallel_ssm": ModelSwitch("the parallel SSM branch's out_proj zeroed: it adds nothing to the sum",
+                                    lambda m, c, lcs: _fill_params(family, m, family.switch_params.get(
+                                        "parallel_ssm", ()), 0.0)),
     }
 
     def module_switch(what, slots, drop, swap=None):
