@@ -546,6 +546,8 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
     # --probes): a base name ("Qcur") keeps it in every layer, a full one ("Qcur-5") in one
     points = {i: {p: pt for p, pt in fam.lc_points_for(config, i).items() if sel.probe(p)} for i in sel.layers}
     model_points = {m: pt for m, pt in fam.lc_model_points.items() if sel.probe(m)}
+    # None: the graph names no tensor for the layer's input (hrm-text.cpp's stack input,
+    # an unnamed ggml_add): the layer is not teacher-forced against llama.cpp
     inputs = {i: fam.lc_layer_input(config, i) for i in sel.layers}
 
     def input_name(i):
@@ -553,10 +555,11 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
         return pt.name if src_key == "embeddings" else f"{pt.name}-{i - 1}"
 
     if sel.every_layer:
-        names = {p.name for pts in points.values() for p in pts.values()} | {pt.name for _, pt in inputs.values()}
+        names = {p.name for pts in points.values() for p in pts.values()}
+        names |= {v[1].name for v in inputs.values() if v is not None}
     else:
         names = {f"{p.name}-{i}" for i, pts in points.items() for p in pts.values()}
-        names |= {input_name(i) for i in sel.layers}
+        names |= {input_name(i) for i in sel.layers if inputs[i] is not None}
         # a name the graph gives without a layer number (bloom's inp_norm-0 is per model)
         names |= {p.name for pts in points.values() for p in pts.values() if "-" in p.name}
     names |= {p.name for p in model_points.values()}
@@ -607,7 +610,7 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
                     if a is None:
                         continue
                 probes.put(f"L{i}.{probe}", a)
-            a = one(input_name(i), inputs[i][1])
+            a = None if inputs[i] is None else one(input_name(i), inputs[i][1])
             if a is not None:
                 probes.put(f"L{i}.layer_in", a)
         if want_states:  # the recurrent layers' states after each call (llama_state_seq_get_data)
