@@ -76,6 +76,7 @@ import re
 from impl import LayerConfig, NormSpec
 
 from .._gguf_export import tensor_name_map
+from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, LcPoint, text_model_gguf_params
 
 # the vendored gguf-py's MODEL_TENSORS[HRM_TEXT] (constants.py), less HRM_Z_L_INIT
@@ -114,6 +115,8 @@ class HrmText(LlamaLike):
         "attn_out": LcPoint("attn_out"),
         "resid_mid": LcPoint("attn_add"),
     }
+    lc_not_exposed = {"layer_in": "hrm-text.cpp hands each stack invocation its input as an unnamed "
+                                  "ggml_add(zH, zL): the stack's first layer has no named input"}
     # `embd` is the scaled embedding (build_inp_embd), HF's embed_tokens output is not
     lc_model_points = {k: v for k, v in LlamaLike.lc_model_points.items() if k != "embeddings"}
 
@@ -181,6 +184,26 @@ class HrmText(LlamaLike):
         stack, i, rest = m.groups()
         bid = int(i) + (config.num_layers_per_stack if stack == "H" else 0)
         yield f"model.layers.{bid}.{rest}", data
+
+    def config_from_gguf(self, meta, shapes, tensors):
+        """hrm-text.cpp load_arch_hparams: the RMS eps, ``embedding_scale`` (absent: no
+        scaling, HF 1.0), ``hrm.layers_per_stack`` / ``h_cycles`` / ``l_cycles`` (the
+        block count must be the expanded slot count: GGML_ASSERT there, a refusal
+        here), ``hrm.prefix_lm`` (read and not used: causal only). HF's attention is
+        MHA (``num_key_value_groups = 1``): a file with fewer KV heads is refused."""
+        hp = read_hparams(meta)
+        kw = llama_like_config(self, meta, shapes, hp)
+        n, big_h, big_l = (int(meta.get(f"hrm.{k}")) for k in ("layers_per_stack", "h_cycles", "l_cycles"))
+        if hp.n_layer != n * big_h * (big_l + 1):
+            meta.refuse("block_count", hp.n_layer, f"hrm-text.cpp asserts n_layer == layers_per_stack x h_cycles x "
+                                                   f"(l_cycles + 1) = {n * big_h * (big_l + 1)}")
+        if kw.pop("num_key_value_heads") != kw["num_attention_heads"]:
+            meta.refuse("attention.head_count_kv", hp.head_kv, "HF HrmTextAttention is MHA (num_key_value_groups = 1)")
+        kw.update(num_hidden_layers=n, H_cycles=big_h, L_cycles=big_l,
+                  rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
+                  embedding_scale=meta.get_f32("embedding_scale", 0.0) or 1.0,
+                  prefix_lm=bool(meta.get("hrm.prefix_lm", False)))
+        return kw
 
 
 FAMILY = HrmText()
