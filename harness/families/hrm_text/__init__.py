@@ -205,5 +205,21 @@ class HrmText(LlamaLike):
                   prefix_lm=bool(meta.get("hrm.prefix_lm", False)))
         return kw
 
+    def gguf_import_prepare(self, tensors, config):
+        # llama-model.cpp's generic pass loads an optional X.scale for EVERY slot (n_layer_all),
+        # after hrm-text.cpp's load_arch_tensors aliased the slots' weights (the copied layer
+        # has no wq_s yet): a scale under an aliased slot scales that invocation alone, which
+        # HF's shared modules cannot hold
+        first = 2 * config.num_layers_per_stack
+        alias = sorted(k for k in tensors if k.startswith("blk.") and k.endswith(".scale")
+                       and int(k.split(".")[1]) >= first)
+        if alias:
+            from ...errors import UsageError
+
+            raise UsageError(f"--gguf: {alias[0]}: a weight scale on an aliased cache slot (llama-model.cpp's "
+                             f"generic .scale pass loads one per slot): HF HrmText's invocations share one "
+                             f"weight; valid: scales on blk.0-{first - 1} only")
+        return super().gguf_import_prepare(tensors, config)
+
 
 FAMILY = HrmText()
