@@ -115,8 +115,9 @@ class HrmText(LlamaLike):
         "attn_out": LcPoint("attn_out"),
         "resid_mid": LcPoint("attn_add"),
     }
-    lc_not_exposed = {"layer_in": "hrm-text.cpp hands each stack invocation its input as an unnamed "
-                                  "ggml_add(zH, zL): the stack's first layer has no named input"}
+    lc_not_exposed = {"layer_in": "hrm-text.cpp hands the first L invocation embd + hrm.z_l_init, a weight, in "
+                                  "an unnamed ggml_add(zH, zL); the other stack inputs are derived from the "
+                                  "named zH and zL (lc_input_sum)"}
     # `embd` is the scaled embedding (build_inp_embd), HF's embed_tokens output is not
     lc_model_points = {k: v for k, v in LlamaLike.lc_model_points.items() if k != "embeddings"}
 
@@ -142,6 +143,22 @@ class HrmText(LlamaLike):
         if i % config.num_layers_per_stack == 0:
             return None
         return super().lc_layer_input(config, i)
+
+    def lc_input_sum(self, config, i: int):
+        # hrm-text.cpp graph(): an L invocation reads ggml_add(zH, zL), an H one ggml_add(zH, zL)
+        # after the L cycles; zH is `embd` before the first H invocation, then the last H
+        # invocation's `stack_norm` (cb'd under its first slot), zL the last L invocation's.
+        # The very first L invocation adds the z_l_init WEIGHT (no graph tensor): not derived.
+        n, big_l = config.num_layers_per_stack, config.L_cycles
+        if i % n:
+            return None
+        k = i // n  # the stack invocation: h (L + 1) + l
+        h, l = divmod(k, big_l + 1)
+        z_h = "embd" if h == 0 else f"stack_norm-{((h - 1) * (big_l + 1) + big_l) * n}"
+        last_l = k - 1 if l > 0 else k - 2  # the previous L invocation (past the previous H one)
+        if last_l < 0:
+            return None
+        return (LcPoint(z_h), LcPoint(f"stack_norm-{last_l * n}"))
 
     # ------------------------------------------------------------------ impl
     def layer_config(self, config, i: int) -> LayerConfig:

@@ -28,16 +28,21 @@ def test_every_invocation_is_judged_three_way(policy):
         for ref in ("hf", "hf_cached"):
             for probe in PROBES:
                 assert st[("impl", ref, layer, probe)] == "pass", (ref, layer, probe)
-        if layer in STACK_FIRST:
+        if layer == 0:
+            # the first L invocation reads embd + hrm.z_l_init (a weight) in an unnamed ggml_add
             assert st[("impl", "llamacpp", layer, "layer_in")] == "not-exposed", layer
         else:
+            # a stack's first layer is fed the float32 sum of the named zH and zL (lc_input_sum)
             for probe in PROBES:
                 assert st[("impl", "llamacpp", layer, probe)] == "pass", (layer, probe)
-        # the references agree invocation by invocation, the stack's first layer included
+        # the references agree invocation by invocation, the derived stack inputs included
+        assert st[("llamacpp", "hf", layer, "layer_in")] == "pass", layer
         assert st[("llamacpp", "hf", layer, "attn_out")] == "pass", layer
     assert st[("llamacpp", "hf", -1, "logits")] == "pass"
     why = {r["reason"] for r in rows if r["status"] == "not-exposed"}
     assert len(why) == 1 and "ggml_add(zH, zL)" in why.pop()
+    derived = {r["layer"] for r in rows if "float32 sum" in (r["reason"] or "")}
+    assert derived == set(STACK_FIRST) - {0}, derived
     assert not [k for k, s in st.items() if s not in ("pass", "not-exposed")]
 
 
