@@ -35,8 +35,9 @@ def test_every_invocation_is_judged_three_way(policy):
             # a stack's first layer is fed the float32 sum of the named zH and zL (lc_input_sum)
             for probe in PROBES:
                 assert st[("impl", "llamacpp", layer, probe)] == "pass", (layer, probe)
-        # the references agree invocation by invocation, the derived stack inputs included
-        assert st[("llamacpp", "hf", layer, "layer_in")] == "pass", layer
+            # the references agree on the inputs, the derived stack inputs included
+            assert st[("llamacpp", "hf", layer, "layer_in")] == "pass", layer
+        # ... and invocation by invocation
         assert st[("llamacpp", "hf", layer, "attn_out")] == "pass", layer
     assert st[("llamacpp", "hf", -1, "logits")] == "pass"
     why = {r["reason"] for r in rows if r["status"] == "not-exposed"}
