@@ -101,7 +101,8 @@ class HrmText(LlamaLike):
 
     # HrmTextRMSNorm: no weight (impl "l2": rms without a weight)
     input_norm_kind = "l2"
-    weight_map = {**LlamaLike.weight_map, "self_attn.gate_proj.weight": "wg"}
+    # HrmTextAttention: gate_proj (and q/k/v/o_proj) biased when config.attention_bias
+    weight_map = {**LlamaLike.weight_map, "self_attn.gate_proj.weight": "wg", "self_attn.gate_proj.bias": "bg"}
 
     hf_model_points = {"embeddings": ("model.embed_tokens", "out"),
                        # the H stack's final_norm, last called by the last H cycle: what lm_head reads
@@ -159,6 +160,13 @@ class HrmText(LlamaLike):
         if last_l < 0:
             return None
         return (LcPoint(z_h), LcPoint(f"stack_norm-{last_l * n}"))
+
+    def reference_refusal(self, config, reference):
+        if reference == "llamacpp" and config.attention_bias:
+            # hrm-text.cpp load_arch_tensors: wqkv_gate and wo without bias tensors
+            return ("attention_bias=true: HF biases gate_proj and o_proj too, and hrm-text.cpp loads no "
+                    "attn_gate / attn_output bias; run it against --ref hf")
+        return super().reference_refusal(config, reference)
 
     # ------------------------------------------------------------------ impl
     def layer_config(self, config, i: int) -> LayerConfig:

@@ -126,3 +126,18 @@ def test_prefix_lm_both_sides():
     # position 0 sees positions 1, 2 of the prefix: it changes; none of the causal
     # rows' values would
     assert not torch.allclose(prefix[0, 0], causal[0, 0])
+
+
+def test_attention_bias_is_hf_only(policy):
+    """attention_bias=true biases q/k/v/gate/o_proj (HrmTextAttention.__init__);
+    hrm-text.cpp loads no attn_gate / attn_output bias, so llama.cpp is refused in
+    one line and impl (the gate's bias ``bg``) is judged against HF."""
+    from harness.families import get
+
+    fam = get("hrm_text")
+    why = fam.reference_refusal(fam.make_config({"attention_bias": True}), "llamacpp")
+    assert why and "attn_gate" in why and "\n" not in why
+    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    rows = run(policy, family="hrm_text", ref="hf", overrides=(("attention_bias", True),))
+    assert "qkv_bias" in rows[0]["features"].split(";")
+    assert all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"][:3]
