@@ -105,6 +105,10 @@ EXPECTED = {
     ("hunyuan-dense", False): ("refused", "M-RoPE (HunYuan-VL) is not HF HunYuanDenseV1's text RoPE"),
     # the fixture's shared width (192) is not its feed_forward_length (384): HF has one width
     ("hunyuan-moe", True): ("refused", "HF HunYuanMoEV1's shared MLP is intermediate_size (384) wide"),
+    # the fixture writes every optional tensor under every slot, the aliased ones too (blk.2-5: no
+    # weights, a .scale each), and llama-model.cpp's generic .scale pass loads them per slot: a scale
+    # of one invocation, which HF's shared modules cannot hold
+    ("hrm_text", False): ("refused", "a weight scale on an aliased cache slot"),
     ("jais2", False): ("pass", ""),
     # jamba.cpp create_tensor_qkv reads optional q / k / v biases (the fixture writes them);
     # HF JambaAttention has none

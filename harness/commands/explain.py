@@ -19,8 +19,8 @@ from ..errors import UsageError
 # The family hooks a reader looks for first, in the order data flows (Family's interface)
 HOOKS = (
     "make_config", "config_kwargs", "validate_config", "build_model", "init_value", "layer_configs",
-    "layer_config", "layer_weights", "variant_weights", "decoder_layers", "hf_points_for", "hf_taps",
-    "hf_derived", "hf_canonical", "lc_points_for", "lc_layer_input", "lc_canonical", "gguf_params",
+    "layer_config", "layer_weights", "variant_weights", "decoder_layers", "invocation_order", "hf_points_for", "hf_taps",
+    "hf_derived", "hf_canonical", "lc_points_for", "lc_layer_input", "lc_input_sum", "lc_canonical", "gguf_params",
     "gguf_transform", "gguf_convert", "gguf_tensors", "config_from_gguf", "gguf_import_tensors",
     "gguf_import_unsupported", "feature_switches", "model_switches",
 )

@@ -40,10 +40,36 @@ class HFCapture:
     hf_not_exposed: dict[str, str] = {}
 
     def decoder_layers(self, model):
+        """The decoder-layer MODULES, each once (a cycled model's physical layers)."""
         obj = model
         for part in self.layers_path.split("."):
             obj = getattr(obj, part)
         return list(obj)
+
+    # ------------------------------------------------------------------ invocations
+    def invocation_order(self, config) -> list[int] | None:
+        """The module (an index into ``decoder_layers``) each LAYER of a forward runs,
+        in the order the forward runs them -- one entry per invocation, the layer
+        index of the probes, the cache and the layer descriptions. None (the
+        default): each module once, in order (layer i = module i). A model that
+        re-runs its layers (hrm_text: the L and H stacks, each invocation its own
+        cache slot ``layer_idx + cycle_offset``) lists every invocation; the HF
+        capture counts the calls of each module within a forward, so the n-th call
+        of module m is the n-th layer whose entry is m (references/hf/capture.py)."""
+        return None
+
+    def layer_module(self, config, i: int) -> int:
+        """The index into ``decoder_layers`` of the module layer ``i`` runs."""
+        order = self.invocation_order(config)
+        return i if order is None else order[i]
+
+    def decoder_layer(self, model, config, i: int):
+        """The module layer ``i`` runs (shared by every invocation of it)."""
+        return self.decoder_layers(model)[self.layer_module(config, i)]
+
+    def module_path(self, config, m: int) -> str:
+        """The dotted path of decoder-layer module ``m`` from the model root."""
+        return f"{self.layers_path}.{m}"
 
     # ------------------------------------------------------------------ probes
     def hf_points_for(self, config, i: int) -> dict[str, Point]:

@@ -66,6 +66,14 @@ class LcCapture:
             return "embeddings", self.lc_model_points["embeddings"]
         return f"L{i - 1}.layer_out", LcPoint("l_out")
 
+    def lc_input_sum(self, config, i: int) -> tuple[LcPoint, ...] | None:
+        """Where the graph names no tensor for layer ``i``'s input (``lc_layer_input``
+        None) but names the float32 tensors it adds to make it, those (full names:
+        ``LcPoint("stack_norm-4")``): the capture sums them in float32 as ``ggml_add``
+        does (elementwise, exact), and the meta says the input was derived. None
+        (default): no such sum."""
+        return None
+
     def lc_canonical(self, probe: str, arr: np.ndarray, lc, config) -> np.ndarray:
         """llama.cpp's array ([seqs, tokens, ...] after token placement) in the
         canonical layout: reshape head-major rows, undo converter permutations."""

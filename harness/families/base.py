@@ -335,7 +335,7 @@ class LlamaLike(Family):
     }
 
     def layer_weights(self, model, config, i: int) -> dict[str, np.ndarray]:
-        layer = self.decoder_layers(model)[i]
+        layer = self.decoder_layer(model, config, i)  # (a cycled model's: the module layer i runs)
         out = {}
         for hf_name, ours in self.weight_map.items():
             t = tensor(layer, hf_name)

@@ -71,9 +71,16 @@ def _identity_modules(family, model, layer_cfgs, paths_of, swap=None) -> int:
     import torch
 
     n = 0
-    for i, layer in enumerate(family.decoder_layers(model)):
-        if i >= len(layer_cfgs):
+    modules, done = family.decoder_layers(model), set()
+    for i in range(len(layer_cfgs)):
+        # a cycled model's invocations share a module (Family.invocation_order): replaced once
+        m = family.layer_module(model.config, i)
+        if m >= len(modules):
             break
+        if m in done:
+            continue
+        done.add(m)
+        layer = modules[m]
         for path in paths_of(layer_cfgs[i]):
             parent, _, leaf = path.rpartition(".")
             try:

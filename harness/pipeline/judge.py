@@ -161,8 +161,10 @@ class Judge:
                                      f"not implemented in {name}: {lc.kind} ({lc.reason})", layer_kind=lc.label))
                 continue
             if forced and f"L{i}.layer_in" not in rc.probes:
+                why = (rc.meta.get("not_exposed") or {}).get("layer_in")  # the reference says why, where it can
                 rows.append(self.row(name, rc.name, i, "layer_in", "not-exposed",
-                                      f"{rc.name} does not expose this layer's input; the layer cannot be teacher-forced"))
+                                      f"{rc.name} does not expose this layer's input; the layer cannot be teacher-forced"
+                                      + (f" ({why})" if why else "")))
                 continue
             cap = whole
             if feed.by_layer:

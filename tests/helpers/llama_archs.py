@@ -41,6 +41,8 @@ def fixture(arch: str, moe: bool) -> list[tuple[str, int, object]]:
     n_ctx, n_vocab, n_embd, n_head, n_ff, n_layer = 256, 128, 256, 2, 384, 2
     if arch == "llama4":
         n_layer = 4
+    elif arch == "hrm_text":
+        n_layer = 6  # 1 layer per stack x 2 h-cycles x (2 l-cycles + 1) cache slots
     elif arch in ("qwen3", "afmoe"):
         n_head = 4
     elif arch in MLA_ARCHS:
@@ -96,6 +98,9 @@ def fixture(arch: str, moe: bool) -> list[tuple[str, int, object]]:
            ("%s.shortconv.l_cache", U32, 3), ("%s.residual_scale", F32, 3.5565588200778455),
            ("%s.attn_res.block_size", U32, 12), ("%s.activation.situ.beta", F32, 4.0),
            ("%s.activation.situ.linear_beta", F32, 25.0)]
+    if arch == "hrm_text":
+        # 6 cache slots alias 2 physical blocks: 1 low-stack layer + 1 high-stack layer
+        kv += [("%s.hrm.layers_per_stack", U32, 1), ("%s.hrm.h_cycles", U32, 2), ("%s.hrm.l_cycles", U32, 2)]
     return kv
 
 

@@ -49,7 +49,7 @@ def _resolve(root, path: str):
 
 @contextmanager
 def _wrapped_eager(family, model, sink: dict, attn_implementation: str = "eager",
-                   want_layer=lambda i: True):
+                   want_layer=lambda i: True, layer_of=lambda module: int(module.layer_idx)):
     """Replace the attention function the model's attention modules call -- the
     eager function in every modeling module they come from, or, for another
     ``attn_implementation`` (sdpa, flex_attention), transformers' registered one
@@ -57,15 +57,18 @@ def _wrapped_eager(family, model, sink: dict, attn_implementation: str = "eager"
     get_interface`` returns at call time) -- and record what it is called with
     and returns. Only the eager function's second result is the probabilities
     (sdpa returns None, flex_attention the log-sum-exp). Only the layers
-    ``want_layer`` keeps are recorded (``--layers``)."""
+    ``want_layer`` keeps are recorded (``--layers``). ``layer_of(module)``: the layer
+    a call of the attention ``module`` is recorded as (default its ``layer_idx``; a
+    cycled model's: the invocation running now, ``Family.invocation_order``)."""
     patched = []
 
     def wrap(orig, probs: bool):
         def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
             out, weights = orig(module, query, key, value, attention_mask, *args, **kwargs)
-            if not want_layer(int(module.layer_idx)):
+            layer = layer_of(module)
+            if not want_layer(layer):
                 return out, weights
-            rec = sink.setdefault(int(module.layer_idx), {})
+            rec = sink.setdefault(layer, {})
             rec["q_rope"] = _to_np(query)
             rec["k_rope"] = _to_np(key)
             rec["attn_heads"] = _to_np(out)
@@ -216,11 +219,20 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     want_layer = (lambda i: True) if layers is None else (lambda i: i in set(layers))
     want_probe = (lambda p: True) if probes is None else (lambda p: p in set(probes))
     dec = family.decoder_layers(model)
+    # the layers are the INVOCATIONS of the decoder-layer modules (Family.invocation_order:
+    # a cycled model runs a module several times per forward, each call its own layer);
+    # each module's pre-hook below counts its calls within a forward and sets the layer
+    # running, which every hook of the module (and the eager wrapper) records under
+    order = family.invocation_order(config)
+    n_layers = len(dec) if order is None else len(order)
+    layers_of = {m: [i for i in range(n_layers) if family.layer_module(config, i) == m] for m in range(len(dec))}
+    running = [-1]
+    calls_seen = [0] * len(dec)
     if float64 is None:
         float64 = next(model.parameters()).dtype == torch.float64
     compute = torch.float64 if float64 else next(model.parameters()).dtype
     # the layers whose input / output a later step needs; the forward may stop after the last
-    needed = [i for i in range(len(dec)) if want_layer(i)]
+    needed = [i for i in range(n_layers) if want_layer(i)]
     last = needed[-1] if needed else -1
     handles = []
 
@@ -240,51 +252,69 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
         if want_layer(i) and want_probe(probe):
             put(f"L{i}.{probe}", arr)
 
-    def hook_for(key: str, io: str):
+    def hook_for(key: str, io: str, layer_probe: bool = False):
+        # a layer probe's key is made at call time: the layer is the invocation running
+        name = (lambda: f"L{running[0]}.{key}") if layer_probe else (lambda: key)
         if io == "in":
             def pre(mod, args, kwargs):
                 t = _first_tensor(args, kwargs)
                 if t is not None:
-                    put(key, _to_np(t))
+                    put(name(), _to_np(t))
             return pre, True
         def post(mod, args, kwargs, out):
             t = out[0] if isinstance(out, (tuple, list)) else out
             if hasattr(t, "detach"):
-                put(key, _to_np(t))
+                put(name(), _to_np(t))
         return post, False
+
+    def enter(m: int):
+        """Module ``m``'s n-th call in this forward runs its n-th layer."""
+        def pre(mod, args, kwargs):
+            n = calls_seen[m]
+            if n >= len(layers_of[m]):
+                raise RuntimeError(f"{family.name}: decoder layer module {m} ran {n + 1} times in one forward; "
+                                   f"its invocation_order lists {len(layers_of[m])}")
+            running[0] = layers_of[m][n]
+            calls_seen[m] = n + 1
+        return pre
 
     span = [0, tokens.shape[1]]  # the token rows of the current call (the whole sequence without calls)
 
-    def forcer(i):
-        def pre(mod, args, kwargs):
-            # a copy: the input is read-only
-            t = torch.tensor(np.asarray(force_inputs[f"L{i}.layer_in"])[:, span[0]:span[1]], dtype=compute)
-            if args:
-                return (t, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": t}
-        return pre
+    def forcer(mod, args, kwargs):
+        i = running[0]
+        if f"L{i}.layer_in" not in force_inputs or i > last:
+            return None
+        # a copy: the input is read-only
+        t = torch.tensor(np.asarray(force_inputs[f"L{i}.layer_in"])[:, span[0]:span[1]], dtype=compute)
+        if args:
+            return (t, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": t}
 
     def stopper(mod, args, kwargs, out):
-        raise StopForward
+        if running[0] == last:
+            raise StopForward
 
-    for i, layer in enumerate(dec):
-        if force_inputs is not None and f"L{i}.layer_in" in force_inputs and i <= last:
+    for m, layer in enumerate(dec):
+        mine = layers_of[m]
+        if force_inputs is not None and any(f"L{i}.layer_in" in force_inputs and i <= last for i in mine):
             # prepended: the layer_in probe hook below then records the forced input
-            handles.append(layer.register_forward_pre_hook(forcer(i), with_kwargs=True, prepend=True))
-        if not want_layer(i):
-            continue
-        for probe, point in family.hf_points_for(config, i).items():
-            mod = _resolve(layer, point.path)
-            if mod is None or not want_probe(probe):
-                continue
-            fn, is_pre = hook_for(f"L{i}.{probe}", point.io)
-            if is_pre:
-                handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True))
-            else:
-                handles.append(mod.register_forward_hook(fn, with_kwargs=True))
+            handles.append(layer.register_forward_pre_hook(forcer, with_kwargs=True, prepend=True))
+        if mine and any(want_layer(i) for i in mine):
+            # a module's invocations share its modules, so its first layer's points
+            for probe, point in family.hf_points_for(config, mine[0]).items():
+                mod = _resolve(layer, point.path)
+                if mod is None or not want_probe(probe):
+                    continue
+                fn, is_pre = hook_for(probe, point.io, layer_probe=True)
+                if is_pre:
+                    handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True))
+                else:
+                    handles.append(mod.register_forward_hook(fn, with_kwargs=True))
+        # registered last and prepended: it runs before the forcer and every probe hook
+        handles.append(layer.register_forward_pre_hook(enter(m), with_kwargs=True, prepend=True))
     if not model_probes and last >= 0 and calls is None:
         # (not on the cached path: a call stopped early returns no cache for the next)
-        handles.append(dec[last].register_forward_hook(stopper, with_kwargs=True))
+        handles.append(dec[family.layer_module(config, last)].register_forward_hook(stopper, with_kwargs=True))
     if model_probes:
         for name, (path, io) in family.hf_model_points.items():
             mod = _resolve(model, path)
@@ -300,9 +330,12 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     try:
         # the float64 promotion outermost: the eager wrapper then wraps the promoted function
         with (promoted(model, family) if float64 else contextlib.nullcontext()) as fp, torch.no_grad(), \
-                _wrapped_eager(family, model, eager, attn_implementation, want_layer), family.hf_taps(model, config, eager):
+                _wrapped_eager(family, model, eager, attn_implementation, want_layer,
+                               *(() if order is None else (lambda module: running[0],))), \
+                family.hf_taps(model, config, eager):
             if calls is None:
                 try:
+                    calls_seen[:] = [0] * len(dec)
                     out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), use_cache=False)
                 except StopForward:
                     pass
@@ -312,9 +345,10 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
                     span[:] = [span[1] if per_call else 0, (span[1] if per_call else 0) + size]
                     got = {}  # this call's probes (put() writes here), merged after the last call
                     ids = torch.as_tensor(tokens[:, span[0]:span[1]], dtype=torch.long)
+                    calls_seen[:] = [0] * len(dec)
                     out = model(input_ids=ids, use_cache=True, **({} if cache is None else {"cache": cache}))
                     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-                    for i in range(len(dec)):
+                    for i in range(n_layers):
                         if want_layer(i) and getattr(layer_cfgs[i], "has_recurrence", None) is not None:
                             for probe, a in family.hf_cache_states(cache, config, i, layer_cfgs[i]).items():
                                 if want_probe(probe):

@@ -546,19 +546,26 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
     # --probes): a base name ("Qcur") keeps it in every layer, a full one ("Qcur-5") in one
     points = {i: {p: pt for p, pt in fam.lc_points_for(config, i).items() if sel.probe(p)} for i in sel.layers}
     model_points = {m: pt for m, pt in fam.lc_model_points.items() if sel.probe(m)}
+    # None: the graph names no tensor for the layer's input (hrm-text.cpp's stack input,
+    # an unnamed ggml_add): derived as the float32 sum of the tensors it adds, where the
+    # family names them (lc_input_sum), else the layer is not teacher-forced against llama.cpp
     inputs = {i: fam.lc_layer_input(config, i) for i in sel.layers}
+    input_sums = {i: fam.lc_input_sum(config, i) for i in sel.layers if inputs[i] is None}
+    input_sums = {i: pts for i, pts in input_sums.items() if pts}
 
     def input_name(i):
         src_key, pt = inputs[i]
         return pt.name if src_key == "embeddings" else f"{pt.name}-{i - 1}"
 
     if sel.every_layer:
-        names = {p.name for pts in points.values() for p in pts.values()} | {pt.name for _, pt in inputs.values()}
+        names = {p.name for pts in points.values() for p in pts.values()}
+        names |= {v[1].name for v in inputs.values() if v is not None}
     else:
         names = {f"{p.name}-{i}" for i, pts in points.items() for p in pts.values()}
-        names |= {input_name(i) for i in sel.layers}
+        names |= {input_name(i) for i in sel.layers if inputs[i] is not None}
         # a name the graph gives without a layer number (bloom's inp_norm-0 is per model)
         names |= {p.name for pts in points.values() for p in pts.values() if "-" in p.name}
+    names |= {pt.name for pts in input_sums.values() for pt in pts}
     names |= {p.name for p in model_points.values()}
 
     src = cache.source_hash(*cache.family_sources(fam), Path(__file__), Path(__file__).with_name("worker.py"),
@@ -589,6 +596,7 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
             return assemble(arrays, by_name.get(name, []), calls, n_seq, n_tok, name, pt)
 
         # one probe at a time: assembled, made canonical, written, dropped
+        input_derived: dict[str, str] = {}
         for mname, pt in model_points.items():
             a = one(pt.name, pt)
             if a is not None:
@@ -607,7 +615,15 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
                     if a is None:
                         continue
                 probes.put(f"L{i}.{probe}", a)
-            a = one(input_name(i), inputs[i][1])
+            a = None if inputs[i] is None else one(input_name(i), inputs[i][1])
+            if i in input_sums:
+                parts = [one(pt.name, pt) for pt in input_sums[i]]
+                if all(x is not None for x in parts):
+                    a = parts[0].astype(np.float32)
+                    for x in parts[1:]:
+                        a = a + x.astype(np.float32)  # ggml_add's float32 sum, element by element
+                    input_derived[f"L{i}.layer_in"] = ("derived as the float32 sum "
+                                                       + " + ".join(pt.name for pt in input_sums[i]))
             if a is not None:
                 probes.put(f"L{i}.layer_in", a)
         if want_states:  # the recurrent layers' states after each call (llama_state_seq_get_data)
@@ -615,7 +631,7 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
                 i, probe = int(key.split(".")[0][1:]), key.split(".", 1)[1]
                 if i in sel.layers and sel.probe(probe):
                     probes.put(key, a)
-        derived = derive_attn_out(probes, layer_cfgs)
+        derived = {**input_derived, **derive_attn_out(probes, layer_cfgs)}
         not_exposed = dict(fam.lc_not_exposed or {})
         if want_states and getattr(case, "ragged", False):
             from contract.probes import STATE_PROBES

@@ -154,8 +154,9 @@ def impl_weight_sources(family, model, config, i: int) -> dict[str, set[str]]:
     read back (the parameters are restored after)."""
     import torch
 
-    layer = family.decoder_layers(model)[i]
-    prefix = f"{family.layers_path}.{i}."
+    m = family.layer_module(config, i)  # the module layer i runs (Family.invocation_order)
+    layer = family.decoder_layers(model)[m]
+    prefix = f"{family.module_path(config, m)}."
     params = list(layer.named_parameters())
     saved = [p.detach().clone() for _, p in params]
     try:
