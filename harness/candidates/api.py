@@ -129,12 +129,21 @@ class LayerCandidate(Candidate):
         try:
             x = rc.probes[key]
             plan = run.batch_plan
-            # each sequence's own rows (a ragged case's are of different lengths)
-            inputs = [np.asarray(x[s, : plan.lengths[s]]) for s in range(x.shape[0])]
-            call = LayerCall(i, lc, run.layer_weights_for(run.weights_dtype(rc), i), inputs, case.kv,
-                             () if plan.ragged else plan.chunks[0], case.page_size, case.seed, case.evict,
-                             case.backend, case.device, case.dtype, run.family.name, run.ggml_act_types(rc, i),
-                             steps=plan.steps())
+
+            def layer_call(j: int, source=None):
+                xj = rc.probes[f"L{j}.layer_in"]
+                # each sequence's own rows (a ragged case's are of different lengths)
+                inputs = [np.asarray(xj[s, : plan.lengths[s]]) for s in range(xj.shape[0])]
+                return LayerCall(j, run.layer_cfgs[j], run.layer_weights_for(run.weights_dtype(rc), j), inputs,
+                                 case.kv, () if plan.ragged else plan.chunks[0], case.page_size, case.seed,
+                                 case.evict, case.backend, case.device, case.dtype, run.family.name,
+                                 run.ggml_act_types(rc, j), steps=plan.steps(), source=source)
+
+            src = getattr(lc, "kv_source", None)
+            if src is not None and f"L{src}.layer_in" not in rc.probes:
+                raise ValueError(f"layer {i} reads layer {src}'s K/V (kv_source) and {rc.name} holds no "
+                                 f"L{src}.layer_in; select layer {src} too")
+            call = layer_call(i, None if src is None else layer_call(src))
             got = self.run_layer(call)
         except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
             cap.errors[i] = f"{self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"

@@ -41,9 +41,12 @@ class ImplCandidate(LayerCandidate):
             # the case's schedule (harness/schedule.py): each sequence's chunks and the call it
             # joins at -- the same chunks for all in a lockstep case
             n = len(call.inputs)
+            # a layer reading another layer's K/V (kv_source): the source runs beside it
+            source = None if call.source is None else (
+                load_layer(call.source.config, call.source.weights, self.backend(call)), call.source.inputs)
             _, traces, _ = run_layer(layer, call.inputs, call.kv, [list(call.seq_chunks(s)) for s in range(n)],
                                      page_size=call.page_size, seed=call.seed, evict=call.evict,
-                                     arrivals=[call.arrival(s) for s in range(n)])
+                                     arrivals=[call.arrival(s) for s in range(n)], source=source)
         # a weight the layer's form makes no product with (the absorbed MLA's wkv_b) has
         # nothing to round
         call.ggml_met.update(met | (set(call.ggml_act) - weight_names(layer)))
