@@ -148,3 +148,44 @@ def test_kv_source_refusals():
     ww = {**_weights(rng, False), "wk": rng.normal(size=(2 * D, HID)), "wv": rng.normal(size=(2 * D, HID))}
     with pytest.raises(ConfigError, match="K/V rows are"):
         run_layer(Layer.load(rc, rw, BE), x, source=(Layer.load(wide, ww, BE), x))
+
+
+def test_torch_backend_reader_matches_numpy():
+    """The one body over torch: the reader and its source on torch's CPU float64 give
+    NumPy's result (the sharing is no NumPy-only path)."""
+    pytest.importorskip("torch")
+    (sc, sw), (rc, rw) = _pair(WindowSpec("sliding", 3))
+    rng = np.random.default_rng(3)
+    xs_src, xs = [rng.normal(size=(6, HID))], [rng.normal(size=(6, HID))]
+    got = {}
+    for name in ("numpy", "torch"):
+        be = Backend(name, "cpu", "float64")
+        _, traces, _ = run_layer(Layer.load(rc, rw, be), xs, "paged", [[3, 1, 2]], page_size=2,
+                                 source=(Layer.load(sc, sw, be), xs_src))
+        got[name] = traces[0].assemble()
+    for p, a in got["numpy"].items():
+        np.testing.assert_allclose(got["torch"][p], a, rtol=1e-12, atol=1e-13, err_msg=p)
+
+
+def test_impl_candidate_runs_the_source_its_layer_call_names():
+    """The candidate path: a LayerCall of a kv_source layer carries the source's LayerCall
+    (contract.candidate.LayerCall.source); impl's candidate attends over the source's cache,
+    and without the source it refuses the layer in one line."""
+    from contract.candidate import LayerCall
+    from harness.candidates import get
+
+    (sc, sw), (rc, rw) = _pair()
+    rng = np.random.default_rng(5)
+    xs_src, xs = [rng.normal(size=(5, HID))], [rng.normal(size=(5, HID))]
+
+    def call(j, cfg, w, inputs, source=None):
+        return LayerCall(j, cfg, w, inputs, "paged", (2, 1, 1, 1), 2, 0, False, "numpy", "cpu", "float64",
+                         "test", source=source)
+
+    got = get("impl").run_layer(call(3, rc, rw, xs, source=call(1, sc, sw, xs_src)))
+    _, cache = attn_layer(sc, sw, xs_src[0], want_kv=True)
+    want = attn_layer(rc, rw, xs[0], kv=cache)
+    for p in rc.expected_probes():
+        np.testing.assert_allclose(got[p][0], want[p], rtol=1e-10, atol=1e-12, err_msg=p)
+    with pytest.raises(ConfigError, match="no source layer was given"):
+        get("impl").run_layer(call(3, rc, rw, xs))
