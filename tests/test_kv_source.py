@@ -189,3 +189,28 @@ def test_impl_candidate_runs_the_source_its_layer_call_names():
         np.testing.assert_allclose(got[p][0], want[p], rtol=1e-10, atol=1e-12, err_msg=p)
     with pytest.raises(ConfigError, match="no source layer was given"):
         get("impl").run_layer(call(3, rc, rw, xs))
+
+
+def test_source_products_are_rounded_as_the_readers_against_quantized_llamacpp():
+    """Against llama.cpp on quantized weights the source's K/V products round their
+    activations as ggml does (its LayerCall's ggml_act), as the reader's own do: the
+    reader's rows then differ from the unrounded source's, and the layer counts as met."""
+    from contract.candidate import LayerCall
+    from harness.candidates import get
+
+    (sc, sw), (rc, rw) = _pair()
+    rng = np.random.default_rng(9)
+    xs_src, xs = [rng.normal(size=(5, HID))], [rng.normal(size=(5, HID))]
+    q8 = {n: "q8_0" for n in ("wq", "wk", "wv", "wo")}
+
+    def call(j, cfg, w, inputs, act, source=None):
+        return LayerCall(j, cfg, w, inputs, "decode", (5,), 2, 0, False, "numpy", "cpu", "float32", "llama",
+                         ggml_act={k: v for k, v in act.items() if k in w}, source=source)
+
+    runs = {}
+    for name, src_act in (("plain", {}), ("rounded", q8)):
+        c = call(3, rc, rw, xs, q8, source=call(1, sc, sw, xs_src, src_act))
+        runs[name] = (get("impl").run_layer(c), c.ggml_met)
+    assert runs["rounded"][1] == {"wq", "wo"}
+    assert not np.array_equal(runs["plain"][0]["attn_probs"], runs["rounded"][0]["attn_probs"])
+    assert np.array_equal(runs["plain"][0]["q_rope"], runs["rounded"][0]["q_rope"])  # the reader's own Q: the same
