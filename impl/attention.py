@@ -242,7 +242,10 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":
         # olmo `clip_qkv`; llama.cpp build_qkv `f_clamp_kqv`: after the bias.
         c = cfg.qkv_clamp
-        q, k, v = (None if t is None else xp.clip(t, -c, c) for t in (q, k, v))
+        if shared:  # Q alone: a kv_source layer's K / V are the source's, clamped there
+            q = xp.clip(q, -c, c)
+        else:
+            q, k, v = (xp.clip(t, -c, c) for t in (q, k, v))
     q = xp.reshape(q, (n, h, d))
     put("q", q)
     if not shared:
@@ -256,7 +259,10 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     if cfg.qkv_clamp_at == "qk_norm":
         # HF OlmoeAttention.forward: q_norm / k_norm first, THEN clamp_(-clip_qkv, clip_qkv)
         # on q, k and v (v has no norm: the same values as a clamp after its bias)
-        q, k, v = (None if t is None else xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
+        if shared:
+            q = xp.clip(q, -cfg.qkv_clamp, cfg.qkv_clamp)
+        else:
+            q, k, v = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
     if cfg.v_norm is not None and not shared:
         # HF Gemma3nTextAttention.forward: v_norm (RMS, no weight) per head before the
         # cache; gemma3n.cpp: ggml_rms_norm(Vcur, norm_rms_eps)
