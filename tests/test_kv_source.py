@@ -214,3 +214,24 @@ def test_source_products_are_rounded_as_the_readers_against_quantized_llamacpp()
     assert runs["rounded"][1] == {"wq", "wo"}
     assert not np.array_equal(runs["plain"][0]["attn_probs"], runs["rounded"][0]["attn_probs"])
     assert np.array_equal(runs["plain"][0]["q_rope"], runs["rounded"][0]["q_rope"])  # the reader's own Q: the same
+
+
+def test_a_candidate_that_reads_no_source_is_skipped_saying_so():
+    """A teacher-forced candidate without ``reads_kv_source`` is never handed a kv_source
+    layer: ``CaseRun._rows`` makes the case one skipped row with this reason, before any
+    capture (impl and impl's torch-sdpa-kernel read the source)."""
+    from harness.candidates import get
+    from harness.candidates.api import LayerCandidate, kv_source_limit
+
+    class NoSource(LayerCandidate):  # an engine written before kv_source
+        name = "no-source"
+
+        def run_layer(self, call):
+            raise AssertionError("must not be handed a layer")
+
+    (sc, _), (rc, _) = _pair()
+    assert kv_source_limit(NoSource(), [sc, sc]) is None
+    why = kv_source_limit(NoSource(), [sc, rc])
+    assert "no-source does not run a layer that reads another layer's K/V (layers [1]" in why
+    for name in ("impl", "torch-sdpa-kernel"):
+        assert kv_source_limit(get(name), [sc, rc]) is None

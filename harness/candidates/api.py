@@ -61,6 +61,10 @@ class Candidate(ABC):
     # ragged case is skipped, saying so -- it was written for one chunk plan for every
     # sequence (``LayerCall.chunks``)
     ragged: bool = False
+    # True: it runs a layer that reads another layer's K/V (``LayerConfig.kv_source``,
+    # gemma3n's shared layers) from ``LayerCall.source``; False: a case with such a layer is
+    # skipped, saying so
+    reads_kv_source: bool = False
     # True: it reads nothing of the case beyond a LayerCall (and the run's case, layer
     # descriptions and selection), so a case whose captures are all cached may run it from
     # the case's record without building the HF config or the model (harness/warm.py)
@@ -157,6 +161,19 @@ class LayerCandidate(Candidate):
             elif run.selection.probe(probe):
                 cap.probes[f"L{i}.{probe}"] = padded(probe, arr, x.shape[1])
         return cap
+
+
+def kv_source_limit(cand: Candidate, descs) -> str | None:
+    """Why a teacher-forced candidate cannot be handed these layers (a ``skipped`` row), or
+    None: one reads another layer's K/V (``kv_source``) and the candidate does not say it runs
+    the source its ``LayerCall.source`` names (``reads_kv_source``)."""
+    if cand.reads_kv_source or not cand.teacher_forced:
+        return None
+    readers = [i for i, d in enumerate(descs) if getattr(d, "kv_source", None) is not None]
+    if not readers:
+        return None
+    return (f"candidate {cand.name} does not run a layer that reads another layer's K/V (layers {readers}: "
+            "LayerConfig.kv_source, the source's LayerCall is LayerCall.source; docs/how-to/add-a-candidate.md)")
 
 
 def padded(probe: str, arr, n_tokens: int) -> np.ndarray:

@@ -16,6 +16,7 @@ class ImplCandidate(LayerCandidate):
     description = "impl/: the implementation under test (the default candidate)"
     runs_modules = ("impl",)
     ragged = True  # impl.runner takes each sequence's chunks and arrival (LayerCall.steps)
+    reads_kv_source = True  # impl.runner.run_layer(source=...): LayerCall.source
     warm_path = True  # run_layer reads its LayerCall alone (harness/warm.py)
 
     def backend(self, call: LayerCall):
