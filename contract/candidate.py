@@ -59,7 +59,13 @@ class LayerCall:
     not use them: the absorbed MLA's ``wkv_b``); the layer is then judged at
     ``ggml_<act>`` (only summation order left), else at the activation type's
     own, wider bound. Optional: a candidate that ignores both is judged at the
-    wider bound."""
+    wider bound.
+
+    ``source``: for a layer that reads another layer's K/V (``config.kv_source``, gemma3n's
+    last layers), the ``LayerCall`` of that source layer -- its description, weights and the
+    SAME reference's input to it -- so the candidate runs the source beside this layer and
+    attends over the source's cache (impl: ``impl.runner.run_layer(source=...)``); None
+    elsewhere."""
 
     layer: int
     config: object  # a contract.layers description: LayerConfig | MlaConfig | ...
@@ -77,6 +83,7 @@ class LayerCall:
     ggml_act: dict = field(default_factory=dict)
     ggml_met: set = field(default_factory=set, compare=False)
     steps: tuple = ()
+    source: "LayerCall | None" = None
 
     def calls(self) -> tuple:
         """``steps``, or the lockstep plan ``chunks`` describes where it is empty."""

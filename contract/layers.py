@@ -217,6 +217,14 @@ class LayerConfig:
     # gemma3n: V normalised per head before the cache (HF ``Gemma3nTextAttention.v_norm``,
     # an RMS norm without a weight; gemma3n.cpp ``ggml_rms_norm(Vcur)``), None: none.
     v_norm: NormSpec | None = None
+    # KV shared across layers (gemma3n's last layers): the index of the EARLIER layer whose
+    # cached K / V (after its K norm, V norm and RoPE) this layer attends over, instead of
+    # projecting its own -- it has no wk / wv / k_norm and pushes nothing (HF
+    # ``Gemma3nTextAttention.forward``: ``is_kv_shared_layer`` -> ``shared_kv_states[layer_type]``,
+    # stored by the last earlier layer of its type; llama.cpp gemma3n.cpp ``hparams.has_kv(il)``
+    # false -> ``build_attn(.., Qcur, nullptr, nullptr, ..)`` on the cache layer
+    # llama-model.cpp's ``reuse`` callback names). None: the layer's own K / V.
+    kv_source: int | None = None
     sub_norm: NormSpec | None = None  # bitnet: RMS over the concatenated heads before wo
     o_scale: float | None = None  # `wo_s`, the {1} companion of wo
     value_scale: float | None = None  # mimo-v2-flash: branch scaled after wo
@@ -253,6 +261,9 @@ class LayerConfig:
         if self.shape not in ("gqa", "linear", "absent"):
             raise ConfigError(f"unknown attention shape {self.shape!r}; valid: gqa, linear, absent")
         if self.shape != "gqa":
+            if self.kv_source is not None:
+                raise ConfigError(f"kv_source names the layer whose K/V an attention layer reads; a {self.shape} "
+                                  "layer reads none; valid: kv_source=None")
             return
         if self.n_heads < 1 or self.n_kv_heads < 1 or self.head_dim < 1:
             raise ConfigError(
@@ -281,6 +292,13 @@ class LayerConfig:
                 self.qkv_clamp is None or self.qk_norm is None or self.qk_norm.where != "pre_rope"):
             raise ConfigError("qkv_clamp_at='qk_norm' clamps after the pre-RoPE QK norm; valid: with qkv_clamp set "
                               "and a pre_rope qk_norm (else qkv_clamp_at='bias')")
+        if self.kv_source is not None:
+            if isinstance(self.kv_source, bool) or not isinstance(self.kv_source, int) or self.kv_source < 0:
+                raise ConfigError(f"kv_source={self.kv_source!r}: the index of the earlier layer whose K/V this "
+                                  "layer reads; valid: an integer >= 0, or None (its own K/V)")
+            if self.parallel_ssm is not None:
+                raise ConfigError("a layer reading another layer's K/V (kv_source) with a parallel SSM branch: "
+                                  "no family has both; valid: kv_source=None with parallel_ssm")
         if self.v_norm is not None and self.v_norm.kind not in ("l2", "rms"):
             raise ConfigError(f"v_norm kind {self.v_norm.kind!r}; valid: l2 (no weight), rms")
         if self.q_gate_interleaved and self.dv != self.head_dim:
@@ -340,6 +358,10 @@ class LayerConfig:
         if self.shape == "linear":
             return ("attn_in", "attn_out") + seq
         ssm = ("ssm_out",) if self.parallel_ssm is not None else ()
+        if self.kv_source is not None:
+            # a layer reading another layer's K/V projects only Q: its k / v / k_rope are the
+            # source layer's (HF has no k_proj there; gemma3n.cpp names only Qcur*)
+            return ("attn_in", "q", "q_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out") + seq
         return ("attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_branch",
                 "attn_out") + ssm + seq
 

@@ -313,6 +313,10 @@ class CaseRun(Build):
         if not why and case.ragged and not cand.ragged:
             why = (f"candidate {name} runs one chunk plan for every sequence (LayerCall.chunks); a ragged case's "
                    "sequences differ in length, first call and arrival (LayerCall.steps: docs/how-to/add-a-candidate.md)")
+        if not why and not cand.reads_kv_source and cand.teacher_forced:
+            from .candidates.api import kv_source_limit
+
+            why = kv_source_limit(cand, self.layer_cfgs)
         if why:  # a limit of the engine, said in the row: nothing compared, never a pass
             return [Judge(self.judge_request()).row(name, "-", None, "*", "skipped", why)]
         _ = self.plan  # decided before any capture: a case that cannot fit is refused here

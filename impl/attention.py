@@ -109,7 +109,8 @@ class Layer:
         return attn_block(self, x, kv, trace)
 
     def has_kv(self) -> bool:
-        return self.cfg.shape == "gqa"
+        """Whether the layer keeps K/V rows of its own (a kv_source layer reads its source's)."""
+        return self.cfg.shape == "gqa" and self.cfg.kv_source is None
 
     def kv_row_shapes(self) -> tuple[tuple, tuple | None]:
         """One position's K and V as the cache holds them."""
@@ -127,6 +128,7 @@ def _expected_shapes(cfg: LayerConfig) -> tuple[dict[str, tuple], dict[str, tupl
     required = {"wq": (h * d * (2 if cfg.q_gate_interleaved else 1), hid), "wk": (hkv * d, hid),
                 "wv": (hkv * dv, hid), "wo": (hid, h * dv)}
     optional = {**norm, "bq": (h * d,), "bk": (hkv * d,), "bv": (hkv * dv,), "sinks": (h,), "bo": (hid,)}
+    shared = cfg.kv_source is not None  # K / V are the source layer's: no wk, wv, bk, bv, k_norm here
     if cfg.q_gate_interleaved:
         optional["bq_gate"] = (h * d,)
     if cfg.output_gate:
@@ -139,6 +141,11 @@ def _expected_shapes(cfg: LayerConfig) -> tuple[dict[str, tuple], dict[str, tupl
         optional.update(q_norm=qs, k_norm=ks)
         if cfg.qk_norm.norm.kind == "layer":
             optional.update(q_norm_b=qs, k_norm_b=ks)
+    if shared:
+        for name in ("wk", "wv"):
+            required.pop(name)
+        for name in ("bk", "bv", "k_norm", "k_norm_b"):
+            optional.pop(name, None)
     if cfg.sub_norm:  # a NormSpec, or None
         optional["sub_norm"] = (h * dv,)
     if cfg.post_norm:
@@ -166,7 +173,8 @@ def _check_shapes(cfg: LayerConfig, w: dict) -> None:
             raise ConfigError(f"weight {name!r} does not apply to this layer (its decoration is off in the config: "
                               f"shape {cfg.shape}, q_gate_interleaved={cfg.q_gate_interleaved}, "
                               f"output_gate={cfg.output_gate}, qk_norm={cfg.qk_norm is not None}, "
-                              f"sub_norm={cfg.sub_norm is not None}, post_norm={cfg.post_norm is not None}); "
+                              f"sub_norm={cfg.sub_norm is not None}, post_norm={cfg.post_norm is not None}, "
+                              f"kv_source={cfg.kv_source}); "
                               f"valid here: {', '.join(sorted({**required, **optional}))}")
         got = tuple(np.shape(v))
         if got != shape:
@@ -205,8 +213,11 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     a_in = normed * cfg.attn_in_multiplier if cfg.attn_in_multiplier != 1.0 else normed
     # spec project_qkv: the three products, weights only
     q = _linear(xp, a_in, w["wq"], None)
-    k = _linear(xp, a_in, w["wk"], None)
-    v = _linear(xp, a_in, w["wv"], None)
+    # a layer reading another layer's K/V (kv_source; HF Gemma3nTextAttention.is_kv_shared_layer,
+    # gemma3n.cpp `!hparams.has_kv(il)`) projects Q alone: its K / V are the source's cached rows
+    shared = cfg.kv_source is not None
+    k = None if shared else _linear(xp, a_in, w["wk"], None)
+    v = None if shared else _linear(xp, a_in, w["wv"], None)
     gate = None
     if cfg.q_gate_interleaved:
         # qwen3next / qwen35 (HF `torch.chunk(q_proj(x).view(..., head_dim * 2), 2, -1)`,
@@ -221,31 +232,38 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     # spec apply_qkv_bias_and_clamp, AFTER the split: Q's bias at the Q width
     if "bq" in w:
         q = q + w["bq"]
-    if "bk" in w:
+    if "bk" in w:  # (a shared layer carries no bk / bv: _check_shapes)
         k = k + w["bk"]
     if "bv" in w:
         v = v + w["bv"]
-    if cfg.key_multiplier != 1.0:
+    if cfg.key_multiplier != 1.0 and not shared:
         # HF FalconH1Attention.forward `k_proj(hidden_states).view(...) * self.key_multiplier`, before RoPE
         k = k * cfg.key_multiplier
     if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":
         # olmo `clip_qkv`; llama.cpp build_qkv `f_clamp_kqv`: after the bias.
         c = cfg.qkv_clamp
-        q, k, v = (xp.clip(t, -c, c) for t in (q, k, v))
+        if shared:  # Q alone: a kv_source layer's K / V are the source's, clamped there
+            q = xp.clip(q, -c, c)
+        else:
+            q, k, v = (xp.clip(t, -c, c) for t in (q, k, v))
     q = xp.reshape(q, (n, h, d))
-    k = xp.reshape(k, (n, hkv, d))
-    v = xp.reshape(v, (n, hkv, dv))
     put("q", q)
-    put("k", k)
-    put("v", v)
+    if not shared:
+        k = xp.reshape(k, (n, hkv, d))
+        v = xp.reshape(v, (n, hkv, dv))
+        put("k", k)
+        put("v", v)
 
     if cfg.qk_norm is not None and cfg.qk_norm.where == "pre_rope":
         q, k = _qk_norm(layer, q, k)
     if cfg.qkv_clamp_at == "qk_norm":
         # HF OlmoeAttention.forward: q_norm / k_norm first, THEN clamp_(-clip_qkv, clip_qkv)
         # on q, k and v (v has no norm: the same values as a clamp after its bias)
-        q, k, v = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
-    if cfg.v_norm is not None:
+        if shared:
+            q = xp.clip(q, -cfg.qkv_clamp, cfg.qkv_clamp)
+        else:
+            q, k, v = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
+    if cfg.v_norm is not None and not shared:
         # HF Gemma3nTextAttention.forward: v_norm (RMS, no weight) per head before the
         # cache; gemma3n.cpp: ggml_rms_norm(Vcur, norm_rms_eps)
         v = normalize(xp, v, cfg.v_norm, None, None, be.acc_dtype)
@@ -255,7 +273,8 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
     if rope is not None:
         cos, sin = ropemod.cos_sin_on(be, rope, pos)  # the layer's device table, uploaded once
         q = ropemod.rotate(xp, q, cos, sin, rope.layout, rope.rotary_dim)
-        k = ropemod.rotate(xp, k, cos, sin, rope.layout, rope.rotary_dim)
+        if not shared:
+            k = ropemod.rotate(xp, k, cos, sin, rope.layout, rope.rotary_dim)
     if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":
         q, k = _qk_norm(layer, q, k)
     if cfg.temperature is not None:
@@ -267,7 +286,8 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
         scales = np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1.0
         q = q * be.asarray(scales)[:, None, None]
     put("q_rope", q)
-    put("k_rope", k)
+    if not shared:
+        put("k_rope", k)
 
     k_all, v_all, k_pos = kvmod.push_and_read(kv, k, v)
     heads, probs = attend(be, q, k_all, v_all, pos, k_pos, scale=softmax_scale(cfg),
@@ -447,11 +467,14 @@ def _qk_norm(layer: Layer, q, k):
         # meet each head's own row (HF StableLmLayerNormPerHead, CohereLayerNorm)
         return (
             normalize(xp, q, spec.norm, w.get("q_norm"), w.get("q_norm_b"), be.acc_dtype),
-            normalize(xp, k, spec.norm, w.get("k_norm"), w.get("k_norm_b"), be.acc_dtype),
+            # k None: a layer reading another layer's K/V (kv_source) norms Q alone
+            None if k is None else normalize(xp, k, spec.norm, w.get("k_norm"), w.get("k_norm_b"), be.acc_dtype),
         )
     # Whole row (olmo2 HF `q_norm` over num_heads * head_dim).
     n = q.shape[0]
     qr = normalize(xp, xp.reshape(q, (n, -1)), spec.norm, w.get("q_norm"), w.get("q_norm_b"), be.acc_dtype)
+    if k is None:
+        return xp.reshape(qr, q.shape), None
     kr = normalize(xp, xp.reshape(k, (n, -1)), spec.norm, w.get("k_norm"), w.get("k_norm_b"), be.acc_dtype)
     return xp.reshape(qr, q.shape), xp.reshape(kr, k.shape)
 

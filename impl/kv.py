@@ -202,13 +202,29 @@ class Paged:
     pos: int | None = None  # as Batched.pos
 
 
-KvStep = Decode | Batched | Paged
+@dataclass
+class Shared:
+    """A layer that reads ANOTHER layer's K/V (``LayerConfig.kv_source``, gemma3n's last
+    layers): ``source`` is the source layer's step for the same sequence -- a ``Decode``,
+    ``Batched`` or ``Paged`` one, so the sharing holds in every backing -- read after the
+    source pushed this call's rows (HF ``Gemma3nTextModel.forward`` runs the layers in
+    order, ``shared_kv_states`` filled by the source; llama.cpp reads the source's cache
+    cells, llama-model.cpp ``reuse``). ``pos``: this call's first query position (the
+    source's before its push; impl.runner sets it per call). Nothing is pushed."""
+
+    source: "Decode | Batched | Paged"
+    pos: int = 0
+
+
+KvStep = Decode | Batched | Paged | Shared
 KV_MODES = {"decode": Decode, "batched": Batched, "paged": Paged}
 
 
 def query_start(kv: KvStep) -> int:
     """The position of the first row of this call: what the sequence holds BEFORE the push."""
     match kv:
+        case Shared(_, pos):
+            return pos  # the source's position before its push of this call
         case Batched(_, pos) | Paged(_, _, pos) if pos is not None:
             return pos  # the batch's position for this sequence (impl.runner sets it per call)
         case Decode(cache) | Batched(cache):
@@ -231,16 +247,33 @@ def recurrent_slot(kv: KvStep) -> RecurrentState:
 
 def push_and_read(kv: KvStep, k, v):
     """Append this call's rows, then return everything the sequence holds:
-    ``(k_all, v_all, key_positions)``. The only place the backing shows through."""
+    ``(k_all, v_all, key_positions)``. The only place the backing shows through.
+    A ``Shared`` step pushes nothing (``k`` / ``v`` are None) and reads its source's rows."""
     match kv:
+        case Shared(source):
+            if k is not None or v is not None:
+                raise KvError("a layer reading another layer's K/V (kv_source) pushes none of its own")
+            return read(source)
         case Decode(cache) | Batched(cache):
             cache.push(k, v)
-            return cache.k, cache.v, cache.positions
+            return read(kv)
         case Paged(seq, pool):
             pool.write(seq, k, v)
+            return read(kv)
+    raise TypeError(f"not a KV step: {kv!r}")
+
+
+def read(kv: KvStep):
+    """Everything the sequence holds, without a push: ``(k_all, v_all, key_positions)``."""
+    match kv:
+        case Decode(cache) | Batched(cache):
+            if cache.k is None:
+                raise KvError("the source layer's cache is empty: run the source's call before its reader's")
+            return cache.k, cache.v, cache.positions
+        case Paged(seq, pool):
             k_all, v_all = pool.gather(seq)
             return k_all, v_all, np.arange(seq.seq_len, dtype=np.int64)
-    raise TypeError(f"not a KV step: {kv!r}")
+    raise TypeError(f"not a KV step a layer can read: {kv!r}")
 
 
 def evict_layer_kv(kv: KvStep, min_pos_next: int | None) -> None:

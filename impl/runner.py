@@ -48,10 +48,18 @@ def load_layer(cfg, weights: dict, backend):
 
 
 def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", chunks=None,
-              page_size: int = 4, trace: bool = True, seed: int = 0, evict: bool = False, arrivals=None):
+              page_size: int = 4, trace: bool = True, seed: int = 0, evict: bool = False, arrivals=None,
+              source=None):
     """Run ``inputs`` (one ``[tokens, hidden]`` array per sequence) through one layer,
     ``chunks[s]`` the rows of each call of sequence ``s`` (``None``: one call per sequence),
     sequence ``s`` joining a batched run at call ``arrivals[s]`` (``None``: every one at call 0).
+
+    ``source``: for a layer that reads another layer's K/V (``LayerConfig.kv_source``), that
+    layer and ITS inputs, ``(source_layer, source_inputs)``: the source runs call by call
+    beside this layer, in the same backing (its own pages in paged mode), and this layer
+    reads the source's rows after the source's push of the same call -- as a model runs its
+    layers in order within one call (HF ``Gemma3nTextModel.forward``; llama.cpp's graph).
+    The source's own outputs are its own layer's business and are not returned.
 
     Returns ``(outputs, traces, caches)``: the branch per sequence (``None`` for
     an absent layer), a ``Trace`` per sequence (or ``None``), and the KV steps
@@ -76,16 +84,30 @@ def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", chunks=N
     if kv_mode == "decode" and any(arrivals):
         raise ConfigError("kv mode decode runs each sequence alone; arrivals apply to batched and paged runs")
     traces = [Trace(be) if trace else None for _ in range(n_seq)]
-    steps = _make_steps(layer, kv_mode, lengths, page_size, seed, evict)
+    src_layer, src_inputs = _check_source(layer, source, lengths, evict)
+    if src_layer is None:
+        steps = _make_steps(layer, kv_mode, lengths, page_size, seed, evict)
+    else:  # the source's steps, each read through a Shared one (impl.kv.Shared)
+        src_steps = _make_steps(src_layer, kv_mode, lengths, page_size, seed, evict)
+        steps = [kvmod.Shared(st) for st in src_steps]
     outs: list[list] = [[] for _ in range(n_seq)]
+
+    def push(lay, step, x, size: int, pos: int | None, tr):
+        if isinstance(step, kvmod.Paged) and lay.has_kv():
+            step.pool.reserve(step.seq, size)  # before the push, as the spec requires
+        if pos is not None:
+            step.pos = pos
+        return lay.block(x, step, tr)
 
     def one(s: int, start: int, size: int, pos: int | None = None):
         x = be.asarray(inputs[s][start : start + size])
-        if isinstance(steps[s], kvmod.Paged) and layer.has_kv():
-            steps[s].pool.reserve(steps[s].seq, size)  # before the push, as the spec requires
-        if pos is not None:
-            steps[s].pos = pos
-        branch, _ = layer.block(x, steps[s], traces[s])
+        if src_layer is not None:
+            # the source's call first (its push), at the position this call starts at
+            steps[s].pos = kvmod.query_start(src_steps[s]) if pos is None else pos
+            push(src_layer, src_steps[s], be.asarray(src_inputs[s][start : start + size]), size, pos, None)
+            branch, _ = layer.block(x, steps[s], traces[s])
+        else:
+            branch, _ = push(layer, steps[s], x, size, pos, traces[s])
         outs[s].append(None if branch is None else be.to_numpy(branch))
 
     if kv_mode == "decode":
@@ -108,11 +130,41 @@ def run_layer(layer, inputs: list[np.ndarray], kv_mode: str = "decode", chunks=N
                 starts[s] += size
             for s, _, _ in batch:
                 done = starts[s] == lengths[s]
-                if done and isinstance(steps[s], kvmod.Paged) and any(a > call for a in arrivals):
+                held = steps[s].source if isinstance(steps[s], kvmod.Shared) else steps[s]
+                if done and isinstance(held, kvmod.Paged) and any(a > call for a in arrivals):
                     # it left the batch and another is still to join: its pages go back to the pool
-                    steps[s].pool.release(steps[s].seq)
+                    held.pool.release(held.seq)
     outputs = [None if o[0] is None else np.concatenate(o, axis=0) for o in outs]
     return outputs, traces, steps
+
+
+def _check_source(layer, source, lengths: list[int], evict: bool):
+    """``(source_layer, source_inputs)`` for a layer that reads another layer's K/V, checked
+    (``(None, None)`` for one that reads its own): one line naming what does not fit."""
+    reads = getattr(layer.cfg, "kv_source", None) is not None
+    if source is None:
+        if reads:
+            raise ConfigError(f"the layer reads layer {layer.cfg.kv_source}'s K/V (kv_source) but no source layer "
+                              "was given; valid: source=(the source layer, its inputs)")
+        return None, None
+    if not reads:
+        raise ConfigError("a source layer was given to a layer that projects its own K/V; valid: source only with "
+                          "LayerConfig.kv_source set")
+    src_layer, src_inputs = source
+    if not src_layer.has_kv():
+        raise ConfigError("the source of a kv_source layer must keep K/V rows of its own (a gqa layer without "
+                          "kv_source)")
+    if src_layer.kv_row_shapes() != layer.kv_row_shapes():
+        raise ConfigError(f"the source layer's K/V rows are {src_layer.kv_row_shapes()}, this layer attends over "
+                          f"{layer.kv_row_shapes()} (n_kv_heads, head_dim / v_head_dim); valid: the same shapes")
+    if [x.shape[0] for x in src_inputs] != lengths:
+        raise ConfigError(f"the source layer's inputs have {[x.shape[0] for x in src_inputs]} rows per sequence, "
+                          f"this layer's {lengths}; valid: the same sequences")
+    if evict:
+        # the source would drop rows after its own read that this call's reader still needs
+        raise ConfigError("KV eviction with a layer reading another layer's K/V (kv_source): the source evicts "
+                          "after its own read; valid: evict off")
+    return src_layer, src_inputs
 
 
 def _plan(chunks, n_rows: int) -> list[int]:

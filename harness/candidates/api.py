@@ -61,6 +61,10 @@ class Candidate(ABC):
     # ragged case is skipped, saying so -- it was written for one chunk plan for every
     # sequence (``LayerCall.chunks``)
     ragged: bool = False
+    # True: it runs a layer that reads another layer's K/V (``LayerConfig.kv_source``,
+    # gemma3n's shared layers) from ``LayerCall.source``; False: a case with such a layer is
+    # skipped, saying so
+    reads_kv_source: bool = False
     # True: it reads nothing of the case beyond a LayerCall (and the run's case, layer
     # descriptions and selection), so a case whose captures are all cached may run it from
     # the case's record without building the HF config or the model (harness/warm.py)
@@ -129,12 +133,21 @@ class LayerCandidate(Candidate):
         try:
             x = rc.probes[key]
             plan = run.batch_plan
-            # each sequence's own rows (a ragged case's are of different lengths)
-            inputs = [np.asarray(x[s, : plan.lengths[s]]) for s in range(x.shape[0])]
-            call = LayerCall(i, lc, run.layer_weights_for(run.weights_dtype(rc), i), inputs, case.kv,
-                             () if plan.ragged else plan.chunks[0], case.page_size, case.seed, case.evict,
-                             case.backend, case.device, case.dtype, run.family.name, run.ggml_act_types(rc, i),
-                             steps=plan.steps())
+
+            def layer_call(j: int, source=None):
+                xj = rc.probes[f"L{j}.layer_in"]
+                # each sequence's own rows (a ragged case's are of different lengths)
+                inputs = [np.asarray(xj[s, : plan.lengths[s]]) for s in range(xj.shape[0])]
+                return LayerCall(j, run.layer_cfgs[j], run.layer_weights_for(run.weights_dtype(rc), j), inputs,
+                                 case.kv, () if plan.ragged else plan.chunks[0], case.page_size, case.seed,
+                                 case.evict, case.backend, case.device, case.dtype, run.family.name,
+                                 run.ggml_act_types(rc, j), steps=plan.steps(), source=source)
+
+            src = getattr(lc, "kv_source", None)
+            if src is not None and f"L{src}.layer_in" not in rc.probes:
+                raise ValueError(f"layer {i} reads layer {src}'s K/V (kv_source) and {rc.name} holds no "
+                                 f"L{src}.layer_in; select layer {src} too")
+            call = layer_call(i, None if src is None else layer_call(src))
             got = self.run_layer(call)
         except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
             cap.errors[i] = f"{self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
@@ -148,6 +161,19 @@ class LayerCandidate(Candidate):
             elif run.selection.probe(probe):
                 cap.probes[f"L{i}.{probe}"] = padded(probe, arr, x.shape[1])
         return cap
+
+
+def kv_source_limit(cand: Candidate, descs) -> str | None:
+    """Why a teacher-forced candidate cannot be handed these layers (a ``skipped`` row), or
+    None: one reads another layer's K/V (``kv_source``) and the candidate does not say it runs
+    the source its ``LayerCall.source`` names (``reads_kv_source``)."""
+    if cand.reads_kv_source or not cand.teacher_forced:
+        return None
+    readers = [i for i, d in enumerate(descs) if getattr(d, "kv_source", None) is not None]
+    if not readers:
+        return None
+    return (f"candidate {cand.name} does not run a layer that reads another layer's K/V (layers {readers}: "
+            "LayerConfig.kv_source, the source's LayerCall is LayerCall.source; docs/how-to/add-a-candidate.md)")
 
 
 def padded(probe: str, arr, n_tokens: int) -> np.ndarray:

@@ -5,7 +5,7 @@ does first, and what that swap silently breaks."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
@@ -16,6 +16,7 @@ class ImplCandidate(LayerCandidate):
     description = "impl/: the implementation under test (the default candidate)"
     runs_modules = ("impl",)
     ragged = True  # impl.runner takes each sequence's chunks and arrival (LayerCall.steps)
+    reads_kv_source = True  # impl.runner.run_layer(source=...): LayerCall.source
     warm_path = True  # run_layer reads its LayerCall alone (harness/warm.py)
 
     def backend(self, call: LayerCall):
@@ -29,24 +30,35 @@ class ImplCandidate(LayerCandidate):
         from harness.references.llamacpp.ggml_matmul import installed, weight_names
 
         layer = load_layer(call.config, call.weights, self.backend(call))
+        # a layer reading another layer's K/V (kv_source): the source runs beside it, its
+        # own products rounded as the reader's are (its LayerCall's ggml_act)
+        src = call.source
+        src_layer = None if src is None else load_layer(src.config, src.weights, self.backend(call))
+        src_act = {} if src is None else src.ggml_act
         # against llama.cpp on quantized weights, the projections' inputs rounded as ggml's
         # CPU quantizes activations (LayerCall.ggml_act; impl's code is not changed), in the
         # order the file holds each weight's input columns (Family.ggml_input_orders)
-        orders = {}
-        if call.ggml_act:
+        orders, src_orders = {}, {}
+        if call.ggml_act or src_act:
             from .. import families
 
-            orders = families.get(call.family).ggml_input_orders(call.config)
-        with installed(layer, call.ggml_act, orders) as met:
+            fam = families.get(call.family)
+            orders = fam.ggml_input_orders(call.config)
+            src_orders = {} if src is None else fam.ggml_input_orders(src.config)
+        with installed(layer, call.ggml_act, orders) as met, \
+                installed(src_layer, src_act, src_orders) if src is not None else nullcontext(set()) as src_met:
             # the case's schedule (harness/schedule.py): each sequence's chunks and the call it
             # joins at -- the same chunks for all in a lockstep case
             n = len(call.inputs)
             _, traces, _ = run_layer(layer, call.inputs, call.kv, [list(call.seq_chunks(s)) for s in range(n)],
                                      page_size=call.page_size, seed=call.seed, evict=call.evict,
-                                     arrivals=[call.arrival(s) for s in range(n)])
+                                     arrivals=[call.arrival(s) for s in range(n)],
+                                     source=None if src is None else (src_layer, src.inputs))
         # a weight the layer's form makes no product with (the absorbed MLA's wkv_b) has
-        # nothing to round
-        call.ggml_met.update(met | (set(call.ggml_act) - weight_names(layer)))
+        # nothing to round; a reader's rounding is whole only where its source's was too
+        src_whole = src is None or set(src_act) <= src_met | (set(src_act) - weight_names(src_layer))
+        if src_whole:
+            call.ggml_met.update(met | (set(call.ggml_act) - weight_names(layer)))
         per_seq = [t.assemble() for t in traces]
         if len({len(x) for x in call.inputs}) > 1:  # ragged: one array per sequence, each its own length
             return {probe: [p[probe] for p in per_seq] for probe in per_seq[0]}

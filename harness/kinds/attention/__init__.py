@@ -28,6 +28,8 @@ DECORATIONS = {
                                 "apply_qk_norms_pre_rope (the weight's shape)"),
     "qk_norm_bias": ("a LayerNorm QK norm with a bias (phi qk_layernorm)", "apply_qk_norms_pre_rope"),
     "v_norm": ("V normalised per head before the cache (gemma3n)", "(HF Gemma3nTextAttention.v_norm)"),
+    "kv_shared": ("K/V read from an earlier layer's cache instead of projected (gemma3n's last layers)",
+                  "(HF Gemma3nTextAttention.is_kv_shared_layer; gemma3n.cpp !hparams.has_kv(il))"),
     "rope_neox": ("rotate-half RoPE", "apply_rope_head_layer"),
     "rope_interleaved": ("GPT-J interleaved RoPE", "apply_rope_head_layer"),
     "partial_rotary": ("RoPE on the leading channels only", "apply_rope_head_layer"),
@@ -116,6 +118,8 @@ class Attention(LayerKind):
                 f.add("qk_norm_bias")
         if lc.v_norm is not None:
             f.add("v_norm")
+        if lc.kv_source is not None:
+            f.add("kv_shared")
         if lc.rope is None:
             f.add("nope_layers")
         else:

@@ -11,9 +11,16 @@ import numpy as np
 from ...specref import alibi_slopes, attention, layernorm, norm, rms, rope, sig  # noqa: F401
 
 
-def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
+def attn_layer(cfg, w: dict, x: np.ndarray, kv=None, want_kv: bool = False):
     """The attention half of one layer (an ``impl.config.LayerConfig``) over one
-    sequence ``x[n, hidden]`` in the spec's order: the canonical probes."""
+    sequence ``x[n, hidden]`` in the spec's order: the canonical probes.
+
+    ``kv``: for a layer reading another layer's K/V (``kv_source``), the source's cached
+    ``(k, v)`` over the same positions -- what ``want_kv`` returns beside the probes
+    (``(probes, (k, v))``: K after its norm and RoPE, V after its norm, as the cache holds
+    them; HF ``Gemma3nTextAttention.forward``'s ``shared_kv_states``)."""
+    if (kv is not None) != (getattr(cfg, "kv_source", None) is not None):
+        raise ValueError("kv (the source's cached K/V) goes with a kv_source layer, and only with one")
     if getattr(cfg, "parallel_ssm", None) is not None:
         # the Mamba-2 kind has no spec formula yet (harness/kinds/recurrent/spec.py SUPPORTED):
         # refused rather than a formula that silently leaves the branch out
@@ -35,7 +42,9 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
     # project_qkv: weights only, of the row times falcon_h1's attention_in_multiplier
     # (HF FalconH1DecoderLayer.forward: self_attn(hidden_states * attention_in_multiplier))
     ai = a * cfg.attn_in_multiplier
-    q, k, v = ai @ w["wq"].T, ai @ w["wk"].T, ai @ w["wv"].T
+    q = ai @ w["wq"].T
+    # a kv_source layer: placeholders the source's rows replace after RoPE (nothing of them is reported)
+    k, v = (ai @ w["wk"].T, ai @ w["wv"].T) if kv is None else (np.zeros((n, Hkv * D)), np.zeros((n, Hkv * Dv)))
     gate = None
     if cfg.q_gate_interleaved:  # split_interleaved_q_gate: per head [q(D) | gate(D)]
         qg = q.reshape(n, H, 2 * D)
@@ -49,7 +58,7 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
     if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":
         q, k, v = (np.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))
     q, k, v = q.reshape(n, H, D), k.reshape(n, Hkv, D), v.reshape(n, Hkv, Dv)
-    P.update(q=q, k=k, v=v)
+    P.update(q=q) if kv is not None else P.update(q=q, k=k, v=v)
 
     def qk_norm(q, k):
         s = cfg.qk_norm
@@ -86,7 +95,12 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
     if cfg.temperature is not None:
         t = cfg.temperature
         q = q * (np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1)[:, None, None]
-    P.update(q_rope=q, k_rope=k)
+    if kv is not None:
+        k, v = kv  # the source's cached rows (K normed and rotated, V normed)
+        P.update(q_rope=q)
+    else:
+        P.update(q_rope=q, k_rope=k)
+    cache = (k, v)
     scale = D**-0.5 if cfg.scale is None else cfg.scale
     slopes = alibi_slopes(H, cfg.alibi_max_bias) if cfg.alibi_max_bias is not None else None
     heads, probs = attention(q, k, v, scale, window=cfg.window, softcap=cfg.softcap, sinks=w.get("sinks"),
@@ -120,7 +134,7 @@ def attn_layer(cfg, w: dict, x: np.ndarray) -> dict:
         # HF MiniMaxDecoderLayer: the residual is the normed input times alpha (residual_base)
         base = a if cfg.residual_base == "normed" else x
         P["resid_mid"] = base * cfg.residual_alpha + o * cfg.residual_multiplier
-    return P
+    return (P, cache) if want_kv else P
 
 
 def _row(w: dict, name: str, h: int):

@@ -79,3 +79,23 @@ SPEC_CASES = {
     "clamp-after-qk-norm-skips-v": "qk-norm-then-clamp-v-norm",
     "v-norm-dropped": "qk-norm-then-clamp-v-norm",
 }
+
+# KV shared across layers (LayerConfig.kv_source; gemma3n's last layers read an earlier
+# layer's cache). Not in MUTANTS until a family with shared layers is in the matrix: each is
+# caught by the spec's formula over the source's own cached rows, in every KV backing
+# (tests/test_kv_source.py), at its ``first_probe``.
+KV_SOURCE_MUTANTS = [
+    Mutant("kv-shared-projects-own-rows", "kv_shared", "impl.runner",
+           "push(src_layer, src_steps[s], be.asarray(src_inputs[s][start : start + size]), size, pos, None)",
+           "push(src_layer, src_steps[s], x, size, pos, None)",
+           {}, "attn_probs",
+           doc="the shared layer's K/V projected from ITS OWN input (with the source's projections) instead of "
+               "read from the source layer's cache (HF Gemma3nTextAttention: shared_kv_states[layer_type], "
+               "stored by the source; gemma3n.cpp: build_attn(.., nullptr, nullptr, ..) on the reused cache)"),
+    Mutant("kv-shared-query-after-source-push", "kv_shared", "impl.runner",
+           "steps[s].pos = kvmod.query_start(src_steps[s]) if pos is None else pos",
+           "steps[s].pos = (kvmod.query_start(src_steps[s]) if pos is None else pos) + size",
+           {}, "q_rope",
+           doc="the reader's query positions taken from the shared cache's length AFTER the source's push of "
+               "the same call: its rows rotate and mask one call's rows too far on"),
+]
