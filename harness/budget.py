@@ -255,7 +255,9 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
         parts["weights copy"] = pc.total * _BYTES[dtype]
     if family.gguf_arch and is_quantized(gguf_type):
         # every side computes on the quantized file's weights, dequantized into a float32
-        # copy of the model held beside the float one it was exported from (Build.base_model)
+        # copy of the model held beside the float one it was exported from (Build.base_model);
+        # a user's --gguf makes no such copy, and HF's float64 cached path keeps widened
+        # weights between calls within it instead (Build.float64_keep)
         parts["dequantized copy"] = pc.total * 4
     f64 = hf_dtype == "float64" or (oracle and any(r.oracle for r in mine))
     parts["float64 module"] = pc.largest_module * 8 if f64 else 0

@@ -649,7 +649,15 @@ def _draw(df: pd.DataFrame, path: Path):
     key = lambda l, p: (0, 0, 0) if p == "embeddings" else ((1, l, order.get(p, 99)) if l >= 0 else (2, 0, 0))  # noqa: E731
     labels = sorted({(key(l, p), f"L{l} {p}" if l >= 0 else p) for l, p in zip(df["layer"], df["probe"])})
     xs = {lab: i for i, (_, lab) in enumerate(labels)}
-    width = max(6.0, 0.16 * len(xs))
+    # a label per probe while the layers are few; at real depth one per layer (at its first
+    # probe; every probe keeps its tick): 30 layers' 450 rotated labels were most of a
+    # plot's cost (a 135M-class file: set_xticks + savefig 72 s of 94 under load) and made a
+    # 72-inch-wide picture nobody reads label by label
+    layers = sorted({k[1] for k, _ in labels if k[0] == 1})
+    per_layer = len(layers) > len(LAYER_PROBES) // 2
+    shown = ({lab: x for x, (k, lab) in enumerate(labels) if k[0] != 1 or x == 0 or labels[x - 1][0][:2] != k[:2]}
+             if per_layer else xs)
+    width = max(6.0, 0.16 * len(shown) * (3 if per_layer else 1))
     fig = Figure(figsize=(width, 3.4), dpi=90)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -666,7 +674,12 @@ def _draw(df: pd.DataFrame, path: Path):
             ax.step(g["_x"], g["tol_nmse"], where="mid", ls="--", lw=0.8, color=line.get_color(), alpha=0.6)
     ax.set_yscale("log")
     ax.set_ylabel("NMSE (dashed: tolerance)")
-    ax.set_xticks(range(len(xs)), list(xs), rotation=90, fontsize=6)
+    if per_layer:
+        ax.set_xticks(list(shown.values()), [lab.split(" ")[0] if lab.startswith("L") else lab for lab in shown],
+                      rotation=90, fontsize=6)
+        ax.set_xticks(range(len(xs)), minor=True)
+    else:
+        ax.set_xticks(range(len(xs)), list(xs), rotation=90, fontsize=6)
     ax.set_title(str(df["case_id"].iloc[0]) if "case_id" in df and len(df) else "", fontsize=7)
     ax.yaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.0e}"))  # plain text: mathtext parsing is slow

@@ -40,9 +40,15 @@ Sections (each prints its table; all of them go to OUT/bench.json and OUT/bench.
   once with a trained model's statistics (``--weights realistic``) and quantized
   by llama.cpp -- a 135M-class Q4_1 llama at 24 tokens (goal 15 s), a 1B-class
   Q4_K_M at 64 tokens (90 s, 6 GB), an 8B-class Q4_K_M with ``--layers 0,-1``
-  (4 min, 8 GB): wall time of the process, peak memory of it and its worker
-  together, where the time went, and any third-party progress or warning line
-  in the run's output (the goal: none).
+  (4 min, 8 GB): wall time of the process, its CPU time (user + sys of the run
+  and its llama.cpp worker: what the wall time is on an idle machine), peak
+  memory of it and its worker together, where the time went, and any
+  third-party progress or warning line in the run's output (the goal: none).
+  The time goals are for an idle machine: judged on the wall time where the
+  load average was under 1 when the run started, else on the CPU time (said so).
+  The 8B-class file cannot be built here yet: its recipe builds the HF model in
+  float32 (32 GB) on a 24 GB machine, and ``--gguf`` reads the file back into a
+  float32 HF model of the same size (docs/measurements/2026-12-02-real-file-speed.md).
 - ``quantized`` (issue 27): every ``--gguf-type`` llama_model_quantize makes
   without an importance matrix (``--quant-types`` to choose) on the
   outlier-channel llama (``--weights realistic``) at 24 layers, three-way at 16
@@ -59,6 +65,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -422,18 +429,24 @@ def run_file(path: Path, tokens: int, out: Path, layers=None) -> dict:
                "--out", str(out), *(["--layers", layers] if layers else [])]
         la = load()
         t = time.perf_counter()
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         with tempfile.TemporaryFile("w+") as so:
             p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=so, stderr=subprocess.STDOUT, text=True)
             together = tree_peak(p)
             so.seek(0)
             output = so.read()
         wall = time.perf_counter() - t
+        # CPU seconds of the run's whole process tree (its llama.cpp worker is waited for by
+        # the run, so it is counted): on a shared machine the wall time is the load's, the
+        # CPU time is the run's own -- on an idle one the two are about equal
+        ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (ru2.ru_utime - ru.ru_utime) + (ru2.ru_stime - ru.ru_stime)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}
     # third-party progress bars / warnings in the run's own output (issue 27: there must be none)
     foreign = [line for line in output.splitlines() if "it/s]" in line or "Warning" in line or "warn(" in line]
-    return {"wall_s": round(wall, 1), "exit": p.returncode, "peak_gb": round(together / 2**30, 2),
+    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "exit": p.returncode, "peak_gb": round(together / 2**30, 2),
             "load": [la, load()], "timings": meta.get("timings", {}), "resources": meta.get("resources", {}),
             "totals": output.strip().splitlines()[-2:] if output.strip() else [], "foreign_lines": foreign[:5]}
 
@@ -455,12 +468,18 @@ def section_files(args, out: Path) -> dict:
         r = run_file(Path(path), c["tokens"], out / f"file-{name}", c.get("layers"))
         r.update(goal_s=c["goal_s"], goal_gb=c["goal_gb"], size_gb=round(Path(path).stat().st_size / 2**30, 2))
         res[name] = r
-        ok_t = "" if c["goal_s"] is None else f" (goal {c['goal_s']} s: {'ok' if r['wall_s'] <= c['goal_s'] else 'OVER'})"
+        # the goals are for an idle machine: judged on the wall time where the machine was
+        # idle, on the CPU time (what the wall time is there) where it was not
+        # (idle: a 1-minute load average under one process when the run started)
+        idle = float(r["load"][0].split()[0]) < 1.0
+        spent = r["wall_s"] if idle else r["cpu_s"]
+        ok_t = "" if c["goal_s"] is None else (f" (goal {c['goal_s']} s {'wall' if idle else 'CPU (machine not idle)'}: "
+                                               f"{'ok' if spent <= c['goal_s'] else 'OVER'})")
         ok_m = "" if c["goal_gb"] is None else f" (goal {c['goal_gb']:.0f} GB: {'ok' if r['peak_gb'] <= c['goal_gb'] else 'OVER'})"
         where = ", ".join(f"{k} {v:.1f}s" for k, v in r["timings"].items() if isinstance(v, (int, float)) and v >= 0.5
                           and k != "total")
         say(f"{name:<20} {r['size_gb']:.2f} GB file, {c['tokens']} tokens{', layers ' + c['layers'] if c.get('layers') else ''}: "
-            f"{r['wall_s']:.1f} s{ok_t}, peak {r['peak_gb']:.2f} GB{ok_m}, exit {r['exit']}, "
+            f"{r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU{ok_t}, peak {r['peak_gb']:.2f} GB{ok_m}, exit {r['exit']}, "
             f"{' | '.join(r['totals'])}; third-party lines: {len(r['foreign_lines'])}; load {r['load'][0]} -> "
             f"{r['load'][1]}; {where}")
     return res

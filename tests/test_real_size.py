@@ -52,6 +52,53 @@ def test_promoted_float64_is_the_float64_model_bit_for_bit(family):
         assert all(after[k].dtype == before[k].dtype and torch.equal(after[k], before[k]) for k in before)
 
 
+# gemma3 at hidden 48: its embedding scale sqrt(48) is not a power of two, so a scaled
+# table gathered in float32 and widened after would differ in the last bits (at 64 it is 8)
+@pytest.mark.parametrize("family,overrides", [("llama", (("tie_word_embeddings", True),)),
+                                              ("gemma3", (("hidden_size", 48),))])
+def test_promoted_float64_cached_calls_keep_copies_bit_for_bit(family, overrides, monkeypatch):
+    """HF's cached path in float64 (the hf_cached oracle: one forward per call,
+    teacher-forced) on a float32 model is the float64 model's bit for bit, whether
+    the widened weights are kept between calls (``float64_keep``, which a quantized
+    --gguf run allows) or widened again each call; a plain lookup table (a tied
+    llama vocabulary) is gathered, not widened, and gemma3's scaled one is widened;
+    the weights come back as they were, the same Parameter objects."""
+    import torch
+
+    from harness.references.hf import capture as hf
+    from harness.references.hf import float64 as f64
+
+    hits = []
+    real_get = f64._Kept.get
+    def get(self, t):
+        hit = real_get(self, t)
+        hits.append(hit is not None)
+        return hit
+
+    monkeypatch.setattr(f64._Kept, "get", get)
+    r = _case_run(family, overrides=overrides)
+    fam, cfg, lcs, toks, held = r.family, r.config, r.layer_cfgs, r.tokens, r.base_model
+    calls = [3] + [1] * (toks.shape[1] - 3)
+    params = {k: (p, p.detach().clone()) for k, p in held.named_parameters()}
+    whole = copy.deepcopy(held).to(torch.float64)
+    forced = {k: v for k, v in hf.capture(fam, held, cfg, lcs, toks, calls=calls).items() if k.endswith(".layer_in")}
+    want = hf.capture(fam, whole, cfg, lcs, toks, force_inputs=forced, calls=calls, model_probes=False)
+    want_free = hf.capture(fam, whole, cfg, lcs, toks, calls=calls)  # the embeddings and logits too
+    for keep in (0, 1 << 40):
+        hits.clear()
+        got = hf.capture(fam, held, cfg, lcs, toks, force_inputs=forced, float64=True, model_probes=False,
+                         calls=calls, float64_keep=keep)
+        free = hf.capture(fam, held, cfg, lcs, toks, float64=True, calls=calls, float64_keep=keep)
+        for a, b in ((got, want), (free, want_free)):
+            assert a and set(a) == set(b) and "embeddings" in want_free
+            bad = [k for k in b if not (a[k].dtype == np.float64 and np.array_equal(a[k], b[k]))]
+            assert not bad, (keep, bad[:4])
+        assert any(hits) == (keep > 0)  # the copies were served from the second call on
+        for k, (p, before) in params.items():
+            now = dict(held.named_parameters())[k]
+            assert now is p and now.dtype == before.dtype and torch.equal(now, before), k
+
+
 def test_promoted_float64_holds_one_float64_layer_at_a_time():
     """The point of ``promoted``: during a float64 forward at most one decoder layer
     (and never the rest of the model's big modules) is in float64 at once."""

@@ -144,7 +144,19 @@ class Build:
             tokens=self.tokens, selection=self.selection, variant=self.variant, hf_dtype=self.plan.hf_dtype,
             weights_stamp=tuple(self.weights_stamp()), checkpoint_stamp=checkpoint_stamp(self.case.hf_model),
             user_file=self.source is not None, gguf=lambda: self.gguf_path, model=self.hf_model,
-            timings=self.timings, family_base_sources=tuple(families.base_sources()), batch_plan=self.batch_plan))
+            timings=self.timings, family_base_sources=tuple(families.base_sources()), batch_plan=self.batch_plan,
+            float64_keep=self.float64_keep))
+
+    @property
+    def float64_keep(self) -> int:
+        """What HF's float64 cached run may keep of its widened weights between calls: the
+        memory plan counts a dequantized float32 copy of the model for quantized weights
+        (budget.estimate "dequantized copy") that a user's GGUF never makes -- its model
+        IS the dequantized one (gguf/reader.py) -- so copies up to that size stay inside
+        the peak the plan already allowed; 0 elsewhere (widened again each call)."""
+        if self.source is None or not is_quantized(self.case.gguf_type):
+            return 0
+        return int(self.plan.estimate.parts.get("dequantized copy", 0))
 
     def meta_extra(self) -> dict:
         """What the run's meta.json records beyond the case: for a GGUF, the file

@@ -61,6 +61,9 @@ class CaptureRequest:
     timings: dict
     family_base_sources: tuple = ()  # the family machinery's files (in the capture's cache key)
     batch_plan: Any = None  # harness.schedule.BatchPlan: each sequence's rows, chunks and arrival
+    # bytes of float64 weight copies HF's float64 run may keep between the calls of its
+    # cached path (references/hf/float64.py ``promoted``): memory the plan holds and the run does not use
+    float64_keep: int = 0
 
 
 class Reference(ABC):

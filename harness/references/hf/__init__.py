@@ -97,7 +97,7 @@ class HF(Reference):
             hf.capture(req.family, model, req.config, list(req.layer_cfgs), req.tokens, meta, force_inputs=forced,
                        sink=w, layers=sel.layers, probes=sel.probes, float64=dtype == "float64",
                        model_probes=force is None and sel.model_probes, attn_implementation=attn_implementation,
-                       calls=calls)
+                       calls=calls, float64_keep=getattr(req, "float64_keep", 0))
             probes = cache.finish(w, meta)
         return RefCapture(self.name, dtype, probes, meta=meta, key=k)
 

@@ -139,6 +139,48 @@ def _merge_calls(per_call: list[dict], calls: list[int], n_tok: int) -> dict:
     return out
 
 
+def _no_head(head):
+    """What stands in for the output head while a cached-path capture that reads no
+    model probe runs (the teacher-forced oracle: nothing reads its logits): zeros of
+    the head's shape, no weights to widen or multiply. The single-forward path stops
+    after the last layer instead (``StopForward``); a cached call must return its
+    cache, so the forward goes on, past a head that computes nothing."""
+    import torch
+
+    out = int(head.weight.shape[0])
+
+    class NoHead(torch.nn.Module):
+        def forward(self, x):
+            return x.new_zeros(*x.shape[:-1], out)
+
+    m = NoHead()
+    # read as `lm_head.weight.dtype` (MambaForCausalLM.forward); a plain attribute, not a parameter
+    m.weight = torch.empty(0, dtype=head.weight.dtype)
+    return m
+
+
+@contextmanager
+def _without_head(model, skip: bool):
+    """``model`` with its output head replaced by ``_no_head`` (``skip``), put back
+    after; where the model cannot take the stand-in (no settable head), as it is."""
+    old = getattr(model, "get_output_embeddings", lambda: None)() if skip else None
+    stub = None
+    if old is not None and getattr(old, "weight", None) is not None:
+        try:
+            stub = _no_head(old)
+            model.set_output_embeddings(stub)
+            if model.get_output_embeddings() is not stub:
+                model.set_output_embeddings(old)
+                stub = None
+        except (AttributeError, NotImplementedError, TypeError):
+            stub = None
+    try:
+        yield stub is not None
+    finally:
+        if stub is not None:
+            model.set_output_embeddings(old)
+
+
 class StopForward(Exception):
     """Raised from the last decoder layer a capture needs: what follows it (later
     layers, the final norm, the logits) is not computed."""
@@ -171,7 +213,8 @@ class _OneLayer(dict):
 
 def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | None = None,
             force_inputs=None, sink=None, layers=None, probes=None, float64: bool | None = None,
-            model_probes: bool = True, attn_implementation: str = "eager", calls: list[int] | None = None):
+            model_probes: bool = True, attn_implementation: str = "eager", calls: list[int] | None = None,
+            float64_keep: int = 0):
     """Run ``tokens[seqs, T]`` through ``model`` and read every probe into ``sink``
     (a ``harness.store.StoreWriter``: each probe goes to disk the moment it is
     read; default: a dict, returned).
@@ -196,6 +239,10 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     exactly the layer inputs the low-precision reference saw, so its distance to
     that reference is the reference's own rounding in that layer, not the drift
     of a free-running model (or an MoE routing flip) accumulated before it.
+
+    ``float64_keep``: with ``calls``, the bytes of float64 weight copies a float64
+    run may keep from one call to the next (``promoted``'s ``keep_bytes``); a single
+    forward keeps none.
 
     ``attn_implementation``: the transformers attention path ``model`` was set to
     (``set_attn_implementation``); its function is the one wrapped.
@@ -329,7 +376,12 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     final = got
     try:
         # the float64 promotion outermost: the eager wrapper then wraps the promoted function
-        with (promoted(model, family) if float64 else contextlib.nullcontext()) as fp, torch.no_grad(), \
+        # a cached capture that reads no model probe (the teacher-forced oracle) computes no
+        # logits: the head outside ``promoted`` too (a tied 49152-row vocabulary was widened
+        # to float64 and multiplied on every call for logits nothing reads)
+        with _without_head(model, not model_probes and calls is not None) as headless, \
+                (promoted(model, family, float64_keep if calls is not None else 0) if float64
+                 else contextlib.nullcontext()) as fp, torch.no_grad(), \
                 _wrapped_eager(family, model, eager, attn_implementation, want_layer,
                                *(() if order is None else (lambda module: running[0],))), \
                 family.hf_taps(model, config, eager):
@@ -353,7 +405,7 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
                             for probe, a in family.hf_cache_states(cache, config, i, layer_cfgs[i]).items():
                                 if want_probe(probe):
                                     got[f"L{i}.{probe}"] = a[:, None]  # [S, 1 call, ...]
-                    if want_probe("logits"):
+                    if want_probe("logits") and not headless:
                         got["logits"] = out.logits.detach().cpu().double().numpy()
                     per_call.append(got)
                 out = None

@@ -210,12 +210,39 @@ def _float_tensors(module, recurse: bool):
                     yield m, kind, name, t
 
 
-class _Retyped:
-    """Floating tensors changed to another dtype in place and changed back exactly
-    (float32 / bfloat16 / float16 -> float64 -> the same type is the identity)."""
+class _Kept:
+    """float64 copies of parameters kept from one forward to the next within one
+    ``promoted`` block, up to ``limit`` bytes (first come, first kept): HF's cached
+    path makes a forward per call, and widening every layer again for each of them
+    was most of a cached float64 capture (a 135M-class model, 13 calls: 94 s of a
+    903 s run under load). Parameters only: they do not change during a no_grad
+    forward, while a buffer may be replaced or updated in place."""
 
-    def __init__(self):
-        self.saved: list[tuple[object, str, str, object]] = []  # (owner, kind, name, original dtype)
+    def __init__(self, limit: int):
+        self.limit, self.used = int(limit), 0
+        self.copies: dict[int, tuple] = {}  # id(parameter) -> (parameter, its float64 copy)
+
+    def get(self, t):
+        hit = self.copies.get(id(t))
+        return None if hit is None else hit[1]
+
+    def offer(self, t, wide) -> None:
+        n = wide.numel() * wide.element_size()
+        if self.used + n <= self.limit:
+            self.copies[id(t)] = (t, wide)  # the parameter is held too: its id is not reused
+            self.used += n
+
+
+class _Retyped:
+    """Floating tensors changed to another dtype in place and changed back exactly:
+    the original tensor is kept and put back (float32 / bfloat16 / float16 -> float64
+    -> the same type is the identity, so this is the value a narrowing would give,
+    without converting the module a second time). ``kept``: a ``_Kept`` the widened
+    parameters are taken from and offered to."""
+
+    def __init__(self, kept: _Kept | None = None):
+        self.saved: list[tuple[object, str, str, object]] = []  # (owner, kind, name, original tensor)
+        self.kept = kept
 
     def widen(self, items, dtype) -> None:
         seen = set()
@@ -223,16 +250,18 @@ class _Retyped:
             if id(t) in seen or t.dtype == dtype:
                 continue
             seen.add(id(t))  # a tied weight is one tensor, changed once
-            self.saved.append((m, kind, name, t.dtype))
-            _set(m, kind, name, t.to(dtype))
+            # a parameter's own storage (``.data`` of the Parameter object, which stays)
+            self.saved.append((m, kind, name, t.data if kind == "p" else t))
+            wide = self.kept.get(t) if self.kept is not None and kind == "p" else None
+            if wide is None:
+                wide = t.to(dtype)
+                if self.kept is not None and kind == "p":
+                    self.kept.offer(t, wide)
+            _set(m, kind, name, wide)
 
     def restore(self) -> None:
-        done = set()
-        for m, kind, name, dtype in reversed(self.saved):
-            t = m._parameters[name] if kind == "p" else m._buffers[name]
-            if id(t) not in done:
-                done.add(id(t))
-                _set(m, kind, name, t.to(dtype))
+        for m, kind, name, orig in reversed(self.saved):
+            _set(m, kind, name, orig)
         self.saved.clear()
 
 
@@ -244,7 +273,7 @@ def _set(m, kind: str, name: str, value) -> None:
 
 
 @contextmanager
-def promoted(model, family):
+def promoted(model, family, keep_bytes: int = 0):
     """Within the block, ``model`` -- held in float32, bfloat16 or float16, or
     already float64 -- computes in float64 with every float32 side path of its
     modeling code promoted, as ``model.to(torch.float64)`` under
@@ -253,7 +282,9 @@ def promoted(model, family):
     just before their forward and narrowed back right after (exactly: every value
     of the narrower type is a float64), the small rest of the model (norms,
     rotary tables, biases) for the whole block. A 1B-class model in float64 is
-    7 GB; one of its layers is 360 MB. Yields the ``Float64Paths`` record."""
+    7 GB; one of its layers is 360 MB. ``keep_bytes``: float64 copies of up to
+    that many bytes are kept for the block's later forwards (``_Kept``: a
+    capture of several calls). Yields the ``Float64Paths`` record."""
     import torch
 
     f64 = torch.float64
@@ -266,9 +297,20 @@ def promoted(model, family):
     rest = _Retyped()
     handles, rotary = [], []
     jit: dict[int, _Retyped] = {}
+    kept = _Kept(keep_bytes) if keep_bytes > 0 else None
+
+    def gathers(mod) -> bool:
+        # a plain lookup table (torch.nn.Embedding itself, no max_norm renormalising its rows
+        # in place): the rows it returns widened ARE the rows a widened table returns -- a
+        # gather does no arithmetic -- so the table is not copied to float64 (a 49152 x 576
+        # vocabulary: 226 MB per forward, for a few dozen rows; HF's scaled embeddings,
+        # Gemma3TextScaledWordEmbedding, multiply and are widened as any module)
+        return type(mod) is torch.nn.Embedding and mod.max_norm is None
 
     def widen(mod, args, kwargs):
-        r = jit.setdefault(id(mod), _Retyped())
+        if gathers(mod):
+            return None
+        r = jit.setdefault(id(mod), _Retyped(kept))
         r.widen(_float_tensors(mod, True), f64)
         # an input the caller cast to the module's dtype BEFORE this hook widened it
         # (Mamba2ForCausalLM / MambaForCausalLM.forward: `lm_head(hidden_states.to(
@@ -278,6 +320,8 @@ def promoted(model, family):
         return tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
 
     def narrow(mod, args, kwargs, out):
+        if gathers(mod):
+            return out.to(f64) if isinstance(out, torch.Tensor) and out.is_floating_point() else out
         r = jit.get(id(mod))
         if r is not None:
             r.restore()
