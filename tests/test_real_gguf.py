@@ -12,8 +12,11 @@ calibrated on.
   channels 20-100x, the norms' 1-3x; Family.realistic_weights) at 24 layers, one
   file per activation type ggml rounds to (Q8_0, Q8_1, Q8_K), made by llama.cpp's
   own quantizer: the bounds hold with margin, and the Q4_1 one still catches the
-  planted bug. ``scripts/bench_real_size.py --sections quantized`` runs every
-  quantized type over them (docs/measurements/).
+  planted bug; a test holds them to every class the full sweep's types fall in.
+  The sweep itself -- every type llama_model_quantize makes without an importance
+  matrix, 24 layers, llama and qwen3 -- is the weekly matrix spec
+  fixtures/matrix/quantized.toml (docs/measurements/2026-12-02-quantized-sweep.md);
+  a planted bug on an IQ3_S file (a type nothing else runs) fails here in seconds.
 """
 
 from __future__ import annotations
