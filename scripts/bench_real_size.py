@@ -52,7 +52,9 @@ Sections (each prints its table; all of them go to OUT/bench.json and OUT/bench.
 - ``quantized`` (issue 27): every ``--gguf-type`` llama_model_quantize makes
   without an importance matrix (``--quant-types`` to choose) on the
   outlier-channel llama (``--weights realistic``) at 24 layers, three-way at 16
-  tokens: statuses and each pair's worst err / tol (the bounds' margin).
+  tokens: statuses and each pair's worst err / tol (the bounds' margin). The
+  weekly sweep of the same types (and qwen3's per class) is the matrix spec
+  fixtures/matrix/quantized.toml; its table: docs/measurements/2026-12-02-quantized-sweep.md.
 
 The machine is shared: compare ratios within one run, and read the load
 average printed with each section.

@@ -12,8 +12,11 @@ calibrated on.
   channels 20-100x, the norms' 1-3x; Family.realistic_weights) at 24 layers, one
   file per activation type ggml rounds to (Q8_0, Q8_1, Q8_K), made by llama.cpp's
   own quantizer: the bounds hold with margin, and the Q4_1 one still catches the
-  planted bug. ``scripts/bench_real_size.py --sections quantized`` runs every
-  quantized type over them (docs/measurements/).
+  planted bug; a test holds them to every class the full sweep's types fall in.
+  The sweep itself -- every type llama_model_quantize makes without an importance
+  matrix, 24 layers, llama and qwen3 -- is the weekly matrix spec
+  fixtures/matrix/quantized.toml (docs/measurements/2026-12-02-quantized-sweep.md);
+  a planted bug on an IQ3_S file (a type nothing else runs) fails here in seconds.
 """
 
 from __future__ import annotations
@@ -76,9 +79,38 @@ def test_gemma3_270m_q4_k_m_three_way_and_a_planted_bug_fails(policy, gemma3_270
         assert failed and {r["probe"] for r in failed} & {"attn_probs", "attn_heads", "attn_out"}, ref
 
 
-# one weight type per activation type ggml rounds to: Q8_0 (q4_0), Q8_1 (q4_1), Q8_K (q4_k_m)
+# one weight type per activation-rounding class ggml has (vec_dot_type of the type
+# llama_model_quantize gives the layers, harness/gguf/types.py): Q8_0 (q4_0), Q8_1 with
+# the weight minimum's fp16 sum (q4_1), Q8_K (q4_k_m). The full sweep over every type,
+# with each one's margin, is fixtures/matrix/quantized.toml (weekly) and
+# docs/measurements/2026-12-02-quantized-sweep.md; no type there found a class beyond
+# these three (the K-quants' minima and sub-block scales, the IQ grids, the ternary
+# types all multiply integers exactly on Q8_K activations).
 OUTLIER_TYPES = ["q4_0", "q4_1", "q4_k_m"]
 DEPTH = (("num_hidden_layers", 24), ("hidden_size", 256))
+
+
+def _act_class(ftype: str) -> str:
+    """The activation type ggml rounds the layers' projection inputs to, for a --gguf-type."""
+    from harness.gguf.types import FTYPE_DEFAULT_TYPE, vec_dot_type
+
+    return vec_dot_type(FTYPE_DEFAULT_TYPE[ftype])
+
+
+def test_the_quantized_sweep_runs_every_type_at_24_layers_and_the_suite_every_class():
+    from harness.gguf.types import NEEDS_IMATRIX, QUANT_FTYPES, FTYPE_DEFAULT_TYPE
+    from harness.matrix import load_spec
+
+    assert set(FTYPE_DEFAULT_TYPE) == set(QUANT_FTYPES)
+    cases = load_spec(Path(__file__).resolve().parents[1] / "fixtures" / "matrix" / "quantized.toml").cases
+    every = set(QUANT_FTYPES) - set(NEEDS_IMATRIX)
+    assert {c.gguf_type for c in cases if c.family == "llama"} == every
+    assert len({c.family for c in cases}) >= 2  # a second graph (qwen3's QK norms)
+    for c in cases:
+        assert dict(c.overrides)["num_hidden_layers"] >= 24 and c.weights == "realistic", c
+        assert {"hf", "llamacpp"} <= set(c.ref.split(",")), c
+    # the suite's types stand for every class the sweep holds
+    assert {_act_class(t) for t in OUTLIER_TYPES} == {_act_class(t) for t in every} == {"q8_0", "q8_1", "q8_k"}
 
 
 @pytest.mark.usefixtures("need_llamacpp")
@@ -90,7 +122,7 @@ def test_outlier_channel_models_pass_at_24_layers(policy, weight_type):
     # with margin: the worst row of each pair well inside its bound
     for cand, ref in PAIRS:
         assert _worst(rows, cand, ref) < 0.6, (cand, ref, _worst(rows, cand, ref))
-    act = {"q4_0": "ggml_q8_0", "q4_1": "ggml_q8_1", "q4_k_m": "ggml_q8_k"}[weight_type]
+    act = f"ggml_{_act_class(weight_type)}"
     assert {r["cmp_dtype"] for r in rows if r["candidate"] == "impl" and r["reference"] == "llamacpp"} == {act}
 
 
@@ -102,3 +134,24 @@ def test_a_planted_softmax_scale_bug_fails_on_a_q4_1_outlier_model(policy):
         rows = run(policy, family="llama", ref="all", gguf_type="q4_1", weights="realistic", overrides=DEPTH)
     for ref in ("hf", "llamacpp"):
         assert any(r["candidate"] == "impl" and r["reference"] == ref and r["status"] == "fail" for r in rows), ref
+
+
+# a type no other test runs: IQ3_S, the coarsest IQ grid llama_model_quantize makes
+# without an importance matrix (3.44 bits per weight; IQ3_XXS needs one), so the
+# planted bug must not hide behind its rounding. The tiny llama at hidden 256 (its
+# default 2 layers, so the captures cost seconds; this type's 24-layer margin is the
+# sweep's, fixtures/matrix/quantized.toml).
+@pytest.mark.usefixtures("need_llamacpp")
+def test_a_planted_softmax_scale_bug_fails_on_an_iq3_s_file(policy):
+    from harness.mutants import applied, registry
+
+    kw = dict(family="llama", ref="hf,llamacpp", gguf_type="iq3_s", weights="realistic", schedule="prefill",
+              overrides=(("hidden_size", 256),))
+    rows = run(policy, **kw)
+    assert not bad_rows(rows, ok=("pass",)), bad_rows(rows, ok=("pass",))[:5]
+    assert {r["cmp_dtype"] for r in rows if r["candidate"] == "impl" and r["reference"] == "llamacpp"} == {"ggml_q8_k"}
+    with applied(registry()["softmax-scale-1pct"]):
+        bug = run(policy, **kw)
+    for ref in ("hf", "llamacpp"):
+        failed = [r for r in bug if r["candidate"] == "impl" and r["reference"] == ref and r["status"] == "fail"]
+        assert failed and {r["probe"] for r in failed} & {"attn_probs", "attn_heads", "attn_out"}, ref

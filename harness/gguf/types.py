@@ -22,9 +22,29 @@ QUANT_FTYPES = {
     "iq3_s": 26, "iq3_m": 27, "iq2_s": 28, "iq2_m": 29, "iq4_xs": 30, "iq1_m": 31, "tq1_0": 36, "tq2_0": 37,
 }
 GGUF_TYPES = FLOAT_EXPORTS + tuple(QUANT_FTYPES)
-# the i-quants need an importance matrix for the smallest types (llama-quant.cpp
-# refuses IQ1_S / IQ1_M / IQ2_XXS / IQ2_XS / IQ2_S / IQ2_M without one)
-NEEDS_IMATRIX = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m")
+# the types llama_model_quantize refuses without an importance matrix ("this
+# quantization requires an imatrix!", src/llama-quant.cpp): any tensor but token_embd /
+# output.weight headed for IQ1_S / IQ1_M / IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS, or for
+# Q2_K in a Q2_K_S file (tensor_requires_imatrix) -- so the ftypes IQ1_S / IQ1_M /
+# IQ2_* and IQ3_XXS (their default types), IQ3_XS (attn_q / attn_k and the middle
+# layers' ffn_gate / ffn_up go to IQ3_XXS: llama_tensor_get_type) and Q2_K_S. The
+# quantized sweep (issue 27) found iq3_xxs, iq3_xs and q2_k_s missing here: they were
+# accepted and the llama.cpp capture failed with that message.
+NEEDS_IMATRIX = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", "iq3_xxs", "iq3_xs", "q2_k_s")
+# --gguf-type -> the tensor type llama_model_quantize gives the weights it does not
+# special-case (src/llama-quant.cpp llama_ftype_get_default_type): the layers'
+# projections, so the activation class (vec_dot_type) impl is judged at against
+# llama.cpp. The _S / _M / _L mixes move some tensors (attn_v, ffn_down) to other
+# types of the same class; output.weight / token_embd may be another (Q6_K beside
+# Q4_0 layers: llama_tensor_get_type), which the file-wide class then reads.
+FTYPE_DEFAULT_TYPE = {
+    "q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "q4_1", "q5_0": "q5_0", "q5_1": "q5_1",
+    "q2_k": "q2_k", "q2_k_s": "q2_k", "q3_k_s": "q3_k", "q3_k_m": "q3_k", "q3_k_l": "q3_k",
+    "q4_k_s": "q4_k", "q4_k_m": "q4_k", "q5_k_s": "q5_k", "q5_k_m": "q5_k", "q6_k": "q6_k",
+    "iq2_xxs": "iq2_xxs", "iq2_xs": "iq2_xs", "iq2_s": "iq2_xs", "iq2_m": "iq2_s", "iq3_xxs": "iq3_xxs",
+    "iq3_xs": "iq3_s", "iq3_s": "iq3_s", "iq3_m": "iq3_s", "iq1_s": "iq1_s", "iq1_m": "iq1_m",
+    "iq4_nl": "iq4_nl", "iq4_xs": "iq4_xs", "tq1_0": "tq1_0", "tq2_0": "tq2_0",
+}
 
 # ggml-cpu.c type_traits_cpu[].vec_dot_type: what src1 (the activations) is
 # converted to before vec_dot / gemm with a weight of this type
