@@ -422,13 +422,20 @@ def _recur(layer: RecurrentLayer, q, k, v, g, beta, slot: kvmod.RecurrentState):
         # value head h reads key head head_index[h] (RecurrentConfig.head_map)
         q = xp.take(q, layer.head_index, axis=1)
         k = xp.take(k, layer.head_index, axis=1)
-    from .recurrent_scan import scan_chunked, scan_sequential
+    from .recurrent_scan import carried_decays, chunk_steps, scan_chunked, scan_sequential
 
     delta = cfg.update == "delta"
+    n = q.shape[0]
+    steps = chunk_steps(n, cfg.chunk_size) if cfg.scan == "chunked" else [1] * n
+    const = None
+    if cfg.decay_param == "slope":
+        # lightning: the same exp(-slope_h) every row -- the state's multipliers carried across
+        # chunks and calls without the drift of a fixed rounded exp(-slope) (recurrent_scan)
+        const, slot.decay_residual = carried_decays(be, g[0], steps, slot.decay_residual)
     if cfg.scan == "chunked":
-        y, slot.rec = scan_chunked(be, q, k, v, g, beta, slot.rec, delta, cfg.chunk_size)
+        y, slot.rec = scan_chunked(be, q, k, v, g, beta, slot.rec, delta, cfg.chunk_size, const)
     else:
-        y, slot.rec = scan_sequential(be, q, k, v, g, beta, slot.rec, delta)
+        y, slot.rec = scan_sequential(be, q, k, v, g, beta, slot.rec, delta, const)
     return y
 
 

@@ -32,6 +32,29 @@ transposed state), and -- with the plain write -- ggml ``ssm_scan`` and HF
 
   Every exponent is <= 0 (g <= 0), so nothing overflows. The chunks start at the
   call's first row, as HF's do: the same recurrence, rounded differently.
+
+A decay that is the same every row (lightning's ``exp(-slope_h)``: ``const_decay``)
+is taken in the form the references compute it, never by accumulation:
+
+- inside a chunk, HF ``MiniMaxLightningAttention.decay_factors``: each factor is
+  ``exp(g * n)`` of ONE product of the log-decay and an integer row count
+  (``query_decay`` ``n = i + 1``, ``key_decay`` ``n = m - 1 - i``,
+  ``diagonal_decay`` ``n = i - j``), where a cumulative sum of ``g`` rounds
+  once per row and ``G_i - G_j`` cancels;
+- the state's decay between chunks and between calls (``carried_decays``): a
+  float32 ``fl(exp(g))`` multiplied into the state once per row (HF's cached
+  path ``ratio * attn_weights_inter``, ggml's per-ubatch ``block_decay``) is off
+  by a FIXED relative ``delta <= 2^-24``, and a contribution ``t`` rows old is
+  then off by ``t * delta`` -- coherent, growing with the length (measured: impl's
+  float32 decode schedule 15-370x HF's float32 block form's distance to the
+  float64 oracle at 300 tokens, the minimax false alarm of
+  docs/measurements/2026-12-01-minimax.md). Each multiplier here is instead
+  rounded from the exact decay divided by what the previous multipliers
+  realised (``residual``, float64 on the host, one number per head carried in
+  the sequence's state), so the realised product of every run of multipliers
+  stays within two roundings of ``exp(g * rows)``: the error left is the state's
+  own per-row rounding, random in sign (1.1-3.1x HF's distance at 300 rows, one
+  row per call, tests/test_lightning_scan.py).
 """
 
 from __future__ import annotations
@@ -42,12 +65,39 @@ from .ops import device_kw as _dev
 from .ops import solve_unit_lower
 
 
-def scan_sequential(be, q, k, v, g, beta, s, delta: bool):
+def carried_decays(be, g0, steps, residual):
+    """The state's multipliers for runs of ``steps`` rows of a per-head log-decay ``g0``
+    (``[Hv]``, the same every row), in the accumulation dtype, and the residual to
+    carry to the next call (module docstring): multiplier ``r`` is
+    ``fl(exp(g0 * steps[r]) / residual)``, then ``residual *= realised / exact``.
+    ``residual`` None: the sequence's first call (1). Returns ``([R, Hv], residual)``."""
+    g64 = be.to_numpy(g0)
+    res = np.ones_like(g64) if residual is None else residual
+    exact = np.exp(g64[None, :] * np.asarray(steps, dtype=np.float64)[:, None])  # [R, Hv]
+    out = np.empty_like(exact)
+    for r in range(exact.shape[0]):
+        out[r] = exact[r] / res
+        res = res * _realised(be, out[r]) / exact[r]
+        # an exp past the accumulation dtype's normal range (a slope times a row count over
+        # ~87 in float32) leaves nothing of the old state to correct: start the residual over
+        res = np.where(np.isfinite(res) & (exact[r] > np.finfo(np.float64).tiny), res, 1.0)
+        out[r] = _realised(be, out[r])
+    return be.asarray(out, be.acc_dtype), res
+
+
+def _realised(be, a64):
+    """``a64`` as the accumulation dtype holds it, back in float64."""
+    return be.to_numpy(be.asarray(a64, be.acc_dtype))
+
+
+def scan_sequential(be, q, k, v, g, beta, s, delta: bool, const_decay=None):
     """``q, k [T, Hv, Dk]``, ``v [T, Hv, Dv]``, ``g [T, Hv]`` or ``[T, Hv, Dk]``,
-    ``beta [T, Hv]`` or None, ``s [Hv, Dk, Dv]`` -> ``(y [T, Hv, Dv], s)``."""
+    ``beta [T, Hv]`` or None, ``s [Hv, Dk, Dv]`` -> ``(y [T, Hv, Dv], s)``.
+    ``const_decay``: ``[T, Hv]`` the state's multiplier per row where the decay is the
+    same every row (``carried_decays``), in place of ``exp(g)``."""
     xp = be.xp
     per_key = g.ndim == 3
-    a = xp.exp(g)
+    a = xp.exp(g) if const_decay is None else const_decay
     ys = []
     for t in range(q.shape[0]):
         s = s * (a[t][:, :, None] if per_key else a[t][:, None, None])
@@ -64,14 +114,22 @@ def scan_sequential(be, q, k, v, g, beta, s, delta: bool):
     return xp.stack(ys, axis=0), s
 
 
-def scan_chunked(be, q, k, v, g, beta, s, delta: bool, chunk: int):
-    """``scan_sequential``'s recurrence, ``chunk`` rows at a time (module docstring)."""
+def chunk_steps(n: int, chunk: int) -> list[int]:
+    """The rows of each chunk of an ``n``-row call (the chunks start at its first row)."""
+    return [min(chunk, n - a) for a in range(0, n, chunk)]
+
+
+def scan_chunked(be, q, k, v, g, beta, s, delta: bool, chunk: int, const_decay=None):
+    """``scan_sequential``'s recurrence, ``chunk`` rows at a time (module docstring).
+    ``const_decay``: ``[chunks, Hv]`` the state's multiplier per chunk where the decay is
+    the same every row (``carried_decays`` over ``chunk_steps``); the decays inside a
+    chunk are then HF's ``decay_factors`` products of ``g`` and a row count."""
     xp = be.xp
     acc = s.dtype
     per_key = g.ndim == 3
     n = q.shape[0]
     ys = []
-    for a in range(0, n, chunk):
+    for c, a in enumerate(range(0, n, chunk)):
         b = min(n, a + chunk)
         m = b - a
         qh = xp.permute_dims(q[a:b], (1, 0, 2))  # [Hv, m, Dk]
@@ -93,6 +151,19 @@ def scan_chunked(be, q, k, v, g, beta, s, delta: bool, chunk: int):
             last = cg[:, m - 1:m, :]  # [Hv, 1, Dk]
             k_rest = kh * xp.exp(last - cg)
             s_dec = xp.exp(last[:, 0, :])[:, :, None]  # rows of S: [Hv, Dk, 1]
+        elif const_decay is not None:
+            # HF decay_factors: exp(-slope * n), one product of the slope and a row count each
+            # (query_decay n = i + 1, key_decay n = m - 1 - i, diagonal_decay n = i - j)
+            g0 = g[a][:, None]  # [Hv, 1]
+            rows = be.asarray(np.arange(1, m + 1), acc)  # i + 1
+            offs = be.asarray(np.subtract.outer(np.arange(m), np.arange(m)), acc)  # i - j
+            dm = xp.exp(xp.where(lower[None], g0[:, :, None] * offs[None], neg_inf))
+            kk = xp.matmul(kh, xp.matrix_transpose(kh)) * dm
+            qk = xp.matmul(qh, xp.matrix_transpose(kh)) * dm
+            eg = xp.exp(g0 * rows[None])[:, :, None]  # [Hv, m, 1]
+            q_dec, k_dec = qh * eg, kh * eg
+            k_rest = kh * xp.exp(g0 * (m - rows)[None])[:, :, None]
+            s_dec = const_decay[c][:, None, None]  # [Hv, 1, 1]
         else:
             diff = cg[:, :, None] - cg[:, None, :]  # [Hv, m, m]
             dm = xp.exp(xp.where(lower[None], diff, neg_inf))

@@ -217,7 +217,12 @@ class MiniMax(RecurrentProbes, LlamaLike):
             decay_slopes=self.slopes(h, i, config.num_hidden_layers),
             out_norm_eps=HF_LIGHTNING_NORM_EPS, input_norm=NormSpec("rms", float(config.rms_norm_eps)),
             residual="normed", residual_alpha=float(config.linear_attn_alpha_factor),
-            residual_beta=float(config.linear_attn_beta_factor))
+            residual_beta=float(config.linear_attn_beta_factor),
+            # HF's block form (MiniMaxLightningAttention.forward: block_size rows at a time,
+            # intra q k^T * diagonal_decay, inter q * query_decay @ kv); impl.recurrent_scan
+            # takes the decays as HF's decay_factors products and carries the state's decay
+            # across calls without the drift of a fixed rounded exp(-slope)
+            scan="chunked", chunk_size=int(config.block_size))
 
     def layer_config(self, config, i: int):
         if self.is_linear(config, i):
