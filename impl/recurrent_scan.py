@@ -67,27 +67,22 @@ from .ops import solve_unit_lower
 
 def carried_decays(be, g0, steps, residual):
     """The state's multipliers for runs of ``steps`` rows of a per-head log-decay ``g0``
-    (``[Hv]``, the same every row), in the accumulation dtype, and the residual to
-    carry to the next call (module docstring): multiplier ``r`` is
-    ``fl(exp(g0 * steps[r]) / residual)``, then ``residual *= realised / exact``.
-    ``residual`` None: the sequence's first call (1). Returns ``([R, Hv], residual)``."""
-    g64 = be.to_numpy(g0)
-    res = np.ones_like(g64) if residual is None else residual
-    exact = np.exp(g64[None, :] * np.asarray(steps, dtype=np.float64)[:, None])  # [R, Hv]
+    (host float64 ``[Hv]``, the same every row), in the accumulation dtype, and the
+    residual to carry to the next call (module docstring): multiplier ``r`` is
+    ``fl(exp(g0 * steps[r]) / residual)``, then ``residual *= fl(...) / exact``, all on
+    the host. ``residual`` None: the sequence's first call (1). Returns
+    ``([R, Hv] on the backend, residual)``."""
+    acc = np.float64 if be.dtype == "float64" else np.float32  # Backend.acc_dtype, as NumPy holds it
+    res = np.ones_like(g0) if residual is None else residual
+    exact = np.exp(g0[None, :] * np.asarray(steps, dtype=np.float64)[:, None])  # [R, Hv]
     out = np.empty_like(exact)
     for r in range(exact.shape[0]):
-        out[r] = exact[r] / res
-        res = res * _realised(be, out[r]) / exact[r]
-        # an exp past the accumulation dtype's normal range (a slope times a row count over
-        # ~87 in float32) leaves nothing of the old state to correct: start the residual over
-        res = np.where(np.isfinite(res) & (exact[r] > np.finfo(np.float64).tiny), res, 1.0)
-        out[r] = _realised(be, out[r])
+        out[r] = (exact[r] / res).astype(acc)
+        # an exact decay past the accumulation dtype's normal range (a slope times a row count
+        # over ~87 in float32) leaves nothing of the old state to correct: start over at 1
+        ok = out[r] >= np.finfo(acc).tiny
+        res = np.where(ok, res * out[r] / np.where(ok, exact[r], 1.0), 1.0)
     return be.asarray(out, be.acc_dtype), res
-
-
-def _realised(be, a64):
-    """``a64`` as the accumulation dtype holds it, back in float64."""
-    return be.to_numpy(be.asarray(a64, be.acc_dtype))
 
 
 def scan_sequential(be, q, k, v, g, beta, s, delta: bool, const_decay=None):
