@@ -161,11 +161,14 @@ class RecurrentState:
     (``[K - 1, C]``, oldest first, in the compute dtype), ``rec`` the recurrent
     matrix (``[Hv, Dk, Dv]``, in the backend's accumulation dtype), ``rows`` the
     rows seen so far. ``None`` before the first call (zeros, as HF's and
-    llama.cpp's fresh caches)."""
+    llama.cpp's fresh caches). ``decay_residual``: for a decay that is the same
+    every row (lightning), what the state's multipliers so far realised over the
+    exact decay, per head (float64, host; impl.recurrent_scan.carried_decays)."""
 
     conv: object = None
     rec: object = None
     rows: int = 0
+    decay_residual: object = None
 
 
 @dataclass

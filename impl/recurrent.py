@@ -117,6 +117,10 @@ class RecurrentLayer:
     w: dict = field(default_factory=dict)
     head_index: object = None
     xbc_multipliers: object = None  # proj_multipliers' x | B | C segments as one [C] row (mamba2)
+    # lightning: the per-head log-decay -slope_h, float64 on the HOST -- the one array the rows'
+    # decay (_recurrence_inputs) and the state's carried multipliers (recurrent_scan.carried_decays,
+    # computed on the host so nothing is pulled from the device) both read
+    log_decay: object = None
 
     @classmethod
     def load(cls, cfg: RecurrentConfig, weights: dict, backend: Backend) -> "RecurrentLayer":
@@ -131,7 +135,8 @@ class RecurrentLayer:
             _, mx, mb, mc, _ = cfg.proj_multipliers
             gn = cfg.n_k_heads * cfg.k_dim
             xbc = backend.asarray(np.concatenate([np.full(cfg.width, mx), np.full(gn, mb), np.full(gn, mc)]))
-        return cls(cfg, backend, w, idx, xbc)
+        log_decay = -np.asarray(cfg.decay_slopes, dtype=np.float64) if cfg.decay_param == "slope" else None
+        return cls(cfg, backend, w, idx, xbc, log_decay)
 
     # the layer protocol the runner drives (impl.runner)
     def block(self, x, kv, trace=None):
@@ -403,8 +408,7 @@ def _recurrence_inputs(layer: RecurrentLayer, normed, conv_out, put):
         v_write = vf * dt[:, :, None]  # HF `hidden_states * dt[..., None]` / ggml `x_dt = x * dt_soft_plus`
         skip = f(w["D"])[:, None]
     else:  # slope: lightning's constant per-head decay exp(-slope_h)
-        slopes = be.asarray(np.asarray(cfg.decay_slopes, dtype=np.float64), acc)
-        g = xp.zeros((n, hv), dtype=acc, **_dev(be)) - slopes
+        g = xp.zeros((n, hv), dtype=acc, **_dev(be)) + be.asarray(layer.log_decay, acc)
         put("rec_decay", g)
         v_write = vf
     return q, k, v, beta, g, v_write, skip
@@ -422,13 +426,20 @@ def _recur(layer: RecurrentLayer, q, k, v, g, beta, slot: kvmod.RecurrentState):
         # value head h reads key head head_index[h] (RecurrentConfig.head_map)
         q = xp.take(q, layer.head_index, axis=1)
         k = xp.take(k, layer.head_index, axis=1)
-    from .recurrent_scan import scan_chunked, scan_sequential
+    from .recurrent_scan import carried_decays, chunk_steps, scan_chunked, scan_sequential
 
     delta = cfg.update == "delta"
+    n = q.shape[0]
+    steps = chunk_steps(n, cfg.chunk_size) if cfg.scan == "chunked" else [1] * n
+    const = None
+    if cfg.decay_param == "slope":
+        # lightning: the same exp(-slope_h) every row -- the state's multipliers carried across
+        # chunks and calls without the drift of a fixed rounded exp(-slope) (recurrent_scan)
+        const, slot.decay_residual = carried_decays(be, layer.log_decay, steps, slot.decay_residual)
     if cfg.scan == "chunked":
-        y, slot.rec = scan_chunked(be, q, k, v, g, beta, slot.rec, delta, cfg.chunk_size)
+        y, slot.rec = scan_chunked(be, q, k, v, g, beta, slot.rec, delta, cfg.chunk_size, const)
     else:
-        y, slot.rec = scan_sequential(be, q, k, v, g, beta, slot.rec, delta)
+        y, slot.rec = scan_sequential(be, q, k, v, g, beta, slot.rec, delta, const)
     return y
 
 

@@ -32,6 +32,29 @@ transposed state), and -- with the plain write -- ggml ``ssm_scan`` and HF
 
   Every exponent is <= 0 (g <= 0), so nothing overflows. The chunks start at the
   call's first row, as HF's do: the same recurrence, rounded differently.
+
+A decay that is the same every row (lightning's ``exp(-slope_h)``: ``const_decay``)
+is taken in the form the references compute it, never by accumulation:
+
+- inside a chunk, HF ``MiniMaxLightningAttention.decay_factors``: each factor is
+  ``exp(g * n)`` of ONE product of the log-decay and an integer row count
+  (``query_decay`` ``n = i + 1``, ``key_decay`` ``n = m - 1 - i``,
+  ``diagonal_decay`` ``n = i - j``), where a cumulative sum of ``g`` rounds
+  once per row and ``G_i - G_j`` cancels;
+- the state's decay between chunks and between calls (``carried_decays``): a
+  float32 ``fl(exp(g))`` multiplied into the state once per row (HF's cached
+  path ``ratio * attn_weights_inter``, ggml's per-ubatch ``block_decay``) is off
+  by a FIXED relative ``delta <= 2^-24``, and a contribution ``t`` rows old is
+  then off by ``t * delta`` -- coherent, growing with the length (measured: impl's
+  float32 decode schedule 15-370x HF's float32 block form's distance to the
+  float64 oracle at 300 tokens, the minimax false alarm of
+  docs/measurements/2026-12-01-minimax.md). Each multiplier here is instead
+  rounded from the exact decay divided by what the previous multipliers
+  realised (``residual``, float64 on the host, one number per head carried in
+  the sequence's state), so the realised product of every run of multipliers
+  stays within two roundings of ``exp(g * rows)``: the error left is the state's
+  own per-row rounding, random in sign (1.1-3.1x HF's distance at 300 rows, one
+  row per call, tests/test_lightning_scan.py).
 """
 
 from __future__ import annotations
@@ -42,12 +65,34 @@ from .ops import device_kw as _dev
 from .ops import solve_unit_lower
 
 
-def scan_sequential(be, q, k, v, g, beta, s, delta: bool):
+def carried_decays(be, g0, steps, residual):
+    """The state's multipliers for runs of ``steps`` rows of a per-head log-decay ``g0``
+    (host float64 ``[Hv]``, the same every row), in the accumulation dtype, and the
+    residual to carry to the next call (module docstring): multiplier ``r`` is
+    ``fl(exp(g0 * steps[r]) / residual)``, then ``residual *= fl(...) / exact``, all on
+    the host. ``residual`` None: the sequence's first call (1). Returns
+    ``([R, Hv] on the backend, residual)``."""
+    acc = np.float64 if be.dtype == "float64" else np.float32  # Backend.acc_dtype, as NumPy holds it
+    res = np.ones_like(g0) if residual is None else residual
+    exact = np.exp(g0[None, :] * np.asarray(steps, dtype=np.float64)[:, None])  # [R, Hv]
+    out = np.empty_like(exact)
+    for r in range(exact.shape[0]):
+        out[r] = (exact[r] / res).astype(acc)
+        # an exact decay past the accumulation dtype's normal range (a slope times a row count
+        # over ~87 in float32) leaves nothing of the old state to correct: start over at 1
+        ok = out[r] >= np.finfo(acc).tiny
+        res = np.where(ok, res * out[r] / np.where(ok, exact[r], 1.0), 1.0)
+    return be.asarray(out, be.acc_dtype), res
+
+
+def scan_sequential(be, q, k, v, g, beta, s, delta: bool, const_decay=None):
     """``q, k [T, Hv, Dk]``, ``v [T, Hv, Dv]``, ``g [T, Hv]`` or ``[T, Hv, Dk]``,
-    ``beta [T, Hv]`` or None, ``s [Hv, Dk, Dv]`` -> ``(y [T, Hv, Dv], s)``."""
+    ``beta [T, Hv]`` or None, ``s [Hv, Dk, Dv]`` -> ``(y [T, Hv, Dv], s)``.
+    ``const_decay``: ``[T, Hv]`` the state's multiplier per row where the decay is the
+    same every row (``carried_decays``), in place of ``exp(g)``."""
     xp = be.xp
     per_key = g.ndim == 3
-    a = xp.exp(g)
+    a = xp.exp(g) if const_decay is None else const_decay
     ys = []
     for t in range(q.shape[0]):
         s = s * (a[t][:, :, None] if per_key else a[t][:, None, None])
@@ -64,14 +109,22 @@ def scan_sequential(be, q, k, v, g, beta, s, delta: bool):
     return xp.stack(ys, axis=0), s
 
 
-def scan_chunked(be, q, k, v, g, beta, s, delta: bool, chunk: int):
-    """``scan_sequential``'s recurrence, ``chunk`` rows at a time (module docstring)."""
+def chunk_steps(n: int, chunk: int) -> list[int]:
+    """The rows of each chunk of an ``n``-row call (the chunks start at its first row)."""
+    return [min(chunk, n - a) for a in range(0, n, chunk)]
+
+
+def scan_chunked(be, q, k, v, g, beta, s, delta: bool, chunk: int, const_decay=None):
+    """``scan_sequential``'s recurrence, ``chunk`` rows at a time (module docstring).
+    ``const_decay``: ``[chunks, Hv]`` the state's multiplier per chunk where the decay is
+    the same every row (``carried_decays`` over ``chunk_steps``); the decays inside a
+    chunk are then HF's ``decay_factors`` products of ``g`` and a row count."""
     xp = be.xp
     acc = s.dtype
     per_key = g.ndim == 3
     n = q.shape[0]
     ys = []
-    for a in range(0, n, chunk):
+    for c, a in enumerate(range(0, n, chunk)):
         b = min(n, a + chunk)
         m = b - a
         qh = xp.permute_dims(q[a:b], (1, 0, 2))  # [Hv, m, Dk]
@@ -93,6 +146,19 @@ def scan_chunked(be, q, k, v, g, beta, s, delta: bool, chunk: int):
             last = cg[:, m - 1:m, :]  # [Hv, 1, Dk]
             k_rest = kh * xp.exp(last - cg)
             s_dec = xp.exp(last[:, 0, :])[:, :, None]  # rows of S: [Hv, Dk, 1]
+        elif const_decay is not None:
+            # HF decay_factors: exp(-slope * n), one product of the slope and a row count each
+            # (query_decay n = i + 1, key_decay n = m - 1 - i, diagonal_decay n = i - j)
+            g0 = g[a][:, None]  # [Hv, 1]
+            rows = be.asarray(np.arange(1, m + 1), acc)  # i + 1
+            offs = be.asarray(np.subtract.outer(np.arange(m), np.arange(m)), acc)  # i - j
+            dm = xp.exp(xp.where(lower[None], g0[:, :, None] * offs[None], neg_inf))
+            kk = xp.matmul(kh, xp.matrix_transpose(kh)) * dm
+            qk = xp.matmul(qh, xp.matrix_transpose(kh)) * dm
+            eg = xp.exp(g0 * rows[None])[:, :, None]  # [Hv, m, 1]
+            q_dec, k_dec = qh * eg, kh * eg
+            k_rest = kh * xp.exp(g0 * (m - rows)[None])[:, :, None]
+            s_dec = const_decay[c][:, None, None]  # [Hv, 1, 1]
         else:
             diff = cg[:, :, None] - cg[:, None, :]  # [Hv, m, m]
             dm = xp.exp(xp.where(lower[None], diff, neg_inf))

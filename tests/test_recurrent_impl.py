@@ -564,6 +564,17 @@ def _flip_decay_sign(monkeypatch, kind):
     """exp(+g) for exp(g): the state grows instead of decaying (inf at once for a steep decay)."""
     import impl.recurrent as rec
 
+    if kind.cfg.decay_param == "slope":
+        # lightning's decay is one host array (RecurrentLayer.log_decay) that the rows' g and the
+        # state's carried multipliers (recurrent_scan.carried_decays) both read: flip it there
+        orig_load = rec.RecurrentLayer.load.__func__
+
+        def load(cls, cfg, weights, backend):
+            layer = orig_load(cls, cfg, weights, backend)
+            return dataclasses.replace(layer, log_decay=-layer.log_decay)
+
+        monkeypatch.setattr(rec.RecurrentLayer, "load", classmethod(load))
+        return
     orig = rec._recurrence_inputs
 
     def bad(layer, normed, conv_out, put):

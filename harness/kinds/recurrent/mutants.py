@@ -97,8 +97,9 @@ MUTANTS = [
                "kimi-linear.cpp ssm_f_a / ssm_g_a",
            bisect_note=NOTE.format(what="low-rank gate")),
     Mutant("lightning-slopes-reversed", "lightning", "impl.recurrent",
-           "g = xp.zeros((n, hv), dtype=acc, **_dev(be)) - slopes",
-           "g = xp.zeros((n, hv), dtype=acc, **_dev(be)) - xp.flip(slopes, axis=0)",
+           'log_decay = -np.asarray(cfg.decay_slopes, dtype=np.float64) if cfg.decay_param == "slope" else None',
+           'log_decay = -np.asarray(cfg.decay_slopes, dtype=np.float64)[::-1].copy() if cfg.decay_param == "slope" '
+           'else None',
            MINIMAX, "rec_decay",
            doc="lightning's per-head slopes applied in reverse head order (head h decays with head H-1-h's "
                "slope; HF get_slope_rate `base ** (arange(H) + 1)`, minimax-01.cpp `start * powf(ratio, h)`)",
