@@ -258,6 +258,10 @@ def _run(run, model):
     for row in tokens:
         past = {n: np.zeros([1, *_cache_dims(run.layer_cfgs[int(n.split(".")[1])], n, windowed)], np.float32)
                 for n in inputs if n.startswith("past_key_values.")}
+        # a recurrent layer's state (lfm2's short conv: `past.{i}.conv` -> `present.{i}.conv`, the
+        # builder's names), zero at the start, carried like the KV cache; its dims but the batch are static
+        past.update({n: np.zeros([1, *(d if isinstance(d, int) else 1 for d in inputs[n].shape[1:])], np.float32)
+                     for n in inputs if n.startswith("past.")})
         got: dict[str, list] = {}
         probs = {}
         p0 = 0
@@ -272,7 +276,8 @@ def _run(run, model):
                            sess.run(names + [o.name for o in sess.get_outputs() if o.name.startswith("present.")],
                                     feed)))
             for pn in past:
-                past[pn] = res[pn.replace("past_key_values.", "present.")]
+                past[pn] = res[pn.replace("past_key_values.", "present.") if pn.startswith("past_key_values.")
+                               else "present." + pn[len("past."):]]
             for key, t in want.items():
                 if key.endswith(".attn_probs"):
                     full = probs.setdefault(key, np.zeros(res[t].shape[:2] + (t_all, t_all)))
