@@ -132,6 +132,7 @@ def main(dirs, only_summary=False) -> int:
     cases = _cases(dirs)
     by = {}
     secs = 0.0
+    per: dict[str, list] = {}  # engine -> [cases, case seconds]
     for cid, rec in cases.items():
         rows = rec["rows"]
         if not rows:
@@ -140,7 +141,11 @@ def main(dirs, only_summary=False) -> int:
         cand = rows[0]["candidate"]
         tag = cand + (f" ({rows[0]['overrides']})" if rows[0].get("overrides") else "")
         by.setdefault(fam, {})[tag] = rows
-        secs += float(((rec.get("info") or {}).get("timings") or {}).get("case_s") or 0.0)
+        t = float(((rec.get("info") or {}).get("timings") or {}).get("case_s") or 0.0)
+        secs += t
+        acc = per.setdefault(cand, [0, 0.0])
+        acc[0] += 1
+        acc[1] += t
     tags = [e for e in ENGINES if any(e in v for v in by.values())]
     extra = sorted({t for v in by.values() for t in v if t not in ENGINES})
     tags += extra
@@ -158,6 +163,13 @@ def main(dirs, only_summary=False) -> int:
         print(f"- [s{i}] {why.replace('|', '/')}")
     print()
     print(f"{len(cases)} cases; {secs:.0f} s of case time" if secs else f"{len(cases)} cases")
+    print()
+    # the run time per engine: the cases' own wall times (info.timings.case_s), which
+    # include the references' captures where the capture cache missed
+    print("| engine | cases run | case time (sum) | mean per case |")
+    print("|---|---|---|---|")
+    for cand, (n, t) in sorted(per.items(), key=lambda kv: ENGINES.index(kv[0]) if kv[0] in ENGINES else 99):
+        print(f"| `{cand}` | {n} | {t:.0f} s | {t / n:.1f} s |")
     return 0
 
 

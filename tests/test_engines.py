@@ -68,11 +68,13 @@ def _first_bad(rows, name, ref="hf"):
 
 
 # ---------------------------------------------------------------- ort-gqa (the op, layer by layer)
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss", "qwen3", "laguna", "olmoe"])
 def test_ort_gqa_passes_where_it_expresses_the_layer(policy, family):
     """llama (plain), gemma2 (softcap, sliding window, (1+w) norms), gpt_oss (sinks
-    through head_sink, window, biases), qwen3 (per-head QK norm): every probe the
-    op exposes passes against HF; q_rope is not exposed (rotated inside the kernel)."""
+    through head_sink, window, biases), qwen3 (per-head QK norm), laguna (a softplus
+    output gate, one scalar per head), olmoe (a row-wide QK norm): every
+    probe the op exposes passes against HF; q_rope is not exposed (rotated inside the
+    kernel)."""
     need("onnxruntime", "onnx")
     rows = run(policy, family=family, ref="hf", candidate="ort-gqa")
     mine = _mine(rows, "ort-gqa")
@@ -122,8 +124,28 @@ def test_ort_gqa_window_is_the_ops_own(policy):
     assert _first_bad(rows, "ort-gqa-window-bug") == (0, "attn_probs")
 
 
+@pytest.mark.parametrize("family, field, value, first", [
+    ("laguna", "output_gate_fn", "sigmoid", (0, "attn_branch"))])
+def test_ort_gqa_decorations_of_the_new_families_can_fail(policy, family, field, value, first):
+    """The graph's own mapping of a decoration is judged: laguna's softplus gate written
+    as a sigmoid fails at attn_branch (the gated heads), every probe before it passing."""
+    need("onnxruntime", "onnx")
+    import dataclasses
+
+    from harness.candidates.engines.ort_layer import OrtGqa
+
+    class Planted(OrtGqa):
+        def run_layer(self, call):
+            return super().run_layer(dataclasses.replace(call, config=call.config.replace(**{field: value})))
+
+    with registered("ort-gqa-planted", Planted()):
+        rows = run(policy, family=family, ref="hf", candidate="ort-gqa-planted")
+    assert _first_bad(rows, "ort-gqa-planted") == first
+
+
 @pytest.mark.parametrize("family, words", [
-    ("bloom", "ALiBi"), ("llama4", "chunked window"), ("deepseek_v2", "latent KV cache")])
+    ("bloom", "ALiBi"), ("llama4", "chunked window"), ("deepseek_v2", "latent KV cache"),
+    ("jamba", "a recurrent state is not one of its inputs"), ("falcon_h1", "Mamba-2 block in parallel")])
 def test_ort_gqa_skips_what_its_op_cannot_express(policy, family, words):
     need("onnxruntime", "onnx")
     rows = run(policy, family=family, ref="hf", candidate="ort-gqa")
@@ -221,6 +243,24 @@ def test_ctranslate2_is_judged_at_its_logits(policy):
     # the failing logits guard nothing, so the case reads `unguarded` (listed before
     # `fail`, harness/verdict.py rule 3): failing either way, never a pass
     assert case_status(r["status"] for r in rows) in ("fail", "unguarded")
+
+
+@pytest.mark.parametrize("window, status", [(4, "error"), (16, "pass")])
+def test_ctranslate2_raises_on_a_prompt_past_its_sliding_window(policy, window, status):
+    """A real defect of CTranslate2 4.8.5 (docs/reference/candidates.md): with the decoder
+    spec's sliding_window shorter than the prompt, Generator.forward_batch raises
+    "ValueError: buffer to copy is of size 16 but current storage size is 4" (mistral's
+    loader passes config.sliding_window; gemma3's case fails the same way). With the window
+    as long as the 16 tokens the logits pass."""
+    need("ctranslate2")
+    rows = run(policy, family="mistral", ref="hf", candidate="ctranslate2",
+               overrides=(("sliding_window", window),))
+    mine = _mine(rows, "ctranslate2")
+    if status == "error":
+        bad = [r for r in rows if r["candidate"] == "ctranslate2" and r["status"] == "error"]
+        assert bad and "buffer to copy is of size 16 but current storage size is 4" in bad[0]["reason"], rows
+    else:
+        assert mine[("hf", -1, "logits")]["status"] == "pass"
 
 
 def test_ctranslate2_skips_a_config_its_converter_has_no_loader_for(policy):

@@ -185,6 +185,16 @@ def _run(run, ovm):
         want[f"L{i}.attn_branch"] = o[0].input_value(0) if o else None
         plain = getattr(lc, "kind", "") == "attention" and not (lc.q_gate_interleaved or lc.output_gate
                                                                  or lc.sub_norm)
+        if getattr(lc, "value_scale", None) is not None:
+            # mimo_v2_flash: HF scales V at its projection (modeling_mimo_v2_flash.py:380
+            # `v_proj(hidden_states)... * self.v_scale`), so o_proj reads heads * value_scale
+            # where the contract's attn_heads / attn_branch are before the scale (it applies
+            # value_scale after wo, mimo2.cpp); read there they failed at NMSE (1 - 0.707)^2
+            why = (f"o_proj reads the heads times value_scale (HF MiMoV2FlashAttention scales V at v_proj); the "
+                   f"probe is before the scale and no boundary holds it (layer {i})")
+            hidden[f"L{i}.attn_branch"] = hidden[f"L{i}.attn_heads"] = why
+            del want[f"L{i}.attn_branch"]
+            plain = False
         if plain:
             want[f"L{i}.attn_heads"] = want[f"L{i}.attn_branch"]
         if plain and lc.post_norm is None and lc.value_scale is None and lc.o_scale is None:
@@ -205,6 +215,17 @@ def _run(run, ovm):
             want[f"L{i}.resid_mid"] = own[0].output(0)
         if own:
             want[f"L{i}.layer_out"] = own[-1].output(0)
+    # layer_out is what the next layer's input norm reads (the final norm's input after the
+    # last layer), where the graph names that norm: the layer's own last aten::add is not
+    # always its output -- mpt's second residual add lies inside its MLP module
+    # (modeling_mpt.py MptMLP.forward `output = output + residual`), so the last add under
+    # the layer's own name was the first residual (read there, layer_out failed at NMSE 0.228
+    # while the next layer's layer_in passed)
+    for i in range(len(run.layer_cfgs)):
+        nxt = (tree["layers"][i + 1]["norm"] if i + 1 < len(run.layer_cfgs) else tree["final_norm"])
+        src = first_input(nxt) if nxt is not None else None
+        if src is not None:
+            want[f"L{i}.layer_out"] = src
     want["final_norm"] = last(tree["final_norm"])
     # `embeddings` where the token embedding IS layer 0's input; where the model's forward
     # scales it between (granite's embedding_multiplier, afmoe's muP) the families' probe

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..api import Candidate, CandidateCapture
-from . import checkpoint, require, scratch, version
+from . import checkpoint, require, said, scratch, version
 
 NO_Q_ROPE = "GroupQueryAttention rotates Q inside its kernel and returns no rotated query"
 PASS_THROUGH = ("Reshape", "Transpose", "Identity", "SimplifiedLayerNormalization", "LayerNormalization", "Cast",
@@ -56,19 +56,32 @@ class OrtGenai(Candidate):
         if run.case.dtype != "float32":
             return f"{self.name} builds with -p fp32 (float32 inputs and outputs), not {run.case.dtype}"
         ok, why = self._built(run)
-        return None if ok else why
+        if not ok:
+            return why
+        # what the builder writes, ORT's kernel may still refuse (nemotron's and phi's partial
+        # rotary: "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8"): the
+        # run itself, ORT's own words if a node refuses it -- any other exception stays an error
+        try:
+            self._probes(run)
+        except Exception as e:
+            if type(e).__name__ == "InvalidArgument" and "Non-zero status code returned while running" in str(e):
+                return f"onnxruntime {version('onnxruntime')} refuses the builder's model: {said(e)}"
+        return None
 
-    def _built(self, run):
-        return run.memo("ort_genai_model", lambda: _build(run))
-
-    def capture(self, run, rc) -> CandidateCapture:
+    def _probes(self, run):
         def make():
             ok, model = self._built(run)
             if not ok:
                 raise RuntimeError(model)
             return _run(run, model)
 
-        probes, hidden = run.memo("ort_genai_probes", make)
+        return run.memo("ort_genai_probes", make)
+
+    def _built(self, run):
+        return run.memo("ort_genai_model", lambda: _build(run))
+
+    def capture(self, run, rc) -> CandidateCapture:
+        probes, hidden = self._probes(run)
         cap = CandidateCapture(self.name, "float32", dict(probes),
                                meta={"engine": f"onnxruntime {version('onnxruntime')}, onnxruntime-genai "
                                                f"{version('onnxruntime-genai')} model builder"})
@@ -258,6 +271,10 @@ def _run(run, model):
     for row in tokens:
         past = {n: np.zeros([1, *_cache_dims(run.layer_cfgs[int(n.split(".")[1])], n, windowed)], np.float32)
                 for n in inputs if n.startswith("past_key_values.")}
+        # a recurrent layer's state (lfm2's short conv: `past.{i}.conv` -> `present.{i}.conv`, the
+        # builder's names), zero at the start, carried like the KV cache; its dims but the batch are static
+        past.update({n: np.zeros([1, *(d if isinstance(d, int) else 1 for d in inputs[n].shape[1:])], np.float32)
+                     for n in inputs if n.startswith("past.")})
         got: dict[str, list] = {}
         probs = {}
         p0 = 0
@@ -272,7 +289,8 @@ def _run(run, model):
                            sess.run(names + [o.name for o in sess.get_outputs() if o.name.startswith("present.")],
                                     feed)))
             for pn in past:
-                past[pn] = res[pn.replace("past_key_values.", "present.")]
+                past[pn] = res[pn.replace("past_key_values.", "present.") if pn.startswith("past_key_values.")
+                               else "present." + pn[len("past."):]]
             for key, t in want.items():
                 if key.endswith(".attn_probs"):
                     full = probs.setdefault(key, np.zeros(res[t].shape[:2] + (t_all, t_all)))
