@@ -41,6 +41,10 @@ Simulating ggml's recurrence against exact angles (head_dim 32..256, 256 and
 and the head_dim 128 measurement is 7.4 / 28 = 0.26 of it
 (tests/test_real_size.py simulates the recurrence with ``theta_scale`` and its
 two float32 neighbours at head_dim 32..256).
+
+The oracle rule's float32 floor grows with the case too, with the reduction
+width in front of the probe (``floor_for`` below; measured at hidden 256 in
+docs/measurements/2026-12-02-float32-floor.md).
 """
 
 from __future__ import annotations
