@@ -14,7 +14,7 @@ from .errors import UsageError, suggest
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "tolerance.toml"
 PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "kv_q8_0", "q8_0", "q8_1", "q8_k")
-_TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "rope_nmse", "rope_atol",
+_TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "floor_width", "rope_nmse", "rope_atol",
              "drift_ratio", "drift_nmse_floor", "drift_atol_floor"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
@@ -349,6 +349,11 @@ def load_policy(path: str | Path | None = None) -> Policy:
             raise UsageError(f"tolerance policy {p}: [dtype.{dt}] needs a 'default' entry")
         for probe, tol in table.items():
             _known_keys(p, f"[dtype.{dt}].{probe}", tol, _TOL_KEYS)
+            fw = tol.get("floor_width", 1)
+            # a divisor of the floor at judging time (scaling.floor_for): refused here, not mid-run
+            if isinstance(fw, bool) or not isinstance(fw, (int, float)) or not 0 < fw < float("inf"):
+                raise UsageError(f"tolerance policy {p}: [dtype.{dt}].{probe} floor_width {fw!r} is not valid; "
+                                 f"valid: a positive number of terms (the reduction width the floor holds at)")
     overrides = data.get("override", [])
     for o in overrides:
         _known_keys(p, "an override", o, _OVERRIDE_KEYS)

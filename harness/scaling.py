@@ -41,6 +41,10 @@ Simulating ggml's recurrence against exact angles (head_dim 32..256, 256 and
 and the head_dim 128 measurement is 7.4 / 28 = 0.26 of it
 (tests/test_real_size.py simulates the recurrence with ``theta_scale`` and its
 two float32 neighbours at head_dim 32..256).
+
+The oracle rule's float32 floor grows with the case too, with the reduction
+width in front of the probe (``floor_for`` below; measured at hidden 256 in
+docs/measurements/2026-12-02-float32-floor.md).
 """
 
 from __future__ import annotations
@@ -77,11 +81,41 @@ def rope_size(lc, n_tokens: int) -> RopeSize | None:
     return RopeSize(mean_sq, max_weighted)
 
 
-def scaled(tol: dict, rope: RopeSize | None, angle_dtype: str, ref_scale: float) -> dict:
+def reduction_width(lc) -> int | None:
+    """The widest reduction in front of every probe of layer description ``lc``: its
+    hidden row, which the input norm's mean and each input projection (q / k / v,
+    MLA's down projections, a recurrent layer's in-projection) sum over. None where
+    the description has no hidden width."""
+    hid = getattr(lc, "hidden_size", None)
+    return int(hid) if isinstance(hid, int) and hid > 0 else None
+
+
+def floor_for(tol: dict, width: int | None) -> float | None:
+    """The oracle rule's ``nmse_floor`` for a probe behind a reduction of ``width``
+    terms: ``nmse_floor * max(1, width / floor_width)`` where the table names a
+    ``floor_width`` (float32's), the table's floor elsewhere (None: no floor).
+
+    Why it grows: a float32 dot product of n terms summed one after another
+    rounds to ~n u^2 / 10 relative variance (tests/test_scaling_floor.py simulates
+    it at n = 64 .. 4096), and a sound engine may sum that way where the
+    reference's library blocks the sum (impl's NumPy backend: OpenBLAS sgemm, 1.5x
+    HF's MKL at hidden 256). The floor covers a candidate's rounding where the
+    reference rounded luckily; calibrated at ``floor_width`` terms, it keeps the
+    same headroom over that sum at every width only if it grows with n."""
+    floor = tol.get("nmse_floor")
+    if floor is None or "floor_width" not in tol or not width:
+        return floor
+    return floor * max(1.0, width / tol["floor_width"])
+
+
+def scaled(tol: dict, rope: RopeSize | None, angle_dtype: str, ref_scale: float, width: int | None = None) -> dict:
     """``tol`` (a dtype's table entry) made effective for one comparison: the RoPE
     terms where the probe is downstream of a RoPE (``rope`` given), ``atol`` at the
-    reference's scale."""
+    reference's scale, the oracle rule's floor at the reduction ``width`` in front
+    of the probe (``floor_for``)."""
     out = dict(tol)
+    if "nmse_floor" in tol:
+        out["nmse_floor"] = floor_for(tol, width)
     eps = EPS.get(angle_dtype, EPS["float32"])
     scale = max(1.0, float(ref_scale)) if math.isfinite(ref_scale) else 1.0
     rope_atol = 0.0

@@ -241,7 +241,8 @@ class Judge:
         # angles are float32 in every reference below float64 (llama.cpp always)
         rope = self.rope_reach(cand_name, layer, probe)
         ref_scale = absmax(b if oracle is None else oracle)
-        tol = scaling.scaled(base, rope, "float64" if cdt == "float64" else "float32", ref_scale)
+        tol = scaling.scaled(base, rope, "float64" if cdt == "float64" else "float32", ref_scale,
+                             self.reduction_width(layer))
         tol = self.derived_difference(tol, layer, probe, b, sides or {})
         if drift is not None and "drift_ratio" in base and np.shape(drift) == np.shape(b):
             tol, why = drift_bound(base, tol, metrics(drift, b, probe), rope, ref_scale, why, drift_keeps_table)
@@ -309,6 +310,16 @@ class Judge:
             ratio = float(np.sum(np.square(base))) / den if den > 0 else 0.0
             return dict(tol, nmse=tol["nmse"] + u * u * ratio, atol=tol["atol"] + u * float(np.abs(base).max()))
         return tol
+
+    def reduction_width(self, layer: int | None) -> int | None:
+        """The widest reduction in front of a probe of ``layer`` (harness/scaling.py
+        reduction_width), what the oracle rule's float32 floor scales by; a probe of
+        no layer (the embeddings, the logits) sits behind every layer: the widest."""
+        cfgs = self.req.layer_cfgs
+        if layer is not None and 0 <= layer < len(cfgs):
+            return scaling.reduction_width(cfgs[layer])
+        widths = [w for w in map(scaling.reduction_width, cfgs) if w]
+        return max(widths) if widths else None
 
     def rope_reach(self, cand: str, layer: int | None, probe: str):
         """The RoPE reach (harness/scaling.py) a comparison's bound must allow for, or
