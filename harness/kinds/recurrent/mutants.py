@@ -104,6 +104,15 @@ MUTANTS = [
            doc="lightning's per-head slopes applied in reverse head order (head h decays with head H-1-h's "
                "slope; HF get_slope_rate `base ** (arange(H) + 1)`, minimax-01.cpp `start * powf(ratio, h)`)",
            bisect_note=NOTE.format(what="slope decay")),
+    Mutant("chunked-diagonal-decay-off-by-one", "chunked_scan", "impl.recurrent_scan",
+           "dm = xp.exp(xp.where(lower[None], g0[:, :, None] * offs[None], neg_inf))",
+           "dm = xp.exp(xp.where(lower[None], g0[:, :, None] * (offs[None] + 1), neg_inf))",
+           MINIMAX, "rec_out",
+           doc="the chunked form's intra-chunk decay counts one row too many (row j reaches row i decayed "
+               "exp(-slope * (i - j + 1)), the diagonal too): HF MiniMaxLightningAttention's diagonal_decay "
+               "is exp(-slope * (i - j)) (modeling_minimax.py decay_factors); the sequential form is "
+               "unaffected, so only the chunked scan carries it",
+           bisect_note=NOTE.format(what="chunked scan")),
     Mutant("normed-residual-alpha-dropped", "normed_residual", "impl.recurrent",
            "    if cfg.residual_alpha != 1.0:\n        base = base * cfg.residual_alpha",
            "    if False:\n        base = base * cfg.residual_alpha",
