@@ -118,21 +118,27 @@ SCALE_TENSORS = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wqkv": "attn_q
                  **{f"ffn_{p}{s}": f"ffn_{p}{s}" for p in ("up", "gate", "down") for s in ("", "_exps", "_shexp")}}
 
 
+def graph_sources(tree: Path) -> dict[str, str]:
+    """model class -> the source of the graph it builds (src/models/<arch>.cpp); an arch
+    that builds another's graph (src/models/models.h: ``using graph =
+    llama_model_z::graph;``, granite_moe's is granite's) gets that graph's source too."""
+    files = {}
+    for f in sorted((tree / "src" / "models").glob("*.cpp")):
+        for cls in re.findall(r"llama_model_(\w+)::(?:graph::graph|build_arch_graph)\(", f.read_text()):
+            files[cls] = f.read_text()
+    models_h = (tree / "src" / "models" / "models.h").read_text()
+    for cls, struct in re.findall(r"struct llama_model_(\w+)\s*:[^{]*\{(.*?)\n\};", models_h, re.S):
+        if (m := re.search(r"using graph\s*=\s*llama_model_(\w+)::graph;", struct)) and m.group(1) in files:
+            files[cls] = files.get(cls, "") + files[m.group(1)]
+    return files
+
+
 def arch_scales(tree: Path, model_src: str) -> dict[str, set[str]]:
     """arch enum -> the tensor kinds whose ``.scale`` its graph applies: the
     ``<x>_s`` its src/models/<arch>.cpp passes on, plus build_qkv's (wq_s, wk_s,
     wv_s, wqkv_s) where it calls build_qkv. A ``.scale`` the graph never
     passes is loaded and unused."""
-    files = {}
-    for f in sorted((tree / "src" / "models").glob("*.cpp")):
-        for cls in re.findall(r"llama_model_(\w+)::(?:graph::graph|build_arch_graph)\(", f.read_text()):
-            files[cls] = f.read_text()
-    # an arch that builds another's graph (src/models/models.h: ``using graph =
-    # llama_model_z::graph;``, granite_moe's is granite's) passes on what that graph does
-    models_h = (tree / "src" / "models" / "models.h").read_text()
-    for cls, struct in re.findall(r"struct llama_model_(\w+)\s*:[^{]*\{(.*?)\n\};", models_h, re.S):
-        if (m := re.search(r"using graph\s*=\s*llama_model_(\w+)::graph;", struct)) and m.group(1) in files:
-            files[cls] = files.get(cls, "") + files[m.group(1)]
+    files = graph_sources(tree)
     graph = (tree / "src" / "llama-graph.cpp").read_text()
     qkv_body = body(graph, graph.index("llm_graph_qkv llm_graph_context::build_qkv(", graph.index("build_qkv(") + 1))
     qkv = set(re.findall(r"layer\.(\w+)_s\b", qkv_body))
@@ -166,14 +172,7 @@ def arch_rope_factors(tree: Path, model_src: str) -> set[str]:
     calls ``model.get_rope_factors`` or reads ``layers[il].rope_freqs``, with the graph it
     builds through ``using graph``). An arch whose loader creates the tensor and whose graph
     passes ``nullptr`` as ggml_rope_ext's freq_factors (falcon-h1.cpp) loads it unused."""
-    files = {}
-    for f in sorted((tree / "src" / "models").glob("*.cpp")):
-        for cls in re.findall(r"llama_model_(\w+)::(?:graph::graph|build_arch_graph)\(", f.read_text()):
-            files[cls] = f.read_text()
-    models_h = (tree / "src" / "models" / "models.h").read_text()
-    for cls, struct in re.findall(r"struct llama_model_(\w+)\s*:[^{]*\{(.*?)\n\};", models_h, re.S):
-        if (m := re.search(r"using graph\s*=\s*llama_model_(\w+)::graph;", struct)) and m.group(1) in files:
-            files[cls] = files.get(cls, "") + files[m.group(1)]
+    files = graph_sources(tree)
     factory = body(model_src, model_src.index("llama_model * llama_model_mapping("))
     out, pending = set(), []
     for tok in re.finditer(r"case (LLM_ARCH_\w+):|return new llama_model_(\w+)\(", factory):
