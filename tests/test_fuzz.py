@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import fuzz
+from harness import families, fuzz
 from harness.case import Case
 from harness.cli import build_parser, case_from_args, main
 from harness.matrix import parse_spec
@@ -108,3 +108,11 @@ def test_recorded_three_way_regressions_parse():
         pytest.skip("no three-way regression recorded yet")
     spec = parse_spec(p.read_text(), str(p))
     assert len(spec.cases) == p.read_text().count("[[group]]")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(fuzz.case_strategy(["minimax"]))
+def test_a_family_keeps_the_fuzz_to_its_named_schedules(case):
+    """minimax's fuzz_space["schedules"]: HF's cached path crashes on a multi-row call
+    after the first (modeling_minimax.py:663/679), so no chunked schedule is drawn."""
+    assert case.schedule in fuzz.space_of(families.get("minimax"))["schedules"]
