@@ -316,6 +316,15 @@ class Plan:
     held: int = 0  # resident bytes of this process when planned (interpreter, torch): outside the budget already
 
     @property
+    def overlap(self) -> bool:
+        """Whether llama.cpp's capture may run beside HF's (harness/case.py
+        ``_capture_all``): the weights held, its worker and HF's forward at once fit the
+        budget (the phases are otherwise counted one after the other)."""
+        ph = self.estimate.phases
+        both = sum(self.estimate.parts.get(k, 0) for k in HELD) + ph.get("llama.cpp capture", 0) + ph.get("hf capture", 0)
+        return both <= self.budget
+
+    @property
     def skips_oracle(self) -> bool:
         """A fallback dropped the float64 oracle for memory (said in ``notes``)."""
         return not self.oracle and bool(self.notes)

@@ -282,6 +282,33 @@ class CaseRun(Build):
 
         return CandidateFeed(whole=feed.whole, layer=layer, by_layer=True)
 
+    def _capture_all(self, refs: list[str]) -> list[RefCapture]:
+        """Every reference's capture, in ``refs`` order. A reference that computes in a
+        process of its own (``Reference.runs_apart``: llama.cpp's worker) is captured
+        in a thread beside the others where the memory plan holds both at once
+        (``Plan.overlap``): its worker's seconds then pass while HF computes here
+        (a 135M-class file: 3 s of a 23 s run). What each capture holds is the same."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        apart = [r for r in refs if references.get(r).runs_apart] if len(refs) > 1 and self.plan.overlap else []
+        if apart and self.record is None:
+            # what the thread reads of this Build is made here first (never by two threads at once)
+            _ = self.request()
+            try:
+                _ = self.gguf_path
+            except RuntimeError:
+                pass  # no file: the capture itself says why (an error row)
+        got: dict = {}
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            futures = {r: pool.submit(self.capture, r) for r in apart}
+            for r in refs:
+                self.progress(f"capturing {r}")
+                if r not in futures:
+                    got[r] = self.capture(r)
+            for r, fut in futures.items():
+                got[r] = fut.result()  # an exception of the capture stage (UsageError) is raised here
+        return [got[r] for r in refs]
+
     # ------------------------------------------------------------ rows
     def rows(self) -> list[dict]:
         """The case's rows: from its record where the run has one (harness/warm.py),
@@ -320,10 +347,7 @@ class CaseRun(Build):
         if why:  # a limit of the engine, said in the row: nothing compared, never a pass
             return [Judge(self.judge_request()).row(name, "-", None, "*", "skipped", why)]
         _ = self.plan  # decided before any capture: a case that cannot fit is refused here
-        caps = []
-        for r in case.refs:
-            self.progress(f"capturing {r}")
-            caps.append(self.capture(r))
+        caps = self._capture_all(case.refs)
         judge = Judge(self.judge_request())
         feed = self._reporting(self.feed())
         rows: list[dict] = []

@@ -76,6 +76,11 @@ def test_promoted_float64_cached_calls_keep_copies_bit_for_bit(family, overrides
         return hit
 
     monkeypatch.setattr(f64._Kept, "get", get)
+    # call after call, as a family that does not declare layer_major runs it (the layer-by-layer
+    # order widens each layer once and keeps nothing: tests/test_layer_major.py)
+    from harness.references.hf import layer_major
+
+    monkeypatch.setattr(layer_major, "applies", lambda *a: False)
     r = _case_run(family, overrides=overrides)
     fam, cfg, lcs, toks, held = r.family, r.config, r.layer_cfgs, r.tokens, r.base_model
     calls = [3] + [1] * (toks.shape[1] - 3)

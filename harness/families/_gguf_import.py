@@ -764,7 +764,10 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
                 raise UsageError(f"{where}: tensor {g} has shape {tuple(data.shape)} (numpy order); "
                                  f"the metadata makes it {tuple(arr.shape)} for family {family.name}")
             if flat is None:
-                flat = np.zeros(n, dtype=np.float32)
+                from harness.gguf.reader import aligned_empty
+
+                flat = aligned_empty(n)
+                flat[...] = 0.0
                 covered = np.zeros(n, dtype=bool)
             ix = arr.reshape(-1)
             flat[ix] = data.reshape(-1)

@@ -72,6 +72,11 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
     # "eager": the experts' own forward loop from the modeling file; the default
     # grouped_mm kernel refuses float64 (HF at --dtype float64).
     experts_implementation: str | None = None
+    # HF's cached path may run layer by layer, every call through a decoder layer before
+    # the next layer (harness/references/hf/layer_major.py): declared where each decoder
+    # layer reads and writes only its own cache layer; tests/test_layer_major.py holds
+    # every family that declares it to the call-by-call capture, bit for bit.
+    layer_major: bool = False
 
     # ------------------------------------------------------------------ model
     def build_model(self, config, seed: int, dtype: str = "float32", weights: str = "random"):

@@ -40,6 +40,24 @@ from harness import kinds
 from harness.gguf import types as ggml_types
 
 
+class LayerWeights:
+    """impl's weights of each layer (``Family.layer_weights`` of the model read back),
+    made when a layer is asked for and not kept: a float64 copy of every layer's
+    weights up front was a second model held the whole run (1.3 GB on a 1B-class
+    file, 11 GB on an 8B one)."""
+
+    def __init__(self, family, model, config, layer_cfgs):
+        self.family, self.model, self.config, self.layer_cfgs = family, model, config, layer_cfgs
+
+    def __len__(self) -> int:
+        return len(self.layer_cfgs)
+
+    def __getitem__(self, i: int) -> dict:
+        if not kinds.implemented(self.layer_cfgs[i]):
+            return {}
+        return self.family.layer_weights(self.model, self.config, i)
+
+
 @dataclass
 class GGUFSource:
     """What ``harness.case.CaseRun`` takes from a GGUF."""
@@ -48,7 +66,7 @@ class GGUFSource:
     family: Any
     config: Any
     model: Any  # the float32 HF model holding the file's (dequantized) weights
-    layer_weights: list[dict]
+    layer_weights: LayerWeights  # layer i's impl weights, made when asked
     weight_type: str  # the coarsest of the file's matrix types (ggml names: f32, q8_0, q4_k, ...)
     tensor_types: dict[str, str] = field(default_factory=dict)  # GGUF tensor -> its type
     variant: str | None = None
@@ -242,7 +260,7 @@ def dequantize(data: np.ndarray, tensor_type) -> np.ndarray:
     block, size = gguf.GGML_QUANT_SIZES[tensor_type]
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
     n = raw.size // size * block
-    out = np.empty(n, dtype=np.float32)
+    out = aligned_empty(n)
     fn(raw.ctypes.data, out.ctypes.data, n)
     return out
 
@@ -254,6 +272,50 @@ def dequantizer(info):
     def get():
         return dequantize(info.data, info.tensor_type).reshape(shape)
     return get
+
+
+ALIGN = 64  # bytes: torch's CPU allocator's alignment (c10 gAlignment), which a parameter had before
+
+
+def place(model, state: dict, path: str) -> tuple[list[str], list[str]]:
+    """``state``'s arrays made ``model``'s parameters and buffers in place -- each
+    Parameter object stays (a tied head stays tied) and takes the array's memory
+    (``load_state_dict`` copied every tensor into the model's own: a second copy of
+    the model at once, and a pass over it). An array not aligned as torch's
+    allocator aligns is copied into such memory first, so every weight lies where a
+    loaded one did. ``(missing, unexpected)`` as ``load_state_dict(strict=False)``."""
+    import torch
+
+    sd = model.state_dict(keep_vars=True)
+    unexpected = [k for k in state if k not in sd]
+    missing = [k for k in sd if k not in state]
+    for k, v in state.items():
+        if k not in sd:
+            continue
+        t = sd[k]
+        if tuple(t.shape) != tuple(v.shape):
+            raise UsageError(f"--gguf {path}: {k} has shape {tuple(v.shape)}, the HF model's is {tuple(t.shape)}")
+        arr = np.asarray(v, dtype=np.float32)
+        if arr.ctypes.data % ALIGN or not arr.flags.c_contiguous or not arr.flags.writeable:
+            out = torch.empty(arr.shape, dtype=torch.float32)
+            out.numpy()[...] = arr
+        else:
+            out = torch.from_numpy(arr)
+        owner, _, name = k.rpartition(".")
+        mod = model.get_submodule(owner)
+        if name in mod._parameters:
+            mod._parameters[name].data = out
+        else:
+            mod._buffers[name] = out
+    return missing, unexpected
+
+
+def aligned_empty(n: int, dtype=np.float32) -> np.ndarray:
+    """An uninitialised array in torch's allocator's memory (``ALIGN``), which ``place``
+    then takes as a parameter without copying."""
+    import torch
+
+    return torch.empty(n, dtype=getattr(torch, np.dtype(dtype).name)).numpy()
 
 
 def load(path: str, family: str | None = None) -> GGUFSource:
@@ -316,7 +378,7 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
         head_with_bias(model)
     provenance: dict[str, list[str]] = {}
     state = fam.gguf_import_tensors(tensors, model, config, variant, path, provenance)
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    missing, unexpected = place(model, state, path)
     # a tied head shares token_embd's storage: loaded with it, "missing" by name only
     emb = getattr(model.get_input_embeddings(), "weight", None)
     sd = model.state_dict()
@@ -326,8 +388,7 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
     if set(missing) - tied or unexpected:
         raise UsageError(f"--gguf {path}: the weights do not fit family {fam.name}'s HF model "
                          f"(missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]})")
-    layer_cfgs = fam.layer_configs(config, variant)
-    lw = [{} if not kinds.implemented(lc) else fam.layer_weights(model, config, i) for i, lc in enumerate(layer_cfgs)]
+    lw = LayerWeights(fam, model, config, fam.layer_configs(config, variant))
     mats = [types[n] for n in used if len(shapes[n]) >= 2]
     hf_types = {h: {types[g] for g in gs if g in types} for h, gs in provenance.items()}
     return GGUFSource(str(path), fam, config, model, lw, ggml_types.coarsest(mats), types, variant,

@@ -74,6 +74,9 @@ class Reference(ABC):
     file_weights: bool = False
     sees_modules: bool = False
     default_for_file: bool = False
+    # its capture computes in a process of its own (llama.cpp's worker): the case may run it
+    # in a thread beside the in-process references (harness/case.py ``_capture_all``)
+    runs_apart: bool = False
     # the reference whose MODEL this one computes another way (hf_cached: HF's), or None;
     # a finding naming that reference holds for this one too (harness/policy.py)
     model_of: str | None = None

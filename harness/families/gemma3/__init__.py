@@ -68,6 +68,7 @@ class Gemma3(NormPlusOne, LlamaLike):
         pad_token_id=0, eos_token_id=1, bos_token_id=2,
     )
     gguf_arch = "gemma3"
+    layer_major = True  # Gemma3DecoderLayer: its own cache layer only (tests/test_layer_major.py)
     # what the export writes beyond the converter / what it relies on (tests switch
     # them off to show llama.cpp then disagrees)
     write_swa_pattern = True

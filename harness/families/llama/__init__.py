@@ -75,6 +75,7 @@ class Llama(PermutedQK):
         tie_word_embeddings=False,
     )
     gguf_arch = "llama"
+    layer_major = True  # LlamaDecoderLayer: its own cache layer only (tests/test_layer_major.py)
 
 
 # The wo_scale variant's per-tensor scale (see the module docstring).

@@ -181,6 +181,45 @@ def _without_head(model, skip: bool):
             model.set_output_embeddings(old)
 
 
+def _by_layer(layer_major, dec, calls, tokens, per_call: list, switch, model, logits: bool, put_logits) -> bool:
+    """HF's cached path on ``calls``, computed layer by layer (``layer_major``): every
+    call's forward as the call-by-call loop runs it, each call's probes into its own
+    dict of ``per_call``. False (and ``per_call`` left empty) where a cache read
+    shows the order cannot reproduce the calls: the caller then runs them one after
+    another."""
+    import torch
+
+    starts = [sum(calls[:c]) for c in range(len(calls))]
+    mine = [{} for _ in calls]
+    seen = [[0] * len(dec) for _ in calls]
+    shared = {}
+
+    def grab(mod, args, kwargs):  # the cache call 0's forward made, which every later call is given
+        shared.setdefault("cache", kwargs.get("cache", kwargs.get("past_key_values")))
+
+    def one(c: int):
+        ids = torch.as_tensor(tokens[:, starts[c]:starts[c] + calls[c]], dtype=torch.long)
+        if c and shared.get("cache") is None:
+            raise layer_major._Unsynced("call 0's forward handed its decoder layers no cache")
+        out = model(input_ids=ids, use_cache=True, **({"cache": shared["cache"]} if c else {}))
+        if (getattr(out, "cache", None) or getattr(out, "past_key_values", None)) is not shared.get("cache"):
+            raise layer_major._Unsynced("a call returned another cache than the one it was given")
+        if logits:
+            put_logits(out)
+
+    lm = layer_major.LayerMajor(dec, len(calls), lambda c: switch(c, starts[c], calls[c], mine[c], seen[c]))
+    hs = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in dec[:1]]
+    try:
+        lm.run(one)
+    except layer_major._Unsynced:
+        return False
+    finally:
+        for h in hs:
+            h.remove()
+    per_call[:] = mine
+    return True
+
+
 class StopForward(Exception):
     """Raised from the last decoder layer a capture needs: what follows it (later
     layers, the final norm, the logits) is not computed."""
@@ -260,6 +299,7 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
 
     import torch
 
+    from harness.references.hf import layer_major
     from harness.references.hf.float64 import promoted
 
     got = {} if sink is None else sink
@@ -374,13 +414,27 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     out = None
     per_call: list[dict] = []
     final = got
+
+    def switch(c: int, start: int, size: int, probes: dict, seen: list) -> None:
+        """The layer-major run hands over to call ``c`` (``layer_major.LayerMajor``):
+        its probes, its rows, its modules' call counts."""
+        nonlocal got, calls_seen
+        got, calls_seen = probes, seen
+        span[:] = [start, start + size]
+
+    def put_logits(out) -> None:
+        got["logits"] = out.logits.detach().cpu().double().numpy()
     try:
         # the float64 promotion outermost: the eager wrapper then wraps the promoted function
         # a cached capture that reads no model probe (the teacher-forced oracle) computes no
         # logits: the head outside ``promoted`` too (a tied 49152-row vocabulary was widened
         # to float64 and multiplied on every call for logits nothing reads)
+        # HF's cached path layer by layer where the family allows it (layer_major.py): each
+        # decoder layer is then widened to float64 once for all the calls, not once a call
+        by_layer = layer_major.applies(family, config, layer_cfgs, calls)
         with _without_head(model, not model_probes and calls is not None) as headless, \
-                (promoted(model, family, float64_keep if calls is not None else 0) if float64
+                (promoted(model, family, float64_keep if calls is not None and not by_layer else 0,
+                          keep_last=by_layer) if float64
                  else contextlib.nullcontext()) as fp, torch.no_grad(), \
                 _wrapped_eager(family, model, eager, attn_implementation, want_layer,
                                *(() if order is None else (lambda module: running[0],))), \
@@ -391,7 +445,8 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
                     out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long), use_cache=False)
                 except StopForward:
                     pass
-            else:
+            elif not (by_layer and _by_layer(layer_major, dec, calls, tokens, per_call, switch, model,
+                                             want_probe("logits") and not headless, put_logits)):
                 cache = None
                 for size in calls:
                     span[:] = [span[1] if per_call else 0, (span[1] if per_call else 0) + size]
@@ -406,8 +461,9 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
                                 if want_probe(probe):
                                     got[f"L{i}.{probe}"] = a[:, None]  # [S, 1 call, ...]
                     if want_probe("logits") and not headless:
-                        got["logits"] = out.logits.detach().cpu().double().numpy()
+                        put_logits(out)
                     per_call.append(got)
+            if calls is not None:
                 out = None
                 got = final
                 for k2, v in _merge_calls(per_call, calls, tokens.shape[1]).items():

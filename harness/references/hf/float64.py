@@ -226,11 +226,47 @@ class _Kept:
         hit = self.copies.get(id(t))
         return None if hit is None else hit[1]
 
-    def offer(self, t, wide) -> None:
+    def offer(self, t, wide) -> bool:
         n = wide.numel() * wide.element_size()
         if self.used + n <= self.limit:
             self.copies[id(t)] = (t, wide)  # the parameter is held too: its id is not reused
             self.used += n
+            return True
+        return False
+
+
+class _Pool:
+    """Float64 buffers of the shapes widened, handed back when a module is narrowed
+    and taken again for the next one of the same shape, up to ``limit`` bytes held
+    free. A fresh allocation of a large tensor is a fresh mapping whose every page
+    faults on first write -- widening into one was 3.4x the cost of copying into a
+    buffer already mapped (a 1B-class file's float64 oracle: 21M page faults, 62 s
+    of system time). ``copy_`` into the buffer is the conversion ``.to`` makes:
+    exact, every float32 / bfloat16 / float16 value is a float64."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = int(limit), 0
+        self.free: list = []  # the buffers handed back, oldest first
+
+    def widened(self, t, dtype):
+        import torch
+
+        key = (tuple(t.shape), dtype, t.device)
+        for j, buf in enumerate(self.free):
+            if (tuple(buf.shape), buf.dtype, buf.device) == key:
+                del self.free[j]
+                self.held -= buf.numel() * buf.element_size()
+                return buf.copy_(t)
+        return torch.empty(t.shape, dtype=dtype, device=t.device).copy_(t)
+
+    def give(self, buf) -> None:
+        # the newest kept, the oldest let go past the limit (a head of another shape
+        # than the layers does not crowd out the next layer's buffers)
+        self.free.append(buf)
+        self.held += buf.numel() * buf.element_size()
+        while self.held > self.limit and self.free:
+            old = self.free.pop(0)
+            self.held -= old.numel() * old.element_size()
 
 
 class _Retyped:
@@ -238,11 +274,13 @@ class _Retyped:
     the original tensor is kept and put back (float32 / bfloat16 / float16 -> float64
     -> the same type is the identity, so this is the value a narrowing would give,
     without converting the module a second time). ``kept``: a ``_Kept`` the widened
-    parameters are taken from and offered to."""
+    parameters are taken from and offered to; ``pool``: a ``_Pool`` the widened
+    copies are made in and handed back to (those not kept)."""
 
-    def __init__(self, kept: _Kept | None = None):
-        self.saved: list[tuple[object, str, str, object]] = []  # (owner, kind, name, original tensor)
+    def __init__(self, kept: _Kept | None = None, pool: _Pool | None = None):
+        self.saved: list[tuple[object, str, str, object, object]] = []  # (owner, kind, name, original, pooled copy)
         self.kept = kept
+        self.pool = pool
 
     def widen(self, items, dtype) -> None:
         seen = set()
@@ -250,18 +288,23 @@ class _Retyped:
             if id(t) in seen or t.dtype == dtype:
                 continue
             seen.add(id(t))  # a tied weight is one tensor, changed once
-            # a parameter's own storage (``.data`` of the Parameter object, which stays)
-            self.saved.append((m, kind, name, t.data if kind == "p" else t))
             wide = self.kept.get(t) if self.kept is not None and kind == "p" else None
+            pooled = None
             if wide is None:
-                wide = t.to(dtype)
-                if self.kept is not None and kind == "p":
-                    self.kept.offer(t, wide)
+                wide = t.to(dtype) if self.pool is None or kind != "p" else self.pool.widened(t, dtype)
+                if self.kept is not None and kind == "p" and self.kept.offer(t, wide):
+                    pass  # kept for the block's later forwards: never handed back
+                elif self.pool is not None and kind == "p":
+                    pooled = wide
+            # a parameter's own storage (``.data`` of the Parameter object, which stays)
+            self.saved.append((m, kind, name, t.data if kind == "p" else t, pooled))
             _set(m, kind, name, wide)
 
     def restore(self) -> None:
-        for m, kind, name, orig in reversed(self.saved):
+        for m, kind, name, orig, pooled in reversed(self.saved):
             _set(m, kind, name, orig)
+            if pooled is not None:
+                self.pool.give(pooled)
         self.saved.clear()
 
 
@@ -273,7 +316,7 @@ def _set(m, kind: str, name: str, value) -> None:
 
 
 @contextmanager
-def promoted(model, family, keep_bytes: int = 0):
+def promoted(model, family, keep_bytes: int = 0, keep_last: bool = False):
     """Within the block, ``model`` -- held in float32, bfloat16 or float16, or
     already float64 -- computes in float64 with every float32 side path of its
     modeling code promoted, as ``model.to(torch.float64)`` under
@@ -284,7 +327,11 @@ def promoted(model, family, keep_bytes: int = 0):
     rotary tables, biases) for the whole block. A 1B-class model in float64 is
     7 GB; one of its layers is 360 MB. ``keep_bytes``: float64 copies of up to
     that many bytes are kept for the block's later forwards (``_Kept``: a
-    capture of several calls). Yields the ``Float64Paths`` record."""
+    capture of several calls). ``keep_last``: a decoder layer stays widened after
+    its forward until another decoder layer is widened (or the block ends) -- the
+    layer-by-layer cached path (layer_major.py) calls each layer for every call in
+    turn, so it is widened once, and still one layer is in float64 at a time.
+    Yields the ``Float64Paths`` record."""
     import torch
 
     f64 = torch.float64
@@ -298,6 +345,9 @@ def promoted(model, family, keep_bytes: int = 0):
     handles, rotary = [], []
     jit: dict[int, _Retyped] = {}
     kept = _Kept(keep_bytes) if keep_bytes > 0 else None
+    # one module's float64 copy held free between forwards: the next layer of the same
+    # shapes is widened into it (the plan's "float64 module" part counts one module)
+    pool = _Pool(max((sum(t.numel() for *_, t in _float_tensors(m, True)) * 8 for m in big), default=0))
 
     def gathers(mod) -> bool:
         # a plain lookup table (torch.nn.Embedding itself, no max_norm renormalising its rows
@@ -307,10 +357,16 @@ def promoted(model, family, keep_bytes: int = 0):
         # Gemma3TextScaledWordEmbedding, multiply and are widened as any module)
         return type(mod) is torch.nn.Embedding and mod.max_norm is None
 
+    layers = {id(m) for m in family.decoder_layers(model)}
+    pending = [None]  # the decoder layer left widened (keep_last)
+
     def widen(mod, args, kwargs):
         if gathers(mod):
             return None
-        r = jit.setdefault(id(mod), _Retyped(kept))
+        if id(mod) in layers and pending[0] is not None and pending[0] is not mod:
+            jit[id(pending[0])].restore()
+            pending[0] = None
+        r = jit.setdefault(id(mod), _Retyped(kept, pool))
         r.widen(_float_tensors(mod, True), f64)
         # an input the caller cast to the module's dtype BEFORE this hook widened it
         # (Mamba2ForCausalLM / MambaForCausalLM.forward: `lm_head(hidden_states.to(
@@ -322,6 +378,9 @@ def promoted(model, family, keep_bytes: int = 0):
     def narrow(mod, args, kwargs, out):
         if gathers(mod):
             return out.to(f64) if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+        if keep_last and id(mod) in layers:
+            pending[0] = mod  # narrowed when the next layer is widened (its tensors are float64 already)
+            return
         r = jit.get(id(mod))
         if r is not None:
             r.restore()

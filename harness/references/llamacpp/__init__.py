@@ -21,6 +21,7 @@ class LlamaCpp(Reference):
     graph_dtype = "float32"
     file_weights = True
     default_for_file = True
+    runs_apart = True
     requires = "llamacpp"
 
     def available(self) -> bool:

@@ -161,14 +161,22 @@ def ubatches(call: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]
 
 
 class _Dumped(dict):
-    """The worker's tensors, read from its folder when asked (memory-mapped)."""
+    """The worker's tensors: read-only views of its one data file, mapped once
+    (worker.py ``DATA``; ``index.json`` says where each lies)."""
 
-    def __init__(self, d: Path):
+    def __init__(self, d: Path, index: list[dict]):
         super().__init__()
-        self.d = d
+        from .worker import DATA
+
+        path = d / DATA
+        self.mm = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
+        self.at = {rec["key"]: rec for rec in index if "offset" in rec}
 
     def __getitem__(self, key):
-        return np.load(self.d / f"{key}.npy", mmap_mode="r", allow_pickle=False)
+        rec = self.at[key]
+        dt = np.dtype(rec["dtype"])
+        n = int(np.prod(rec["shape"], dtype=np.int64))
+        return self.mm[rec["offset"]:rec["offset"] + n * dt.itemsize].view(dt).reshape(rec["shape"])
 
 
 def worker_timeout(gguf_path: Path, calls) -> int:
@@ -319,7 +327,7 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
             raise RuntimeError(f"llama.cpp worker {how}: {tail or '(no message)'}")
         index = json.loads((op / "index.json").read_text())
         _note_worker_peak(op / "usage.json")
-        arrays = _Dumped(op)
+        arrays = _Dumped(op, index)
         if out_dir is None:  # the folder goes with this block: read it now
             arrays = {rec["key"]: np.array(arrays[rec["key"]]) for rec in index if "error" not in rec}
     return arrays, index
