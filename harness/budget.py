@@ -197,6 +197,7 @@ class EstimateContext:
     softcap: bool
     largest_probe: int
     probs: int
+    file_bytes: int | None = None  # a user's GGUF's size, where known
 
     @staticmethod
     def bytes(dtype: str) -> int:
@@ -220,12 +221,16 @@ class EstimateContext:
 
 
 def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs: list[str],
-             hf_dtype: str | None = None, oracle: bool = True, selection=None, gguf_type: str = "f32") -> Estimate:
+             hf_dtype: str | None = None, oracle: bool = True, selection=None, gguf_type: str = "f32",
+             file_bytes: int | None = None, streamed: bool = False) -> Estimate:
     """What one case will hold: ``Estimate.parts`` (bytes) and the peak.
     ``hf_dtype``: what HF computes in (default: the case's dtype); ``oracle``: the
     float64 oracle runs (a comparison against the oracle reference below float64);
     ``selection``: the ``harness.select.Selection`` (None: every layer and probe).
-    Each reference adds its own parts (``Reference.estimate``)."""
+    ``file_bytes``: a user's GGUF's size (what llama.cpp maps; else estimated from
+    the parameters); ``streamed``: the file's model is read one layer at a time
+    (gguf/stream.py): the weights held are a decoder layer, the embedding and the
+    head, not the model. Each reference adds its own parts (``Reference.estimate``)."""
     from . import references
 
     pc = param_counts(family, config)
@@ -247,13 +252,15 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
     largest_probe = max([probs if keep_probs else 0] + [s * t * dims[i][0] for i in layers] + [0])
     ctx = EstimateContext(pc, s, t, vocab, dims, hmax, inter, hf_dtype, gguf_type,
                           selection is None or selection.probe("logits"),
-                          bool(getattr(config, "final_logit_softcapping", None)), largest_probe, probs)
+                          bool(getattr(config, "final_logit_softcapping", None)), largest_probe, probs, file_bytes)
     mine = [references.get(r) for r in refs]
 
-    parts: dict[str, int] = {"weights": pc.total * 4}
+    # a streamed model holds one decoder layer, the embedding and the head at most (each no
+    # larger than the largest module)
+    parts: dict[str, int] = {"weights": (3 * pc.largest_module if streamed else pc.total) * 4}
     if dtype in ("bfloat16", "float16"):
         parts["weights copy"] = pc.total * _BYTES[dtype]
-    if family.gguf_arch and is_quantized(gguf_type):
+    if family.gguf_arch and is_quantized(gguf_type) and not streamed:
         # every side computes on the quantized file's weights, dequantized into a float32
         # copy of the model held beside the float one it was exported from (Build.base_model);
         # a user's --gguf makes no such copy, and HF's float64 cached path keeps widened
@@ -314,12 +321,15 @@ class Plan:
     budget: int
     notes: tuple[str, ...] = ()
     held: int = 0  # resident bytes of this process when planned (interpreter, torch): outside the budget already
+    streamed: bool = False  # the model is read one layer at a time (gguf/stream.py)
 
     @property
     def overlap(self) -> bool:
         """Whether llama.cpp's capture may run beside HF's (harness/case.py
         ``_capture_all``): the weights held, its worker and HF's forward at once fit the
         budget (the phases are otherwise counted one after the other)."""
+        if self.streamed:  # its worker maps the whole file while this process reads it layer by layer
+            return False
         ph = self.estimate.phases
         both = sum(self.estimate.parts.get(k, 0) for k in HELD) + ph.get("llama.cpp capture", 0) + ph.get("hf capture", 0)
         return both <= self.budget
@@ -338,13 +348,15 @@ class Plan:
 
 
 def plan(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs: list[str], selection=None,
-         gguf_type: str = "f32", budget: int | None = None) -> Plan:
+         gguf_type: str = "f32", budget: int | None = None, file_bytes: int | None = None,
+         streamed: bool = False) -> Plan:
     """The fullest run that fits ``budget`` (default ``available()``), or a
     ``UsageError`` (exit 2) when even the smallest does not."""
     from .errors import UsageError
 
     budget = available() if budget is None else budget
-    kw = dict(tokens=tokens, seqs=seqs, dtype=dtype, refs=refs, selection=selection, gguf_type=gguf_type)
+    kw = dict(tokens=tokens, seqs=seqs, dtype=dtype, refs=refs, selection=selection, gguf_type=gguf_type,
+              file_bytes=file_bytes, streamed=streamed)
     from . import references
 
     oracle_ref = any(references.get(r).oracle for r in refs)
@@ -362,7 +374,7 @@ def plan(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs
     for hf_dtype, oracle, notes in tries:
         est = estimate(family, config, layer_cfgs, hf_dtype=hf_dtype, oracle=oracle, **kw)
         if est.peak <= budget:
-            return Plan(hf_dtype, oracle, est, budget, notes, held=_resident())
+            return Plan(hf_dtype, oracle, est, budget, notes, held=_resident(), streamed=streamed)
     raise UsageError(
         f"this case needs about {_gb(est.peak)} of memory ({est.describe()}) but {_gb(budget)} is available "
         f"(CONFORMANCE_MEMORY_GB or the machine's MemAvailable); capture less with --layers 0,-1, "

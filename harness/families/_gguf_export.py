@@ -108,12 +108,22 @@ class GGUFExport:
                 # a tied head: save_pretrained drops the tied copy, so the converter never
                 # sees it and llama.cpp falls back to token_embd (TENSOR_DUPLICATED)
                 continue
-            data = self.gguf_value_map(name, p.detach().to(dtype=torch.float32).cpu().numpy(), config)
-            for hf_name, out in self.gguf_convert(name, data, config, variant):
-                new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-                if new is None:
-                    raise ValueError(f"{self.name}: no GGUF name for HF tensor {hf_name!r}")
-                yield new, out
+            yield from self.gguf_hf_tensor(name, p.detach().to(dtype=torch.float32).cpu().numpy(), config, variant,
+                                           tmap)
+        yield from self.gguf_extra_tensors(config, variant)
+
+    def gguf_hf_tensor(self, name: str, data: np.ndarray, config, variant: str | None, tmap):
+        """``(gguf_name, array)`` for ONE HF tensor (``gguf_tensors``' step for each: a
+        model written tensor by tensor as it is drawn, gguf/stream.py, takes the same)."""
+        data = self.gguf_value_map(name, data, config)
+        for hf_name, out in self.gguf_convert(name, data, config, variant):
+            new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            if new is None:
+                raise ValueError(f"{self.name}: no GGUF name for HF tensor {hf_name!r}")
+            yield new, out
+
+    def gguf_extra_tensors(self, config, variant: str | None = None):
+        """The tensors the converter writes from the config alone (llama3's rope_freqs)."""
         if self.converter_rope_freqs:
             from ._convert import llama3_rope_factors
 

@@ -699,60 +699,121 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
     tensor -- ``FUSED`` -- stands for its parts); a tensor whose shape
     contradicts the metadata is refused. ``provenance`` (if given) receives, per
     HF tensor, the GGUF tensors it came from."""
-    tmap = family.gguf_tensor_map(config)
-    sd = model.state_dict()
-    emb = getattr(model.get_input_embeddings(), "weight", None)
-    embed_ptr = None if emb is None else emb.data_ptr()
-    emb_name = next((n for n, p in sd.items() if p.data_ptr() == embed_ptr), None)
-    where = f"--gguf {path}" if path else "--gguf"
+    return Trace(family, tensors, model, config, variant, path, memo={},
+                 layer_key=layer_key_for(family, config, variant)).all(provenance)
 
-    def traced(name, p, dtype):
+
+def layer_key_for(family, config, variant: str | None):
+    """``Trace``'s memo key of an HF tensor: a decoder layer's tensor by its name within
+    the layer, its shape and the layer's description (layers of one description go
+    through the same export steps); None for any other tensor (traced each time)."""
+    try:
+        descs = [repr(lc) for lc in family.layer_configs(config, variant)]
+    except Exception:  # noqa: BLE001 -- a config the layer descriptions refuse: nothing kept
+        return lambda name, shape: None
+    prefix = family.layers_path + "."
+
+    def key(name: str, shape: tuple):
+        if not name.startswith(prefix):
+            return None
+        i, _, rest = name[len(prefix):].partition(".")
+        return (rest, shape, descs[int(i)]) if i.isdigit() and int(i) < len(descs) else None
+
+    return key
+
+
+class Trace:
+    """``trace_import``'s steps for one model, set up once: the GGUF tensor each HF
+    tensor's pieces go to (pass 1, on cheap int8 stand-ins), then any HF tensor
+    read back when asked (``tensor``) -- all of them (``all``), or one decoder
+    layer at a time for a model too large to hold (harness/gguf/stream.py), whose
+    names and shapes ``check`` refuses up front as ``all`` would. ``memo``: the
+    index traces kept by (the name with its layer number out, the shape, the
+    layer's description) -- each layer's tensors go through the same steps, and
+    tracing them again was most of reading one layer."""
+
+    def __init__(self, family, tensors: dict, model, config, variant: str | None, path: str = "",
+                 memo: dict | None = None, layer_key=None):
+        self.family, self.config, self.variant = family, config, variant
+        self.tmap = family.gguf_tensor_map(config)
+        emb = getattr(model.get_input_embeddings(), "weight", None)
+        meta = emb is not None and emb.device.type == "meta"
+        # a model whose weights are not held (its parameters on the meta device, all at
+        # address 0) is told apart by identity: a tied head is the embedding's Parameter
+        sd = model.state_dict(keep_vars=True) if meta else model.state_dict()
+
+        def tied(p):
+            return emb is not None and (p is emb if meta else p.data_ptr() == emb.data_ptr())
+
+        emb_name = next((n for n, p in sd.items() if tied(p)), None)
+        self.where = f"--gguf {path}" if path else "--gguf"
+        # a buffer the export drops (gguf_convert yields nothing: minimax's lightning decay
+        # tables, which llama.cpp computes as HF's __init__ does) is the model's own, not the file's
+        buffers = {n for n, _ in model.named_buffers()}
+        self.params = [(n, p) for n, p in sd.items()
+                       # the tied head: never exported (GGUFExport.gguf_tensors), loaded with token_embd
+                       if not (tied(p) and n != emb_name)
+                       and not (n in buffers and not self.traced(n, p, None))]
+        # pass 1: the shape of every GGUF tensor the export writes (cheap int8 stand-ins)
+        self.pieces = {n: [(g, tuple(a.shape)) for g, a in self.traced(n, p, None)] for n, p in self.params}
+        self.expected = {g: shape for pcs in self.pieces.values() for g, shape in pcs}
+        self.tensors = split_fused(tensors, self.expected, self.where)
+        self.memo, self.layer_key = memo, layer_key
+
+    def traced(self, name, p, dtype):
         """``(gguf name, array of HF element indices)`` for each piece of ``name``."""
+        family, config = self.family, self.config
         idx = np.arange(p.numel(), dtype=dtype).reshape(tuple(p.shape)) if dtype is not None else \
             np.zeros(tuple(p.shape), dtype=np.int8)
         out = []
-        for hf_style, arr in family.gguf_convert(name, idx, config, variant):
+        for hf_style, arr in family.gguf_convert(name, idx, config, self.variant):
             arr = np.asarray(arr)
             if not np.issubdtype(arr.dtype, np.integer):
                 raise TypeError(f"family {family.name}: gguf_convert({name}) changed element values "
                                 f"({arr.dtype}); an elementwise step belongs in gguf_value_map")
-            g = tmap.get_name(hf_style, try_suffixes=(".weight", ".bias"))
+            g = self.tmap.get_name(hf_style, try_suffixes=(".weight", ".bias"))
             if g is None:
                 raise ValueError(f"family {family.name}: no GGUF name for {hf_style!r} (HF {name})")
             out.append((g, arr))
         return out
 
-    # a buffer the export drops (gguf_convert yields nothing: minimax's lightning decay
-    # tables, which llama.cpp computes as HF's __init__ does) is the model's own, not the file's
-    buffers = {n for n, _ in model.named_buffers()}
-    params = [(n, p) for n, p in sd.items()
-              # the tied head: never exported (GGUFExport.gguf_tensors), loaded with token_embd
-              if not (embed_ptr is not None and p.data_ptr() == embed_ptr and n != emb_name)
-              and not (n in buffers and not traced(n, p, None))]
-    # pass 1: the shape of every GGUF tensor the export writes (cheap int8 stand-ins)
-    expected = {g: tuple(a.shape) for n, p in params for g, a in traced(n, p, None)}
-    tensors = split_fused(tensors, expected, where)
-    out: dict[str, np.ndarray] = {}
-    used: set[str] = set()
-    for name, p in params:
+    def _indices(self, name, p):
+        """``[(gguf name, indices or None where the trace is the identity)]`` for ``name``."""
+        key = None
+        if self.memo is not None and self.layer_key is not None:
+            key = self.layer_key(name, tuple(p.shape))
+        if key is not None and key in self.memo:
+            return [(g, ix) for (g, _), ix in zip(self.pieces[name], self.memo[key])]
         n = int(p.numel())
-        pieces = traced(name, p, np.int32 if n < 2**31 else np.int64)
-        if len(pieces) == 1 and pieces[0][0] in tensors and _identity_trace(pieces[0][1]):
-            g, arr = pieces[0]
+        pieces = self.traced(name, p, np.int32 if n < 2**31 else np.int64)
+        out = [(g, None if len(pieces) == 1 and _identity_trace(arr) else arr) for g, arr in pieces]
+        if key is not None:
+            self.memo[key] = [ix for _, ix in out]
+        return out
+
+    def tensor(self, name: str, p, used: set, provenance: dict | None = None) -> np.ndarray:
+        """HF tensor ``name`` (parameter ``p``) from the file's tensors."""
+        tensors, where, family = self.tensors, self.where, self.family
+        pieces = self._indices(name, p)
+        if len(pieces) == 1 and pieces[0][1] is None and pieces[0][0] in tensors:
+            g = pieces[0][0]
+            shape = self.pieces[name][0][1]  # the piece's own (the export may reshape in flat order)
             # an F32 tensor is a read-only view of the mapped file: copied once, a dequantized one not
             data = np.require(np.asarray(tensors[g](), dtype=np.float32), requirements="W")
-            if _squeeze_leading(data.shape) != _squeeze_leading(arr.shape):
+            if _squeeze_leading(data.shape) != _squeeze_leading(shape):
                 raise UsageError(f"{where}: tensor {g} has shape {tuple(data.shape)} (numpy order); "
-                                 f"the metadata makes it {tuple(arr.shape)} for family {family.name}")
+                                 f"the metadata makes it {shape} for family {family.name}")
             used.add(g)
-            out[name] = family.gguf_value_unmap(name, data.reshape(tuple(p.shape)), config)
             if provenance is not None:
                 provenance[name] = [g]
-            continue
+            return family.gguf_value_unmap(name, data.reshape(tuple(p.shape)), self.config)
+        n = int(p.numel())
         flat = None
         covered = None
         missing = []
         for g, arr in pieces:
+            if arr is None:  # an identity trace beside others (not kept so): traced again
+                arr = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64).reshape(tuple(p.shape))
             if g not in tensors and _ATTN_BIAS.fullmatch(g):
                 data = np.zeros(arr.shape, dtype=np.float32)  # an optional bias the file leaves out
             elif g not in tensors:
@@ -776,11 +837,45 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
         if flat is None or not covered.all():
             what = ", ".join(missing) if missing else "(no GGUF tensor)"
             raise UsageError(f"{where}: the file has no {what} (HF {name}) for family {family.name}")
-        out[name] = family.gguf_value_unmap(name, flat.reshape(tuple(p.shape)), config)
         if provenance is not None:
             provenance[name] = [g for g, _ in pieces]
-    left = sorted(set(tensors) - used)
-    if left:
-        raise UsageError(f"{where}: tensors with no counterpart in family {family.name}'s HF model: "
-                         f"{', '.join(left[:6])}{' ...' if len(left) > 6 else ''}")
-    return out
+        return family.gguf_value_unmap(name, flat.reshape(tuple(p.shape)), self.config)
+
+    def _left(self, used: set) -> None:
+        left = sorted(set(self.tensors) - used)
+        if left:
+            raise UsageError(f"{self.where}: tensors with no counterpart in family {self.family.name}'s HF model: "
+                             f"{', '.join(left[:6])}{' ...' if len(left) > 6 else ''}")
+
+    def all(self, provenance: dict | None = None) -> dict[str, np.ndarray]:
+        """Every HF tensor (``trace_import``)."""
+        out: dict[str, np.ndarray] = {}
+        used: set[str] = set()
+        for name, p in self.params:
+            out[name] = self.tensor(name, p, used, provenance)
+        self._left(used)
+        return out
+
+    def check(self, shapes: dict, provenance: dict | None = None) -> None:
+        """What ``all`` refuses by names and shapes alone, with no tensor read: a
+        GGUF tensor the model needs and the file lacks (an optional attention bias
+        aside), one whose shape (``shapes``: numpy order) is not the export's, one
+        the model has no place for. ``provenance`` as ``all`` gives it."""
+        used: set[str] = set()
+        for name, _ in self.params:
+            missing = []
+            for g, shape in self.pieces[name]:
+                if g not in self.tensors:
+                    if not _ATTN_BIAS.fullmatch(g):
+                        missing.append(g)
+                    continue
+                if g in shapes and _squeeze_leading(shapes[g]) != _squeeze_leading(shape):
+                    raise UsageError(f"{self.where}: tensor {g} has shape {tuple(shapes[g])} (numpy order); "
+                                     f"the metadata makes it {shape} for family {self.family.name}")
+                used.add(g)
+            if missing:
+                raise UsageError(f"{self.where}: the file has no {', '.join(missing)} (HF {name}) for family "
+                                 f"{self.family.name}")
+            if provenance is not None:
+                provenance[name] = [g for g, _ in self.pieces[name]]
+        self._left(used)

@@ -137,6 +137,16 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         in its effective weight: ``w' = f (1 + w) - 1``."""
         import torch
 
+        plan = self.realistic_plan(config, seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                self.realistic_apply(name, p, plan)
+
+    def realistic_plan(self, config, seed: int) -> dict:
+        """What ``realistic_weights`` draws once for a model (its own generator): the
+        outlier channels, their factors and signs."""
+        import torch
+
         hidden = int(config.hidden_size if hasattr(config, "hidden_size") else getattr(config, "d_model"))
         gen = torch.Generator().manual_seed(10_007 + seed)
         k = max(2, hidden // 64)
@@ -145,24 +155,42 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         norm_f = 1.0 + (3.0 - 1.0) * torch.rand(k, generator=gen, dtype=torch.float64)
         sign = torch.where(torch.rand(k, generator=gen) < 0.5, -1.0, 1.0).double()
         offset = 1.0 if getattr(self, "input_norm_kind", "rms") == "rms1p" else 0.0
-        qk_f, qk_norm_f = 1.0, 2.5
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.ndim == 2 and p.shape[-1] == hidden and ("embed" in name or name.endswith(("wte.weight",
-                                                                                               "word_embeddings.weight"))):
-                    p[:, chans] = ((p[:, chans].double() + COHERENT * sign) * emb_f).to(p.dtype)
-                elif p.ndim == 1 and p.shape[0] == hidden and "norm" in name and not name.endswith("bias"):
-                    p[chans] = ((p[chans].double() + offset) * norm_f - offset).to(p.dtype)
-                elif p.ndim == 2 and name.endswith(self.qk_weight_names):
-                    p.mul_(qk_f)
-                elif p.ndim == 1 and name.endswith(self.qk_norm_names):
-                    # a QK norm erases the projections' scale: its weight carries it (trained
-                    # qwen3 / gemma3 q_norm and k_norm weights sit well above 1)
-                    p.copy_(((p.double() + offset) * qk_norm_f - offset).to(p.dtype))
+        return {"hidden": hidden, "chans": chans, "emb_f": emb_f, "norm_f": norm_f, "sign": sign, "offset": offset,
+                "qk_f": 1.0, "qk_norm_f": 2.5}
+
+    def realistic_apply(self, name: str, p, plan: dict) -> None:
+        """``realistic_weights``' step for ONE parameter (its tensor changed in place,
+        under no_grad): each parameter's own, so a model written tensor by tensor as it
+        is drawn (gguf/stream.py ``export_streamed``) takes the same values."""
+        hidden, chans, offset = plan["hidden"], plan["chans"], plan["offset"]
+        if p.ndim == 2 and p.shape[-1] == hidden and ("embed" in name or name.endswith(("wte.weight",
+                                                                                       "word_embeddings.weight"))):
+            p[:, chans] = ((p[:, chans].double() + COHERENT * plan["sign"]) * plan["emb_f"]).to(p.dtype)
+        elif p.ndim == 1 and p.shape[0] == hidden and "norm" in name and not name.endswith("bias"):
+            p[chans] = ((p[chans].double() + offset) * plan["norm_f"] - offset).to(p.dtype)
+        elif p.ndim == 2 and name.endswith(self.qk_weight_names):
+            p.mul_(plan["qk_f"])
+        elif p.ndim == 1 and name.endswith(self.qk_norm_names):
+            # a QK norm erases the projections' scale: its weight carries it (trained
+            # qwen3 / gemma3 q_norm and k_norm weights sit well above 1)
+            p.copy_(((p.double() + offset) * plan["qk_norm_f"] - offset).to(p.dtype))
 
     def init_weights(self, model, seed: int) -> None:
         """Seeded weights with O(1) activations: HF's own init (std 0.02) leaves the
         attention nearly uniform, where a wrong scale or mask hardly shows."""
+        import torch
+
+        with torch.no_grad():
+            for _, p, value in self.init_draws(model, seed):
+                p.copy_(value)
+
+    def init_draws(self, model, seed: int, initial=None):
+        """``(name, parameter, seeded value)`` of every parameter of ``model``, in the order
+        ``init_weights`` draws them (sorted names, one generator): its one body, for a
+        model held (each value then copied in) or one built on the meta device and
+        written tensor by tensor as it is drawn (gguf/stream.py ``export_streamed``).
+        ``initial(name, p)``: the parameter's value as HF initialised it, which
+        ``init_value`` reads for a norm (default: the parameter itself)."""
         import torch
 
         gen = torch.Generator().manual_seed(seed)
@@ -170,10 +198,9 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         # were made so); a real-size model's are drawn in float32, 5x faster (a 1B model's
         # float64 draws alone took 60 s on 2 cores; scripts/bench_real_size.py)
         draw = torch.float64 if sum(p.numel() for p in model.parameters()) <= INIT_FLOAT64_MAX else torch.float32
-        with torch.no_grad():
-            for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-                r = torch.randn(p.shape, generator=gen, dtype=draw)
-                p.copy_(self.init_value(name, p, r).to(p.dtype))
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            r = torch.randn(p.shape, generator=gen, dtype=draw)
+            yield name, p, self.init_value(name, p if initial is None else initial(name, p), r).to(p.dtype)
 
     def init_value(self, name: str, p, r):
         leaf = name.rsplit(".", 2)

@@ -127,7 +127,7 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0, varia
     return out
 
 
-def _write(family, model, config, weight_type: str, variant: str | None, tmp: Path) -> None:
+def _write(family, model, config, weight_type: str, variant: str | None, tmp: Path, tensors=None) -> None:
     # Under a temporary name unique to this writer (harness/atomic.py): two workers
     # exporting the same key at once each write their own file, and the rename that
     # lands last wins -- a fixed ".tmp" name let one rename the other's file away.
@@ -143,7 +143,7 @@ def _write(family, model, config, weight_type: str, variant: str | None, tmp: Pa
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     write_tiny_vocab(w, int(config.vocab_size))
-    for name, data in family.gguf_tensors(model, config, variant):
+    for name, data in (family.gguf_tensors(model, config, variant) if tensors is None else tensors):
         arr, qt = _quantize(np.asarray(data), "f32" if converter_keeps_f32(name) else weight_type)
         if qt is None:
             w.add_tensor(name, arr)
@@ -153,3 +153,63 @@ def _write(family, model, config, weight_type: str, variant: str | None, tmp: Pa
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def export_streamed(family, config, seed: int, weight_type: str, out: Path, weights: str = "random",
+                    variant: str | None = None) -> Path:
+    """The GGUF ``export`` writes for the family's seeded model (``Family.build_model``
+    with ``weights``), written tensor by tensor as each is drawn, never the model in
+    memory: an 8B-class model in float32 is 32 GB (scripts/bench_real_size.py's
+    8B-q4_k_m file: written at f16, then quantized by llama.cpp). The model is built
+    on the meta device; each parameter, in the order ``init_weights`` draws them
+    (``Family.init_draws``), takes its seeded value, ``realistic_apply``'s step and
+    the export's conversion (``Family.gguf_hf_tensor``), and goes to the writer's
+    spool file; a norm's value as HF initialised it (which ``init_value`` reads) is
+    made on a CPU copy of its own small module. The tensors lie in the order drawn,
+    not the export's -- llama.cpp finds them by name, and llama_model_quantize
+    orders them itself (llama-model-loader.h ``weight_name_comparer``) -- with the
+    same values: tests/test_gguf_stream.py holds the two files to the same tensors
+    and the same quantized file. Refused (ValueError) for a family whose export or
+    initialisation reads more than one parameter at a time."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from harness.families._gguf_export import GGUFExport
+    from harness.families.base import Family
+
+    cls = type(family)
+    if (cls.gguf_tensors is not GGUFExport.gguf_tensors or cls.gguf_model_params is not GGUFExport.gguf_model_params
+            or cls.init_weights is not Family.init_weights or cls.realistic_weights is not Family.realistic_weights):
+        raise ValueError(f"family {family.name}: its export or initialisation is not one parameter at a time")
+    kw = {} if family.experts_implementation is None else {"experts_implementation": family.experts_implementation}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32, **kw)
+    if any(True for _ in model.buffers()) and any(n in model.state_dict() for n, _ in model.named_buffers()):
+        raise ValueError(f"family {family.name}: its model exports buffers, which a meta model does not hold")
+
+    def initial(name, p):
+        if p.ndim >= 2:
+            return p  # init_value reads a matrix's shape only
+        owner = model.get_submodule(name.rpartition(".")[0])
+        twin = copy.deepcopy(owner).to_empty(device="cpu")
+        model._init_weights(twin)  # HF's own initialisation of that module (PreTrainedModel._init_weights)
+        return getattr(twin, name.rpartition(".")[2])
+
+    plan = family.realistic_plan(config, seed) if weights == "realistic" else None
+    tmap = family.gguf_tensor_map(config)
+
+    def tensors():
+        with torch.no_grad():
+            for name, _, value in family.init_draws(model, seed, initial):
+                if plan is not None:
+                    family.realistic_apply(name, value, plan)
+                yield from family.gguf_hf_tensor(name, value.to(torch.float32).numpy(), config, variant, tmap)
+                del value
+        yield from family.gguf_extra_tensors(config, variant)
+
+    out = Path(out)
+    with atomic_path(out, suffix=".gguf") as tmp:
+        _write(family, model, config, weight_type, variant, tmp, tensors=tensors())
+    return out

@@ -42,20 +42,58 @@ from harness.gguf import types as ggml_types
 
 class LayerWeights:
     """impl's weights of each layer (``Family.layer_weights`` of the model read back),
-    made when a layer is asked for and not kept: a float64 copy of every layer's
-    weights up front was a second model held the whole run (1.3 GB on a 1B-class
-    file, 11 GB on an 8B one)."""
+    made when a layer is first asked for and kept up to ``KEEP`` bytes: a float64
+    copy of every layer's weights up front was a second model held the whole run
+    (1.3 GB on a 1B-class file, 11 GB on an 8B one); made again for every
+    reference, the 135M-class file's were 750 conversions."""
 
-    def __init__(self, family, model, config, layer_cfgs):
+    KEEP = 256 << 20  # bytes of layer weights kept (a 135M-class file's 30 layers: 212 MB)
+
+    def __init__(self, family, model, config, layer_cfgs, stream=None):
         self.family, self.model, self.config, self.layer_cfgs = family, model, config, layer_cfgs
+        self.stream = stream
+        self._names: dict[str, dict] = {}
+        self._kept: dict[int, dict] = {}
+        self._kept_bytes = 0
 
     def __len__(self) -> int:
         return len(self.layer_cfgs)
 
+    def module(self, i: int):
+        """The decoder layer module layer ``i`` runs."""
+        return self.family.decoder_layers(self.model)[self.family.layer_module(self.config, i)]
+
+    def holding(self, i: int):
+        """Layer ``i``'s weights held for the block (a streamed model's: read, then dropped)."""
+        import contextlib
+
+        return self.stream.holding(self.module(i)) if self.stream is not None else contextlib.nullcontext()
+
     def __getitem__(self, i: int) -> dict:
         if not kinds.implemented(self.layer_cfgs[i]):
             return {}
-        return self.family.layer_weights(self.model, self.config, i)
+        if i in self._kept:
+            return self._kept[i]
+        with self.holding(i):
+            w = self.family.layer_weights(self.model, self.config, i)
+        n = sum(np.asarray(a).nbytes for a in w.values())
+        if self._kept_bytes + n <= self.KEEP:
+            self._kept[i], self._kept_bytes = w, self._kept_bytes + n
+        return w
+
+    def names(self, i: int) -> dict:
+        """Layer ``i``'s impl weight NAMES (values None): what the features read. A streamed
+        model's are the names its layer's ``layer_weights`` gives on storage of the right
+        shapes and no values read (``Streamed.shaped``), once per layer description."""
+        if self.stream is None or i in self._kept:
+            return self[i]
+        if not kinds.implemented(self.layer_cfgs[i]):
+            return {}
+        key = repr(self.layer_cfgs[i])
+        if key not in self._names:
+            with self.stream.shaped(self.module(i)):
+                self._names[key] = dict.fromkeys(self.family.layer_weights(self.model, self.config, i))
+        return self._names[key]
 
 
 @dataclass
@@ -74,6 +112,7 @@ class GGUFSource:
     unused: list[str] = field(default_factory=list)  # tensors llama.cpp loads and its graph never reads
     hf_types: dict[str, set] = field(default_factory=dict)  # HF tensor -> the types of the GGUF tensors it came from
     other_mode: dict[str, str] = field(default_factory=dict)  # tensors llama.cpp reads only in another mode, and why
+    stream: Any = None  # stream.Streamed: the model read one layer at a time (None: held whole)
 
     def summary(self) -> dict:
         """What the run's meta.json records about the file."""
@@ -304,10 +343,22 @@ def place(model, state: dict, path: str) -> tuple[list[str], list[str]]:
         owner, _, name = k.rpartition(".")
         mod = model.get_submodule(owner)
         if name in mod._parameters:
-            mod._parameters[name].data = out
+            set_param(mod._parameters[name], out)
         else:
             mod._buffers[name] = out
     return missing, unexpected
+
+
+def set_param(p, value) -> None:
+    """Parameter ``p`` (the same object: hooks and a tied head keep it) now holds
+    ``value``: its ``.data`` where the device stays, else the two swapped whole
+    (a parameter on the meta device, read layer by layer: gguf/stream.py)."""
+    import torch
+
+    if p.device == value.device:
+        p.data = value
+    else:
+        torch.utils.swap_tensors(p, torch.nn.Parameter(value, requires_grad=p.requires_grad))
 
 
 def aligned_empty(n: int, dtype=np.float32) -> np.ndarray:
@@ -318,11 +369,13 @@ def aligned_empty(n: int, dtype=np.float32) -> np.ndarray:
     return torch.empty(n, dtype=getattr(torch, np.dtype(dtype).name)).numpy()
 
 
-def load(path: str, family: str | None = None) -> GGUFSource:
+def load(path: str, family: str | None = None, stream: bool | None = None) -> GGUFSource:
     """The file read back (see the module docstring); anything the reverse
-    cannot make of it is one line (UsageError), an unexpected failure included."""
+    cannot make of it is one line (UsageError), an unexpected failure included.
+    ``stream``: read the model one layer at a time (stream.py; None: where its
+    float32 weights would not fit, or as ``CONFORMANCE_GGUF_STREAM`` says)."""
     try:
-        return _load(path, family)
+        return _load(path, family, stream)
     except UsageError:
         raise
     except Exception as e:  # a file this reverse did not foresee: one line, never a traceback
@@ -330,9 +383,13 @@ def load(path: str, family: str | None = None) -> GGUFSource:
                          f"{' '.join(str(e).split())[:200]})") from None
 
 
-def _load(path: str, family: str | None = None) -> GGUFSource:
+def _load(path: str, family: str | None = None, stream: bool | None = None) -> GGUFSource:
+    import contextlib
+
     import torch
     from transformers import AutoModelForCausalLM
+
+    from . import stream as streaming
 
     reader = open_reader(path)
     values = read_fields(reader)
@@ -361,12 +418,19 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
     variant = fam.gguf_variant_of(shapes)
 
     kwargs = {} if fam.experts_implementation is None else {"experts_implementation": fam.experts_implementation}
+    if stream is None:
+        from harness import budget
+
+        stream = streaming.wanted(fam, budget.param_counts(fam, config).total, budget.available())
+    else:
+        stream = bool(stream) and bool(getattr(fam, "layer_major", False))
     try:
         # no random initialisation: every parameter is the file's (trace_import covers each
-        # element, strict below); buffers (RoPE tables) are computed in __init__ as always
+        # element, strict below); buffers (RoPE tables) are computed in __init__ as always.
+        # A model read layer by layer (stream.py) is built with its parameters on the meta device
         from transformers.initialization import no_init_weights
 
-        with no_init_weights():
+        with no_init_weights(), (streaming.params_on_meta() if stream else contextlib.nullcontext()):
             model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32,
                                                      **kwargs).eval()
         model.tie_weights()  # what init_weights does besides initialising (skipped with it)
@@ -377,19 +441,26 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
     if "output.bias" in used and arch in OUTPUT_BIAS_ARCHS:
         head_with_bias(model)
     provenance: dict[str, list[str]] = {}
-    state = fam.gguf_import_tensors(tensors, model, config, variant, path, provenance)
-    missing, unexpected = place(model, state, path)
-    # a tied head shares token_embd's storage: loaded with it, "missing" by name only
-    emb = getattr(model.get_input_embeddings(), "weight", None)
-    sd = model.state_dict()
-    tied = {k for k in missing if emb is not None and k in sd and sd[k].data_ptr() == emb.data_ptr()}
-    # buffers the export drops (trace_import): computed in __init__, as the RoPE tables
-    tied |= {k for k in missing if k in dict(model.named_buffers()) and k not in state}
-    if set(missing) - tied or unexpected:
-        raise UsageError(f"--gguf {path}: the weights do not fit family {fam.name}'s HF model "
-                         f"(missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]})")
-    lw = LayerWeights(fam, model, config, fam.layer_configs(config, variant))
+    st = None
+    if stream:
+        # names and shapes checked now, as the in-memory reading refuses them; each layer
+        # read when it computes (stream.py)
+        st = streaming.Streamed(fam, model, config, variant, path, tensors, shapes, reader, provenance)
+        model.conformance_stream = st  # what the HF capture reads each module through
+    else:
+        state = fam.gguf_import_tensors(tensors, model, config, variant, path, provenance)
+        missing, unexpected = place(model, state, path)
+        # a tied head shares token_embd's storage: loaded with it, "missing" by name only
+        emb = getattr(model.get_input_embeddings(), "weight", None)
+        sd = model.state_dict()
+        tied = {k for k in missing if emb is not None and k in sd and sd[k].data_ptr() == emb.data_ptr()}
+        # buffers the export drops (trace_import): computed in __init__, as the RoPE tables
+        tied |= {k for k in missing if k in dict(model.named_buffers()) and k not in state}
+        if set(missing) - tied or unexpected:
+            raise UsageError(f"--gguf {path}: the weights do not fit family {fam.name}'s HF model "
+                             f"(missing {sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]})")
+    lw = LayerWeights(fam, model, config, fam.layer_configs(config, variant), st)
     mats = [types[n] for n in used if len(shapes[n]) >= 2]
     hf_types = {h: {types[g] for g in gs if g in types} for h, gs in provenance.items()}
     return GGUFSource(str(path), fam, config, model, lw, ggml_types.coarsest(mats), types, variant,
-                      meta.ignored(), unused_tensors(used, arch), hf_types, other_mode)
+                      meta.ignored(), unused_tensors(used, arch), hf_types, other_mode, st)

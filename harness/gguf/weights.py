@@ -33,10 +33,11 @@ from harness.gguf import types as ggml_types
 QUANTIZE_SCHEMA = 1
 
 
-def quantize(src: Path, weight_type: str) -> Path:
+def quantize(src: Path, weight_type: str, timeout: int = 600) -> Path:
     """``src`` (an F32 GGUF) quantized by ``llama_model_quantize`` to the
     ``llama_ftype`` of ``weight_type`` (cached next to it). Runs in a subprocess:
-    a crash inside llama.cpp is an error, not the end of the run."""
+    a crash inside llama.cpp is an error, not the end of the run. ``timeout``:
+    seconds it may take (an 8B-class model takes minutes)."""
     ftype = ggml_types.QUANT_FTYPES[weight_type]
     out = src.with_name(f"{src.stem}.{weight_type}.v{QUANTIZE_SCHEMA}.gguf")
     if out.exists():
@@ -51,7 +52,7 @@ def quantize(src: Path, weight_type: str) -> Path:
         from harness.references.llamacpp.capture import worker_env
 
         proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp)], capture_output=True, text=True,
-                              timeout=600, cwd=str(ROOT), env=worker_env())
+                              timeout=timeout, cwd=str(ROOT), env=worker_env())
         if proc.returncode != 0 or not tmp.exists() or tmp.stat().st_size == 0:
             tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-3:] if line.strip())
             raise RuntimeError(f"llama_model_quantize to {weight_type} failed (exit {proc.returncode}): {tail}")
@@ -101,6 +102,9 @@ def transformers_reference(src, log=None):
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, load_gguf_checkpoint
 
     arch = src.family.gguf_arch
+    if getattr(src, "stream", None) is not None:
+        return None, ("the harness's reverse map, one layer at a time (the model is too large to hold: "
+                      "transformers' GGUF loader builds it whole)")
     if arch not in GGUF_SUPPORTED_ARCHITECTURES and arch.replace("-", "_") not in GGUF_SUPPORTED_ARCHITECTURES:
         return None, f"transformers' GGUF loader does not support {arch}: the harness's reverse map"
     quantized = sorted({t for t in src.tensor_types.values() if ggml_types.is_quantized(t)})

@@ -113,6 +113,9 @@ class Build:
             if self.recorder is not None:
                 self.recorder.ok = False
             raise
+        finally:
+            if self.streamed is not None:  # a model read layer by layer holds nothing between captures
+                self.streamed.release_all()
         if self.recorder is not None:
             self.recorder.capture(ref.name, kw, rc)
         return rc
@@ -146,6 +149,11 @@ class Build:
             user_file=self.source is not None, gguf=lambda: self.gguf_path, model=self.hf_model,
             timings=self.timings, family_base_sources=tuple(families.base_sources()), batch_plan=self.batch_plan,
             float64_keep=self.float64_keep))
+
+    @property
+    def streamed(self):
+        """The user's file read one layer at a time (gguf/stream.py ``Streamed``), or None."""
+        return getattr(self.source, "stream", None)
 
     @property
     def float64_keep(self) -> int:
@@ -311,8 +319,11 @@ class Build:
         """What this case runs within the memory it has (harness/budget.py), decided
         from the config before any work: a refusal is a UsageError (exit 2)."""
         c = self.case
+        src = self.source
         return budget.plan(self.family, self.config, self.layer_cfgs, tokens=c.tokens, seqs=c.n_seqs, dtype=c.dtype,
-                           refs=c.refs, selection=self.selection, gguf_type=c.gguf_type)
+                           refs=c.refs, selection=self.selection, gguf_type=c.gguf_type,
+                           file_bytes=Path(src.path).stat().st_size if src is not None else None,
+                           streamed=self.streamed is not None)
 
     @cached_property
     def tokens(self) -> np.ndarray:
@@ -383,7 +394,10 @@ class Build:
     @cached_property
     def features(self) -> list[str]:
         # one layer's weights at a time (their names decide the features)
-        f = model_features(self.layer_cfgs, (self.layer_weights_for("float32", i) for i in range(len(self.layer_cfgs))))
+        # (a streamed file's: the weights' names, no layer read: gguf/reader.py LayerWeights.names)
+        per_layer = (self.source.layer_weights.names(i) if self.streamed is not None and self.record is None
+                     else self.layer_weights_for("float32", i) for i in range(len(self.layer_cfgs)))
+        f = model_features(self.layer_cfgs, per_layer)
         f |= set(self.family.declared_features)
         f.add(f"kv_{self.case.kv}")
         if self.case.ragged:
@@ -458,7 +472,11 @@ class Build:
 
         by_layer = self.memo("act_types_by_layer", dict)
         if i not in by_layer:
-            by_layer[i] = layer_act_types(self.family, self.base_model, self.config, i, self.hf_types)
+            sources = self.memo("impl_weight_sources", dict)  # by layer description (ggml_matmul.py)
+            # (it fills the layer's parameters with codes: a streamed file's layer is read for it)
+            hold = (lambda: self.source.layer_weights.holding(i)) if self.streamed is not None else None
+            by_layer[i] = layer_act_types(self.family, self.base_model, self.config, i, self.hf_types, sources,
+                                          self.layer_cfgs[i], hold)
         return by_layer[i]
 
     def ggml_layer_dtype(self, rc: RefCapture, call) -> str | None:

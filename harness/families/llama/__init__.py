@@ -106,16 +106,16 @@ class LlamaFamily(Llama):
             weights = {**weights, "wo": weights["wo"] / WO_SCALE}  # W = (W / s) * s
         return weights
 
-    def gguf_tensors(self, model, config, variant=None):
-        for name, data in super().gguf_tensors(model, config, variant):
-            if variant == "wo_scale" and _WO.fullmatch(name):
+    def gguf_hf_tensor(self, name, data, config, variant, tmap):
+        for gname, out in super().gguf_hf_tensor(name, data, config, variant, tmap):
+            if variant == "wo_scale" and _WO.fullmatch(gname):
                 # a per-tensor-scaled checkpoint: W / s and its {1} companion s, the
                 # tensor llama-model.cpp's generic pass loads as layer.wo_s
-                yield name, data / np.float32(WO_SCALE)
+                yield gname, out / np.float32(WO_SCALE)
                 if self.write_wo_scale:
-                    yield name.removesuffix(".weight") + ".scale", np.array([WO_SCALE], dtype=np.float32)
+                    yield gname.removesuffix(".weight") + ".scale", np.array([WO_SCALE], dtype=np.float32)
             else:
-                yield name, data
+                yield gname, out
 
 
 FAMILY = LlamaFamily()

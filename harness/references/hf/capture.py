@@ -181,7 +181,21 @@ def _without_head(model, skip: bool):
             model.set_output_embeddings(old)
 
 
-def _by_layer(layer_major, dec, calls, tokens, per_call: list, switch, model, logits: bool, put_logits) -> bool:
+def _skip_forward(layer, skipped) -> None:
+    """``layer`` passes its input on, computing nothing, whenever ``skipped(layer)``
+    (its own ``forward``, as an instance attribute the capture removes after)."""
+    orig = layer.forward
+
+    def forward(*args, **kwargs):
+        if skipped(layer):
+            return args[0] if args else kwargs["hidden_states"]
+        return orig(*args, **kwargs)
+
+    layer.forward = forward
+
+
+def _by_layer(layer_major, dec, calls, tokens, per_call: list, switch, model, logits: bool, put_logits,
+              first_group: list) -> bool:
     """HF's cached path on ``calls``, computed layer by layer (``layer_major``): every
     call's forward as the call-by-call loop runs it, each call's probes into its own
     dict of ``per_call``. False (and ``per_call`` left empty) where a cache read
@@ -207,7 +221,8 @@ def _by_layer(layer_major, dec, calls, tokens, per_call: list, switch, model, lo
         if logits:
             put_logits(out)
 
-    lm = layer_major.LayerMajor(dec, len(calls), lambda c: switch(c, starts[c], calls[c], mine[c], seen[c]))
+    lm = layer_major.LayerMajor(dec, len(calls), lambda c: switch(c, starts[c], calls[c], mine[c], seen[c]),
+                                on_groups=lambda k: first_group.__setitem__(0, k))
     hs = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in dec[:1]]
     try:
         lm.run(one)
@@ -381,6 +396,23 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
         if running[0] == last:
             raise StopForward
 
+    # teacher-forced, a decoder layer whose probes are not kept computes what nothing reads:
+    # each kept layer's input is forced, so it is skipped (its input passed on; HF's loop
+    # hands it to the next layer, whose forcer replaces it). Only the plain decoder layers of
+    # a family that declares them (Family.layer_major: one tensor in, one out, its own cache
+    # layer) and, on the cached path, only past the layers a call's preamble reads from the
+    # cache (the layer-by-layer order's first group, layer_major.py): a skipped layer's cache
+    # layer stays empty. --layers 0,-1 on an 8B-class file: 2 of 32 layers computed.
+    first_group = [None if calls is not None else -1]
+    skippable = {}
+    if (force_inputs is not None and order is None and getattr(family, "layer_major", False)
+            and all(f"L{i}.layer_in" in force_inputs for i in needed)):
+        skippable = {id(dec[m]): m for m in range(len(dec)) if not want_layer(m)}
+
+    def skipped(mod) -> bool:
+        m = skippable.get(id(mod))
+        return m is not None and first_group[0] is not None and m > first_group[0]
+
     for m, layer in enumerate(dec):
         mine = layers_of[m]
         if force_inputs is not None and any(f"L{i}.layer_in" in force_inputs and i <= last for i in mine):
@@ -424,21 +456,28 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
 
     def put_logits(out) -> None:
         got["logits"] = out.logits.detach().cpu().double().numpy()
+
+    stream = getattr(model, "conformance_stream", None)  # a model read one layer at a time (gguf/stream.py)
     try:
         # the float64 promotion outermost: the eager wrapper then wraps the promoted function
         # a cached capture that reads no model probe (the teacher-forced oracle) computes no
         # logits: the head outside ``promoted`` too (a tied 49152-row vocabulary was widened
         # to float64 and multiplied on every call for logits nothing reads)
         # HF's cached path layer by layer where the family allows it (layer_major.py): each
-        # decoder layer is then widened to float64 once for all the calls, not once a call
+        # decoder layer is then widened to float64 once for all the calls, not once a call (a
+        # model read from its file one layer at a time, stream.py: read once for all the calls)
         by_layer = layer_major.applies(family, config, layer_cfgs, calls)
+        for m in skippable.values():
+            _skip_forward(dec[m], skipped)
         with _without_head(model, not model_probes and calls is not None) as headless, \
                 (promoted(model, family, float64_keep if calls is not None and not by_layer else 0,
-                          keep_last=by_layer) if float64
+                          keep_last=by_layer and stream is None, skip=skipped) if float64
                  else contextlib.nullcontext()) as fp, torch.no_grad(), \
                 _wrapped_eager(family, model, eager, attn_implementation, want_layer,
                                *(() if order is None else (lambda module: running[0],))), \
                 family.hf_taps(model, config, eager):
+            if stream is not None:  # registered last, prepended: it reads a module before any other hook runs
+                handles += stream.install(skip=skipped)
             if calls is None:
                 try:
                     calls_seen[:] = [0] * len(dec)
@@ -446,7 +485,8 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
                 except StopForward:
                     pass
             elif not (by_layer and _by_layer(layer_major, dec, calls, tokens, per_call, switch, model,
-                                             want_probe("logits") and not headless, put_logits)):
+                                             want_probe("logits") and not headless, put_logits, first_group)):
+                first_group[0] = None  # call after call: no layer is skipped
                 cache = None
                 for size in calls:
                     span[:] = [span[1] if per_call else 0, (span[1] if per_call else 0) + size]
@@ -471,6 +511,10 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     finally:
         for h in handles:
             h.remove()
+        for m in skippable.values():
+            dec[m].__dict__.pop("forward", None)
+        if stream is not None:
+            stream.release_all()
     if meta is not None and fp is not None:
         meta["float64_kept_float32"] = sorted(set(fp.kept_float32))
     if out is not None and want_probe("logits"):

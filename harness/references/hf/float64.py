@@ -316,7 +316,7 @@ def _set(m, kind: str, name: str, value) -> None:
 
 
 @contextmanager
-def promoted(model, family, keep_bytes: int = 0, keep_last: bool = False):
+def promoted(model, family, keep_bytes: int = 0, keep_last: bool = False, skip=None):
     """Within the block, ``model`` -- held in float32, bfloat16 or float16, or
     already float64 -- computes in float64 with every float32 side path of its
     modeling code promoted, as ``model.to(torch.float64)`` under
@@ -361,7 +361,7 @@ def promoted(model, family, keep_bytes: int = 0, keep_last: bool = False):
     pending = [None]  # the decoder layer left widened (keep_last)
 
     def widen(mod, args, kwargs):
-        if gathers(mod):
+        if gathers(mod) or (skip is not None and skip(mod)):
             return None
         if id(mod) in layers and pending[0] is not None and pending[0] is not mod:
             jit[id(pending[0])].restore()
@@ -376,6 +376,8 @@ def promoted(model, family, keep_bytes: int = 0, keep_last: bool = False):
         return tuple(up(a) for a in args), {k: up(v) for k, v in kwargs.items()}
 
     def narrow(mod, args, kwargs, out):
+        if skip is not None and skip(mod):
+            return None
         if gathers(mod):
             return out.to(f64) if isinstance(out, torch.Tensor) and out.is_floating_point() else out
         if keep_last and id(mod) in layers:

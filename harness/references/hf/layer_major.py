@@ -55,7 +55,7 @@ class LayerMajor:
     ``on_switch(c)``: called whenever call c takes over (the capture's per-call
     state: which dict its probes go to, which rows it is)."""
 
-    def __init__(self, modules, n_calls: int, on_switch):
+    def __init__(self, modules, n_calls: int, on_switch, on_groups=None):
         self.modules = list(modules)
         self.index = {id(m): i for i, m in enumerate(self.modules)}
         self.n = n_calls
@@ -68,6 +68,7 @@ class LayerMajor:
         self.passes = [0] * len(self.modules)  # calls that have entered module m
         self.first_group = 0  # the last module of the first group (what call 0's preamble read)
         self.results: list = [None] * n_calls
+        self.on_groups = on_groups  # told the first group's last module once call 0's preamble has read
 
     # ------------------------------------------------------------ the baton
     def _wait_for(self, turn) -> None:
@@ -117,7 +118,7 @@ class LayerMajor:
 
     def _make_order(self) -> None:
         k = self.first_group
-        groups = [list(range(0, min(k, len(self.modules) - 1) + 1))] if self.modules else []
+        groups = [list(range(min(k, len(self.modules) - 1) + 1))] if self.modules else []
         groups += [[m] for m in range(groups[0][-1] + 1 if groups else 0, len(self.modules))]
         order: list = []
         for g, ms in enumerate(groups):
@@ -127,6 +128,8 @@ class LayerMajor:
                 order += [(c, m) for m in ms]
         self.order = order
         self.pos = 1  # call 0 has started
+        if self.on_groups is not None:
+            self.on_groups(groups[0][-1] if groups else -1)
 
     # ------------------------------------------------------------ what a preamble reads
     def read(self, layer_idx: int) -> None:

@@ -50,7 +50,7 @@ class LlamaCpp(Reference):
         n_ctx = max(256, -(-t // 256) * 256)
         kv = s * n_ctx * sum(d[2] * (d[3] + d[4]) for d in ctx.dims) * 4
         compute = 4 * (s * ctx.hmax * (t // 2 + 1) * n_ctx * 2 + s * t * ctx.vocab)
-        gguf = ctx.pc.gguf_bytes if ctx.gguf_type == "f32" else ctx.pc.gguf_bytes // 2
+        gguf = ctx.file_bytes or (ctx.pc.gguf_bytes if ctx.gguf_type == "f32" else ctx.pc.gguf_bytes // 2)
         lc_bytes = max(gguf + kv + compute, 4 * max(s * t * ctx.vocab if ctx.want_logits else 0, ctx.largest_probe))
         return {"parts": {"llama.cpp": lc_bytes},
                 "phases": {"gguf export": ctx.pc.largest_tensor * 4 * 2, "llama.cpp capture": lc_bytes}}
