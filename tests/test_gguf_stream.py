@@ -30,7 +30,7 @@ def tiny_file():
 def _rows(policy, path, stream: bool, cache, monkeypatch, **kw):
     from harness.gguf import stream as streaming
 
-    reads, held = [], []
+    reads, held, seen = [], [], []
     real = streaming.Streamed.ensure
 
     def ensure(self, module):
@@ -38,12 +38,15 @@ def _rows(policy, path, stream: bool, cache, monkeypatch, **kw):
         real(self, module)
         reads.append(self.reads - before)
         held.append(sum(1 for u in self.resident if id(u) in self.layer_ids))
+        seen[:] = [self]
 
     monkeypatch.setenv("CONFORMANCE_CACHE", str(cache))  # each reading its own captures
     monkeypatch.setenv(streaming.ENV, "1" if stream else "0")
     monkeypatch.setattr(streaming.Streamed, "ensure", ensure)
     rows = run(policy, family="", gguf=path, ref="all", tokens=9, **kw)
     assert max(held, default=0) <= 1  # one decoder layer held at a time
+    for st in seen:  # and none at the end (a layer the float64 run put back after it was dropped would be)
+        assert all(st.params[n].device.type == "meta" for ns in st.names.values() for n in ns)
     return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r for r in rows}, sum(reads)
 
 

@@ -191,13 +191,18 @@ class Streamed:
         finally:
             self.release(module)
 
-    def install(self, skip=None) -> list:
+    def install(self, skip=None, flush=None) -> list:
         """Forward pre-hooks reading each unit before it computes, put FIRST among the
         module's pre-hooks (registered last by the capture, prepended), so every other
         hook -- the float64 widening, the probes -- sees the weights. ``skip(module)``:
-        a module the capture does not compute (nothing read for it)."""
+        a module the capture does not compute (nothing read for it). ``flush()``: called
+        before a module is read (and an earlier layer dropped): the float64 run's
+        layer left widened is narrowed back first (float64.py ``promoted``), so the
+        layer dropped is the one this reading holds."""
         def pre(mod, args, kwargs):
             if skip is None or not skip(mod):
+                if flush is not None and id(mod) in self.layer_ids and not self.held(mod):
+                    flush()
                 self.ensure(mod)
 
         # (a tied head is a unit of its own whose one name is the embedding's weight)

@@ -465,19 +465,20 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
         # to float64 and multiplied on every call for logits nothing reads)
         # HF's cached path layer by layer where the family allows it (layer_major.py): each
         # decoder layer is then widened to float64 once for all the calls, not once a call (a
-        # model read from its file one layer at a time, stream.py: read once for all the calls)
+        # model read from its file one layer at a time, gguf/stream.py: read once for all the
+        # calls; the layer left widened is narrowed before the reading drops it: ``flush``)
         by_layer = layer_major.applies(family, config, layer_cfgs, calls)
         for m in skippable.values():
             _skip_forward(dec[m], skipped)
         with _without_head(model, not model_probes and calls is not None) as headless, \
                 (promoted(model, family, float64_keep if calls is not None and not by_layer else 0,
-                          keep_last=by_layer and stream is None, skip=skipped) if float64
+                          keep_last=by_layer, skip=skipped) if float64
                  else contextlib.nullcontext()) as fp, torch.no_grad(), \
                 _wrapped_eager(family, model, eager, attn_implementation, want_layer,
                                *(() if order is None else (lambda module: running[0],))), \
                 family.hf_taps(model, config, eager):
             if stream is not None:  # registered last, prepended: it reads a module before any other hook runs
-                handles += stream.install(skip=skipped)
+                handles += stream.install(skip=skipped, flush=getattr(fp, "flush", None))
             if calls is None:
                 try:
                     calls_seen[:] = [0] * len(dec)

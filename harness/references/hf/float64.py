@@ -387,7 +387,16 @@ def promoted(model, family, keep_bytes: int = 0, keep_last: bool = False, skip=N
         if r is not None:
             r.restore()
 
+    def flush() -> None:
+        """The layer left widened narrowed now (a model read layer by layer drops a layer
+        just before it reads the next: gguf/stream.py; narrowed first, so it is dropped,
+        not put back)."""
+        if pending[0] is not None:
+            jit[id(pending[0])].restore()
+            pending[0] = None
+
     with float64_paths(model, rebuild=False) as fp:
+        fp.flush = flush
         try:
             rotary = _rebuild_rotary(model)
             rest.widen((x for mod in model.modules() for x in _float_tensors(mod, False) if id(x[3]) not in in_big),
