@@ -47,6 +47,7 @@ def _rows(policy, path, stream: bool, cache, monkeypatch, **kw):
     assert max(held, default=0) <= 1  # one decoder layer held at a time
     for st in seen:  # and none at the end (a layer the float64 run put back after it was dropped would be)
         assert all(st.params[n].device.type == "meta" for ns in st.names.values() for n in ns)
+        assert st.row_reads > 0  # the embedding held only the rows each call looked up
     return {(r["candidate"], r["reference"], r["layer"], r["probe"]): r for r in rows}, sum(reads)
 
 

@@ -706,7 +706,7 @@ def trace_import(family, tensors: dict, model, config, variant: str | None, path
 def layer_key_for(family, config, variant: str | None):
     """``Trace``'s memo key of an HF tensor: a decoder layer's tensor by its name within
     the layer, its shape and the layer's description (layers of one description go
-    through the same export steps); None for any other tensor (traced each time)."""
+    through the same export steps); any other tensor by its name and shape."""
     try:
         descs = [repr(lc) for lc in family.layer_configs(config, variant)]
     except Exception:  # noqa: BLE001 -- a config the layer descriptions refuse: nothing kept
@@ -715,7 +715,7 @@ def layer_key_for(family, config, variant: str | None):
 
     def key(name: str, shape: tuple):
         if not name.startswith(prefix):
-            return None
+            return (name, shape)  # a tensor outside the layers: traced once (a layer-by-layer reading reads it again)
         i, _, rest = name[len(prefix):].partition(".")
         return (rest, shape, descs[int(i)]) if i.isdigit() and int(i) < len(descs) else None
 

@@ -334,12 +334,7 @@ def place(model, state: dict, path: str) -> tuple[list[str], list[str]]:
         t = sd[k]
         if tuple(t.shape) != tuple(v.shape):
             raise UsageError(f"--gguf {path}: {k} has shape {tuple(v.shape)}, the HF model's is {tuple(t.shape)}")
-        arr = np.asarray(v, dtype=np.float32)
-        if arr.ctypes.data % ALIGN or not arr.flags.c_contiguous or not arr.flags.writeable:
-            out = torch.empty(arr.shape, dtype=torch.float32)
-            out.numpy()[...] = arr
-        else:
-            out = torch.from_numpy(arr)
+        out = param_tensor(v)
         owner, _, name = k.rpartition(".")
         mod = model.get_submodule(owner)
         if name in mod._parameters:
@@ -347,6 +342,19 @@ def place(model, state: dict, path: str) -> tuple[list[str], list[str]]:
         else:
             mod._buffers[name] = out
     return missing, unexpected
+
+
+def param_tensor(v):
+    """Array ``v`` as a float32 tensor in memory aligned as torch's allocator aligns
+    (``ALIGN``): its own memory where it is so, else a copy."""
+    import torch
+
+    arr = np.asarray(v, dtype=np.float32)
+    if arr.ctypes.data % ALIGN or not arr.flags.c_contiguous or not arr.flags.writeable:
+        out = torch.empty(arr.shape, dtype=torch.float32)
+        out.numpy()[...] = arr
+        return out
+    return torch.from_numpy(arr)
 
 
 def set_param(p, value) -> None:

@@ -31,6 +31,8 @@ import mmap
 import os
 from contextlib import contextmanager
 
+import numpy as np
+
 ENV = "CONFORMANCE_GGUF_STREAM"  # "1": always read layer by layer, "0": never; unset: when the model would not fit
 
 
@@ -80,11 +82,19 @@ class Streamed:
 
         self.family, self.model, self.config, self.path = family, model, config, path
         self.reader = reader
+        # each file tensor's loader, served from what ``_read`` dequantized ahead (two threads:
+        # ggml's dequantizer runs without the GIL) where it did
+        self._raw = dict(tensors)
+        self._ready: dict = {}
+        self._pool = None
+        tensors = {g: (lambda g=g, f=f: self._ready.pop(g) if g in self._ready else f()) for g, f in tensors.items()}
+        self._loaders = tensors
         prepared = family.gguf_import_prepare(dict(tensors), config)
         self.trace = Trace(family, prepared, model, config, variant, path, memo={},
                            layer_key=layer_key_for(family, config, variant))
         self.trace.check(shapes, provenance)
         self.params = dict(self.trace.params)  # HF name -> Parameter (the tied head not among them)
+        self.shapes = {n: tuple(p.shape) for n, p in self.params.items()}
         owner = {id(p): n for n, p in self.params.items()}
         self.layers = list(family.decoder_layers(model))
         emb, head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -100,13 +110,24 @@ class Streamed:
         # the rest (norms, a head's bias): read once, held
         self._read([n for n in self.params if n not in in_units])
         self.reads = 0  # units read from the file (tests / the benchmark count them)
+        self.row_reads = 0  # embedding lookups served from the rows read for them (_rows_of)
 
     # ------------------------------------------------------------ reading
     def _read(self, names) -> None:
         from .reader import place
 
+        ahead = sorted({g for n in names for g, _ in self.trace.pieces[n] if g in self._raw})
+        if len(ahead) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gguf-read")
+            self._ready.update(zip(ahead, self._pool.map(lambda g: self._raw[g](), ahead)))
         used: set = set()
-        state = {n: self.trace.tensor(n, self.params[n], used) for n in names}
+        try:
+            state = {n: self.trace.tensor(n, self.params[n], used) for n in names}
+        finally:
+            self._ready.clear()
         place(self.model, state, self.path)
         self._give_back_pages(used)
 
@@ -151,14 +172,15 @@ class Streamed:
 
         for n in self.names.get(id(module), ()):
             p = self.params[n]
-            if p.device.type != "meta":
-                set_param(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+            if p.device.type != "meta":  # (back to its own shape: an embedding held only some rows)
+                set_param(p, torch.empty(self.shapes[n], dtype=p.dtype, device="meta"))
         if module in self.resident:
             self.resident.remove(module)
 
     def release_all(self) -> None:
         for u in list(self.resident):
             self.release(u)
+        _trim()
 
     @contextmanager
     def holding(self, module):
@@ -205,5 +227,68 @@ class Streamed:
                     flush()
                 self.ensure(mod)
 
-        # (a tied head is a unit of its own whose one name is the embedding's weight)
-        return [u.register_forward_pre_hook(pre, with_kwargs=True, prepend=True) for u in self.units.values()]
+        emb = self.model.get_input_embeddings()
+        rows = self._rows_of(emb)
+        hooks = []
+        for u in self.units.values():
+            # (a tied head is a unit of its own whose one name is the embedding's weight)
+            hooks.append(u.register_forward_pre_hook(rows if u is emb and rows else pre, with_kwargs=True,
+                                                     prepend=True))
+        return hooks
+
+    def _rows_of(self, emb):
+        """A pre-hook making ``emb`` hold only the rows a call looks up and the call look
+        them up there (the ids renumbered into them), or None where that is not the same
+        computation: a plain ``torch.nn.Embedding`` (a gather, no arithmetic: its rows of
+        a table of those rows ARE its rows of the whole table) whose weight is no tied
+        head's and is the file's tensor as it lies (one piece, laid out as HF's). An
+        8B-class vocabulary's whole table took 6 s to read for each capture, for 24 rows."""
+        import torch
+
+        from .reader import dequantize, param_tensor, set_param
+
+        head = self.model.get_output_embeddings()
+        if (type(emb) is not torch.nn.Embedding or emb.max_norm is not None
+                or (head is not None and getattr(head, "weight", None) is emb.weight)):
+            return None
+        name = next(iter(self.names.get(id(emb), ())), None)
+        if name is None or len(self.names[id(emb)]) != 1:
+            return None
+        pieces = self.trace._indices(name, self.params[name])
+        g = pieces[0][0]
+        info = next((t for t in self.reader.tensors if t.name == g), None)
+        if (len(pieces) != 1 or pieces[0][1] is not None or info is None or self.trace.tensors.get(g) is not self._loaders.get(g)
+                or info.data.shape[0] != self.shapes[name][0]):
+            return None
+        p = self.params[name]
+
+        def hook(mod, args, kwargs):
+            ids = args[0] if args else kwargs["input"]
+            want, where = np.unique(ids.detach().cpu().numpy(), return_inverse=True)
+            arr = dequantize(np.ascontiguousarray(info.data[want]), info.tensor_type).reshape(len(want), -1)
+            set_param(p, param_tensor(self.family.gguf_value_unmap(name, arr, self.config)))
+            self.row_reads += 1
+            if mod not in self.resident:
+                self.resident.append(mod)
+            self._give_back_pages({g})
+            new = torch.from_numpy(where.reshape(tuple(ids.shape))).to(device=ids.device, dtype=ids.dtype)
+            return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "input": new})
+
+        return hook
+
+
+def _trim() -> None:
+    """The memory freed handed back to the system (glibc's ``malloc_trim``): tensors under
+    glibc's mmap threshold come from the heap, and those of HF's calls, each in a thread
+    of its own (layer_major.py), from arenas of their own -- freed but held, a 1B-class
+    file's capture kept 0.75 GB of it and an 8B-class one's 3.5 GB while llama.cpp's
+    worker ran. Nothing where the C library has no such call."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)

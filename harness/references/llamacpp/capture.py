@@ -315,6 +315,11 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
         # one stream per sequence, each holding every position (swa_full)
         "n_ctx": n_seq * max(256, -(-n_tok // 256) * 256), "n_batch": max(n_batch, 1),
         "names": sorted(names), "threads": int(os.environ.get("CONFORMANCE_LLAMACPP_THREADS", "2")),
+        # the file read into memory, not mapped (LLAMA_LOAD_MODE_NONE): ggml's CPU backend repacks
+        # K-quant weights into memory of its own, so a mapped file's pages counted on top while
+        # it loaded (an 8B-class Q4_K_M file: a 7.8 GB peak, 4.7 GB read); the same weights --
+        # the captures of the 135M, 1B and Gemma 3 270M files are identical either way
+        "load_mode": 0,
         **({"states": True} if states else {}), **(engine or {}),
     }
     with tempfile.TemporaryDirectory(prefix="conformance-lc-") as d:

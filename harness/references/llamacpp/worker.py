@@ -101,6 +101,8 @@ def main(req_path: str, out_dir: str) -> int:
 
     mparams = lc.llama_model_default_params()
     mparams.n_gpu_layers = 0
+    if "load_mode" in req:  # LLAMA_LOAD_MODE_NONE (0): read into memory, not mapped (capture.py run_worker)
+        mparams.load_mode = int(req["load_mode"])
     model = lc.llama_model_load_from_file(req["gguf"].encode(), mparams)
     if not model:
         print(f"llama.cpp could not load {req['gguf']}", file=sys.stderr)
