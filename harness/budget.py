@@ -323,12 +323,21 @@ class Plan:
     held: int = 0  # resident bytes of this process when planned (interpreter, torch): outside the budget already
     streamed: bool = False  # the model is read one layer at a time (gguf/stream.py)
 
+    # float32 weights up to which llama.cpp's capture runs beside HF's: measured on 2 cores at
+    # load 5 (docs/measurements/2026-12-02-real-file-speed.md), beside HF's captures the worker
+    # saved 8 s of 50 on a 135M-class file and 5 s of 61 on Gemma 3 270M (1.07 GB), and cost
+    # 20 s of 147 on a 1B-class one (3.2 GB), whose HF captures keep both cores busy themselves
+    OVERLAP_WEIGHTS = 2 << 30
+
     @property
     def overlap(self) -> bool:
         """Whether llama.cpp's capture may run beside HF's (harness/case.py
-        ``_capture_all``): the weights held, its worker and HF's forward at once fit the
-        budget (the phases are otherwise counted one after the other)."""
-        if self.streamed:  # its worker maps the whole file while this process reads it layer by layer
+        ``_capture_all``): a model small enough that HF's captures leave the cores
+        idle much of the time (``OVERLAP_WEIGHTS``), and the weights held, its worker
+        and HF's forward at once fit the budget (the phases are otherwise counted one
+        after the other). Never for a file read layer by layer (its worker holds the
+        whole model)."""
+        if self.streamed or self.estimate.parts.get("weights", 0) > self.OVERLAP_WEIGHTS:
             return False
         ph = self.estimate.phases
         both = sum(self.estimate.parts.get(k, 0) for k in HELD) + ph.get("llama.cpp capture", 0) + ph.get("hf capture", 0)
