@@ -46,9 +46,13 @@ Sections (each prints its table; all of them go to OUT/bench.json and OUT/bench.
   third-party progress or warning line in the run's output (the goal: none).
   The time goals are for an idle machine: judged on the wall time where the
   load average was under 1 when the run started, else on the CPU time (said so).
-  The 8B-class file cannot be built here yet: its recipe builds the HF model in
-  float32 (32 GB) on a 24 GB machine, and ``--gguf`` reads the file back into a
-  float32 HF model of the same size (docs/measurements/2026-12-02-real-file-speed.md).
+  The 8B-class file is written tensor by tensor as the seeded model is drawn
+  (``harness/gguf/export.py`` ``export_streamed``: never the 32 GB float32 model
+  in memory; f16, 16 GB on disk for the while, then ``llama_model_quantize``;
+  45 min at load 9, once) and ``--gguf`` reads it one decoder layer at a time
+  (``harness/gguf/stream.py``: its float32 model would not fit), each step the
+  in-memory path's bit for bit (tests/test_gguf_stream.py;
+  docs/measurements/2026-12-02-real-file-speed.md).
 - ``quantized`` (issue 27): every ``--gguf-type`` llama_model_quantize makes
   without an importance matrix (``--quant-types`` to choose) on the
   outlier-channel llama (``--weights realistic``) at 24 layers, three-way at 16

@@ -82,17 +82,21 @@ class LayerWeights:
         return w
 
     def names(self, i: int) -> dict:
-        """Layer ``i``'s impl weight NAMES (values None): what the features read. A streamed
-        model's are the names its layer's ``layer_weights`` gives on storage of the right
-        shapes and no values read (``Streamed.shaped``), once per layer description."""
-        if self.stream is None or i in self._kept:
-            return self[i]
+        """Layer ``i``'s impl weight NAMES (values None): what the features read, made once
+        for each layer description and layer module's parameters (names, shapes) -- the
+        names ``layer_weights`` gives follow from those (a bias is a parameter) -- not a
+        float64 copy of every layer's weights for their names. A streamed model's are
+        made on storage of the right shapes with no values read (``Streamed.shaped``)."""
         if not kinds.implemented(self.layer_cfgs[i]):
             return {}
-        key = repr(self.layer_cfgs[i])
+        mod = self.module(i)
+        key = (repr(self.layer_cfgs[i]), tuple((n, tuple(p.shape)) for n, p in mod.named_parameters()))
         if key not in self._names:
-            with self.stream.shaped(self.module(i)):
-                self._names[key] = dict.fromkeys(self.family.layer_weights(self.model, self.config, i))
+            if self.stream is not None and i not in self._kept:
+                with self.stream.shaped(mod):
+                    self._names[key] = dict.fromkeys(self.family.layer_weights(self.model, self.config, i))
+            else:
+                self._names[key] = dict.fromkeys(self[i])
         return self._names[key]
 
 

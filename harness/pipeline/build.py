@@ -394,8 +394,9 @@ class Build:
     @cached_property
     def features(self) -> list[str]:
         # one layer's weights at a time (their names decide the features)
-        # (a streamed file's: the weights' names, no layer read: gguf/reader.py LayerWeights.names)
-        per_layer = (self.source.layer_weights.names(i) if self.streamed is not None and self.record is None
+        # (a file's: the weights' names, made once per layer description: gguf/reader.py
+        # LayerWeights.names -- the variants keep the names, Family.variant_weights)
+        per_layer = (self.source.layer_weights.names(i) if self.source is not None and self.record is None
                      else self.layer_weights_for("float32", i) for i in range(len(self.layer_cfgs)))
         f = model_features(self.layer_cfgs, per_layer)
         f |= set(self.family.declared_features)
