@@ -175,15 +175,22 @@ class LayerMajor:
             with torch.set_grad_enabled(grad):  # grad mode is per thread
                 self._thread(c, fn)
 
-        threads = [threading.Thread(target=body, args=(c,), name=f"hf-call-{c}") for c in range(self.n)]
+        # daemons: an interrupt of the main thread (Ctrl-C) must not leave the process waiting on them
+        threads = [threading.Thread(target=body, args=(c,), name=f"hf-call-{c}", daemon=True) for c in range(self.n)]
         handles = [m.register_forward_pre_hook(lambda mod, args, kwargs: self.gate(mod), with_kwargs=True,
                                                prepend=True) for m in self.modules]
         try:
             with _reads_checked(self):
                 for t in threads:
                     t.start()
-                for t in threads:
-                    t.join()
+                try:
+                    for t in threads:
+                        t.join()
+                except BaseException as e:  # the main thread interrupted: the calls unwind
+                    with self.cv:
+                        self.error = self.error or e
+                        self.cv.notify_all()
+                    raise
         finally:
             for h in handles:
                 h.remove()
