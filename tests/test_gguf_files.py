@@ -138,6 +138,10 @@ def test_key_table_says_what_llama_cpp_reads():
     for arch in ("mamba", "mamba2", "falcon-h1", "granitehybrid", "jamba", "nemotron_h"):
         assert {"ssm_in", "ssm_out"} <= keys.SCALES[arch], arch
     assert not {"ssm_in", "ssm_out"} & keys.SCALES["llama"]
+    # qwen3next.cpp build_qkvz / minimax-01.cpp's lightning layer: build_lora_mm(wqkv, cur), no
+    # scale, while build_qkv (their attention layers) applies wqkv_s; qwen35.cpp passes it on
+    assert keys.RECURRENT_UNSCALED == {"minimax-01": frozenset({"attn_qkv"}), "qwen3next": frozenset({"attn_qkv"})}
+    assert "attn_qkv" in keys.SCALES["qwen3next"] and "attn_qkv" in keys.SCALES["qwen35"]
     # falcon-h1.cpp loads rope_freqs and rotates without it (ggml_rope_ext(..., nullptr, ...))
     assert "falcon-h1" not in keys.ROPE_FACTORS and {"llama", "granite", "llama4"} <= keys.ROPE_FACTORS
 
@@ -153,6 +157,12 @@ def test_tensors_a_graph_never_reads_are_listed_unused():
     assert unused_tensors(names, "falcon-h1") == ["blk.0.attn_output.bias", "blk.0.ffn_up.scale",
                                                   "blk.0.ssm_in.input_scale", "rope_freqs.weight"]
     assert unused_tensors(names, "llama") == ["blk.0.ssm_in.input_scale", "blk.0.ssm_in.scale"]
+    # qwen3next.cpp: build_qkv scales an attention layer's attn_qkv, build_qkvz multiplies a
+    # recurrent layer's unscaled (RECURRENT_UNSCALED); qwen35.cpp passes wqkv_s in both
+    qkv = ["blk.0.attn_qkv.scale", "blk.1.attn_qkv.scale"]
+    assert unused_tensors(qkv, "qwen3next", frozenset({0})) == ["blk.0.attn_qkv.scale"]
+    assert unused_tensors(qkv, "qwen3next") == []
+    assert unused_tensors(qkv, "qwen35", frozenset({0})) == []
 
 
 # ---------------------------------------------------------------- metadata: read, ignored, refused

@@ -331,4 +331,5 @@ def _load(path: str, family: str | None = None) -> GGUFSource:
     mats = [types[n] for n in used if len(shapes[n]) >= 2]
     hf_types = {h: {types[g] for g in gs if g in types} for h, gs in provenance.items()}
     return GGUFSource(str(path), fam, config, model, lw, ggml_types.coarsest(mats), types, variant,
-                      meta.ignored(), unused_tensors(used, arch), hf_types, other_mode)
+                      meta.ignored(), unused_tensors(used, arch, fam.gguf_recurrent_layers(config)), hf_types,
+                      other_mode)
