@@ -218,6 +218,33 @@ def test_openvino_converts_and_exposes_layer_boundaries(policy):
     assert mine[("hf", 0, "attn_probs")]["status"] == "not-exposed"
 
 
+@pytest.mark.parametrize("candidate, family, probes", [
+    # the query the op is fed is rotated and normed (the norm after RoPE): traced back
+    # through the RotaryEmbedding node to the projection (q, k), read at the op (q_rope)
+    ("ort-genai", "hunyuan_v1_dense", ("q", "k", "q_rope", "k_rope")),
+    # the first residual add inside DbrxNormAttentionNorm, the norm and attention a module deeper
+    ("openvino", "dbrx", ("attn_in", "attn_heads", "attn_out", "resid_mid")),
+    # k / attn_out / ssm_out are the projections times the multiplier HF's next line applies
+    ("openvino", "falcon_h1", ("k", "attn_out", "ssm_out")),
+    # layer_in past OpenVINO's merged MVN; the attention module past the norm and dropout
+    # registered before it
+    ("openvino", "gpt_neox", ("layer_in", "attn_branch", "attn_out", "layer_out")),
+])
+def test_engine_probes_are_read_where_the_contract_puts_them(policy, candidate, family, probes):
+    """The four probe placements of issue 30 (the candidates' own defects, each read at the
+    wrong tensor of the engine's graph before: hunyuan_v1_dense q NMSE 0.59, dbrx resid_mid
+    0.095, falcon_h1 k 1.0, gpt_neox layer_in 0.017): each probe is exposed and passes on
+    both layers, and nothing of the case fails."""
+    need(*{"ort-genai": ("onnxruntime", "onnx", "onnxruntime-genai", "onnx-ir"),
+           "openvino": ("openvino",)}[candidate])
+    rows = run(policy, family=family, ref="hf", candidate=candidate)
+    mine = _mine(rows, candidate)
+    assert not [k for k, r in mine.items() if r["status"] not in ("pass", "not-exposed")]
+    for layer in (0, 1):
+        for probe in probes:
+            assert mine[("hf", layer, probe)]["status"] == "pass", (layer, probe, mine[("hf", layer, probe)])
+
+
 def test_ctranslate2_is_judged_at_its_logits(policy):
     """Logits only: they pass and guard every layer (harness/verdict.py), and a
     planted error in them fails the case."""
