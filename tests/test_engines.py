@@ -355,3 +355,26 @@ def test_engines_matrix_names_every_engine(monkeypatch):
     from harness import families
 
     assert {c.family for c in spec.cases} == set(families.registry())
+
+
+def test_engines_matrix_ort_genai_is_the_builders_dispatch():
+    """engines.toml's ort-genai group is every family whose HF architecture (what
+    save_pretrained writes as config.json ``architectures``: transformers' causal-LM class
+    of its model type) the model builder's dispatch names -- no family it supports left
+    out, none it refuses run (a 60 s refusal each)."""
+    need("onnxruntime-genai")
+    import importlib.util
+    import re
+    import tomllib
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+
+    from harness import families
+
+    src = Path(importlib.util.find_spec("onnxruntime_genai.models.builder").origin).read_text()
+    named = set(re.findall(r'config\.architectures\[0\] == "(\w+)"', src))
+    assert "LlamaForCausalLM" in named  # the dispatch is still written this way
+    supported = {f for f, fam in families.registry().items() if causal.get(fam.hf_model_type) in named}
+    spec = tomllib.loads((ROOT / "fixtures" / "matrix" / "engines.toml").read_text())
+    group = next(g for g in spec["group"] if g["name"] == "ort-genai")
+    assert set(group["families"]) == supported
