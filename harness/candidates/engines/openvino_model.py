@@ -236,7 +236,18 @@ def _run(run, ovm):
 
     want, hidden = {}, {}
     heads_first: set = set()  # probes read as [S, H, T, D] (after the forward's transpose)
-    for i, lc in enumerate(run.layer_cfgs):
+    n = len(run.layer_cfgs)
+    if len(tree["layers"]) != n:
+        # no module list holds one module per layer: a model that re-runs its layers
+        # (hrm_text's L and H stacks, Family.invocation_order: 12 invocations of 4 modules in
+        # the tiny config) -- the converter names each invocation's ops by the module's one
+        # path (`...L_module.layers.0/aten::add/Add`, `Add_2`, ...), so no boundary is one layer's
+        why = ("the model re-runs its decoder-layer modules (each invocation a layer) and the converted graph names "
+               "every invocation's ops by the module's one path" if run.family.invocation_order(run.config)
+               else "no module list of the model holds one decoder layer per layer")
+        hidden.update({f"L{i}.{p}": why for i in range(n) for p in LAYER_PROBES})
+        n = 0
+    for i, lc in enumerate(run.layer_cfgs[:n]):
         t = tree["layers"][i]
         if t["norm"] is not None:
             want[f"L{i}.layer_in"] = first_input(t["norm"])
@@ -336,8 +347,8 @@ def _run(run, ovm):
     # (modeling_mpt.py MptMLP.forward `output = output + residual`), so the last add under
     # the layer's own name was the first residual (read there, layer_out failed at NMSE 0.228
     # while the next layer's layer_in passed)
-    for i in range(len(run.layer_cfgs)):
-        nxt = (tree["layers"][i + 1]["norm"] if i + 1 < len(run.layer_cfgs) else tree["final_norm"])
+    for i in range(n):
+        nxt = (tree["layers"][i + 1]["norm"] if i + 1 < n else tree["final_norm"])
         src = first_input(nxt) if nxt is not None else None
         if src is not None:
             want[f"L{i}.layer_out"] = src
