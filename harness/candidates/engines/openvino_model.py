@@ -88,6 +88,12 @@ def _convert(run):
     ids = torch.as_tensor(run.tokens)
     try:
         with torch.no_grad():
+            # one forward first: HF's LongRoPE caches its long-factor table on the module in its
+            # first call (modeling_rope_utils.py longrope_frequency_update, `setattr(self,
+            # f"{prefix}long_inv_freq", ...)`), so the tracer's two runs of a fresh model build
+            # different graphs and it refuses ("Tracing failed sanity checks! ERROR: Graphs
+            # differed across invocations!": phi3, minicpm3); the same values either way
+            Causal(model).eval()(ids, torch.ones_like(ids))
             ovm = ov.convert_model(Causal(model).eval(), example_input=(ids, torch.ones_like(ids)))
     except Exception as e:  # the converter's own refusal
         return False, f"openvino {version('openvino')} convert_model: {said(e)}"
