@@ -207,6 +207,34 @@ def test_ort_genai_yarn_ignores_truncate(policy, truncate, first):
     assert all(r["status"] in ("pass", "not-exposed", "fail") for r in rows if r["candidate"] == "ort-genai")
 
 
+ALL_ATTENTION = (("layer_types", ["attention", "attention", "attention"]),)
+
+
+@pytest.mark.parametrize("family, over, first", [
+    # the builder's LayerNorm eps is config.rms_norm_eps or 1e-6 (builders/base.py:282); phi's
+    # is layer_norm_eps (1e-5 here): the first norm differs, its input agreeing (2 heads: the
+    # kernel refuses the partial rotary's half of 4 at head_dim 16)
+    ("phi", (("num_attention_heads", 2),), (0, "attn_in")),
+    ("phi", (("num_attention_heads", 2), ("layer_norm_eps", 1e-6)), None),
+    # GraniteMoeHybrid with attention layers only (the builder builds no Mamba-2 layer): it
+    # rotates where HF's position_embedding_type leaves the model NoPE
+    # (modeling_granitemoehybrid.py:1057), and builds the shared MLP alone where HF adds the
+    # experts' output to it (:1002-1004)
+    ("granitemoehybrid", ALL_ATTENTION + (("num_local_experts", 0),), (0, "k_rope")),
+    ("granitemoehybrid", ALL_ATTENTION + (("position_embedding_type", "rope"),), (0, "layer_out")),
+    ("granitemoehybrid", ALL_ATTENTION + (("position_embedding_type", "rope"), ("num_local_experts", 0)), None),
+])
+def test_ort_genai_builder_divergences(policy, family, over, first):
+    """Real divergences of the model builder (docs/reference/candidates.md): the first
+    failing probe against HF, and with the setting the builder gets wrong switched to what it
+    computes, every probe passing."""
+    need("onnxruntime", "onnx", "onnxruntime-genai", "onnx-ir")
+    rows = run(policy, family=family, ref="hf", candidate="ort-genai", overrides=over)
+    assert _first_bad(rows, "ort-genai") == first
+    # judged, not refused (a layer past a failing probe may read `unguarded`)
+    assert not [r for r in rows if r["candidate"] == "ort-genai" and r["status"] in ("error", "skipped", "missing")]
+
+
 def test_openvino_converts_and_exposes_layer_boundaries(policy):
     need("openvino")
     rows = run(policy, family="qwen2", ref="hf", candidate="openvino")
@@ -243,6 +271,17 @@ def test_engine_probes_are_read_where_the_contract_puts_them(policy, candidate, 
     for layer in (0, 1):
         for probe in probes:
             assert mine[("hf", layer, probe)]["status"] == "pass", (layer, probe, mine[("hf", layer, probe)])
+
+
+def test_openvino_traces_a_longrope_model(policy):
+    """HF's LongRoPE caches its long-factor table on its first call, so the converter's
+    tracer refused a fresh phi3 ("Graphs differed across invocations", a skip); the
+    candidate runs the model once before converting it, and phi3 is judged and passes."""
+    need("openvino")
+    rows = run(policy, family="phi3", ref="hf", candidate="openvino")
+    mine = _mine(rows, "openvino")
+    assert mine[("hf", 1, "layer_out")]["status"] == "pass", mine[("hf", 1, "layer_out")]
+    assert not [k for k, r in mine.items() if r["status"] not in ("pass", "not-exposed")]
 
 
 def test_ctranslate2_is_judged_at_its_logits(policy):
@@ -367,7 +406,9 @@ def test_engines_matrix_ort_genai_is_the_builders_dispatch():
     import re
     import tomllib
 
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal,
+    )
 
     from harness import families
 
