@@ -64,7 +64,8 @@ def config_value(config, dotted: str):
 def config_matches(config, conditions: dict) -> bool:
     """Every condition of a finding's ``config`` table holds for ``config``: a plain
     value must equal the config's; ``{ ne_key = "head_dim" }`` means the value
-    differs from the config's own ``head_dim``; ``{ set = true }`` means the value is
+    differs from the config's own ``head_dim`` (with ``offset = -20``: from it minus 20 --
+    gemma3n's ``num_kv_shared_layers`` against llama.cpp's fixed start); ``{ set = true }`` means the value is
     present and not None / false (``{ set = false }``: absent, None or false);
     ``{ lt = 256 }`` means a number below 256 (a threshold a reference compares
     with: phi3's original_max_position_embeddings against llama.cpp's context)."""
@@ -73,7 +74,7 @@ def config_matches(config, conditions: dict) -> bool:
         if isinstance(want, dict):
             if "ne_key" in want:
                 other = config_value(config, want["ne_key"])
-                if have is _MISSING or other is _MISSING or have == other:
+                if have is _MISSING or other is _MISSING or have == other + want.get("offset", 0):
                     return False
             if "ne" in want and (have is _MISSING or have is None or have == want["ne"]):
                 return False

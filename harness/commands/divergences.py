@@ -62,7 +62,8 @@ def _cond(f: dict) -> str:
     for k, v in c.items():
         if isinstance(v, dict):
             if "ne_key" in v:
-                out.append(f"{k} != {v['ne_key']}")
+                off = v.get("offset", 0)
+                out.append(f"{k} != {v['ne_key']}" + (f" {'+' if off > 0 else '-'} {abs(off)}" if off else ""))
             if "ne" in v:
                 out.append(f"{k} != {v['ne']}")
             if "set" in v:
