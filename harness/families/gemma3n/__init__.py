@@ -267,7 +267,11 @@ class Gemma3n(LlamaLike):
         "attn_out": LcPoint("attn_post_norm"),
         "resid_mid": LcPoint("attn_gated"),
     }
-    lc_not_exposed = {"layer_out": LAYER_OUT}
+    # k / v / k_rope are missing only on llama.cpp's layers from 20 on (below 20 every layer
+    # projects its own): a row names them where HF's model projects there and llama.cpp does not
+    _LC_NO_KV = ("from layer 20 gemma3n.cpp projects no K / V (hparams.has_kv false, gemma3n.cpp:175-198): it "
+                 "reads layer 18's cache (a sliding layer) or 19's (a full one), llama-model.cpp:2780-2788")
+    lc_not_exposed = {"layer_out": LAYER_OUT, "k": _LC_NO_KV, "v": _LC_NO_KV, "k_rope": _LC_NO_KV}
     # gemma3n.cpp:102-103: inpL = ggml_scale(inp_embd, sqrt(n_embd)), cb "inp_scaled"
     lc_model_points = {**LlamaLike.lc_model_points, "embeddings": LcPoint("inp_scaled")}
 
