@@ -62,14 +62,17 @@ def _cond(f: dict) -> str:
     for k, v in c.items():
         if isinstance(v, dict):
             if "ne_key" in v:
-                off = v.get("offset", 0)
-                out.append(f"{k} != {v['ne_key']}" + (f" {'+' if off > 0 else '-'} {abs(off)}" if off else ""))
+                out.append(f"{k} != {v['ne_key']}")
             if "ne" in v:
                 out.append(f"{k} != {v['ne']}")
             if "set" in v:
                 out.append(f"{k} {'set' if v['set'] else 'unset'}")
             if "lt" in v:
                 out.append(f"{k} < {v['lt']}")
+        elif k.startswith("family.") and isinstance(v, bool):
+            # a value the family reads from the config (Family.finding_values): its name says it
+            name = k[len("family."):].replace("_", " ")
+            out.append(name if v else f"not: {name}")
         else:
             out.append(f"{k} = {v}")
     if f.get("tokens_at_most_key"):

@@ -152,6 +152,12 @@ def lc_kv_sources(swa: list[bool]) -> list[int | None]:
     return [None if i < LC_KV_FROM else LC_KV_FROM - (2 if s else 1) for i, s in enumerate(swa)]
 
 
+def lc_sparsity_pattern(n_layer: int) -> list[float]:
+    """llama.cpp's activation sparsity (models.h:843-844, gemma3n.cpp:217): layers 0-9 at
+    0.95, whatever the file says."""
+    return [LC_SPARSITY if i < LC_SPARSE_LAYERS else 0.0 for i in range(n_layer)]
+
+
 class Gemma3n(LlamaLike):
     name = "gemma3n"
     hf_model_type = "gemma3n_text"
@@ -303,6 +309,15 @@ class Gemma3n(LlamaLike):
     rope_per_layer_type = True  # Gemma3nTextModel.forward: position_embeddings[layer_type]
     weight_map = {**LlamaLike.weight_map, "post_attention_layernorm.weight": "post_norm"}
 
+    def finding_values(self, config) -> dict:
+        """What llama.cpp's fixed rules make of HF's settings (findings.toml's conditions):
+        whether some layer reads another layer's K / V than HF's does (sharing from layer 20,
+        18 / 19 the sources), and whether HF's sparsity pattern is not llama.cpp's."""
+        swa = [t == "sliding_attention" for t in config.layer_types]
+        pattern = [float(x) for x in config.activation_sparsity_pattern]
+        return {"kv_sharing_differs": kv_sources(config) != lc_kv_sources(swa),
+                "sparsity_pattern_differs": pattern != lc_sparsity_pattern(config.num_hidden_layers)}
+
     def feature_switches(self, config, features):
         sw = super().feature_switches(config, features)
         if "kv_shared" in features:
@@ -428,7 +443,7 @@ class Gemma3n(LlamaLike):
             "sliding_attention": {"rope_type": "default", "rope_theta": meta.get_f32("rope.freq_base_swa", 10000.0)}}
         kw["layer_types"] = ["sliding_attention" if s else "full_attention" for s in swa]
         kw["num_kv_shared_layers"] = max(0, n - LC_KV_FROM)
-        kw["activation_sparsity_pattern"] = [LC_SPARSITY if i < LC_SPARSE_LAYERS else 0.0 for i in range(n)]
+        kw["activation_sparsity_pattern"] = lc_sparsity_pattern(n)
         kw["final_logit_softcapping"] = 30.0  # llama-hparams.h:136, read from no key for gemma3n
         kw["vocab_size_per_layer_input"] = kw["vocab_size"]
         kw.update(LC_FIXED)

@@ -103,6 +103,29 @@ def test_a_sharing_count_llama_cpp_does_not_read_is_a_finding(policy, shared, la
     assert not [k for k, s in st.items() if s not in ("pass", "finding")]
 
 
+@pytest.mark.usefixtures("need_llamacpp")
+def test_a_sparsity_pattern_llama_cpp_does_not_read_is_a_finding(policy):
+    """llama.cpp makes layers 0-9 sparse at 0.95 whatever the file says; HF's default at
+    10 layers or fewer is dense everywhere: the references' MLPs differ from layer 0 on
+    (a finding from L1's input, larger than the std's), while impl, teacher-forced, passes
+    against llama.cpp on every layer. The 21-layer default (HF's pattern = llama.cpp's) is
+    the other side: test_the_attention_half_is_judged_three_way."""
+    from harness.families import get
+
+    fam = get("gemma3n")
+    over = (("num_hidden_layers", 5), ("num_kv_shared_layers", 0))
+    assert fam.finding_values(fam.make_config(dict(over))) == {"kv_sharing_differs": False,
+                                                                "sparsity_pattern_differs": True}
+    assert not any(fam.finding_values(fam.make_config({})).values())
+    rows = run(policy, family="gemma3n", ref="hf,llamacpp", overrides=over, probes="attn_probs")
+    st = all_statuses(rows)
+    assert all(s == "pass" for (c, _, _, _), s in st.items() if c == "impl")
+    l1 = next(r for r in rows if (r["candidate"], r["reference"], r["layer"], r["probe"])
+              == ("llamacpp", "hf", 1, "layer_in"))
+    assert l1["status"] == "finding" and "is not llama.cpp's" in l1["reason"] and l1["nmse"] > 1e-3, l1
+    assert not [k for k, s in st.items() if s not in ("pass", "finding")]
+
+
 def test_llama_cpp_fixed_sizes_are_refused_in_one_line():
     """gemma3n.cpp takes n_altup 4, i_altup_act 0, laurel_rank 64 and n_embd_altup 256 as
     given (llama-hparams.h:264-267) and reads the per-layer table with n_vocab rows: any
