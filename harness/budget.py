@@ -234,7 +234,9 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     layers = [i for i in range(len(layer_cfgs)) if selection is None or selection.layer(i)]
     dims = [_layer_dims(layer_cfgs[i]) for i in range(len(layer_cfgs))]
-    inter = int(getattr(config, "intermediate_size", 0) or 0) or 4 * max((d[0] for d in dims), default=0)
+    inter = getattr(config, "intermediate_size", 0) or 0
+    inter = max(inter) if isinstance(inter, (list, tuple)) else int(inter)  # gemma3n: one per layer
+    inter = inter or 4 * max((d[0] for d in dims), default=0)
     hmax = max((d[1] for d in dims), default=0)
     probs = s * hmax * t * t  # elements of one layer's attn_probs
 

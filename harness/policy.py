@@ -44,10 +44,18 @@ def _names(side: str) -> tuple[str, ...]:
     return (side,) if ref is None or not ref.model_of else (side, ref.model_of)
 
 
-def config_value(config, dotted: str):
+def config_value(config, dotted: str, family: str | None = None):
     """A value of the reference's own config by dotted path (``rope_parameters.truncate``,
     ``attn_config.alibi_bias_max``: a table or an attribute at each step; a number
-    indexes a list, ``layer_types.0``)."""
+    indexes a list, ``layer_types.0``). ``family.NAME``: what ``family`` reads from that
+    config where no key says it (``Family.finding_values``: gemma3n's KV sharing as
+    llama.cpp's fixed start makes it)."""
+    if dotted.startswith("family."):
+        if family is None:
+            return _MISSING
+        from .families import get
+
+        return get(family).finding_values(config).get(dotted[len("family."):], _MISSING)
     obj = config
     for part in dotted.split("."):
         if isinstance(obj, (list, tuple)):
@@ -61,18 +69,19 @@ def config_value(config, dotted: str):
     return obj
 
 
-def config_matches(config, conditions: dict) -> bool:
+def config_matches(config, conditions: dict, family: str | None = None) -> bool:
     """Every condition of a finding's ``config`` table holds for ``config``: a plain
     value must equal the config's; ``{ ne_key = "head_dim" }`` means the value
-    differs from the config's own ``head_dim``; ``{ set = true }`` means the value is
+    differs from the config's own ``head_dim``; a ``family.NAME`` key is a value the family
+    reads from the config (``config_value``); ``{ set = true }`` means the value is
     present and not None / false (``{ set = false }``: absent, None or false);
     ``{ lt = 256 }`` means a number below 256 (a threshold a reference compares
     with: phi3's original_max_position_embeddings against llama.cpp's context)."""
     for key, want in conditions.items():
-        have = config_value(config, key)
+        have = config_value(config, key, family)
         if isinstance(want, dict):
             if "ne_key" in want:
-                other = config_value(config, want["ne_key"])
+                other = config_value(config, want["ne_key"], family)
                 if have is _MISSING or other is _MISSING or have == other:
                     return False
             if "ne" in want and (have is _MISSING or have is None or have == want["ne"]):
@@ -160,7 +169,7 @@ class Policy:
                 continue
             if f.get("layer_kind", layer_kind) != layer_kind:
                 continue
-            if "config" in f and (config is None or not config_matches(config, f["config"])):
+            if "config" in f and (config is None or not config_matches(config, f["config"], family)):
                 continue
             # dtypes: the comparison dtypes it is known at (e.g. q8_k: quantized weights
             # only -- a disagreement the float comparison of the same case does not have)

@@ -689,6 +689,36 @@ def test_converter_files_read_back(converted_all):
             [repr(x) for x in src.family.layer_configs(config, variant)], fam
 
 
+def test_gemma3n_export_is_the_converters_file_plus_the_kv_llama_cpp_loads(converted_all):
+    """gemma3n's export against llama.cpp's own converter on the same transformers-5
+    checkpoint: every key and every tensor the same, bit for bit, plus the shared
+    layers' attn_k / attn_v / attn_k_norm, which gemma3n.cpp loads for every layer
+    (flags 0) and HF's shared layers do not have -- so llama.cpp refuses the converter's
+    own file ("check_tensor_dims: tensor 'blk.20.attn_k.weight' not found", measured,
+    docs/measurements/2026-12-02-gemma3n.md). The export writes the source layer's three
+    tensors there (harness/families/gemma3n)."""
+    import gguf
+
+    from harness.families import get
+    from harness.gguf import export as gguf_export
+
+    path, model, config = converted_all["gemma3n"]
+    ours = gguf.GGUFReader(str(gguf_export.export(get("gemma3n"), model, config, "f32", 0)))
+    conv = gguf.GGUFReader(str(path))
+
+    def keys(r):
+        return {k: f.contents() for k, f in r.fields.items() if not k.startswith(("tokenizer.", "general.", "GGUF."))}
+
+    assert keys(ours) == keys(conv)
+    mine, theirs = {t.name: t for t in ours.tensors}, {t.name: t for t in conv.tensors}
+    assert set(mine) - set(theirs) == {"blk.20.attn_k.weight", "blk.20.attn_v.weight", "blk.20.attn_k_norm.weight"}
+    assert set(theirs) <= set(mine)
+    for name, t in theirs.items():
+        assert mine[name].tensor_type == t.tensor_type and np.array_equal(mine[name].data, t.data), name
+    for t in ("attn_k", "attn_v", "attn_k_norm"):  # layer 20 reads layer 18's K / V
+        assert np.array_equal(mine[f"blk.20.{t}.weight"].data, mine[f"blk.18.{t}.weight"].data), t
+
+
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("family", KQUANT)
 def test_converter_file_quantized_three_way(policy, converted_all, family):

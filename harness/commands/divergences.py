@@ -69,6 +69,10 @@ def _cond(f: dict) -> str:
                 out.append(f"{k} {'set' if v['set'] else 'unset'}")
             if "lt" in v:
                 out.append(f"{k} < {v['lt']}")
+        elif k.startswith("family.") and isinstance(v, bool):
+            # a value the family reads from the config (Family.finding_values): its name says it
+            name = k[len("family."):].replace("_", " ")
+            out.append(name if v else f"not: {name}")
         else:
             out.append(f"{k} = {v}")
     if f.get("tokens_at_most_key"):

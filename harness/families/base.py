@@ -199,6 +199,13 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         blocks of the FILE's columns (harness/references/llamacpp/ggml_matmul.py)."""
         return {}
 
+    def finding_values(self, config) -> dict:
+        """Values this family reads from a reference's config where no config key says
+        them, for its findings' conditions (``config = { "family.NAME" = ... }``,
+        harness/policy.py config_value): gemma3n's KV sharing and activation sparsity as
+        llama.cpp's fixed rules make them. Default: none."""
+        return {}
+
     def reference_refusal(self, config, reference: str) -> str | None:
         """Why ``reference`` cannot run this config at all (a setting its graph asserts
         against: one line, exit 2 before any work), or None (default)."""
