@@ -86,6 +86,10 @@ def check(run) -> None:
         why = run.family.reference_refusal(run.config, ref)
         if why:
             raise UsageError(why)
+    if case.ref != "all":  # a reference named that cannot run the schedule (Family.schedule_refusal)
+        for ref, why in run.schedule_refusals.items():
+            raise UsageError(f"--ref {ref} --schedule {case.schedule}: {why}; --ref all runs the other references "
+                             f"and says {ref} is skipped")
     _ = run.plan  # raises when even the smallest plan does not fit
 _BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 

@@ -166,6 +166,14 @@ def test_guard_is_per_candidate_and_reference_rows_guard_nothing():
     assert out[-1]["status"] == "unguarded"
     out = guard([row("impl", "hf", "attn_out", "pass")], [lc], "impl", lambda *a: pytest.fail("guarded"))
     assert len(out) == 1
+    # a reference that sat the case out (Family.schedule_refusal: a skipped row of its own)
+    # decides nothing: the layer still needs a passing attn_out against another reference;
+    # a case skipped as a whole (a device absent: reference "-") already says why
+    sat_out = [row("impl", "hf_cached", "*", "skipped"), row("impl", "hf", "attn_out", "fail")]
+    assert guard(sat_out[:1], [lc], "impl", lambda layer, probe, reason: row("impl", "-", probe, "unguarded"))[-1][
+        "status"] == "unguarded"
+    assert len(guard(sat_out, [lc], "impl", lambda *a: pytest.fail("a failing row already says it"))) == 2
+    assert len(guard([row("impl", "-", "", "skipped")], [lc], "impl", lambda *a: pytest.fail("skipped"))) == 1
 
 
 def test_a_structural_finding_scales_with_length_and_ne_needs_a_value():
