@@ -78,7 +78,7 @@ def test_hf_cached_sits_out_a_schedule_it_crashes_on(policy):
     """HF's cached path crashes on a multi-row call after the first when layer 0 is a
     lightning layer and a softmax layer follows (modeling_minimax.py:663 / :679 / :382;
     every such schedule crashed on transformers 5.24, and none other did:
-    docs/measurements/2026-12-02-minimax-bf16-refusals.md). Named alone it is refused in one
+    docs/measurements/2026-12-02-recurrent-grid.md). Named alone it is refused in one
     line (exit 2); under --ref all it sits out in one skipped row naming HF's lines, and
     the others judge the case -- never an error row, never a pass."""
     from harness.cli import main
