@@ -82,10 +82,22 @@ def check(run) -> None:
         key, n = lim
         raise UsageError(f"--tokens {case.tokens} is past family {run.family.name}'s {key}={n}; use at most {n} "
                          f"tokens, or --set {key}=N")
+    from . import references
+
     for ref in case.refs:  # a setting a reference's graph asserts against (Family.reference_refusal)
+        if getattr(run, "source", None) is not None and references.get(ref).file_weights:
+            # a user's file (--gguf) IS what the reference that reads it runs: HF's model is its
+            # reverse, the tensors that graph never reads dropped (_gguf_import.unused_tensors),
+            # so a setting the export could not give it (falcon_h1's attention_bias: llama.cpp
+            # drops attn_output.bias) is no refusal here -- and a crash of it is its error row
+            continue
         why = run.family.reference_refusal(run.config, ref)
         if why:
             raise UsageError(why)
+    if case.ref != "all":  # a reference named that cannot run the schedule (Family.schedule_refusal)
+        for ref, why in run.schedule_refusals.items():
+            raise UsageError(f"--ref {ref} --schedule {case.schedule}: {why}; --ref all runs the other references "
+                             f"and says {ref} is skipped")
     _ = run.plan  # raises when even the smallest plan does not fit
 _BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 

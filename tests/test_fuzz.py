@@ -110,9 +110,24 @@ def test_recorded_three_way_regressions_parse():
     assert len(spec.cases) == p.read_text().count("[[group]]")
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(fuzz.case_strategy(["minimax"]))
-def test_a_family_keeps_the_fuzz_to_its_named_schedules(case):
-    """minimax's fuzz_space["schedules"]: HF's cached path crashes on a multi-row call
-    after the first (modeling_minimax.py:663/679), so no chunked schedule is drawn."""
-    assert case.schedule in fuzz.space_of(families.get("minimax"))["schedules"]
+def _drawn_schedules(name: str) -> list[str]:
+    seen = []
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(fuzz.case_strategy([name]))
+    def draw(case):
+        seen.append(case.schedule)
+
+    draw()
+    return seen
+
+
+def test_a_family_may_keep_the_fuzz_to_named_schedules(monkeypatch):
+    """``fuzz_space["schedules"]`` keeps a family's draws to the named schedules; without
+    it chunks are drawn -- minimax's again, since HF's cached path, which crashes on a
+    multi-row call after the first, sits out of such a case (MiniMax.schedule_refusal)."""
+    fam = families.get("minimax")
+    assert "schedules" not in fam.fuzz_space
+    assert any("," in s for s in _drawn_schedules("minimax"))
+    monkeypatch.setattr(fam, "fuzz_space", {**fam.fuzz_space, "schedules": ("prefill", "decode")})
+    assert set(_drawn_schedules("minimax")) == {"prefill", "decode"}

@@ -342,3 +342,20 @@ def test_qwen3next_delta_net_qkv_scale_is_unused(archs_dir):
     qkv = gguf_import.dequantize(t["blk.0.attn_qkv.weight"].data, t["blk.0.attn_qkv.weight"].tensor_type)
     w = src.family.recurrent_weights(src.family.decoder_layers(src.model)[0], src.config)["w_in"]
     assert np.array_equal(w, qkv.reshape(w.shape))
+
+
+def test_a_file_is_not_refused_for_what_only_the_export_cannot_give_llamacpp(archs_dir):
+    """falcon-h1's generator file carries attn_q / k / v / output biases, so HF's reverse has
+    attention_bias=true -- which a seeded case refuses for llama.cpp (falcon-h1.cpp:152-154
+    never adds attn_output.bias). A user's file is what llama.cpp runs and the reverse drops
+    that bias (_gguf_import.UNREAD), so the case is not refused (harness/budget.py)."""
+    from harness import budget
+    from harness.case import Case, CaseRun
+
+    try:
+        path, _ = _generate("falcon-h1", False, archs_dir)
+    except _Unwritten as e:
+        pytest.fail(e.proc.stderr[-1000:])
+    run = CaseRun(Case(family="", gguf=str(path), ref="all", tokens=8), None)
+    assert run.config.attention_bias and "attention_bias" in run.family.reference_refusal(run.config, "llamacpp")
+    budget.check(run)  # no UsageError: the seeded model would be refused, the file is not

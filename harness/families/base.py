@@ -211,6 +211,17 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         against: one line, exit 2 before any work), or None (default)."""
         return None
 
+    def schedule_refusal(self, config, reference: str, chunks: tuple[int, ...]) -> str | None:
+        """Why ``reference`` cannot run this config on a schedule whose calls carry
+        ``chunks`` rows (each sequence's, in order: ``harness.schedule.chunk_sizes`` of the
+        case's ``--schedule``) -- a crash the reference's own source predicts, said in one
+        line with its lines and what is valid -- or None (default). A reference the case
+        names is refused for it (exit 2, before any work: harness/budget.py); under
+        ``--ref all`` it is left out in a ``skipped`` row that says why, and the other
+        references run the case (``Build.schedule_refusals``, harness/case.py): a known
+        crash is neither an error row nor a pass."""
+        return None
+
     def variant_weights(self, weights: dict, config, i: int, variant: str | None) -> dict:
         """Layer ``i``'s impl weights (``layer_weights``' dict) as a named variant
         stores them (default: every variant reads the same weights; llama's

@@ -347,6 +347,23 @@ class Build:
         return np.stack(rows).astype(np.int64)
 
     @cached_property
+    def schedule_refusals(self) -> dict[str, str]:
+        """The case's references that cannot run its schedule, each with why
+        (``Family.schedule_refusal``: a crash their source predicts), decided from the
+        config before any work. A ``--prompt`` sets the length later, but only on the
+        named schedules, whose shape (one call; one row per call; one call then one row
+        per call) does not depend on it."""
+        from ..schedule import chunk_sizes
+
+        chunks = tuple(chunk_sizes(self.case.schedule, self.case.tokens))
+        out = {}
+        for ref in self.case.refs:
+            why = self.family.schedule_refusal(self.config, ref, chunks)
+            if why:
+                out[ref] = why
+        return out
+
+    @cached_property
     def batch_plan(self):
         """Each sequence's rows, rows per call and arrival (harness/schedule.py): the
         plan every side runs -- impl through ``LayerCall.steps``, llama.cpp's decode
