@@ -56,6 +56,10 @@ def _module_reference() -> str:
 #   partial:    partial_rotary_factor (the arch's rope dimension count)
 #   mla:        MLA ranks and widths (deepseek2.cpp reads q_lora_rank, kv_lora_rank,
 #               key/value lengths _mla), YaRN on/off
+#   values:     the family's own keys, each from its own choices (``fuzz_space["values"]``:
+#               key -> choices; a tuple of keys -> tuples of values drawn together, for keys
+#               only some combinations of which a reference can express); the first choice
+#               is the one a failure shrinks to
 # Each family's space lives with it (``Family.fuzz_space`` in its folder); a family
 # without one gets the generic knob its heads allow.
 DEFAULT_SPACE = {"knobs": ("heads",)}
@@ -228,6 +232,10 @@ def _draw_knob(draw, st, knob, fam, space, tokens, ov, keys) -> None:
             ov["qk_rope_head_dim"] = draw(st.sampled_from((4, 8)))
             if "q_lora_rank" in keys:
                 ov["q_lora_rank"] = draw(st.sampled_from((None, 8, 24)))
+    elif knob == "values":
+        for key, choices in space["values"].items():
+            pick = draw(st.sampled_from(tuple(choices)))
+            ov.update(zip(key, pick) if isinstance(key, tuple) else ((key, pick),))
     elif knob == "mla_yarn":
         if draw(st.booleans()):
             ov["rope_parameters.rope_type"] = "default"  # the YaRN keys stay; a default RoPE reads none

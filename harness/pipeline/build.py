@@ -205,6 +205,14 @@ class Build:
         for sw in self.switches:
             if sw.layer is not None:
                 lcs = [sw.layer(lc) for lc in lcs]
+        reader = next((i for i, lc in enumerate(lcs) if getattr(lc, "kv_source", None) is not None), None)
+        if self.case.evict and reader is not None:
+            # impl/runner.py _check_source refuses it mid-run (the source evicts after its own
+            # read rows its reader still needs): bad input here, before any capture, so a run
+            # says it in one line and the fuzzer discards the draw instead of an error row
+            raise UsageError(f"--kv-evict with KV shared across layers (family {self.family.name}: layer {reader} "
+                             f"reads layer {lcs[reader].kv_source}'s K/V): the source would evict rows its reader "
+                             f"still needs; valid: without --kv-evict")
         return lcs
 
     @cached_property

@@ -173,6 +173,26 @@ class Gemma3n(LlamaLike):
         pad_token_id=0, eos_token_id=1, bos_token_id=2,
     )
     gguf_arch = "gemma3n"
+    # The fuzzer's space (harness/fuzz.py), each knob a key llama.cpp reads for this arch:
+    # - heads / head_dim: attention.head_count(_kv), attention.key_length (gemma3n.cpp:151
+    #   build_qkv(n_embd_head, n_head, n_head_kv), the QK norms over n_embd_head);
+    # - window: attention.sliding_window (gemma3n.cpp:11 n_swa);
+    # - depth: 21, 22 or 25 layers with num_kv_shared_layers = n - 20, the counts at which
+    #   HF's sharing rule (kv_sharing_modes) gives each shared layer llama.cpp's source --
+    #   18 for a sliding one, 19 for a full one (gemma3n.cpp:7, llama-model.cpp:2780-2788);
+    #   25 shares a full layer (L24 reads L19). Never fewer than 21 layers (llama.cpp would
+    #   share none) nor another shared count (llama.cpp never reads shared_kv_layers): both
+    #   are the written kv_sharing finding, not a draw. Above 10 layers HF's default sparsity
+    #   pattern is llama.cpp's (configuration_gemma3n.py:146, models.h:843-844), so only the
+    #   std finding applies. laurel_rank, hidden_size_per_layer_input, the AltUp sizes and
+    #   vocab_size_per_layer_input stay the tiny's (llama-hparams.h:264-267 hard-codes them).
+    # - bias: attention_bias biases q/k/v AND o_proj (modeling_gemma3n.py:1169-1185); gemma3n.cpp
+    #   has no o bias (build_attn(..., wo, NULL, ...) :171, :196) nor a q bias on a shared
+    #   layer (:181 build_lora_mm(wq)), so it runs against HF alone.
+    # Not drawn: the RoPE thetas -- a table per layer type (rope_parameters.full_attention /
+    # .sliding_attention), whose value the recorded regression groups cannot write.
+    fuzz_space = {"knobs": ("heads", "head_dim", "window", "values", "bias"), "hf_only": ("bias",),
+                  "values": {("num_hidden_layers", "num_kv_shared_layers"): ((21, 1), (22, 2), (25, 5))}}
 
     # ------------------------------------------------------------------ HF
     hf_points = {
