@@ -82,10 +82,22 @@ def check(run) -> None:
         key, n = lim
         raise UsageError(f"--tokens {case.tokens} is past family {run.family.name}'s {key}={n}; use at most {n} "
                          f"tokens, or --set {key}=N")
+    from . import references
+
     for ref in case.refs:  # a setting a reference's graph asserts against (Family.reference_refusal)
+        if getattr(run, "source", None) is not None and references.get(ref).file_weights:
+            # a user's file (--gguf) IS what the reference that reads it runs: HF's model is its
+            # reverse, the tensors that graph never reads dropped (_gguf_import.unused_tensors),
+            # so a setting the export could not give it (falcon_h1's attention_bias: llama.cpp
+            # drops attn_output.bias) is no refusal here -- and a crash of it is its error row
+            continue
         why = run.family.reference_refusal(run.config, ref)
         if why:
             raise UsageError(why)
+    if case.ref != "all":  # a reference named that cannot run the schedule (Family.schedule_refusal)
+        for ref, why in run.schedule_refusals.items():
+            raise UsageError(f"--ref {ref} --schedule {case.schedule}: {why}; --ref all runs the other references "
+                             f"and says {ref} is skipped")
     _ = run.plan  # raises when even the smallest plan does not fit
 _BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -239,7 +251,9 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     layers = [i for i in range(len(layer_cfgs)) if selection is None or selection.layer(i)]
     dims = [_layer_dims(layer_cfgs[i]) for i in range(len(layer_cfgs))]
-    inter = int(getattr(config, "intermediate_size", 0) or 0) or 4 * max((d[0] for d in dims), default=0)
+    inter = getattr(config, "intermediate_size", 0) or 0
+    inter = max(inter) if isinstance(inter, (list, tuple)) else int(inter)  # gemma3n: one per layer
+    inter = inter or 4 * max((d[0] for d in dims), default=0)
     hmax = max((d[1] for d in dims), default=0)
     probs = s * hmax * t * t  # elements of one layer's attn_probs
 

@@ -347,10 +347,13 @@ class CaseRun(Build):
         if why:  # a limit of the engine, said in the row: nothing compared, never a pass
             return [Judge(self.judge_request()).row(name, "-", None, "*", "skipped", why)]
         _ = self.plan  # decided before any capture: a case that cannot fit is refused here
-        caps = self._capture_all(case.refs)
+        refused = self.schedule_refusals  # --ref all: a reference that cannot run the schedule sits out
+        caps = self._capture_all([r for r in case.refs if r not in refused])
         judge = Judge(self.judge_request())
         feed = self._reporting(self.feed())
-        rows: list[dict] = []
+        # nothing compared, never a pass; the other references judge the case (verdict.guard)
+        rows: list[dict] = [judge.row(name, r, None, "*", "skipped", f"reference {r} cannot run schedule "
+                                      f"{case.schedule}: {why}") for r, why in refused.items()]
         for rc in caps:
             if rc.error:
                 rows.append(judge.row(name, rc.name, None, "", "error", f"reference {rc.name} failed: {rc.error}"))

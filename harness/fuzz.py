@@ -56,6 +56,10 @@ def _module_reference() -> str:
 #   partial:    partial_rotary_factor (the arch's rope dimension count)
 #   mla:        MLA ranks and widths (deepseek2.cpp reads q_lora_rank, kv_lora_rank,
 #               key/value lengths _mla), YaRN on/off
+#   values:     the family's own keys, each from its own choices (``fuzz_space["values"]``:
+#               key -> choices; a tuple of keys -> tuples of values drawn together, for keys
+#               only some combinations of which a reference can express); the first choice
+#               is the one a failure shrinks to
 # Each family's space lives with it (``Family.fuzz_space`` in its folder); a family
 # without one gets the generic knob its heads allow.
 DEFAULT_SPACE = {"knobs": ("heads",)}
@@ -122,7 +126,8 @@ def case_strategy(family_names: list[str], ref: str = "all"):
         kv = draw(st.sampled_from(("decode", "batched", "paged")))
         seqs = 1 if kv == "decode" else draw(st.integers(1, 3))
         # a family may keep to the named schedules (``fuzz_space["schedules"]``): where a
-        # reference crashes on a multi-row call after the first (an error row, not a finding)
+        # chunked schedule cannot run at all (a reference's crash the family predicts is not
+        # this: ``Family.schedule_refusal`` leaves that reference out of the case instead)
         named = space.get("schedules")
         schedule = draw(st.sampled_from(tuple(named)) if named else _schedule(st, tokens))
         variant = draw(st.sampled_from(fam.variants)) if fam.variants else None
@@ -227,6 +232,10 @@ def _draw_knob(draw, st, knob, fam, space, tokens, ov, keys) -> None:
             ov["qk_rope_head_dim"] = draw(st.sampled_from((4, 8)))
             if "q_lora_rank" in keys:
                 ov["q_lora_rank"] = draw(st.sampled_from((None, 8, 24)))
+    elif knob == "values":
+        for key, choices in space["values"].items():
+            pick = draw(st.sampled_from(tuple(choices)))
+            ov.update(zip(key, pick) if isinstance(key, tuple) else ((key, pick),))
     elif knob == "mla_yarn":
         if draw(st.booleans()):
             ov["rope_parameters.rope_type"] = "default"  # the YaRN keys stay; a default RoPE reads none

@@ -19,10 +19,11 @@ _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "floor_width", "rope_nmse", 
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
                  "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason", "seen_by",
-                 "tokens_at_most_key", "later_call_rows_at_least"}
+                 "tokens_at_most_key", "tokens_at_most", "later_call_rows_at_least"}
 # what a [finding.seen_by] inherits from the statement it belongs to (the same disagreement,
 # the same reference config; its own probes, bounds and, optionally, words)
-_INHERITED = ("family", "config", "layer_kind", "dtypes", "reason", "tokens_at_most_key", "later_call_rows_at_least")
+_INHERITED = ("family", "config", "layer_kind", "dtypes", "reason", "tokens_at_most_key", "tokens_at_most",
+              "later_call_rows_at_least")
 FAMILIES_DIR = Path(__file__).resolve().parent / "families"
 _MISSING = object()
 
@@ -44,10 +45,18 @@ def _names(side: str) -> tuple[str, ...]:
     return (side,) if ref is None or not ref.model_of else (side, ref.model_of)
 
 
-def config_value(config, dotted: str):
+def config_value(config, dotted: str, family: str | None = None):
     """A value of the reference's own config by dotted path (``rope_parameters.truncate``,
     ``attn_config.alibi_bias_max``: a table or an attribute at each step; a number
-    indexes a list, ``layer_types.0``)."""
+    indexes a list, ``layer_types.0``). ``family.NAME``: what ``family`` reads from that
+    config where no key says it (``Family.finding_values``: gemma3n's KV sharing as
+    llama.cpp's fixed start makes it)."""
+    if dotted.startswith("family."):
+        if family is None:
+            return _MISSING
+        from .families import get
+
+        return get(family).finding_values(config).get(dotted[len("family."):], _MISSING)
     obj = config
     for part in dotted.split("."):
         if isinstance(obj, (list, tuple)):
@@ -61,18 +70,19 @@ def config_value(config, dotted: str):
     return obj
 
 
-def config_matches(config, conditions: dict) -> bool:
+def config_matches(config, conditions: dict, family: str | None = None) -> bool:
     """Every condition of a finding's ``config`` table holds for ``config``: a plain
     value must equal the config's; ``{ ne_key = "head_dim" }`` means the value
-    differs from the config's own ``head_dim``; ``{ set = true }`` means the value is
+    differs from the config's own ``head_dim``; a ``family.NAME`` key is a value the family
+    reads from the config (``config_value``); ``{ set = true }`` means the value is
     present and not None / false (``{ set = false }``: absent, None or false);
     ``{ lt = 256 }`` means a number below 256 (a threshold a reference compares
     with: phi3's original_max_position_embeddings against llama.cpp's context)."""
     for key, want in conditions.items():
-        have = config_value(config, key)
+        have = config_value(config, key, family)
         if isinstance(want, dict):
             if "ne_key" in want:
-                other = config_value(config, want["ne_key"])
+                other = config_value(config, want["ne_key"], family)
                 if have is _MISSING or other is _MISSING or have == other:
                     return False
             if "ne" in want and (have is _MISSING or have is None or have == want["ne"]):
@@ -160,7 +170,7 @@ class Policy:
                 continue
             if f.get("layer_kind", layer_kind) != layer_kind:
                 continue
-            if "config" in f and (config is None or not config_matches(config, f["config"])):
+            if "config" in f and (config is None or not config_matches(config, f["config"], family)):
                 continue
             # dtypes: the comparison dtypes it is known at (e.g. q8_k: quantized weights
             # only -- a disagreement the float comparison of the same case does not have)
@@ -172,6 +182,11 @@ class Policy:
                 limit = config_value(config, f["tokens_at_most_key"]) if config is not None else _MISSING
                 if tokens is None or not isinstance(limit, (int, float)) or tokens > limit:
                     continue
+            # tokens_at_most: it holds only up to the length it was measured at (a disagreement
+            # that grows with the calls, as HF's bfloat16 lightning decay per row does: past it,
+            # nothing here says how large it is)
+            if "tokens_at_most" in f and (tokens is None or tokens > f["tokens_at_most"]):
+                continue
             # later_call_rows_at_least: it holds only where some sequence has a call after its
             # first carrying at least that many rows (HF Mamba-1's cached multi-row scan, which
             # restarts from a zero state: a prefill alone, or one row per later call, is excused
@@ -244,10 +259,12 @@ def _check_finding(p, n, f) -> None:
         if key in f and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
             raise UsageError(f"tolerance policy {p}: finding {n} ({f.get('family')}) {key} must be a positive "
                              f"number, got {v!r}")
-    v = f.get("later_call_rows_at_least")
-    if "later_call_rows_at_least" in f and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
-        raise UsageError(f"tolerance policy {p}: finding {n} ({f.get('family')}) later_call_rows_at_least must be "
-                         f"an integer >= 2 (rows in one call after a sequence's first), got {v!r}")
+    for key, least, what in (("later_call_rows_at_least", 2, "rows in one call after a sequence's first"),
+                             ("tokens_at_most", 1, "the longest sequence it was measured at")):
+        v = f.get(key)
+        if key in f and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+            raise UsageError(f"tolerance policy {p}: finding {n} ({f.get('family')}) {key} must be an integer "
+                             f">= {least} ({what}), got {v!r}")
     if not str(f.get("reason", "")).strip() or "family" not in f:
         raise UsageError(f"tolerance policy {p}: every finding needs a family and a written reason (finding {n})")
     fam = f["family"]

@@ -86,8 +86,9 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
                 r["reason"] += (f"; {r['reference']} alone cannot judge this setting: run it with "
                                 + " or ".join(f"--ref {n}" for n in missing) + " (or --ref all)")
     out = list(rows)
-    if any(r["status"] in ("error", "skipped") for r in mine):
+    if any(r["status"] == "error" or (r["status"] == "skipped" and r["reference"] == "-") for r in mine):
         return out  # a crash (or a device absent) already decides the case and says why
+    # (a reference left out of the case -- Family.schedule_refusal -- decides nothing: the others guard it)
     chosen = set(range(len(layer_cfgs))) if layers is None else set(layers)
     layers = [(i, guard_probe(lc)) for i, lc in enumerate(layer_cfgs) if i in chosen]
     layers = [(i, p) for i, p in layers if p is not None]

@@ -133,11 +133,17 @@ def graph_sources(tree: Path) -> dict[str, str]:
     return files
 
 
-def arch_scales(tree: Path, model_src: str) -> dict[str, set[str]]:
-    """arch enum -> the tensor kinds whose ``.scale`` its graph applies: the
-    ``<x>_s`` its src/models/<arch>.cpp passes on, plus build_qkv's (wq_s, wk_s,
-    wv_s, wqkv_s) where it calls build_qkv. A ``.scale`` the graph never
-    passes is loaded and unused."""
+def arch_scales(tree: Path, model_src: str) -> dict[str, tuple[set[str], set[str]]]:
+    """arch enum -> ``(applied, recurrent_unscaled)``. ``applied``: the tensor kinds
+    whose ``.scale`` its graph applies -- the ``<x>_s`` its src/models/<arch>.cpp
+    passes on, plus build_qkv's (wq_s, wk_s, wv_s, wqkv_s) where it calls build_qkv. A
+    ``.scale`` the graph never passes is loaded and unused. ``recurrent_unscaled``: of
+    build_qkv's kinds, those a hybrid graph (``hparams.is_recr(il)``) scales only
+    through build_qkv -- its attention layers -- and multiplies unscaled in its
+    recurrent layers' builder (``build_lora_mm(model.layers[il].wqkv, input)``, no
+    scale argument: qwen3next.cpp build_qkvz, minimax-01.cpp's lightning layer), where
+    the same tensor kind is the recurrent projection: a recurrent layer's scale of
+    that kind is loaded and unused."""
     files = graph_sources(tree)
     graph = (tree / "src" / "llama-graph.cpp").read_text()
     qkv_body = body(graph, graph.index("llm_graph_qkv llm_graph_context::build_qkv(", graph.index("build_qkv(") + 1))
@@ -157,12 +163,17 @@ def arch_scales(tree: Path, model_src: str) -> dict[str, set[str]]:
             pending.append(tok.group(1))
             continue
         src = files.get(tok.group(2), "")
-        used = set(re.findall(r"\b(\w+?)_s\b", src)) | (qkv if "build_qkv(" in src else set())
+        explicit = set(re.findall(r"\b(\w+?)_s\b", src))
         for name, passed in helpers.items():
             if re.search(rf"\b{name}\(", src):
-                used |= passed
+                explicit |= passed
+        via_qkv = qkv if "build_qkv(" in src else set()
+        # a layer weight multiplied with no scale argument: build_lora_mm(<layer>.<x>, <input>)
+        unscaled = set(re.findall(r"build_lora_mm\(\s*(?:model\.layers\[il\]|layer)\.(\w+)\s*,\s*[^,()]+\)", src))
+        rec = (via_qkv - explicit) & unscaled if "is_recr(" in src else set()
         for arch in pending:
-            out[arch] = {SCALE_TENSORS[u] for u in used if u in SCALE_TENSORS}
+            out[arch] = ({SCALE_TENSORS[u] for u in explicit | via_qkv if u in SCALE_TENSORS},
+                         {SCALE_TENSORS[u] for u in rec if u in SCALE_TENSORS})
         pending = []
     return out
 
@@ -246,7 +257,16 @@ def main() -> int:
     print("SCALES = {")
     for enum, arch in sorted(archs.items(), key=lambda kv_: kv_[1]):
         if enum in scales:
-            print(f"    {arch!r}: frozenset({{{', '.join(repr(k) for k in sorted(scales[enum]))}}}),")
+            print(f"    {arch!r}: frozenset({{{', '.join(repr(k) for k in sorted(scales[enum][0]))}}}),")
+    print("}")
+    print()
+    print("# of those, the kinds a hybrid graph scales only through build_qkv (its attention layers)")
+    print("# and multiplies unscaled in its recurrent layers (build_lora_mm(model.layers[il].<x>, cur),")
+    print("# no scale: qwen3next.cpp build_qkvz): a recurrent layer's .scale of them is loaded and unused")
+    print("RECURRENT_UNSCALED = {")
+    for enum, arch in sorted(archs.items(), key=lambda kv_: kv_[1]):
+        if scales.get(enum, ((), ()))[1]:
+            print(f"    {arch!r}: frozenset({{{', '.join(repr(k) for k in sorted(scales[enum][1]))}}}),")
     print("}")
     print()
     print("# the archs whose graph rotates with the file's rope_freqs (src/models/<arch>.cpp calls")

@@ -50,9 +50,9 @@ def _xs(n_seq, tokens=9, hidden=48, seed=7):
     return [rng.normal(size=(tokens, hidden)) for _ in range(n_seq)]
 
 
-def _run_guarded(layer, xs, kv, device=META, forbid_float64=True, schedule="mixed"):
+def _run_guarded(layer, xs, kv, device=META, forbid_float64=True, schedule="mixed", source=None):
     with DeviceGuard(device, forbid_float64=forbid_float64) as g:
-        outs, traces, steps = run_layer(layer, xs if kv != "decode" else xs[:1], kv, schedule)
+        outs, traces, steps = run_layer(layer, xs if kv != "decode" else xs[:1], kv, schedule, source=source)
     return g, outs, traces, steps
 
 
@@ -124,12 +124,16 @@ def test_every_family_stays_on_the_device(family, variant):
     run = CaseRun(Case(family=family, variant=variant), None)
     be = GuardedBackend("torch", META, "float32")
     ran = 0
-    for lc, w in zip(run.layer_cfgs, run.weights_for("float32")):
+    loaded = {}
+    for i, (lc, w) in enumerate(zip(run.layer_cfgs, run.weights_for("float32"))):
         if isinstance(lc, NotInImpl) or getattr(lc, "shape", None) == "absent":
             continue  # nothing to run (an absent layer -- nemotron_h's MLP layers -- returns no branch)
-        layer = load_layer(lc, w, be)
+        layer = loaded[i] = load_layer(lc, w, be)
         hidden = run.config.hidden_size
-        g, outs, _, _ = _run_guarded(layer, _xs(2, tokens=6, hidden=hidden), "paged")
+        xs = _xs(2, tokens=6, hidden=hidden)
+        # a layer reading an earlier layer's K / V (gemma3n's kv_source) runs with that layer beside it
+        src = getattr(lc, "kv_source", None)
+        g, outs, _, _ = _run_guarded(layer, xs, "paged", source=None if src is None else (loaded[src], xs))
         assert g.ops > 0 and outs[0].shape == (6, hidden)
         ran += 1
     assert ran >= 1

@@ -207,6 +207,34 @@ def test_ort_genai_yarn_ignores_truncate(policy, truncate, first):
     assert all(r["status"] in ("pass", "not-exposed", "fail") for r in rows if r["candidate"] == "ort-genai")
 
 
+ALL_ATTENTION = (("layer_types", ["attention", "attention", "attention"]),)
+
+
+@pytest.mark.parametrize("family, over, first", [
+    # the builder's LayerNorm eps is config.rms_norm_eps or 1e-6 (builders/base.py:282); phi's
+    # is layer_norm_eps (1e-5 here): the first norm differs, its input agreeing (2 heads: the
+    # kernel refuses the partial rotary's half of 4 at head_dim 16)
+    ("phi", (("num_attention_heads", 2),), (0, "attn_in")),
+    ("phi", (("num_attention_heads", 2), ("layer_norm_eps", 1e-6)), None),
+    # GraniteMoeHybrid with attention layers only (the builder builds no Mamba-2 layer): it
+    # rotates where HF's position_embedding_type leaves the model NoPE
+    # (modeling_granitemoehybrid.py:1057), and builds the shared MLP alone where HF adds the
+    # experts' output to it (:1002-1004)
+    ("granitemoehybrid", ALL_ATTENTION + (("num_local_experts", 0),), (0, "k_rope")),
+    ("granitemoehybrid", ALL_ATTENTION + (("position_embedding_type", "rope"),), (0, "layer_out")),
+    ("granitemoehybrid", ALL_ATTENTION + (("position_embedding_type", "rope"), ("num_local_experts", 0)), None),
+])
+def test_ort_genai_builder_divergences(policy, family, over, first):
+    """Real divergences of the model builder (docs/reference/candidates.md): the first
+    failing probe against HF, and with the setting the builder gets wrong switched to what it
+    computes, every probe passing."""
+    need("onnxruntime", "onnx", "onnxruntime-genai", "onnx-ir")
+    rows = run(policy, family=family, ref="hf", candidate="ort-genai", overrides=over)
+    assert _first_bad(rows, "ort-genai") == first
+    # judged, not refused (a layer past a failing probe may read `unguarded`)
+    assert not [r for r in rows if r["candidate"] == "ort-genai" and r["status"] in ("error", "skipped", "missing")]
+
+
 def test_openvino_converts_and_exposes_layer_boundaries(policy):
     need("openvino")
     rows = run(policy, family="qwen2", ref="hf", candidate="openvino")
@@ -216,6 +244,44 @@ def test_openvino_converts_and_exposes_layer_boundaries(policy):
     for probe in ("layer_in", "attn_in", "q", "k", "v", "attn_branch", "attn_out", "resid_mid", "layer_out"):
         assert mine[("hf", 1, probe)]["status"] == "pass", probe
     assert mine[("hf", 0, "attn_probs")]["status"] == "not-exposed"
+
+
+@pytest.mark.parametrize("candidate, family, probes", [
+    # the query the op is fed is rotated and normed (the norm after RoPE): traced back
+    # through the RotaryEmbedding node to the projection (q, k), read at the op (q_rope)
+    ("ort-genai", "hunyuan_v1_dense", ("q", "k", "q_rope", "k_rope")),
+    # the first residual add inside DbrxNormAttentionNorm, the norm and attention a module deeper
+    ("openvino", "dbrx", ("attn_in", "attn_heads", "attn_out", "resid_mid")),
+    # k / attn_out / ssm_out are the projections times the multiplier HF's next line applies
+    ("openvino", "falcon_h1", ("k", "attn_out", "ssm_out")),
+    # layer_in past OpenVINO's merged MVN; the attention module past the norm and dropout
+    # registered before it
+    ("openvino", "gpt_neox", ("layer_in", "attn_branch", "attn_out", "layer_out")),
+])
+def test_engine_probes_are_read_where_the_contract_puts_them(policy, candidate, family, probes):
+    """The four probe placements of issue 30 (the candidates' own defects, each read at the
+    wrong tensor of the engine's graph before: hunyuan_v1_dense q NMSE 0.59, dbrx resid_mid
+    0.095, falcon_h1 k 1.0, gpt_neox layer_in 0.017): each probe is exposed and passes on
+    both layers, and nothing of the case fails."""
+    need(*{"ort-genai": ("onnxruntime", "onnx", "onnxruntime-genai", "onnx-ir"),
+           "openvino": ("openvino",)}[candidate])
+    rows = run(policy, family=family, ref="hf", candidate=candidate)
+    mine = _mine(rows, candidate)
+    assert not [k for k, r in mine.items() if r["status"] not in ("pass", "not-exposed")]
+    for layer in (0, 1):
+        for probe in probes:
+            assert mine[("hf", layer, probe)]["status"] == "pass", (layer, probe, mine[("hf", layer, probe)])
+
+
+def test_openvino_traces_a_longrope_model(policy):
+    """HF's LongRoPE caches its long-factor table on its first call, so the converter's
+    tracer refused a fresh phi3 ("Graphs differed across invocations", a skip); the
+    candidate runs the model once before converting it, and phi3 is judged and passes."""
+    need("openvino")
+    rows = run(policy, family="phi3", ref="hf", candidate="openvino")
+    mine = _mine(rows, "openvino")
+    assert mine[("hf", 1, "layer_out")]["status"] == "pass", mine[("hf", 1, "layer_out")]
+    assert not [k for k, r in mine.items() if r["status"] not in ("pass", "not-exposed")]
 
 
 def test_ctranslate2_is_judged_at_its_logits(policy):
@@ -328,3 +394,28 @@ def test_engines_matrix_names_every_engine(monkeypatch):
     from harness import families
 
     assert {c.family for c in spec.cases} == set(families.registry())
+
+
+def test_engines_matrix_ort_genai_is_the_builders_dispatch():
+    """engines.toml's ort-genai group is every family whose HF architecture (what
+    save_pretrained writes as config.json ``architectures``: transformers' causal-LM class
+    of its model type) the model builder's dispatch names -- no family it supports left
+    out, none it refuses run (a 60 s refusal each)."""
+    need("onnxruntime-genai")
+    import importlib.util
+    import re
+    import tomllib
+
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal,
+    )
+
+    from harness import families
+
+    src = Path(importlib.util.find_spec("onnxruntime_genai.models.builder").origin).read_text()
+    named = set(re.findall(r'config\.architectures\[0\] == "(\w+)"', src))
+    assert "LlamaForCausalLM" in named  # the dispatch is still written this way
+    supported = {f for f, fam in families.registry().items() if causal.get(fam.hf_model_type) in named}
+    spec = tomllib.loads((ROOT / "fixtures" / "matrix" / "engines.toml").read_text())
+    group = next(g for g in spec["group"] if g["name"] == "ort-genai")
+    assert set(group["families"]) == supported

@@ -110,9 +110,53 @@ def test_recorded_three_way_regressions_parse():
     assert len(spec.cases) == p.read_text().count("[[group]]")
 
 
+def _drawn_schedules(name: str) -> list[str]:
+    seen = []
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(fuzz.case_strategy([name]))
+    def draw(case):
+        seen.append(case.schedule)
+
+    draw()
+    return seen
+
+
+def test_a_family_may_keep_the_fuzz_to_named_schedules(monkeypatch):
+    """``fuzz_space["schedules"]`` keeps a family's draws to the named schedules; without
+    it chunks are drawn -- minimax's again, since HF's cached path, which crashes on a
+    multi-row call after the first, sits out of such a case (MiniMax.schedule_refusal)."""
+    fam = families.get("minimax")
+    assert "schedules" not in fam.fuzz_space
+    assert any("," in s for s in _drawn_schedules("minimax"))
+    monkeypatch.setattr(fam, "fuzz_space", {**fam.fuzz_space, "schedules": ("prefill", "decode")})
+    assert set(_drawn_schedules("minimax")) == {"prefill", "decode"}
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(fuzz.case_strategy(["minimax"]))
-def test_a_family_keeps_the_fuzz_to_its_named_schedules(case):
-    """minimax's fuzz_space["schedules"]: HF's cached path crashes on a multi-row call
-    after the first (modeling_minimax.py:663/679), so no chunked schedule is drawn."""
-    assert case.schedule in fuzz.space_of(families.get("minimax"))["schedules"]
+@given(fuzz.case_strategy(["gemma3n", "hrm_text"]))
+def test_gemma3n_and_hrm_text_draw_only_what_llamacpp_can_say(case):
+    """gemma3n: >= 21 layers sharing KV from layer 20 (gemma3n.cpp:7: num_kv_shared_layers =
+    n - 20, where HF's sources are llama.cpp's), the sizes llama.cpp hard-codes never drawn
+    (llama-hparams.h:264-267); hrm_text: every stack count >= 1 (hrm-text.cpp asserts it).
+    A bias (no o / gate bias in either graph) runs against HF alone."""
+    case.validate()
+    ov = dict(case.overrides)
+    if case.family == "gemma3n":
+        from harness.families.gemma3n import LC_FIXED
+
+        assert ov["num_hidden_layers"] >= 21 and ov["num_kv_shared_layers"] == ov["num_hidden_layers"] - 20
+        assert not set(ov) & (set(LC_FIXED) | {"vocab_size_per_layer_input", "activation_sparsity_pattern"})
+    else:
+        assert all(ov[k] >= 1 for k in ("num_hidden_layers", "H_cycles", "L_cycles"))
+    assert case.ref == ("hf" if ov.get("attention_bias") else "all")
+
+
+def test_kv_eviction_with_shared_kv_is_a_refused_draw():
+    """gemma3n's shared KV with --kv-evict: impl's source would evict rows its reader still
+    needs (impl/runner.py _check_source) -- bad input before any capture (found by conformance
+    fuzz as an impl error row), so the fuzzer discards the draw."""
+    from harness.policy import load_policy
+
+    out = fuzz.run_three_way(Case(family="gemma3n", ref="all", kv="decode", tokens=2, evict=True), load_policy())
+    assert fuzz.is_refused(out) and "--kv-evict with KV shared across layers" in out.why, out.why

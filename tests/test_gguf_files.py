@@ -138,6 +138,10 @@ def test_key_table_says_what_llama_cpp_reads():
     for arch in ("mamba", "mamba2", "falcon-h1", "granitehybrid", "jamba", "nemotron_h"):
         assert {"ssm_in", "ssm_out"} <= keys.SCALES[arch], arch
     assert not {"ssm_in", "ssm_out"} & keys.SCALES["llama"]
+    # qwen3next.cpp build_qkvz / minimax-01.cpp's lightning layer: build_lora_mm(wqkv, cur), no
+    # scale, while build_qkv (their attention layers) applies wqkv_s; qwen35.cpp passes it on
+    assert keys.RECURRENT_UNSCALED == {"minimax-01": frozenset({"attn_qkv"}), "qwen3next": frozenset({"attn_qkv"})}
+    assert "attn_qkv" in keys.SCALES["qwen3next"] and "attn_qkv" in keys.SCALES["qwen35"]
     # falcon-h1.cpp loads rope_freqs and rotates without it (ggml_rope_ext(..., nullptr, ...))
     assert "falcon-h1" not in keys.ROPE_FACTORS and {"llama", "granite", "llama4"} <= keys.ROPE_FACTORS
 
@@ -153,6 +157,12 @@ def test_tensors_a_graph_never_reads_are_listed_unused():
     assert unused_tensors(names, "falcon-h1") == ["blk.0.attn_output.bias", "blk.0.ffn_up.scale",
                                                   "blk.0.ssm_in.input_scale", "rope_freqs.weight"]
     assert unused_tensors(names, "llama") == ["blk.0.ssm_in.input_scale", "blk.0.ssm_in.scale"]
+    # qwen3next.cpp: build_qkv scales an attention layer's attn_qkv, build_qkvz multiplies a
+    # recurrent layer's unscaled (RECURRENT_UNSCALED); qwen35.cpp passes wqkv_s in both
+    qkv = ["blk.0.attn_qkv.scale", "blk.1.attn_qkv.scale"]
+    assert unused_tensors(qkv, "qwen3next", frozenset({0})) == ["blk.0.attn_qkv.scale"]
+    assert unused_tensors(qkv, "qwen3next") == []
+    assert unused_tensors(qkv, "qwen35", frozenset({0})) == []
 
 
 # ---------------------------------------------------------------- metadata: read, ignored, refused
@@ -677,6 +687,36 @@ def test_converter_files_read_back(converted_all):
         variant = src.variant
         assert [repr(x) for x in src.family.layer_configs(src.config, variant)] == \
             [repr(x) for x in src.family.layer_configs(config, variant)], fam
+
+
+def test_gemma3n_export_is_the_converters_file_plus_the_kv_llama_cpp_loads(converted_all):
+    """gemma3n's export against llama.cpp's own converter on the same transformers-5
+    checkpoint: every key and every tensor the same, bit for bit, plus the shared
+    layers' attn_k / attn_v / attn_k_norm, which gemma3n.cpp loads for every layer
+    (flags 0) and HF's shared layers do not have -- so llama.cpp refuses the converter's
+    own file ("check_tensor_dims: tensor 'blk.20.attn_k.weight' not found", measured,
+    docs/measurements/2026-12-02-gemma3n.md). The export writes the source layer's three
+    tensors there (harness/families/gemma3n)."""
+    import gguf
+
+    from harness.families import get
+    from harness.gguf import export as gguf_export
+
+    path, model, config = converted_all["gemma3n"]
+    ours = gguf.GGUFReader(str(gguf_export.export(get("gemma3n"), model, config, "f32", 0)))
+    conv = gguf.GGUFReader(str(path))
+
+    def keys(r):
+        return {k: f.contents() for k, f in r.fields.items() if not k.startswith(("tokenizer.", "general.", "GGUF."))}
+
+    assert keys(ours) == keys(conv)
+    mine, theirs = {t.name: t for t in ours.tensors}, {t.name: t for t in conv.tensors}
+    assert set(mine) - set(theirs) == {"blk.20.attn_k.weight", "blk.20.attn_v.weight", "blk.20.attn_k_norm.weight"}
+    assert set(theirs) <= set(mine)
+    for name, t in theirs.items():
+        assert mine[name].tensor_type == t.tensor_type and np.array_equal(mine[name].data, t.data), name
+    for t in ("attn_k", "attn_v", "attn_k_norm"):  # layer 20 reads layer 18's K / V
+        assert np.array_equal(mine[f"blk.20.{t}.weight"].data, mine[f"blk.18.{t}.weight"].data), t
 
 
 @pytest.mark.usefixtures("need_llamacpp")

@@ -349,3 +349,25 @@ def test_the_committed_baseline_is_a_passing_run_of_the_current_default_spec():
     assert sorted(set(rows["case_id"])) == sorted(c.case_id() for c in spec.cases)
     impl_pass = rows[(rows["candidate"] == "impl") & (rows["status"] == "pass")]
     assert set(impl_pass["case_id"]) == set(rows["case_id"])  # no case passed on reference rows alone
+
+
+def test_every_ci_workflow_parses_and_names_specs_that_load():
+    """The workflows (.github/workflows/*.yml) must be YAML GitHub can read -- an unquoted
+    ': ' inside a step name made long.yml unreadable, so the weekly job never ran -- and
+    every matrix spec that they and .ci/run hand to `conformance` must exist and load."""
+    import re
+
+    import yaml
+
+    from harness.matrix import load_spec
+
+    texts = {".ci/run": (ROOT / ".ci" / "run").read_text()}
+    for p in sorted((ROOT / ".github" / "workflows").glob("*.yml")):
+        doc = yaml.safe_load(p.read_text())  # raises on what GitHub refuses
+        assert isinstance(doc, dict) and doc.get("jobs"), p
+        texts[str(p.relative_to(ROOT))] = p.read_text()
+    named = {m for t in texts.values() for m in re.findall(r"fixtures/matrix/[\w.-]+\.toml", t)}
+    assert "fixtures/matrix/smoke.toml" in named and "fixtures/matrix/long.toml" in named
+    for spec in sorted(named):
+        assert (ROOT / spec).is_file(), spec
+        load_spec(str(ROOT / spec))

@@ -166,6 +166,14 @@ def test_guard_is_per_candidate_and_reference_rows_guard_nothing():
     assert out[-1]["status"] == "unguarded"
     out = guard([row("impl", "hf", "attn_out", "pass")], [lc], "impl", lambda *a: pytest.fail("guarded"))
     assert len(out) == 1
+    # a reference that sat the case out (Family.schedule_refusal: a skipped row of its own)
+    # decides nothing: the layer still needs a passing attn_out against another reference;
+    # a case skipped as a whole (a device absent: reference "-") already says why
+    sat_out = [row("impl", "hf_cached", "*", "skipped"), row("impl", "hf", "attn_out", "fail")]
+    assert guard(sat_out[:1], [lc], "impl", lambda layer, probe, reason: row("impl", "-", probe, "unguarded"))[-1][
+        "status"] == "unguarded"
+    assert len(guard(sat_out, [lc], "impl", lambda *a: pytest.fail("a failing row already says it"))) == 2
+    assert len(guard([row("impl", "-", "", "skipped")], [lc], "impl", lambda *a: pytest.fail("skipped"))) == 1
 
 
 def test_a_structural_finding_scales_with_length_and_ne_needs_a_value():
@@ -187,6 +195,36 @@ def test_a_structural_finding_scales_with_length_and_ne_needs_a_value():
     assert config_matches({"rope_parameters": {"beta_fast": 8.0}}, cond)
     assert not config_matches({"rope_parameters": {"beta_fast": 32.0}}, cond)
     assert not config_matches({"rope_parameters": {}}, cond)
+
+
+def test_a_finding_that_grows_with_the_calls_holds_up_to_the_length_measured():
+    """tokens_at_most: minimax's bfloat16 findings (HF's cached bfloat16 decay per row,
+    modeling_minimax.py:246 / :254; the routing flips) grow with the calls faster than a
+    per-token bound says, so they hold up to the length they were measured at and no
+    further -- and only between the references, at bfloat16."""
+    pol = load_policy()
+    kw = dict(config={"model_type": "minimax"}, layer=3, dtype="bfloat16")
+    decay = "llamacpp", "hf_cached", "state_rec", "lightning"
+    assert "modeling_minimax.py:246" in pol.finding("minimax", *decay, nmse=1.85e-2, tokens=128, **kw)
+    assert not pol.finding("minimax", *decay, nmse=1.85e-2, tokens=129, **kw)  # past the length measured
+    assert not pol.finding("minimax", *decay, nmse=0.07, tokens=128, **kw)  # past the size
+    assert not pol.finding("minimax", *decay, nmse=1.85e-2, tokens=128, **{**kw, "dtype": "float32"})
+    assert not pol.finding("minimax", "impl", "hf_cached", "state_rec", "lightning", nmse=1.85e-2, tokens=128, **kw)
+    # HF's full forward keeps its float32-made decay tables: llama.cpp vs hf is no decay finding
+    assert not pol.finding("minimax", "llamacpp", "hf", "rec_out", "lightning", nmse=1.85e-2, tokens=128, **kw)
+    # the routing flips: from an MoE's output on, up to 64 tokens
+    flip = dict(kw, layer=6)
+    assert "routing flip" in pol.finding("minimax", "llamacpp", "hf", "rec_out", "lightning", nmse=4.5e-2, tokens=64,
+                                         **flip)
+    assert not pol.finding("minimax", "llamacpp", "hf", "rec_out", "lightning", nmse=4.5e-2, tokens=65, **flip)
+    assert not pol.finding("minimax", "llamacpp", "hf", "rec_out", "lightning", nmse=4.5e-2, tokens=64,
+                           **dict(flip, layer=0))  # before the first MoE output: nothing to flip yet
+    from harness.policy import _check_finding
+
+    for bad in (0, True, "64", 6.5):
+        with pytest.raises(UsageError, match="tokens_at_most must be an integer >= 1"):
+            _check_finding("p.toml", "x", {"family": "minimax", "candidate": "hf_cached", "reference": "hf",
+                                           "reason": "r", "max_nmse": 1, "tokens_at_most": bad})
 
 
 def test_the_yarn_band_finding_excuses_llamacpp_not_an_impl_rope_bug(policy, need_llamacpp):

@@ -69,10 +69,16 @@ def _cond(f: dict) -> str:
                 out.append(f"{k} {'set' if v['set'] else 'unset'}")
             if "lt" in v:
                 out.append(f"{k} < {v['lt']}")
+        elif k.startswith("family.") and isinstance(v, bool):
+            # a value the family reads from the config (Family.finding_values): its name says it
+            name = k[len("family."):].replace("_", " ")
+            out.append(name if v else f"not: {name}")
         else:
             out.append(f"{k} = {v}")
     if f.get("tokens_at_most_key"):
         out.append(f"a sequence no longer than {f['tokens_at_most_key']}")
+    if f.get("tokens_at_most"):
+        out.append(f"a sequence of at most {f['tokens_at_most']} tokens (the longest measured)")
     if f.get("later_call_rows_at_least"):
         out.append(f"a call after a sequence's first carrying >= {f['later_call_rows_at_least']} rows (--schedule)")
     return ", ".join(out) or "always (the family's default config)"

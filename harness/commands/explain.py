@@ -88,18 +88,37 @@ def explain(fam, overrides: dict, variant: str | None) -> str:
     for i in range(len(lcs)):
         hp = fam.hf_points_for(config, i)
         lp = fam.lc_points_for(config, i) if fam.gguf_arch else {}
-        sig = (tuple(sorted(hp.items())), tuple(sorted(lp.items())))
+        lin = fam.lc_layer_input(config, i) if fam.gguf_arch else None
+        lsum = fam.lc_input_sum(config, i) if fam.gguf_arch and lin is None else None
+        lc_in = "-"
+        if lin is not None:
+            # the tensor under its layer's number (lc_layer_input: the previous l_out by default)
+            src = lin[0].split(".")[0]
+            lc_in = f"`{lin[1].name}`" + ("" if lin[0] == "embeddings" else " of this layer" if src == f"L{i}"
+                                          else " of the previous layer" if src == f"L{i - 1}" else f" of {src}")
+        elif lsum:
+            lc_in = " + ".join(f"`{p.name}`" for p in lsum) + " (float32 sum)"
+        sig = (tuple(sorted(hp.items())), tuple(sorted(lp.items())), lc_in)
         if sig in seen:
             continue
         seen.add(sig)
-        for probe in sorted(set(hp) | set(lp), key=lambda p: _order(p)):
+        for probe in sorted(set(hp) | set(lp) | set(fam.hf_tapped) | {"layer_in"}, key=lambda p: _order(p)):
             h = hp.get(probe)
             c = lp.get(probe)
-            hf_at = f"`{h.path or '(layer)'}` {h.io}" if h else "-"
+            hf_at = (f"`{h.path or '(layer)'}` {h.io}" if h else "`hf_taps`" if probe in fam.hf_tapped else "-")
             lc_at = f"`{c.name}` {c.pick} {c.layout}" if c else "-"
+            if probe == "layer_in":
+                lc_at = lc_in
             out.append(f"| L{i} | {probe} | {hf_at} | {lc_at} |")
     out.append(f"\n(HF's eager attention function `{fam.eager_name}` is wrapped for q_rope, k_rope, attn_probs, "
                "attn_heads; a layer not listed repeats the one above it.)")
+    hidden = {**{p: ("HF", why) for p, why in fam.hf_not_exposed.items()}}
+    for p, why in (fam.lc_not_exposed or {}).items():
+        hidden[p] = ("HF and llama.cpp", why) if hidden.get(p, ("", ""))[1] == why else ("llama.cpp", why)
+    if hidden or fam.hf_tapped:
+        out += ["", "## Not exposed, and computed", ""]
+        out += [f"- `{p}`: not exposed by {who}: {why}" for p, (who, why) in sorted(hidden.items())]
+        out += [f"- `{p}` (HF): {how}" for p, how in sorted(fam.hf_tapped.items())]
     wm = getattr(fam, "weight_map", None)
     if wm:
         out += ["", "## Weights (HF name in the decoder layer -> impl)", ""]

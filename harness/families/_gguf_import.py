@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ._llamacpp_keys import BY_ARCH, GENERIC, ROPE_FACTORS, SCALES
+from ._llamacpp_keys import BY_ARCH, GENERIC, RECURRENT_UNSCALED, ROPE_FACTORS, SCALES
 
 # general.* and tokenizer.* say nothing about the arithmetic: the harness feeds
 # token ids (or tokenizes with llama.cpp's own vocabulary, --prompt).
@@ -516,7 +516,17 @@ class GGUFImport:
         config): not a weight."""
         tensors = dict(tensors)
         tensors.pop("rope_freqs.weight", None)
-        return fold_scales(tensors, self.gguf_arch)
+        return fold_scales(tensors, self.gguf_arch, self.gguf_recurrent_layers(config))
+
+    def gguf_recurrent_layers(self, config) -> frozenset[int]:
+        """The layers llama.cpp builds as recurrent (``hparams.is_recr``: the config
+        read from the file's ``attention.recurrent_layers``), where an arch of
+        ``RECURRENT_UNSCALED`` multiplies a tensor kind unscaled that its attention
+        layers scale (qwen3next.cpp build_qkvz: ``build_lora_mm(model.layers[il].wqkv,
+        input)``). Empty for every other arch."""
+        if self.gguf_arch not in RECURRENT_UNSCALED:
+            return frozenset()
+        return frozenset(i for i in range(config.num_hidden_layers) if self.is_recurrent(config, i))
 
     def gguf_patch_model(self, model, config) -> None:
         """What the HF model built from the read-back config still lacks (default:
@@ -558,18 +568,24 @@ def _identity_trace(arr: np.ndarray) -> bool:
 UNREAD = {"falcon-h1": re.compile(r"blk\.\d+\.attn_output\.bias")}
 
 
-def unused_tensors(names, arch: str) -> list[str]:
+def unused_tensors(names, arch: str, recurrent: frozenset[int] = frozenset()) -> list[str]:
     """The file's tensors llama.cpp loads for ``arch`` and its graph never reads:
     every ``X.input_scale``, each ``X.scale`` of a kind the arch's graph does
-    not pass on (``SCALES``, generated from src/models/<arch>.cpp), and ``rope_freqs``
-    where the graph rotates without it (``ROPE_FACTORS``: falcon-h1.cpp loads it and
-    passes ``nullptr`` as ggml_rope_ext's freq_factors)."""
+    not pass on (``SCALES``, generated from src/models/<arch>.cpp) -- or passes on
+    only in its attention layers, in one of the ``recurrent`` layers
+    (``RECURRENT_UNSCALED``: qwen3next.cpp's delta net multiplies its attn_qkv with
+    no scale, build_qkvz ``build_lora_mm(model.layers[il].wqkv, input)``) --, and
+    ``rope_freqs`` where the graph rotates without it (``ROPE_FACTORS``: falcon-h1.cpp
+    loads it and passes ``nullptr`` as ggml_rope_ext's freq_factors)."""
     kinds = SCALES.get(arch, frozenset())
+    rec_unscaled = RECURRENT_UNSCALED.get(arch, frozenset())
     names = set(names)
     return sorted(n for n in names if n.endswith(".input_scale")
                   or (n == "rope_freqs.weight" and arch not in ROPE_FACTORS)
                   or (arch in UNREAD and UNREAD[arch].fullmatch(n) is not None)
                   or (n.endswith(".scale") and _kind(n.removesuffix(".scale")) not in kinds)
+                  or (n.endswith(".scale") and _kind(n.removesuffix(".scale")) in rec_unscaled
+                      and _layer(n) in recurrent)
                   # qwen3next.cpp / qwen35.cpp: the legacy fused ssm_in only where no attn_qkv is
                   or (n.endswith(".ssm_in.weight") and n.replace(".ssm_in.", ".attn_qkv.") in names))
 
@@ -578,12 +594,18 @@ def _kind(name: str) -> str:
     return name.split(".", 2)[-1] if name.startswith("blk.") else name
 
 
-def fold_scales(tensors: dict, arch: str = "") -> dict:
+def _layer(name: str) -> int | None:
+    """``blk.N.…``'s N (None for a tensor of no layer)."""
+    return int(name.split(".", 2)[1]) if name.startswith("blk.") else None
+
+
+def fold_scales(tensors: dict, arch: str = "", recurrent: frozenset[int] = frozenset()) -> dict:
     """Every ``X.scale`` the arch's graph applies folded into ``X.weight`` (and
     into ``X.bias`` where the graph scales after the bias); the unused ones
-    (``unused_tensors``) dropped. See ``GGUFImport.gguf_import_prepare``."""
+    (``unused_tensors``; ``recurrent``: its recurrent layers) dropped. See
+    ``GGUFImport.gguf_import_prepare``."""
     tensors = dict(tensors)
-    for name in unused_tensors(tensors, arch):
+    for name in unused_tensors(tensors, arch, recurrent):
         del tensors[name]
     for sname in [n for n in tensors if n.endswith(".scale")]:
         base = sname.removesuffix(".scale")

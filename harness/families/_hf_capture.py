@@ -38,6 +38,10 @@ class HFCapture:
     # attention returns the softmax WITHOUT its sink: attn_probs is another quantity
     # there; default: none)
     hf_not_exposed: dict[str, str] = {}
+    # probe -> how ``hf_taps`` computes it where HF names no tensor for it (gemma3n's
+    # resid_mid: the decoder layer's own unnamed add, redone on the captured tensors); the
+    # capture's meta says so and every row compared on it too (default: none)
+    hf_tapped: dict[str, str] = {}
 
     def decoder_layers(self, model):
         """The decoder-layer MODULES, each once (a cycled model's physical layers)."""
@@ -70,6 +74,23 @@ class HFCapture:
     def module_path(self, config, m: int) -> str:
         """The dotted path of decoder-layer module ``m`` from the model root."""
         return f"{self.layers_path}.{m}"
+
+    def hf_force(self, layer, forced):
+        """Teacher-force decoder-layer module ``layer``: ``forced()`` gives the running
+        layer's ``layer_in`` (a torch tensor in the compute dtype) or None (its own
+        input). Default: a forward pre-hook, prepended, replacing the layer's
+        ``hidden_states`` (the ``layer_in`` probe hook then records the forced input).
+        A family whose ``layer_in`` is not the layer's input overrides (gemma3n: the
+        active AltUp prediction). Returns a handle with ``remove()``."""
+        def pre(mod, args, kwargs):
+            t = forced()
+            if t is None:
+                return None
+            if args:
+                return (t, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": t}
+
+        return layer.register_forward_pre_hook(pre, with_kwargs=True, prepend=True)
 
     # ------------------------------------------------------------------ probes
     def hf_points_for(self, config, i: int) -> dict[str, Point]:

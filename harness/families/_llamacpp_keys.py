@@ -354,6 +354,14 @@ SCALES = {
     'xverse': frozenset({'attn_k', 'attn_output', 'attn_q', 'attn_qkv', 'attn_v', 'output'}),
 }
 
+# of those, the kinds a hybrid graph scales only through build_qkv (its attention layers)
+# and multiplies unscaled in its recurrent layers (build_lora_mm(model.layers[il].<x>, cur),
+# no scale: qwen3next.cpp build_qkvz): a recurrent layer's .scale of them is loaded and unused
+RECURRENT_UNSCALED = {
+    'minimax-01': frozenset({'attn_qkv'}),
+    'qwen3next': frozenset({'attn_qkv'}),
+}
+
 # the archs whose graph rotates with the file's rope_freqs (src/models/<arch>.cpp calls
 # get_rope_factors or reads layers[il].rope_freqs); elsewhere the tensor is loaded and unused
 ROPE_FACTORS = frozenset({

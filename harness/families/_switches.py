@@ -103,6 +103,7 @@ class Switches:
     switch_modules: dict[str, tuple[str, ...]] = {
         "input_norm": ("input_layernorm",),
         "qk_norm": ("self_attn.q_norm", "self_attn.k_norm"),
+        "v_norm": ("self_attn.v_norm",),
         "post_norm": ("post_attention_layernorm",),
         "sub_norm": ("self_attn.attn_sub_norm",),
         "output_gate": ("self_attn.gate_proj",),

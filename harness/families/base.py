@@ -231,9 +231,27 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         blocks of the FILE's columns (harness/references/llamacpp/ggml_matmul.py)."""
         return {}
 
+    def finding_values(self, config) -> dict:
+        """Values this family reads from a reference's config where no config key says
+        them, for its findings' conditions (``config = { "family.NAME" = ... }``,
+        harness/policy.py config_value): gemma3n's KV sharing and activation sparsity as
+        llama.cpp's fixed rules make them. Default: none."""
+        return {}
+
     def reference_refusal(self, config, reference: str) -> str | None:
         """Why ``reference`` cannot run this config at all (a setting its graph asserts
         against: one line, exit 2 before any work), or None (default)."""
+        return None
+
+    def schedule_refusal(self, config, reference: str, chunks: tuple[int, ...]) -> str | None:
+        """Why ``reference`` cannot run this config on a schedule whose calls carry
+        ``chunks`` rows (each sequence's, in order: ``harness.schedule.chunk_sizes`` of the
+        case's ``--schedule``) -- a crash the reference's own source predicts, said in one
+        line with its lines and what is valid -- or None (default). A reference the case
+        names is refused for it (exit 2, before any work: harness/budget.py); under
+        ``--ref all`` it is left out in a ``skipped`` row that says why, and the other
+        references run the case (``Build.schedule_refusals``, harness/case.py): a known
+        crash is neither an error row nor a pass."""
         return None
 
     def variant_weights(self, weights: dict, config, i: int, variant: str | None) -> dict:

@@ -475,4 +475,5 @@ def _load(path: str, family: str | None = None, stream: bool | None = None) -> G
     mats = [types[n] for n in used if len(shapes[n]) >= 2]
     hf_types = {h: {types[g] for g in gs if g in types} for h, gs in provenance.items()}
     return GGUFSource(str(path), fam, config, model, lw, ggml_types.coarsest(mats), types, variant,
-                      meta.ignored(), unused_tensors(used, arch), hf_types, other_mode, st)
+                      meta.ignored(), unused_tensors(used, arch, fam.gguf_recurrent_layers(config)), hf_types,
+                      other_mode, st)

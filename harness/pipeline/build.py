@@ -213,6 +213,14 @@ class Build:
         for sw in self.switches:
             if sw.layer is not None:
                 lcs = [sw.layer(lc) for lc in lcs]
+        reader = next((i for i, lc in enumerate(lcs) if getattr(lc, "kv_source", None) is not None), None)
+        if self.case.evict and reader is not None:
+            # impl/runner.py _check_source refuses it mid-run (the source evicts after its own
+            # read rows its reader still needs): bad input here, before any capture, so a run
+            # says it in one line and the fuzzer discards the draw instead of an error row
+            raise UsageError(f"--kv-evict with KV shared across layers (family {self.family.name}: layer {reader} "
+                             f"reads layer {lcs[reader].kv_source}'s K/V): the source would evict rows its reader "
+                             f"still needs; valid: without --kv-evict")
         return lcs
 
     @cached_property
@@ -356,6 +364,23 @@ class Build:
         rows = [np.random.default_rng([self.case.seed, s, 7]).integers(0, vocab, self.case.tokens)
                 for s in range(self.case.n_seqs)]
         return np.stack(rows).astype(np.int64)
+
+    @cached_property
+    def schedule_refusals(self) -> dict[str, str]:
+        """The case's references that cannot run its schedule, each with why
+        (``Family.schedule_refusal``: a crash their source predicts), decided from the
+        config before any work. A ``--prompt`` sets the length later, but only on the
+        named schedules, whose shape (one call; one row per call; one call then one row
+        per call) does not depend on it."""
+        from ..schedule import chunk_sizes
+
+        chunks = tuple(chunk_sizes(self.case.schedule, self.case.tokens))
+        out = {}
+        for ref in self.case.refs:
+            why = self.family.schedule_refusal(self.config, ref, chunks)
+            if why:
+                out[ref] = why
+        return out
 
     @cached_property
     def batch_plan(self):

@@ -87,7 +87,10 @@ def fixture(arch: str, moe: bool) -> list[tuple[str, int, object]]:
                ("%s.expert_count", U32, 2), ("%s.expert_used_count", U32, 2), ("%s.expert_shared_count", U32, 1),
                ("%s.expert_gating_func", U32, 2), ("%s.expert_group_scale", F32, 1.0),
                ("%s.experts_per_group", U32, 1)]
-    ssm_inner = 256 if arch in ("qwen3next", "qwen35") else 2 * n_embd
+    # test-llama-archs.cpp:434 LLM_KV_SSM_INNER_SIZE: 256 for QWEN3NEXT / QWEN35 / QWEN35MOE (/ QWEN4EXP),
+    # whose loaders size the delta net's value heads by ssm.state_size (qwen35moe.cpp load_block_trunk
+    # head_v_dim = ssm_d_state) and whose graphs by inner_size / time_step_rank: 256 / 2 = 128 agrees
+    ssm_inner = 256 if arch in ("qwen3next", "qwen35", "qwen35moe") else 2 * n_embd
     kv += [("%s.posnet.embedding_length", U32, n_embd), ("%s.posnet.block_count", U32, n_layer),
            ("%s.convnext.embedding_length", U32, n_embd), ("%s.convnext.block_count", U32, n_layer),
            ("%s.xielu.alpha_n", F32, 1.0), ("%s.xielu.alpha_p", F32, 1.0), ("%s.xielu.beta", F32, 1.0),

@@ -21,8 +21,10 @@ op's ``present`` key after the last call), ``attn_probs`` (``output_qk``),
 residual) and ``resid_mid`` (that norm's ``input_skip_bias_sum``), ``layer_out``
 (the next layer's ``layer_in``; the final norm's sum for the last layer); and
 ``embeddings``, ``final_norm``, ``logits``. A probe the builder's graph names
-no tensor for is ``not-exposed`` saying so; ``q_rope`` always (the op rotates Q
-inside its kernel).
+no tensor for is ``not-exposed`` saying so; ``q_rope`` where the op rotates Q
+inside its kernel (``do_rotary``), and read at the op's query input where the
+builder rotates outside it (a ``RotaryEmbedding`` node: hunyuan's QK norm after
+RoPE).
 
 The case's schedule drives the calls (``input_ids`` rows a call, the KV cache
 ``past_key_values.{i}.*`` -> ``present.{i}.*`` carried), each sequence alone. A
@@ -136,10 +138,20 @@ def _locate(model, layer_cfgs):
             by_layer.setdefault(i, []).append(n)
 
     def source(t):
-        """The tensor the op's input comes from before any reshape or norm."""
-        while t in producer and producer[t].op_type in PASS_THROUGH:
+        """``(the tensor the op's input comes from before any reshape, norm or rotary --
+        the projection's output, the contract's q / k / v --, whether a rotary lay on the
+        way)``. A RotaryEmbedding node lies there where the builder rotates outside the op
+        (``use_rope_in_attn`` False: builders/base.py ``make_attention_qk_rope``), in either
+        order with the QK norm -- hunyuan's norm after RoPE (builders/hunyuan.py
+        ``make_attention_qk_rope_and_norm``, as HF's ``HunYuanDenseV1Attention.forward``,
+        modeling_hunyuan_v1_dense.py:194-201, projects, rotates, then norms). Stopping at it
+        read the rotated, normed query as ``q`` (hunyuan_v1_dense L0 q NMSE 0.59, k 0.66,
+        every later probe passing)."""
+        rotated = False
+        while t in producer and producer[t].op_type in PASS_THROUGH + ("RotaryEmbedding",):
+            rotated = rotated or producer[t].op_type == "RotaryEmbedding"
             t = producer[t].input[0]
-        return t
+        return t, rotated
 
     for i in range(n_layers):
         nodes = by_layer.get(i, [])
@@ -166,9 +178,15 @@ def _locate(model, layer_cfgs):
         else:
             found[f"L{i}.attn_probs"] = ("qk", gqa)
         if gqa.input[1] and gqa.input[2]:
-            found[f"L{i}.q"], found[f"L{i}.k"], found[f"L{i}.v"] = (source(t) for t in gqa.input[:3])
+            (q, rotated), (k, _), (v, _) = (source(t) for t in gqa.input[:3])
+            found[f"L{i}.q"], found[f"L{i}.k"], found[f"L{i}.v"] = q, k, v
+            rotary_in_op = any(a.name == "do_rotary" and a.i == 1 for a in gqa.attribute)
+            if rotated and not rotary_in_op:
+                # the query the op is fed is already rotated (and normed, where a norm
+                # follows RoPE): what enters the score product, the contract's q_rope
+                found[f"L{i}.q_rope"] = gqa.input[0]
         else:
-            found[f"L{i}.qkv"] = source(gqa.input[0])  # packed: split by the op's head counts
+            found[f"L{i}.qkv"] = source(gqa.input[0])[0]  # packed: split by the op's head counts
         after = nodes[nodes.index(gqa) + 1:]
         o = next((n for n in after if n.op_type == "MatMul" and "o_proj" in n.name), None)
         if o is not None:
@@ -313,7 +331,7 @@ def _run(run, model):
         qkv = probes.pop(f"L{i}.qkv", None)
         if qkv is not None:
             probes[f"L{i}.q"], probes[f"L{i}.k"], probes[f"L{i}.v"] = np.split(qkv, [h * d, h * d + hkv * d], -1)
-        for p, heads, width in (("q", h, d), ("k", hkv, d), ("v", hkv, dv), ("attn_heads", h, dv)):
+        for p, heads, width in (("q", h, d), ("q_rope", h, d), ("k", hkv, d), ("v", hkv, dv), ("attn_heads", h, dv)):
             key = f"L{i}.{p}"
             if key in probes:
                 probes[key] = probes[key].reshape(probes[key].shape[:2] + (heads, width))

@@ -152,13 +152,19 @@ class FalconH1(NegExpALog, LlamaLike):
                 if getattr(config, key, False):
                     return (f"{key}=true: falcon-h1.cpp load_arch_tensors loads no ssm_in / ssm_out bias; valid for "
                             f"--ref llamacpp: false (HF computes it: --ref hf or hf_cached)")
+            # falcon-h1.cpp:91 loads attn_output.bias (wo_b, not required), and :152-154
+            # build_attn(..., model.layers[il].wo, NULL, ...) passes NULL for it: o_proj's bias
+            # (HF FalconH1Attention: o_proj bias=config.attention_bias) is never added. (The
+            # converter also scales the q/k/v biases by attention_in_multiplier, which HF applies
+            # to the input only: conversion/falcon_h1.py:68-73 match "q_proj" in the bias's name.)
+            if getattr(config, "attention_bias", False):
+                return ("attention_bias=true: falcon-h1.cpp loads attn_output.bias (:91) and never adds it "
+                        "(build_attn(..., wo, NULL, ...) at :152-154), where HF biases o_proj; valid for "
+                        "--ref llamacpp: false (HF computes it: --ref hf or hf_cached)")
             # conversion/falcon_h1.py modify_tensors scales the WEIGHT, where HF scales the biased
             # output: the same model only where the multiplier on that output is 1
-            # (attention_in_multiplier scales the INPUT, which folding into W reproduces)
-            for key, mults in (("attention_bias", (("key_multiplier", config.key_multiplier),
-                                                   ("attention_out_multiplier", config.attention_out_multiplier))),
-                               ("mlp_bias", (("mlp_multipliers", config.mlp_multipliers[0]),
-                                             ("mlp_multipliers", config.mlp_multipliers[1])))):
+            for key, mults in (("mlp_bias", (("mlp_multipliers", config.mlp_multipliers[0]),
+                                             ("mlp_multipliers", config.mlp_multipliers[1]))),):
                 bad = [m for m, v in mults if v != 1.0]
                 if getattr(config, key, False) and bad:
                     return (f"{key}=true with {bad[0]} != 1: the converter folds the multiplier into the weight "

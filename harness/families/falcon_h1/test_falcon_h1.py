@@ -87,3 +87,30 @@ def test_planted_bugs_fail_where_they_act(policy, name, before):
         assert st[("impl", ref, 0, first)] == "fail", (ref, first)
         assert st[("impl", ref, 0, before)] == "pass", (ref, before)
 
+
+
+@pytest.mark.usefixtures("need_llamacpp")
+def test_attention_bias_is_hf_only(policy, monkeypatch):
+    """falcon-h1.cpp loads attn_output.bias (:91) and never adds it (build_attn(..., wo, NULL,
+    ...) at :152-154): attention_bias=true is refused for llama.cpp in one line, and impl is
+    judged against HF; false (the tiny config's) runs three-way (the tests above). Without
+    the refusal llama.cpp runs the file and computes another model: its attn_out is o_proj's
+    output less the bias."""
+    from harness.families import get
+
+    fam = get("falcon_h1")
+    # the attention multipliers 1 (the converter folds them into the biases too,
+    # conversion/falcon_h1.py:68-75): the dropped o_proj bias is the only difference left
+    over = (("attention_bias", True), ("attention_in_multiplier", 1.0), ("key_multiplier", 1.0),
+            ("attention_out_multiplier", 1.0))
+    why = fam.reference_refusal(fam.make_config(dict(over)), "llamacpp")
+    assert why and "attention_bias=true" in why and "falcon-h1.cpp" in why and "\n" not in why
+    assert fam.reference_refusal(fam.make_config(dict(over)), "hf") is None
+    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    rows = run(policy, family="falcon_h1", ref="hf", overrides=over)
+    assert "qkv_bias" in rows[0]["features"].split(";") and not _bad(rows), _bad(rows)[:3]
+    monkeypatch.setattr(fam, "reference_refusal", lambda config, reference: None)
+    st = all_statuses(run(policy, family="falcon_h1", ref="llamacpp", overrides=over))
+    for probe in ("q", "k", "v", "attn_probs", "attn_branch"):  # o_proj's input agrees ...
+        assert st[("impl", "llamacpp", 0, probe)] == "pass", probe
+    assert st[("impl", "llamacpp", 0, "attn_out")] == "fail"  # ... its output lacks the bias

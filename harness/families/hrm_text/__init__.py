@@ -98,6 +98,22 @@ class HrmText(LlamaLike):
     )
     gguf_arch = "hrm_text"
     extra_settable = ("head_dim", "H_cycles", "L_cycles", "embedding_scale", "prefix_lm")
+    # The fuzzer's space (harness/fuzz.py), each knob a key hrm-text.cpp reads:
+    # - heads: attention.head_count (MHA: the converter writes no head_count_kv, llama.cpp
+    #   takes head_count; HF's num_key_value_groups is 1); head_dim: attention.key_length,
+    #   rope.dimension_count; theta: rope.freq_base (build_stack's ggml_rope_ext);
+    # - values: the stack shape -- layers per stack (num_hidden_layers before __post_init__
+    #   expands it), hrm.h_cycles, hrm.l_cycles, each from 1 (load_arch_hparams asserts > 0;
+    #   the block count, the slot count n * H * (L + 1), follows from them) -- so the
+    #   invocation order (invocation_order, llama.cpp's slot_base and aliasing) is judged
+    #   over 2 to 36 invocations; and embedding_scale (LLM_KV_EMBEDDING_SCALE, build_inp_embd):
+    #   1 (no scaling), the tiny's 4, and 50, HF's default 1 / initializer_range;
+    # - bias: attention_bias biases gate_proj and o_proj too (modeling_hrm_text.py:165-184) and
+    #   hrm-text.cpp loads no attn_gate / attn_output bias (reference_refusal): HF alone.
+    # prefix_lm is not drawn: without token_type_ids HF is causal either way (test_hrm_text.py).
+    fuzz_space = {"knobs": ("heads", "head_dim", "theta", "values", "bias"), "hf_only": ("bias",),
+                  "values": {"num_hidden_layers": (1, 2, 3), "H_cycles": (1, 2, 3), "L_cycles": (1, 2, 3),
+                             "embedding_scale": (4.0, 1.0, 50.0)}}
 
     # HrmTextRMSNorm: no weight (impl "l2": rms without a weight)
     input_norm_kind = "l2"

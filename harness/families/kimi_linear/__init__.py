@@ -37,8 +37,11 @@ Tiny config: hidden 64, 3 layers ``[KDA, MLA, KDA]`` (llama.cpp's hybrid
 memory needs at least one recurrent layer), 4 heads, kv_lora_rank 24, nope 12 /
 rope 8 / v 10, KDA 4 heads x 16 with a 4-tap conv, MoE from layer 1 (4
 experts, 2 used, 1 shared, sigmoid router). ``rms_norm_eps = 1e-6``: HF's
-latent norms and the KDA q/k L2 norm use a fixed 1e-6, llama.cpp
-``rms_norm_eps`` (with 1e-5 the KDA layers differ by ~2e-2).
+latent norm and the KDA q/k L2 norm use a fixed 1e-6, llama.cpp
+``rms_norm_eps`` -- two findings (findings.toml), each from the layer it starts
+at; the difference goes as (eps - 1e-6)^2: at HF's default 1e-5 the KDA rows
+differ by ~2e-11 (within float32's table), at 1e-4 by ~2e-9 (measured,
+docs/measurements/2026-12-02-fuzz-gemma3n-hrm.md).
 
 HF-only setting: ``--set num_attention_heads=N`` other than the KDA layers'
 own head count (``linear_attn_config``, 4): HF sizes the MLA and KDA layers

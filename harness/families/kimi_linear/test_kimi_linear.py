@@ -72,3 +72,28 @@ def test_llamacpp_really_cannot_run_the_kv_b_file(need_llamacpp):
     path = gguf_export.export(fam, fam.build_model(config, 0), config, "f32", 0, "naive")
     with pytest.raises(RuntimeError, match="signal|exit status"):
         llamacpp.run_worker(path, [[(1, 0, 0), (5, 1, 0)]], 1, {"l_out"})
+
+
+def test_an_rms_eps_other_than_hf_s_fixed_one_is_two_findings_each_from_its_layer(policy, need_llamacpp):
+    """rms_norm_eps = 1e-4: llama.cpp's KDA q/k L2 norm (kimi-linear.cpp 346-349) and MLA
+    kv_a_layernorm (:408) take it, HF's fix 1e-6 (modeling_kimi_linear.py 431-432 / 489-490,
+    235): each disagreement is named from the layer it starts at -- the KDA one from L0,
+    the latent one at the MLA layer L1, never the latent one at L0 -- and without the KDA
+    finding the KDA layers fail (measured: docs/measurements/2026-12-02-fuzz-gemma3n-hrm.md)."""
+    from dataclasses import replace
+
+    case = {"family": FAMILY, "ref": "all", "tokens": 4, "overrides": (("rms_norm_eps", 1e-4),)}
+    rows = run(policy, **case)
+    assert not [r for r in rows if r["status"] in ("fail", "error")]
+    why = {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["reason"] for r in rows}
+    for key in (("impl", "llamacpp", 0, "rec_out"), ("impl", "llamacpp", 2, "state_rec"),
+                ("llamacpp", "hf", 0, "rec_out"), ("llamacpp", "hf", 1, "attn_heads")):
+        assert "the KDA q/k L2 norm's epsilon" in why[key], key
+    assert "the latent norm's epsilon" in why[("impl", "llamacpp", 1, "attn_heads")]
+    # without the KDA finding (its captures cached: only the verdict runs again)
+    kda = [f for f in policy.findings if f["reason"].startswith("the KDA q/k L2 norm's epsilon")]
+    assert len(kda) == 2  # the statement and its seen_by
+    bare = run(replace(policy, findings=[f for f in policy.findings if f not in kda]), **case)
+    failing = {(r["candidate"], r["reference"], r["layer"], r["probe"]) for r in bare if r["status"] == "fail"}
+    assert {("impl", "llamacpp", 0, "rec_out"), ("impl", "llamacpp", 2, "rec_out"),
+            ("llamacpp", "hf", 0, "rec_out")} <= failing, failing

@@ -86,12 +86,9 @@ class MiniMax(RecurrentProbes, LlamaLike):
     # lightning decays follow HF's block form and carry the state's decay without drift
     # (impl.recurrent_scan; docs/measurements/2026-12-01-minimax.md "impl's float32 scan at
     # length": the false alarm past ~16 tokens and the one 8-wide head of fuzz seed 0)
-    # the named schedules only: HF's cached path crashes on a multi-row call after the first
-    # when layer 0 is linear (its cache reports length 0, modeling_minimax.py:663
-    # past_seen_tokens, so the mask at :679 has too few key columns: "size of tensor a (3)
-    # must match ... (2)" at schedule 1,2) -- an error row, not a bounded finding; the
-    # long matrix runs 5,1,1,N against hf and llama.cpp
-    fuzz_space = {"knobs": ("heads", "head_dim"), "schedules": ("prefill", "decode", "mixed")}
+    # Every schedule: where HF's cached path crashes (a multi-row call after the first with a
+    # lightning layer 0), schedule_refusal leaves it out of the case in a skipped row
+    fuzz_space = {"knobs": ("heads", "head_dim")}
     tiny = dict(
         vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=8,
         num_attention_heads=4, num_key_value_heads=4, head_dim=16, max_position_embeddings=256,
@@ -189,6 +186,26 @@ class MiniMax(RecurrentProbes, LlamaLike):
             return ("num_hidden_layers=1: minimax-01.cpp's slope_scale = 1 - il / (n_layer - 1) divides by zero; "
                     "valid for --ref llamacpp: >= 2 layers")
         return None
+
+    def schedule_refusal(self, config, reference: str, chunks) -> str | None:
+        """HF's cached path crashes on a call after the first with more than one row when
+        layer 0 is a lightning layer and some layer is softmax attention: MiniMaxCache
+        keeps the lightning state outside ``self.layers`` (modeling_minimax.py:73), so
+        ``past_seen_tokens = cache.get_seq_length()`` (:663) is 0, the causal mask (:679)
+        is built for the call's rows alone, and eager_attention_forward (:382) adds it to
+        scores over every cached key: ``RuntimeError: The size of tensor a (16) must match
+        the size of tensor b (9)`` at 5,1,1,9. A later call of one row builds no mask and
+        runs (its positions are finding minimax#1's); with layer 0 softmax attention, or
+        no softmax layer, every schedule runs (tests/test_minimax.py)."""
+        if reference != "hf_cached" or not any(n > 1 for n in chunks[1:]):
+            return None
+        types = list(config.layer_types)
+        if types[0] != "linear_attention" or "full_attention" not in types:
+            return None
+        return ("HF's cached path crashes on a call after the first with more than one row when layer 0 is a "
+                "lightning layer: MiniMaxCache's length stays 0 (modeling_minimax.py:663 past_seen_tokens), the "
+                "causal mask is built for the call's rows alone (:679) and added to scores over every cached key "
+                "(:382); valid for hf_cached: prefill, decode, mixed, or chunks of one row after the first")
 
     # ------------------------------------------------------------------ descriptions
     # the rule impl's slopes follow: HF's (impl computes HF's model; llama.cpp's differs by

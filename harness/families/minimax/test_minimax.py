@@ -58,9 +58,11 @@ def test_lightning_layers_three_way_with_their_states(policy):
 def test_hf_cached_positions_are_right_when_layer_0_is_attention(policy):
     """The finding's condition is the cause: with layer 0 softmax attention (HF-only: the
     file cannot carry that layout) HF's cache counts the rows, and its cached path agrees
-    with its forward on every probe. Also HF-only: betas != 1 and unequal alphas."""
+    with its forward on every probe -- on a multi-row call after the first too, which it
+    then runs (not refused: schedule_refusal's other side). Also HF-only: betas != 1 and
+    unequal alphas."""
     types = ["full_attention"] + ["linear_attention"] * 6 + ["full_attention"]
-    rows = run(policy, family="minimax", ref="hf_cached", kv="batched", schedule="mixed",
+    rows = run(policy, family="minimax", ref="hf_cached", kv="batched", schedule="5,1,1,9",
                overrides=(("layer_types", types), ("linear_attn_beta_factor", 0.75), ("mlp_alpha_factor", 1.25)))
     assert not [r for r in rows if r["status"] in BAD + ("finding",)]
     st = all_statuses(rows)
@@ -70,6 +72,42 @@ def test_hf_cached_positions_are_right_when_layer_0_is_attention(policy):
     assert st[("impl", "hf_cached", 3, "state_rec")] == "pass"
     feats = set(rows[0]["features"].split(";"))
     assert {"lightning", "normed_residual"} <= feats
+
+
+def test_hf_cached_sits_out_a_schedule_it_crashes_on(policy):
+    """HF's cached path crashes on a multi-row call after the first when layer 0 is a
+    lightning layer and a softmax layer follows (modeling_minimax.py:663 / :679 / :382;
+    every such schedule crashed on transformers 5.24, and none other did:
+    docs/measurements/2026-12-02-recurrent-grid.md). Named alone it is refused in one
+    line (exit 2); under --ref all it sits out in one skipped row naming HF's lines, and
+    the others judge the case -- never an error row, never a pass."""
+    from harness.cli import main
+    from harness.families import get
+
+    fam = get("minimax")
+    cfg = fam.make_config({})
+    for chunks in ((5, 1, 1, 9), (1, 2), (1, 1, 3), (3, 3)):
+        why = fam.schedule_refusal(cfg, "hf_cached", chunks)
+        assert why and "modeling_minimax.py:663" in why and "\n" not in why, chunks
+    for chunks in ((16,), (1,) * 16, (8,) + (1,) * 8, (5, 1, 1)):  # a later call of one row runs
+        assert fam.schedule_refusal(cfg, "hf_cached", chunks) is None, chunks
+    for ref in ("hf", "llamacpp"):
+        assert fam.schedule_refusal(cfg, ref, (5, 1, 1, 9)) is None
+    lin, full = "linear_attention", "full_attention"
+    for types in ([full] + [lin] * 6 + [full], [lin] * 8):  # layer 0 attention; no attention layer
+        assert fam.schedule_refusal(fam.make_config({"layer_types": types}), "hf_cached", (5, 1, 1, 9)) is None
+    assert main(["run", "--family", "minimax", "--ref", "hf_cached", "--schedule", "5,1,1,9"]) == 2
+
+    rows = run(policy, family="minimax", ref="all", tokens=6, schedule="2,2,2")
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert len(skipped) == 1 and skipped[0]["reference"] == "hf_cached", skipped
+    assert "modeling_minimax.py:663" in skipped[0]["reason"]
+    assert not [r for r in rows if r["status"] in BAD] and not [r for r in rows if "hf_cached" in
+                                                                (r["candidate"], r["reference"]) and r is not skipped[0]]
+    st = all_statuses(rows)
+    for ref in ("hf", "llamacpp"):  # the others judge every layer
+        for layer in range(8):
+            assert st[("impl", ref, layer, "attn_out")] == "pass", (ref, layer)
 
 
 def test_llamacpp_refuses_what_the_converter_cannot_write():

@@ -137,7 +137,8 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
         (modeling_qwen3_next.py / modeling_qwen3_5.py ``l2norm(..., eps=1e-6)`` in both
         scans), llama.cpp reads ``rms_norm_eps`` (qwen3next.cpp / qwen35.cpp
         ``build_gdn_l2_norm(ctx0, q_conv, hparams.f_norm_rms_eps)``). impl computes HF's
-        model; where they differ it is a finding (findings.toml)."""
+        model; where they differ (a file whose rms_norm_eps is not 1e-6) it is a finding
+        (fixtures/tolerance.toml, "the delta net's q/k L2 norm epsilon")."""
         return float(config.rms_norm_eps) if reference == "llamacpp" else HF_QK_L2_EPS
 
     def recurrent_config(self, config, i: int) -> RecurrentConfig:

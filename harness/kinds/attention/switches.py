@@ -65,6 +65,11 @@ def model_switches(family) -> dict[str, ModelSwitch]:
     sw["sub_norm"] = module_switch("attention sub-norm removed (HF module -> identity; impl sub_norm None)",
                                    lambda lc: ["sub_norm"] if has(lc, "sub_norm") else [],
                                    lambda lc: lc.replace(sub_norm=None))
+    # gemma3n's weightless V norm (HF Gemma3nTextAttention.v_norm; a layer reading another's
+    # K / V has no such module, and its own v_norm reads nothing)
+    sw["v_norm"] = module_switch("V norm removed (HF v_norm -> identity; impl v_norm None)",
+                                 lambda lc: ["v_norm"] if has(lc, "v_norm") else [],
+                                 lambda lc: lc.replace(v_norm=None))
     for tag, over in (("qk_norm_head", "head"), ("qk_norm_row", "row")):
         def pre(lc, over=over):
             return has(lc, "qk_norm") and lc.qk_norm.where == "pre_rope" and lc.qk_norm.over == over

@@ -382,15 +382,13 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
 
     span = [0, tokens.shape[1]]  # the token rows of the current call (the whole sequence without calls)
 
-    def forcer(mod, args, kwargs):
+    def forced():
+        """The input the running layer is forced to (None: its own)."""
         i = running[0]
         if f"L{i}.layer_in" not in force_inputs or i > last:
             return None
         # a copy: the input is read-only
-        t = torch.tensor(np.asarray(force_inputs[f"L{i}.layer_in"])[:, span[0]:span[1]], dtype=compute)
-        if args:
-            return (t, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": t}
+        return torch.tensor(np.asarray(force_inputs[f"L{i}.layer_in"])[:, span[0]:span[1]], dtype=compute)
 
     def stopper(mod, args, kwargs, out):
         if running[0] == last:
@@ -416,8 +414,9 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     for m, layer in enumerate(dec):
         mine = layers_of[m]
         if force_inputs is not None and any(f"L{i}.layer_in" in force_inputs and i <= last for i in mine):
-            # prepended: the layer_in probe hook below then records the forced input
-            handles.append(layer.register_forward_pre_hook(forcer, with_kwargs=True, prepend=True))
+            # (Family.hf_force: a pre-hook replacing the layer's input, prepended: the layer_in
+            # probe hook below then records the forced input)
+            handles.append(family.hf_force(layer, forced))
         if mine and any(want_layer(i) for i in mine):
             # a module's invocations share its modules, so its first layer's points
             for probe, point in family.hf_points_for(config, mine[0]).items():
@@ -429,7 +428,7 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
                     handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True))
                 else:
                     handles.append(mod.register_forward_hook(fn, with_kwargs=True))
-        # registered last and prepended: it runs before the forcer and every probe hook
+        # registered last and prepended: it runs before the force hook (Family.hf_force) and every probe hook
         handles.append(layer.register_forward_pre_hook(enter(m), with_kwargs=True, prepend=True))
     if not model_probes and last >= 0 and calls is None:
         # (not on the cached path: a call stopped early returns no cache for the next)
@@ -518,6 +517,10 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
             stream.release_all()
     if meta is not None and fp is not None:
         meta["float64_kept_float32"] = sorted(set(fp.kept_float32))
+    if meta is not None and family.hf_tapped:
+        # a probe HF names no tensor for, computed by the family's taps (Family.hf_tapped)
+        meta["derived"] = {k: family.hf_tapped[k.split(".", 1)[1]] for k in got
+                           if k.startswith("L") and k.split(".", 1)[1] in family.hf_tapped}
     if out is not None and want_probe("logits"):
         # no float64 copy of the largest probe: float32 logits (seqs x tokens x vocab, 1 GB
         # at vocab 262144 in float64) go to the sink as they are, a float64 run's as a view

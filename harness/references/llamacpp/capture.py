@@ -567,8 +567,10 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
     input_sums = {i: pts for i, pts in input_sums.items() if pts}
 
     def input_name(i):
+        # the tensor under the layer its key names (the previous layer's l_out by default;
+        # gemma3n's own layer's active_prediction)
         src_key, pt = inputs[i]
-        return pt.name if src_key == "embeddings" else f"{pt.name}-{i - 1}"
+        return pt.name if src_key == "embeddings" else f"{pt.name}-{int(src_key.split('.')[0][1:])}"
 
     if sel.every_layer:
         names = {p.name for pts in points.values() for p in pts.values()}

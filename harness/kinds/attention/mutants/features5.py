@@ -5,11 +5,12 @@ QK norm (olmoe), a softplus output gate of one scalar per head (laguna), V norm
 (gemma3n) -- each broken in impl's one body.
 
 ``MUTANTS`` are caught by the matrix in the family that brings the decoration,
-at the probe where the break first acts. ``SPEC_MUTANTS`` break decorations
-whose reference family is not in this project (olmoe's clamp after the norm is
-the S list's family; gemma3n's V norm needs its KV sharing): each is caught by
-the spec's own formula (harness/kinds/attention/spec.py) on the
-tests/test_kernels.py case named in ``SPEC_CASES``."""
+at the probe where the break first acts (gemma3n's V norm and KV sharing:
+smoke's gemma3n cases). ``SPEC_MUTANTS`` break decorations whose reference
+family is not in this project (olmoe's clamp after the norm is the S list's
+family): each is caught by the spec's own formula
+(harness/kinds/attention/spec.py) on the tests/test_kernels.py case named in
+``SPEC_CASES``; ``v-norm-dropped`` is also killed there."""
 
 from ...mutant import Mutant
 
@@ -17,6 +18,7 @@ PHI3 = {"family": "phi3"}
 PHI3_LONG = {"family": "phi3", "overrides": (("original_max_position_embeddings", 8),)}
 
 STABLELM = {"family": "stablelm"}
+GEMMA3N = {"family": "gemma3n"}
 # HF-only: llama.cpp's phi2 graph has no QK norm slot (the export refuses the tensors)
 PHI_QK = {"family": "phi", "ref": "hf", "overrides": (("qk_layernorm", True),)}
 
@@ -56,6 +58,11 @@ MUTANTS: list[Mutant] = [
            doc="the long factor set read from the wrong end: pair i divided by the factor of pair n-1-i"),
 ]
 
+# V norm (gemma3n): killed on smoke's gemma3n cases, and by the spec's formula (SPEC_CASES)
+V_NORM_DROPPED = Mutant("v-norm-dropped", "v_norm", "impl.attention",
+                        "v = normalize(xp, v, cfg.v_norm, None, None, be.acc_dtype)", "v = v",
+                        GEMMA3N, "attn_heads", doc="V reaches the cache un-normed (HF Gemma3nTextAttention.v_norm)")
+
 _CLAMP_AT_BIAS = 'if cfg.qkv_clamp is not None and cfg.qkv_clamp_at == "bias":'
 
 SPEC_MUTANTS = [
@@ -68,10 +75,9 @@ SPEC_MUTANTS = [
            "q, k, v = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k, v))",
            "q, k = (xp.clip(t, -cfg.qkv_clamp, cfg.qkv_clamp) for t in (q, k))",
            {}, "attn_heads", doc="after the QK norm only q and k are clamped; HF OlmoeAttention clamps v too"),
-    Mutant("v-norm-dropped", "v_norm", "impl.attention",
-           "v = normalize(xp, v, cfg.v_norm, None, None, be.acc_dtype)", "v = v",
-           {}, "attn_heads", doc="V reaches the cache un-normed (HF Gemma3nTextAttention.v_norm)"),
+    V_NORM_DROPPED,
 ]
+
 
 # the tests/test_kernels.py CASES each SPEC_MUTANT is judged on
 SPEC_CASES = {
@@ -81,21 +87,23 @@ SPEC_CASES = {
 }
 
 # KV shared across layers (LayerConfig.kv_source; gemma3n's last layers read an earlier
-# layer's cache). Not in MUTANTS until a family with shared layers is in the matrix: each is
-# caught by the spec's formula over the source's own cached rows, in every KV backing
-# (tests/test_kv_source.py), at its ``first_probe``.
+# layer's cache): killed on smoke's gemma3n cases at the reading layer (the tiny config's
+# layer 20, reading 18), and by the spec's formula over the source's own cached rows, in
+# every KV backing (tests/test_kv_source.py), at its ``first_probe``.
 KV_SOURCE_MUTANTS = [
     Mutant("kv-shared-projects-own-rows", "kv_shared", "impl.runner",
            "push(src_layer, src_steps[s], be.asarray(src_inputs[s][start : start + size]), size, pos, None)",
            "push(src_layer, src_steps[s], x, size, pos, None)",
-           {}, "attn_probs",
+           GEMMA3N, "attn_probs", layer=20,
            doc="the shared layer's K/V projected from ITS OWN input (with the source's projections) instead of "
                "read from the source layer's cache (HF Gemma3nTextAttention: shared_kv_states[layer_type], "
                "stored by the source; gemma3n.cpp: build_attn(.., nullptr, nullptr, ..) on the reused cache)"),
     Mutant("kv-shared-query-after-source-push", "kv_shared", "impl.runner",
            "steps[s].pos = kvmod.query_start(src_steps[s]) if pos is None else pos",
            "steps[s].pos = (kvmod.query_start(src_steps[s]) if pos is None else pos) + size",
-           {}, "q_rope",
+           GEMMA3N, "q_rope", layer=20,
            doc="the reader's query positions taken from the shared cache's length AFTER the source's push of "
                "the same call: its rows rotate and mask one call's rows too far on"),
 ]
+
+MUTANTS += [V_NORM_DROPPED, *KV_SOURCE_MUTANTS]
