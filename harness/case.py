@@ -381,7 +381,10 @@ class CaseRun(Build):
             for later in good[i + 1:]:
                 # quantized weights: the file's reference against the oracle one, bounded by the
                 # drift ggml's activation rounding makes in the oracle reference itself (oracle.drift)
-                d = oracle_stage.drift(self, ref) if references.get(later.name).file_weights else None
+                # two float32 paths of one model where the policy asks: the reference's own
+                # float32 rounding, measured free-running against float64 (oracle.own_rounding)
+                d = (oracle_stage.drift(self, ref) if references.get(later.name).file_weights
+                     else oracle_stage.own_rounding(self, later, ref))
                 rows += judge.compare_refs(later, ref, drift=d)
         if len(good) >= 2:
             self.timings["refs_compare"] = time.perf_counter() - t

@@ -218,7 +218,8 @@ class Judge:
             past = drift is not None and drift.meta.get("unrounded_from_layer") is not None and (
                 layer is None or layer >= drift.meta["unrounded_from_layer"])
             row = self.judge(cand.name, ref.name, layer, probe, cand.probes[k], ref.probes[k], cdt, None,
-                             drift=d, drift_keeps_table=past, sides={cand.name: cand, ref.name: ref})
+                             drift=d, drift_keeps_table=past, sides={cand.name: cand, ref.name: ref},
+                             drift_what=None if drift is None else drift.meta.get("drift_what"))
             if note and not row.get("tol_reason"):
                 row["tol_reason"] = note
             rows.append(row)
@@ -226,7 +227,8 @@ class Judge:
 
 
     def judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle, drift=None,
-              drift_keeps_table: bool = False, sides: dict | None = None, rounding=None) -> dict:
+              drift_keeps_table: bool = False, sides: dict | None = None, rounding=None,
+              drift_what: str | None = None) -> dict:
         if np.shape(a) != np.shape(b):
             return self.row(cand_name, ref_name, layer, probe, "error",
                              f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
@@ -245,7 +247,8 @@ class Judge:
                              self.reduction_width(layer))
         tol = self.derived_difference(tol, layer, probe, b, sides or {})
         if drift is not None and "drift_ratio" in base and np.shape(drift) == np.shape(b):
-            tol, why = drift_bound(base, tol, metrics(drift, b, probe), rope, ref_scale, why, drift_keeps_table)
+            tol, why = drift_bound(base, tol, metrics(drift, b, probe), rope, ref_scale, why, drift_keeps_table,
+                                   drift_what)
         if oracle is not None:
             cm, rm = metrics(a, oracle, probe), metrics(b, oracle, probe)
             status, reason, allowed = judge_against_oracle(cm, rm, tol, all_finite(oracle))
@@ -368,7 +371,7 @@ class Judge:
 
 
 def drift_bound(base: dict, tol: dict, dm: dict, rope, ref_scale: float, why: str,
-                keep_table: bool = False) -> tuple[dict, str]:
+                keep_table: bool = False, what: str | None = None) -> tuple[dict, str]:
     """The bound of a free-running reference against a float one where the first
     rounds its activations (llama.cpp on quantized weights): ``drift_ratio`` times
     the drift ``dm`` -- the metrics of the float reference run with that rounding
@@ -381,14 +384,20 @@ def drift_bound(base: dict, tol: dict, dm: dict, rope, ref_scale: float, why: st
     element an ulp flips and float32 summation order, each far below the rounding
     itself -- so the two distances to the float run are two draws of the same
     process, grown by the same layers in front of the probe. A non-finite drift
-    run leaves the table's bound."""
+    run leaves the table's bound.
+
+    The same rule bounds two float32 paths of one model against each other
+    (``oracle.own_rounding``: HF's cached path against its full forward), the
+    drift then being the reference's own float32 rounding, free-running, against
+    itself in float64 (``what`` says which drift the row's bound came from)."""
     if not dm["finite"]:
         return tol, why
     ratio = float(base["drift_ratio"])
     floor = scaling.scaled(dict(base, nmse=base.get("drift_nmse_floor", 0.0), atol=base.get("drift_atol_floor", 0.0)),
                            rope, "float32", ref_scale)
     out = dict(tol, nmse=max(floor["nmse"], ratio * dm["nmse"]), atol=max(floor["atol"], ratio * dm["max_abs"]))
-    note = (f"{ratio:g} x the drift of ggml's activation rounding reproduced in the float reference "
+    what = what or "ggml's activation rounding reproduced in the float reference"
+    note = (f"{ratio:g} x the drift of {what} "
             f"(nmse {dm['nmse']:.3g}, max_abs {dm['max_abs']:.3g})")
     if keep_table:  # downstream of a matmul the drift run does not round: the larger of the two
         out = dict(out, nmse=max(out["nmse"], tol["nmse"]), atol=max(out["atol"], tol["atol"]))

@@ -125,6 +125,31 @@ def drift(build, rc: RefCapture) -> RefCapture | None:
     return build.memo("ggml_drift", make)
 
 
+def own_rounding(build, cand: RefCapture, ref: RefCapture) -> RefCapture | None:
+    """The drift that bounds two float32 runs of one model against each other where
+    the policy asks for it (a ``drift_ratio`` in the pair's float32 tolerance:
+    fixtures/tolerance.toml, gemma3n's hf_cached vs hf): the oracle reference
+    free-running in float64 (``free``), whose distance to ``ref``, probe by probe
+    and layer by layer, is ``ref``'s own float32 rounding grown by the layers in
+    front of the probe -- at THIS depth, width and length. ``cand`` is another
+    float32 computation of the same model (HF's cached path: other shapes, other
+    summation orders), so its distance to ``ref`` is of the same size: a constant
+    fitted at one depth is not (gemma3n's two HF paths: NMSE 7.6e-9 at 21 layers
+    and 64 tokens, 2.9e-7 at 35 layers, hidden 256, 512 tokens). None where the
+    policy does not ask for it, or there is nothing to measure (another dtype, a
+    reference that is not the oracle one, the oracle skipped by the memory plan)."""
+    spec = references.get(ref.name)
+    if not (spec.oracle and ref.dtype == "float32" and cand.dtype == "float32") or build.plan.skips_oracle:
+        return None
+    base, _ = build.policy.tolerance("float32", "layer_out", build.family.name, ref.name, cand.name)
+    if "drift_ratio" not in base:
+        return None
+    oc = free(build)
+    if oc is not None and not oc.error:
+        oc.meta.setdefault("drift_what", f"{ref.name}'s own float32 rounding (its free-running float64 run)")
+    return oc
+
+
 def rounding_for(build, rc: RefCapture, teacher_forced: bool) -> RefCapture | None:
     """The float64 run that measures a reference's OWN rounding where the candidate
     computes in float64 and the reference cannot (llama.cpp's float32 graph): the
