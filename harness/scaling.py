@@ -90,6 +90,49 @@ def reduction_width(lc) -> int | None:
     return int(hid) if isinstance(hid, int) and hid > 0 else None
 
 
+# the probes a recurrent layer's output RMS norm feeds, inside the layer: what enters
+# out_proj and what leaves it (resid_mid adds the residual, which dilutes the norm's error)
+NORMED_OUTPUT_PROBES = ("attn_branch", "attn_out")
+
+
+def output_norm_amplification(lc, probes: dict, layer: int) -> float:
+    """How much a recurrent layer's output RMS norm multiplies a float32 error of its
+    input, in NMSE: ``mean(ms) * mean(1 / (ms + eps))`` over the norm's groups (one
+    a token and value head for a gated delta net; HF ``Qwen3NextRMSNormGated``,
+    qwen35.cpp ``build_norm_gated``), ``ms`` each group's mean square in the float64
+    run ``probes`` (the oracle's ``rec_out``, times ``silu(rec_z)`` where the gate
+    comes first: Mamba-2). Why: rounding leaves about the same ABSOLUTE error in
+    every group of the scan's output, and the norm scales each group to unit RMS, so
+    a group the scan made small by cancellation (q . S near 0) has its relative
+    error multiplied by mean(ms) / ms -- and the layer's NMSE after the norm is the
+    mean of those. A float32 candidate is then off by the floor times this where
+    the reference rounded that group luckily (qwen3_5_text, 1 head, 3 tokens: one
+    group at 1/50 of the RMS, impl's relative error there 1.2e-10 against HF's
+    3.6e-12, attn_branch 11x HF's distance to the float64 oracle; the norm's
+    amplification there 28, the row then at 0.22 of its bound). 1 where the layer has no output norm or nothing to measure."""
+    from contract.recurrent import RecurrentConfig
+
+    if not isinstance(lc, RecurrentConfig) or not lc.norm_groups:
+        return 1.0
+    y = probes.get(f"L{layer}.rec_out")
+    if y is None:
+        return 1.0
+    y = np.asarray(y, dtype=np.float64)
+    if lc.gate_order == "gate_then_norm":
+        z = probes.get(f"L{layer}.rec_z")
+        if z is None or np.shape(z) != y.shape:
+            return 1.0
+        z = np.asarray(z, dtype=np.float64)
+        y = y * z / (1.0 + np.exp(-z))
+    if y.size % lc.width:
+        return 1.0
+    ms = np.mean(np.reshape(y, (-1, lc.norm_groups, lc.width // lc.norm_groups)) ** 2, axis=-1).ravel()
+    ms = ms[np.isfinite(ms)]
+    if not ms.size or not np.any(ms > 0):
+        return 1.0
+    return max(1.0, float(np.mean(ms) * np.mean(1.0 / (ms + lc.out_norm_eps))))
+
+
 def floor_for(tol: dict, width: int | None) -> float | None:
     """The oracle rule's ``nmse_floor`` for a probe behind a reduction of ``width``
     terms: ``nmse_floor * max(1, width / floor_width)`` where the table names a

@@ -144,8 +144,12 @@ class Judge:
             ldt = (comparison_dtype(comparison_dtype(cap.dtype, rc.dtype), cap.layer_dtypes[layer])
                    if layer in cap.layer_dtypes else cdt)
             rnd = None if rounding is None or ldt != cdt else rounding.probes.get(key)
+            # behind a recurrent layer's output norm the float32 floor grows by what the norm
+            # multiplies a rounding error by on these values (scaling.output_norm_amplification)
+            amp = (scaling.output_norm_amplification(req.layer_cfgs[layer], oracle.probes, layer)
+                   if orc is not None and layer is not None and probe in scaling.NORMED_OUTPUT_PROBES else 1.0)
             row = self.judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc,
-                             sides={rc.name: rc}, rounding=rnd)
+                             sides={rc.name: rc}, rounding=rnd, floor_scale=amp)
             if cap.note and not row.get("tol_reason"):
                 row["tol_reason"] = cap.note  # why the bound is this dtype's
             if plan_note:
@@ -228,7 +232,7 @@ class Judge:
 
     def judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle, drift=None,
               drift_keeps_table: bool = False, sides: dict | None = None, rounding=None,
-              drift_what: str | None = None) -> dict:
+              drift_what: str | None = None, floor_scale: float = 1.0) -> dict:
         if np.shape(a) != np.shape(b):
             return self.row(cand_name, ref_name, layer, probe, "error",
                              f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
@@ -246,6 +250,10 @@ class Judge:
         tol = scaling.scaled(base, rope, "float64" if cdt == "float64" else "float32", ref_scale,
                              self.reduction_width(layer))
         tol = self.derived_difference(tol, layer, probe, b, sides or {})
+        if floor_scale > 1.0 and tol.get("nmse_floor"):
+            tol = dict(tol, nmse_floor=tol["nmse_floor"] * floor_scale)
+            why = "; ".join(x for x in (why, f"the float32 floor x {floor_scale:.3g}: what the layer's output norm "
+                                             "multiplies a rounding error by here") if x)
         if drift is not None and "drift_ratio" in base and np.shape(drift) == np.shape(b):
             tol, why = drift_bound(base, tol, metrics(drift, b, probe), rope, ref_scale, why, drift_keeps_table,
                                    drift_what)
