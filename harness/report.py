@@ -17,7 +17,7 @@ from . import atomic
 from .atomic import atomic_path
 from .errors import UsageError
 from .verdict import FAILING
-from .versions import versions
+from .versions import calibrated, drift, versions
 
 if TYPE_CHECKING:  # pandas is imported where rows are made or read: bad input is refused without it
     import pandas as pd
@@ -96,6 +96,10 @@ def write_rows(d: Path, rows: list[dict]) -> pd.DataFrame:
 def write_meta(d: Path, meta: dict) -> None:
     meta = dict(meta)
     meta.setdefault("versions", versions())
+    # what the verdicts were calibrated on (lock.txt), and what of it this run did not have:
+    # a report made on another release of a reference says so in its header (views.py)
+    meta.setdefault("calibration", {"lock": calibrated(),
+                                    "drift": [list(x) for x in drift(meta["versions"])]})
     atomic.write_text(d / "meta.json", json.dumps(meta, indent=2, default=str))
 
 

@@ -9,7 +9,79 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("numpy", "torch", "transformers", "llama_cpp_python", "gguf", "array_api_compat", "pandas")
+# every package that shapes a result, recorded with every run (meta.json) and checked
+# against the lock: the references and what they compute with (tokenizers, safetensors,
+# huggingface_hub read a checkpoint; kernels reroutes transformers' functions when it is
+# installed: references/hf/internals.py), the array libraries impl and the oracle use,
+# and the judged engines (the `engines` extra)
+PACKAGES = ("numpy", "torch", "transformers", "llama_cpp_python", "gguf", "array_api_compat", "pandas",
+            "tokenizers", "safetensors", "huggingface_hub", "kernels",
+            "onnxruntime", "onnx", "onnxruntime_genai", "openvino", "ctranslate2")
+# the references' own packages: a run on another release of one of these is named in
+# every report's header (``drift``), and `conformance upstream` can bisect their releases
+REFERENCE_PACKAGES = ("transformers", "llama_cpp_python")
+LOCK = ROOT / "lock.txt"
+
+
+def norm(name: str) -> str:
+    """A distribution's normalised name (PEP 503): ``llama_cpp_python`` -> ``llama-cpp-python``."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_lock(path: Path = LOCK) -> dict[str, str]:
+    """``{normalised name: version}`` of the lock (scripts/lock.py writes it; empty when
+    there is none, e.g. an installed copy of the harness without its checkout)."""
+    out = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, ver = line.partition("==")
+            out[norm(name)] = ver.strip()
+    return out
+
+
+@lru_cache(maxsize=1)
+def calibrated() -> dict[str, str | None]:
+    """The versions the verdicts were calibrated on: the lock's, for ``PACKAGES``."""
+    lock = read_lock()
+    return {p: lock.get(norm(p)) for p in PACKAGES}
+
+
+def _base(v: str | None) -> str | None:
+    return None if v is None else v.split("+", 1)[0]
+
+
+def drift(v: dict | None = None) -> list[tuple[str, str | None, str | None]]:
+    """``(package, installed, calibrated)`` for each package of ``PACKAGES`` whose
+    installed version (``v``: a run's recorded versions; default this process's) is not
+    the lock's -- a newer or older release, or one installed that the lock leaves out
+    (``kernels`` beside transformers 5.25). Empty: the calibrated versions. A package
+    not installed is no drift (an extra this run does not use)."""
+    v = versions() if v is None else v
+    cal = calibrated()
+    if not any(cal.values()):
+        return []  # no lock to compare with
+    out = []
+    for p in PACKAGES:
+        have, want = _base(v.get(p)), cal.get(p)
+        if have is not None and have != want:  # an extra not installed is not drift
+            out.append((p, have, want))
+    return out
+
+
+def drift_line(v: dict | None = None) -> str:
+    """One sentence for a report's header: the calibrated versions, or which are not."""
+    d = drift(v)
+    if not d:
+        return "calibrated versions (lock.txt)"
+    parts = [f"{p} {have or 'not installed'} (calibrated: {want or 'not installed'})" for p, have, want in d]
+    return "NOT the calibrated versions: " + ", ".join(parts)
 
 
 @lru_cache(maxsize=None)
@@ -69,23 +141,30 @@ def llama_cpp_kernels() -> str | None:
     cache under ``_llama_cpp_stamp`` (importing llama_cpp costs a warm run a tenth
     of a second; issue 29 finding 4): a rebuilt library or another CPU is another
     stamp, asked again."""
+    return per_llama_build("llama_cpp_kernels", None, _kernels_of_import)
+
+
+def per_llama_build(name: str, extra, compute):
+    """``compute()`` (JSON data) kept in the cache per llama.cpp build: under the
+    library's stamp (``_llama_cpp_stamp``: version, its shared libraries, this CPU) and
+    ``extra`` (what else it depends on); None when llama_cpp is not installed."""
     import hashlib
     import json
 
     stamp = _llama_cpp_stamp()
     if stamp is None:
         return None
-    f = cache_root() / "versions" / f"llama_cpp_kernels-{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32]}.json"
+    f = cache_root() / "versions" / f"{name}-{hashlib.sha256(json.dumps([stamp, extra]).encode()).hexdigest()[:32]}.json"
     try:
-        return json.loads(f.read_text())["kernels"]
+        return json.loads(f.read_text())["value"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    got = _kernels_of_import()
+    got = compute()
     from .atomic import write_text
 
     try:
-        write_text(f, json.dumps({"kernels": got, "stamp": stamp}))
-    except OSError:  # a read-only cache: asked again next time
+        write_text(f, json.dumps({"value": got, "stamp": stamp}))
+    except OSError:  # a read-only cache: computed again next time
         pass
     return got
 

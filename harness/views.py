@@ -217,6 +217,10 @@ class RunModel:
     not_compared: list  # (status, rows, reason), the most frequent first
     excluded: list  # (cases, reason)
     footer: str
+    # the references' versions, and whether they are the calibrated ones (lock.txt): the
+    # header of every view, so a verdict made on another release says so where it is read
+    versions_line: str = ""
+    calibrated: bool = True
 
     def counts_text(self) -> str:
         return (" · ".join(f"{s} {self.case_counts[s]}" for s in CASE_ORDER if self.case_counts.get(s))
@@ -270,15 +274,42 @@ def run_model(df: pd.DataFrame, meta: dict) -> RunModel:
               + " · ".join(f"{k} {v.get(k)}" for k in ("python", "numpy", "torch", "transformers",
                                                         "llama_cpp_python", "gguf")))
     kind = "run" if meta.get("command") in ("run", "judge") else "matrix"
+    vline, calib = versions_line(meta)
     return RunModel(str(spec.get("name", "?")), kind, word, headline, cc, rc, cs, failing, grid(cs), candidate_grid(cs),
                     findings, _unverified(cs), not_compared,
-                    [(e["count"], e["reason"]) for e in spec.get("excluded", []) if e.get("count")], footer)
+                    [(e["count"], e["reason"]) for e in spec.get("excluded", []) if e.get("count")], footer,
+                    vline, calib)
+
+
+def versions_line(meta: dict) -> tuple[str, bool]:
+    """The references' versions as a run recorded them, and whether they are the ones its
+    verdicts were calibrated on (meta ``calibration``, written from lock.txt): one line for
+    every view's header. ``("", True)`` for a run that recorded neither (a run made before
+    the lock)."""
+    from .versions import REFERENCE_PACKAGES
+
+    v = meta.get("versions") or {}
+    if not v:
+        return "", True
+    refs = ", ".join(f"{p.replace('_', '-')} {v.get(p) or 'not installed'}" for p in REFERENCE_PACKAGES)
+    cal = meta.get("calibration")
+    if cal is None:
+        return f"references: {refs}", True
+    d = cal.get("drift") or []
+    if not d:
+        return f"references: {refs} · the calibrated versions (lock.txt)", True
+    parts = ", ".join(f"{p.replace('_', '-')} {have or 'not installed'} (calibrated: {want or 'not installed'})"
+                      for p, have, want in d)
+    return (f"references: {refs} · NOT the calibrated versions: {parts} -- verdicts were calibrated on lock.txt; "
+            "a difference may be the release (conformance upstream)"), False
 
 
 # ---------------------------------------------------------------- summary.md
 def summary_md(df: pd.DataFrame, meta: dict) -> str:
     m = run_model(df, meta)
     lines = [f"# Conformance {m.kind} `{_md(m.name)}`: {m.verdict}", "", f"**{_md(m.headline)}**"]
+    if m.versions_line:
+        lines[-1:-1] = [("" if m.calibrated else "**Warning:** ") + _md(m.versions_line), ""]
     if len(df):
         lines[-1] += (" · cases: " + m.counts_text() + " · rows: "
                       + " · ".join(f"{s} {n}" for s, n in sorted(m.row_counts.items())))
@@ -432,6 +463,7 @@ table.heat td.sel{outline:3px solid #2166ac}
 #cases tr:hover{background:#f0f4ff}
 .fail,.error{color:#b2182b;font-weight:bold}.pass{color:#1a7f37}.finding{color:#9a6700}
 code{font-size:12px}
+#versions{font-size:12px;color:#555}#versions.uncalibrated{color:#9a6700;background:#fff8e1;padding:4px 6px}
 """
 
 _JS = """
@@ -484,6 +516,9 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
            f"<title>Conformance: {e(m.name)}</title><style>{_CSS}</style></head><body>",
            f"<h1>Conformance {m.kind} {e(m.name)}: <span class='verdict {e(m.verdict)}'>{e(m.verdict)}</span></h1>",
            f"<p id='headline'><strong>{e(m.headline)}</strong> · cases: {e(m.counts_text())}</p>"]
+    if m.versions_line:
+        out.append(f"<p id='versions' class='{'calibrated' if m.calibrated else 'uncalibrated'}'>"
+                   f"{'' if m.calibrated else '<strong>Warning:</strong> '}{e(m.versions_line)}</p>")
     if len(m.failing):
         out += ["<h2>Failing cases</h2>", "<table id='failing'><tr><th>case</th><th>status</th><th>first failure</th></tr>"]
         out += [f"<tr><td><code>{e(c.case_id)}</code></td><td class='{e(c.status)}'>{e(c.status)}</td>"

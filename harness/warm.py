@@ -47,7 +47,7 @@ SCHEMA = 1  # bump when what a record holds, or what it means, changes
 KIND = "warm"
 MAX_PARAMS = 8_000_000  # float64 weights of at most 64 MB held by the recorder (tiny configs: ~10^5)
 # the packages whose versions shape a stored result (harness/versions.py PACKAGES, less pandas: a view)
-PACKAGES = ("numpy", "torch", "transformers", "llama_cpp_python", "gguf", "array_api_compat")
+PACKAGES = ("numpy", "torch", "transformers", "llama_cpp_python", "gguf", "array_api_compat", "kernels")
 _TREES = ("harness", "contract", "impl")
 
 

@@ -3,6 +3,7 @@
 # kernels, once, into a wheel kept outside the checkout; print the wheel's path.
 #
 #   scripts/build_llamacpp.sh [VARIANT]      VARIANT: avx2 (default), avx512, sse42, native
+#   LLAMACPP_VERSION=0.3.35 scripts/build_llamacpp.sh   another release than the lock's
 #
 # Why a named set and not pip's default build: llama-cpp-python builds with
 # -march=native (GGML_NATIVE), so the kernels ggml runs -- and so the rounding of
@@ -21,7 +22,9 @@
 # ~/.cache/attn-conformance/wheels)/<version>-<variant>/.
 set -euo pipefail
 VARIANT=${1:-avx2}
-VERSION=0.3.36
+# the release: the lock's (lock.txt), or LLAMACPP_VERSION (`conformance upstream` builds others)
+VERSION=${LLAMACPP_VERSION:-$(sed -n 's/^llama-cpp-python==//p' "$(dirname "$0")/../lock.txt")}
+if [ -z "$VERSION" ]; then echo "build_llamacpp.sh: no llama-cpp-python in lock.txt and no LLAMACPP_VERSION" >&2; exit 2; fi
 case "$(uname -m)" in
   x86_64|amd64) X86=1 ;;
   *) X86=0 ;;

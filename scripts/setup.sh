@@ -27,12 +27,21 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 marker=.venv/llamacpp-kernels
-if [ "$(cat "$marker" 2>/dev/null)" != "$KERNELS" ] || ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+# rebuilt when the kernels or the locked release changed (lock.txt), or it is missing
+LOCKED_LLAMACPP=$(sed -n "s/^llama-cpp-python==//p" lock.txt)
+if [ "$(cat "$marker" 2>/dev/null)" != "$KERNELS" ] || ! .venv/bin/python -c "import llama_cpp" 2>/dev/null \
+   || [ "$(.venv/bin/python -c "from importlib.metadata import version; print(version('llama-cpp-python'))" 2>/dev/null)" != "$LOCKED_LLAMACPP" ]; then
   whl=$(PYTHON=.venv/bin/python bash scripts/build_llamacpp.sh "$KERNELS")
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$whl"
   echo "$KERNELS" > "$marker"
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[llamacpp,dev]'
+# exactly the lock (lock.txt, written by scripts/lock.py): the versions every verdict and
+# baseline was calibrated on, whatever the registry holds today
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c lock.txt -e '.[llamacpp,dev]'
+# ... and nothing beside it: a package an earlier install left (a newer reference's own
+# dependency, e.g. transformers 5.25's `kernels`, which changes how HF's functions are
+# called) is removed, so this .venv is the lock whatever it held before
+.venv/bin/python scripts/lock_sync.py
 # Debian's chromium for the report.html browser test (tests/test_report_browser.py, headless over the
 # DevTools protocol): installed where apt-get can (as root); elsewhere that test is skipped and says why
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \

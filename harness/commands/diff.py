@@ -134,14 +134,43 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, factor: float) -> dict:
                 implicated=implicated, regressed=sorted(regressed), new_cases=nc, base_cases=bc, factor=factor)
 
 
-def markdown(res: dict, base: str, new: str) -> str:
+def version_changes(base: str, new: str) -> list[tuple[str, str | None, str | None]]:
+    """``(package, base's version, new's)`` for every result-shaping package whose
+    version the two runs recorded differently (meta.json ``versions``): a verdict that
+    moved with them may be the release's, not the code's."""
+    import json
+
+    from ..versions import PACKAGES
+
+    def read(d):
+        try:
+            return json.loads((Path(d) / "meta.json").read_text()).get("versions") or {}
+        except (OSError, ValueError):
+            return {}
+
+    vb, vn = read(base), read(new)
+    if not vb or not vn:
+        return []
+    return [(p, vb.get(p), vn.get(p)) for p in (*PACKAGES, "python", "llama_cpp_kernels")
+            if p in vb and p in vn and vb.get(p) != vn.get(p)]  # a package one run did not record: unknown
+
+
+def markdown(res: dict, base: str, new: str, changed: list | None = None) -> str:
     from ..views import _g, _md
 
     reg = bool(res["regressed"])
     nc = res["new_cases"]
     miss = f" ({len(res['missing'])} cases of base missing: not run in new)" if res["missing"] else ""
-    lines = [f"# Conformance diff: {'REGRESSION' if reg else 'no regression'}{miss}", "",
-             f"base `{_md(base)}` → new `{_md(new)}` · growth factor {res['factor']:g}", "",
+    # the same code on another release of a reference is not a regression of the code:
+    # said first, and every changed row is marked as moved with the versions
+    title = ("CHANGED WITH THE VERSIONS" if changed else "REGRESSION") if reg else "no regression"
+    lines = [f"# Conformance diff: {title}{miss}", ""]
+    if changed:
+        pairs = ", ".join(f"{p.replace('_', '-')} {b or 'absent'} → {n or 'absent'}" for p, b, n in changed)
+        lines += [f"**Versions changed between the runs: {pairs}.** The changes below are marked "
+                  "\"versions changed\": a result that moved with a release, not a regression of the code on the same "
+                  "versions. `conformance upstream PACKAGE A..B` names the release that moved each one.", ""]
+    lines += [f"base `{_md(base)}` → new `{_md(new)}` · growth factor {res['factor']:g}", "",
              f"- new failures: {len(res['new_failures'])}", f"- error grew > {res['factor']:g}x: {len(res['grew'])}",
              f"- fixed: {len(res['fixed'])}",
              f"- missing (in base, not run in new; not a regression): {len(res['missing'])}",
@@ -158,10 +187,11 @@ def markdown(res: dict, base: str, new: str) -> str:
         for f, p in rows:
             lines.append(f"| {f} | {p['cases']} | {p['new_failures']} | {p['grew']} | {p['missing']} | {p['fixed']} |")
     if res["new_failures"]:
-        lines += ["", "## New failures", "", "| case | first failure |", "|---|---|"]
+        head = "## New failures (versions changed)" if changed else "## New failures"
+        lines += ["", head, "", "| case | first failure |", "|---|---|"]
         lines += [f"| `{_md(c)}` | {_md(nc.at[c, 'first_fail'])} |" for c in res["new_failures"][:100]]
     if res["grew"]:
-        lines += ["", f"## Error grew by more than {res['factor']:g}x", "",
+        lines += ["", f"## Error grew by more than {res['factor']:g}x" + (" (versions changed)" if changed else ""), "",
                   "| case | vs | worst error base → new | growth | where (new) |", "|---|---|---|---|---|"]
         for g in sorted(res["grew"], key=lambda g: -g["growth"])[:100]:
             lines.append(f"| `{_md(g['case_id'])}` | {_md(g['reference'])} | {_g(g['base'])} → {_g(g['new'])} | "
@@ -186,7 +216,7 @@ def cmd_diff(a) -> int:
     if a.candidate:
         base, new = (_only(df, a.candidate, d) for df, d in ((base, a.base), (new, a.new)))
     res = compare(base, new, factor)
-    md = markdown(res, a.base, a.new)
+    md = markdown(res, a.base, a.new, version_changes(a.base, a.new))
     sys.stdout.write(md)
     if a.md:
         Path(a.md).write_text(md)
