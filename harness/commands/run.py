@@ -32,7 +32,7 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     usable) into a run directory -- rows, meta.json and the views a matrix writes
     (summary.md, report.html, junit.xml): one case is one page too --, print its
     table (not with ``quiet``) and, last, the verdict line; the exit status."""
-    from .. import budget, report, runlog
+    from .. import budget, references, report, runlog
     from ..case import CaseRun
     from ..policy import load_policy
     from ..progress import Phases
@@ -46,6 +46,11 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     phases = Phases(quiet)
     run = CaseRun(case, policy, progress=phases, warm=True)  # from its record where it has one (harness/warm.py)
     _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
+    # a reference release that moved what its adapter reads: one line, before any work (a
+    # warm run -- its record was written by a cold run on these same versions, harness/warm.py
+    # keys them -- calls no reference and imports neither torch nor transformers)
+    if run.record is None:
+        references.preflight(case.refs, run.family, run.config)
     budget.check(run)  # and a case the model or this machine cannot hold
     t0 = time.time()
     from .. import views  # pandas: imported once the input has passed every check
@@ -73,5 +78,9 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
         for note in run.notes:
             print(f"note: {note}")
         print(f"report: {d} (summary.md, report.html, rows.parquet)")
+    from ..versions import drift_line
+
+    if not drift_line().startswith("calibrated"):  # a verdict made on another release than the lock's
+        print(f"note: {drift_line()}", file=sys.stderr)
     print(views.run_model(df, {}).last_line())
     return report.exit_status(df)

@@ -162,7 +162,17 @@ def _divisors(n: int) -> str:
 def _config_class(model_type: str):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    return CONFIG_MAPPING[model_type]
+    try:
+        return CONFIG_MAPPING[model_type]
+    except KeyError:
+        # an older transformers than the family was written for (`conformance upstream`
+        # bisecting releases, or a user's own install): one line, not a KeyError
+        from importlib.metadata import version
+
+        from ..errors import UsageError
+
+        raise UsageError(f"transformers {version('transformers')} has no model type {model_type!r} (a family "
+                         "written for a newer release; the lock's is in lock.txt)") from None
 
 
 @functools.lru_cache(maxsize=None)

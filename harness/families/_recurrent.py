@@ -35,6 +35,7 @@ import contextlib
 import numpy as np
 
 from contract.recurrent import RecurrentConfig
+from harness.references.hf.internals import signature as hf_signature
 
 # where each HF scan function's l2norm sees q and k: [B, H, T, D] after a transpose, or [B, T, H, D]
 SCAN_LAYOUT = {"torch_chunk_gated_delta_rule": "bhtd", "torch_recurrent_gated_delta_rule": "bhtd",
@@ -235,9 +236,9 @@ def _taps(fam, model, config, sink):
         return wrapper
 
     def mamba_wrap(orig, name):
-        import inspect
-
-        sig = inspect.signature(orig)
+        # HF's own signature: transformers >= 5.25 hands the scan over as a kernels
+        # Func module whose signature is (*args, **kwargs) (references/hf/internals.py)
+        sig = hf_signature(orig)
 
         def wrapper(*args, **kwargs):
             if not rec:

@@ -91,6 +91,12 @@ class Reference(ABC):
     def capture(self, run, **kw) -> RefCapture:
         """The reference's probes for the case (``run``: the case's Build)."""
 
+    def preflight(self, family, config) -> None:
+        """Refuse (a ``UsageError``: one line, exit 2) before any work when the installed
+        release of this reference lacks what its adapter reads for ``family`` on
+        ``config``: a hook point moved by a new release must never be a KeyError in the
+        middle of a matrix. Default: nothing to check."""
+
     def tokenize(self, gguf_path, text: str) -> list[int]:
         raise NotImplementedError(f"reference {self.name} does not tokenize")
 
@@ -146,6 +152,18 @@ def default(file: bool = False) -> str:
             if r.default_for_file:
                 return r.name
     return names()[0]
+
+
+def preflight(names, family, config) -> None:
+    """Every named reference's start-up check of ``family`` on ``config`` (and the
+    oracle's, which runs beside any low-precision case)."""
+    refs = {get(n) for n in names}
+    o = oracle_reference()
+    if o is not None:
+        refs.add(o)
+    for r in sorted(refs, key=lambda r: r.name):
+        if r.available():
+            r.preflight(family, config)
 
 
 def oracle_reference() -> Reference | None:

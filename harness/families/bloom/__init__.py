@@ -67,6 +67,7 @@ class Bloom(Family):
     description = "ALiBi, LayerNorm with biases, fused per-head interleaved QKV"
     tiny = dict(vocab_size=128, hidden_size=64, n_layer=2, n_head=4, layer_norm_epsilon=1e-5)
     gguf_arch = "bloom"
+    eager_name = "-"  # BloomAttention computes inline (no eager function): hf_taps reads the probes
     reorder_qkv = True  # what the converter does; a test switches it off to show the capture notices
     layers_path = "transformer.h"
     size_keys = {"hidden": "hidden_size", "heads": "n_head", "layers": "n_layer"}

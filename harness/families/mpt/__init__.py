@@ -76,6 +76,7 @@ class Mpt(Family):
     tiny = dict(vocab_size=128, d_model=96, n_heads=6, n_layers=2, max_seq_len=64, layer_norm_epsilon=1e-5,
                 attn_config={"clip_qkv": 1.5})
     gguf_arch = "mpt"
+    eager_name = "-"  # MptAttention computes inline (no eager function): hf_taps reads the probes
     layers_path = "transformer.blocks"
     size_keys = {"hidden": "d_model", "heads": "n_heads", "layers": "n_layers"}
     # MptBlock: norm_1 before the attention (feature bisection's LayerNorm switch)

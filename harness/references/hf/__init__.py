@@ -29,6 +29,12 @@ class HF(Reference):
     # on the case's schedule (harness/references/hf_cached)
     cached = False
 
+    def preflight(self, family, config) -> None:
+        """The hook points this adapter reads in transformers (hook_points.py)."""
+        from .hook_points import check
+
+        check(family, config, cached=self.cached)
+
     def calls(self, req) -> list[int] | None:
         """The chunk sizes of HF's calls: None (one forward, no cache)."""
         return None
@@ -108,3 +114,13 @@ class HF(Reference):
         forward = ctx.forward(b)
         return {"parts": {"forward": forward, "logits": ctx.logits(b)},
                 "phases": {"hf capture": forward + ctx.logits(b)}}
+
+
+# The transformers releases the adapter has been run on (the default matrix on each, and
+# `conformance upstream transformers 5.20.0..5.25.0`: docs/measurements/2026-12-06-reference-
+# versions.md); the calibrated one is the lock's (lock.txt). Before 5.24.0 the cached path
+# took `past_key_values` (Mamba models: `cache_params`), not `cache`: hf_cached is refused
+# there at start-up, hf alone runs. A release outside runs, its hook points checked
+# (hook_points.py), and every report names it; a missing hook point is refused naming
+# this window.
+SUPPORTED = ("5.24.0", "5.25.0")

@@ -31,6 +31,8 @@ import sys
 import textwrap
 from contextlib import contextmanager
 
+from .internals import plain
+
 _PATTERNS = (
     (re.compile(r"torch\.float32\b"), "torch.float64"),
     (re.compile(r"torch\.float\b(?!\d)"), "torch.float64"),
@@ -113,18 +115,24 @@ class Float64Paths:
         if mod is None or modname in self._done_mods:
             return
         self._done_mods.add(modname)
-        for attr, fn in list(vars(mod).items()):
-            if inspect.isfunction(fn) and fn.__module__ == modname:
-                try:
-                    src = inspect.getsource(fn)
-                except (OSError, TypeError):
-                    continue
-                if _needs(src):
-                    new = _recompile(fn, attr)
-                    if new is None:
-                        self.kept_float32.append(f"{modname}.{attr}")
-                    else:
-                        self._set(mod, attr, new)
+        for attr, val in list(vars(mod).items()):
+            # a function HF wrote, or one a decorator hid: transformers >= 5.25 requires
+            # `kernels`, whose use_kernel_forward_from_hub makes a decorated function an
+            # nn.Module instance (internals.py); the global is replaced by the promoted
+            # function itself, which is what that wrapper calls on the CPU
+            fn = plain(val)
+            if fn is None or fn.__module__ != modname:
+                continue
+            try:
+                src = inspect.getsource(fn)
+            except (OSError, TypeError):
+                continue
+            if _needs(src):
+                new = _recompile(fn, fn.__name__)
+                if new is None:
+                    self.kept_float32.append(f"{modname}.{attr}")
+                else:
+                    self._set(mod, attr, new)
 
     def patch_rope_inits(self) -> None:
         from transformers import modeling_rope_utils as mru

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from .. import Reference
 
+# the llama-cpp-python release whose vendored ggml.h the struct mirror was written from
+LAYOUT_OF = "0.3.36"
+
 
 class LlamaCpp(Reference):
     label = "llama.cpp"
@@ -28,6 +31,30 @@ class LlamaCpp(Reference):
         from .capture import available
 
         return available()
+
+    def preflight(self, family, config) -> None:
+        """The ``ggml_tensor`` layout the eval callback reads (ggml_ctypes.py) checked
+        against the library being loaded: a release that moved a field is refused in
+        one line, not read as garbage arrays. Kept in the cache per library build."""
+        import hashlib
+        from pathlib import Path
+
+        from ...errors import UsageError
+        from ...versions import _version, per_llama_build
+        from . import ggml_ctypes
+
+        def measure():
+            try:
+                return ggml_ctypes.layout_mismatch(ggml_ctypes.ggml_base_path())
+            except (OSError, RuntimeError) as e:
+                return f"libggml-base cannot be read ({e})"
+
+        src = hashlib.sha256(Path(ggml_ctypes.__file__).read_bytes()).hexdigest()[:16]
+        bad = per_llama_build("llama_cpp_layout", src, measure)
+        if bad:
+            raise UsageError(f"llama-cpp-python {_version('llama_cpp_python')}: {bad}; the capture's mirror "
+                             "(harness/references/llamacpp/ggml_ctypes.py) is llama-cpp-python "
+                             f"{LAYOUT_OF} (docs/how-to/reference-released.md)")
 
     def capture(self, req, engine: dict | None = None, capture_name: str | None = None):
         from .capture import capture_for_case

@@ -40,15 +40,84 @@ class GgmlTensor(ctypes.Structure):
     ]
 
 
+def ggml_base_path(pkg_dir: Path | None = None) -> Path:
+    """libggml-base of the installed llama-cpp-python (found without importing it)."""
+    if pkg_dir is None:
+        from importlib.util import find_spec
+
+        spec = find_spec("llama_cpp")
+        if spec is None or not spec.origin:
+            raise RuntimeError("llama_cpp is not installed")
+        pkg_dir = Path(spec.origin).parent
+    libdir = pkg_dir / "lib"
+    cands = sorted(libdir.glob("libggml-base.so*")) + sorted(libdir.glob("libggml-base.dylib")) + sorted(libdir.glob("ggml-base.dll"))
+    if not cands:
+        raise RuntimeError(f"libggml-base not found in {libdir}")
+    return cands[0]
+
+
+class _InitParams(ctypes.Structure):  # ggml.h struct ggml_init_params
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def layout_mismatch(lib_path: Path) -> str | None:
+    """What of ``GgmlTensor`` the library at ``lib_path`` lays out otherwise, or None.
+
+    The library itself says where its fields are: a context (no data allocated) makes
+    a 2-D float32 tensor named by ``ggml_set_name``, a view of it and a sum of two;
+    each field the capture reads (type, ne, nb, op, src, view_src, view_offs, name)
+    must hold, at this mirror's offset, what the library's own accessors
+    (``ggml_get_name``, ``ggml_nbytes``, ``ggml_op_name``) and the construction say,
+    and the mirror's size must be the library's (``ggml_tensor_overhead`` less the
+    ``ggml_object`` header, 32 bytes since ggml's first release). A release that adds
+    or moves a field before ``name`` fails here, not as garbage arrays."""
+    lib = ctypes.CDLL(str(lib_path))
+    for fn, res, args in (("ggml_init", ctypes.c_void_p, [_InitParams]), ("ggml_free", None, [ctypes.c_void_p]),
+                          ("ggml_tensor_overhead", ctypes.c_size_t, []),
+                          ("ggml_new_tensor_2d", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                                                   ctypes.c_int64]),
+                          ("ggml_set_name", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
+                          ("ggml_get_name", ctypes.c_void_p, [ctypes.c_void_p]),
+                          ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
+                          ("ggml_add", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+                          ("ggml_view_1d", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                                             ctypes.c_size_t]),
+                          ("ggml_op_name", ctypes.c_char_p, [ctypes.c_int])):
+        f = getattr(lib, fn, None)
+        if f is None:
+            return f"libggml-base exports no {fn}"
+        f.restype, f.argtypes = res, args
+    size = int(lib.ggml_tensor_overhead()) - 32
+    if size != ctypes.sizeof(GgmlTensor):
+        return f"struct ggml_tensor is {size} bytes, the mirror {ctypes.sizeof(GgmlTensor)}"
+    ctx = lib.ggml_init(_InitParams(16 * int(lib.ggml_tensor_overhead()), None, True))
+    if not ctx:
+        return "ggml_init failed"
+    try:
+        a = lib.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 3, 5)
+        b = lib.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 3, 5)
+        lib.ggml_set_name(a, b"conformance-layout")
+        s = lib.ggml_add(ctx, a, b)
+        v = lib.ggml_view_1d(ctx, a, 2, 8)
+        ta, ts, tv = (ctypes.cast(p, ctypes.POINTER(GgmlTensor)).contents for p in (a, s, v))
+        checks = {
+            "type": ta.type == GGML_TYPE_F32,
+            "ne": list(ta.ne) == [3, 5, 1, 1],
+            "nb": list(ta.nb) == [4, 12, 60, 60] and int(lib.ggml_nbytes(a)) == 60,
+            "name": lib.ggml_get_name(a) == a + GgmlTensor.name.offset and ta.name == b"conformance-layout",
+            "op": lib.ggml_op_name(ts.op) == b"ADD" and lib.ggml_op_name(ta.op) == b"NONE",
+            "src": ts.src[0] == a and ts.src[1] == b,
+            "view_src": tv.view_src == a and tv.view_offs == 8,
+        }
+    finally:
+        lib.ggml_free(ctx)
+    bad = [k for k, ok in checks.items() if not ok]
+    return f"struct ggml_tensor's {', '.join(bad)} field{'s' if len(bad) > 1 else ''} moved" if bad else None
+
+
 class Ggml:
     def __init__(self):
-        import llama_cpp
-
-        libdir = Path(llama_cpp.__file__).parent / "lib"
-        cands = sorted(libdir.glob("libggml-base.so*")) + sorted(libdir.glob("libggml-base.dylib")) + sorted(libdir.glob("ggml-base.dll"))
-        if not cands:
-            raise RuntimeError(f"libggml-base not found in {libdir}")
-        lib = ctypes.CDLL(str(cands[0]))
+        lib = ctypes.CDLL(str(ggml_base_path()))
         lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
         lib.ggml_backend_tensor_get.restype = None
         lib.ggml_nbytes.argtypes = [ctypes.c_void_p]
