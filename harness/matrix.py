@@ -56,6 +56,7 @@ from contract.rows import FAILING
 from . import atomic, families
 from .case import Case
 from .errors import UsageError, suggest
+from .specs import DEFAULT_SPEC, keyword_matcher, select  # noqa: F401 (matrix.select etc., as before)
 
 # spec key -> (Case field, default values). The order is the product's order,
 # the dtype varying fastest, so neighbouring cases share their references.
@@ -107,16 +108,19 @@ class Spec:
 
 
 # ---------------------------------------------------------------- spec
-def load_spec(path: str | Path) -> Spec:
+def load_spec(path: str | Path, keep=None) -> Spec:
+    """The spec at ``path``; ``keep(case)``: only the cases it admits are validated and
+    kept (`conformance upstream`'s runner: the cases in question, on a release that may
+    lack another family's model type altogether)."""
     p = Path(path)
     try:
         text = p.read_text()
     except (FileNotFoundError, IsADirectoryError):
         raise UsageError(f"matrix spec {str(p)!r} is not a file") from None
-    return parse_spec(text, str(p))
+    return parse_spec(text, str(p), keep)
 
 
-def parse_spec(text: str, label: str) -> Spec:
+def parse_spec(text: str, label: str, keep=None) -> Spec:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -141,7 +145,7 @@ def parse_spec(text: str, label: str) -> Spec:
     for n, g in enumerate(groups, 1):
         where = f"matrix spec {label}, [[group]] {g.get('name', '#' + str(n))!r}"
         _check_keys(g, GROUP_KEYS, where)
-        for case in _expand({**defaults, **{k: v for k, v in g.items() if k in AXES}}, where, excludes, hits):
+        for case in _expand({**defaults, **{k: v for k, v in g.items() if k in AXES}}, where, excludes, hits, keep):
             cases.setdefault(case.case_id(), case)  # groups may overlap: a case runs once
     excluded = [{"reason": ex["reason"], "count": c} for ex, c in zip(excludes, hits)]
     return Spec(label, str(data.get("name", Path(label).stem)), text, list(cases.values()), excluded)
@@ -186,7 +190,7 @@ def _flat_overrides(table: dict) -> tuple:
     return tuple(out)
 
 
-def _expand(axes: dict, where: str, excludes: list = (), hits: list | None = None) -> list[Case]:
+def _expand(axes: dict, where: str, excludes: list = (), hits: list | None = None, keep=None) -> list[Case]:
     """The cases of one group, the ``excludes`` they match dropped (counted in
     ``hits``) BEFORE their configs are checked: an excluded case is one the spec
     says cannot run (a config key a family lacks), so it is never built."""
@@ -209,6 +213,8 @@ def _expand(axes: dict, where: str, excludes: list = (), hits: list | None = Non
             if hit is not None:
                 if hits is not None:
                     hits[hit] += 1
+                continue
+            if keep is not None and not keep(case):
                 continue
             try:
                 case.validate()
@@ -550,6 +556,7 @@ def start(spec: Spec, out: str | None, shard_arg: tuple[int, int] | None, policy
         from .policy import load_policy
 
         load_policy(policy_path)  # a bad policy is bad input: refused before the directory exists
+    preflight(cases)
     run_id = report.new_run_id()
     d = report.check_out(out, run_id, f"use --resume {report.run_dir(out, run_id)} to complete it, or another --out")
     d.mkdir(parents=True, exist_ok=True)
@@ -560,6 +567,21 @@ def start(spec: Spec, out: str | None, shard_arg: tuple[int, int] | None, policy
            "policy": policy_path, "jobs": jobs, "cases": [c.to_dict() for c in cases]}
     atomic.write_text(d / RUN_FILE, json.dumps(run, indent=1, default=str))
     return d
+
+
+def preflight(cases: list[Case]) -> None:
+    """Every reference's start-up check of every family the cases run (its hook points
+    in the installed release: harness/references ``Reference.preflight``), on the
+    family's own config: a release that moved one is refused in one line before the
+    run directory exists, not met as an error row in every case of the family."""
+    from . import families, references
+
+    refs: dict[str, set] = {}
+    for c in cases:
+        refs.setdefault(c.family, set()).update(c.refs)
+    for name in sorted(refs):
+        fam = families.get(name)
+        references.preflight(refs[name], fam, fam.make_config())
 
 
 def read_run(d: str | Path) -> dict:

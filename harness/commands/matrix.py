@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
+from ..specs import DEFAULT_SPEC, keyword_matcher, select  # noqa: F401 (the CLI's names for them)
 from ..versions import ROOT
-
-DEFAULT_SPEC = ROOT / "fixtures" / "matrix" / "default.toml"
 
 
 def say_default(arg: str | None, spec, command: str) -> None:
@@ -83,77 +82,6 @@ def cmd_matrix(a) -> int:
     return run_dir(d, a.jobs, plots_of(a), quiet=getattr(a, "quiet", False))[0]
 
 
-def keyword_matcher(expr: str):
-    """pytest's ``-k`` grammar over a case id: ``expr := and ('or' and)*``, ``and :=
-    not ('and' not)*``, ``not := 'not' not | '(' expr ')' | word``; a word matches
-    where it is a case-insensitive substring of the id. UsageError for a malformed one."""
-    import re
-
-    toks = re.findall(r"\(|\)|[^\s()]+", expr)
-    if not toks:
-        raise UsageError(f"-k {expr!r} is empty; give words joined by and / or / not, e.g. -k 'llama and paged'")
-    pos = 0
-
-    def peek():
-        return toks[pos] if pos < len(toks) else None
-
-    def take(want=None):
-        nonlocal pos
-        t = peek()
-        if t is None or (want is not None and t != want):
-            raise UsageError(f"-k {expr!r}: expected {want or 'a word'} at {'the end' if t is None else repr(t)}; "
-                             "the form is pytest's: words, and / or / not, parentheses")
-        pos += 1
-        return t
-
-    def p_or():
-        parts = [p_and()]
-        while peek() == "or":
-            take()
-            parts.append(p_and())
-        return lambda s: any(f(s) for f in parts)
-
-    def p_and():
-        parts = [p_not()]
-        while peek() == "and":
-            take()
-            parts.append(p_not())
-        return lambda s: all(f(s) for f in parts)
-
-    def p_not():
-        t = peek()
-        if t == "not":
-            take()
-            f = p_not()
-            return lambda s: not f(s)
-        if t == "(":
-            take()
-            f = p_or()
-            take(")")
-            return f
-        if t in ("and", "or", ")", None):
-            take("a word")  # raises: an operator where a word must be
-        w = take().lower()
-        return lambda s: w in s.lower()
-
-    f = p_or()
-    if peek() is not None:
-        raise UsageError(f"-k {expr!r}: unexpected {peek()!r}; join words with and / or")
-    return f
-
-
-def select(spec, expr: str):
-    """The spec with only the cases ``-k EXPR`` selects; none is bad input."""
-    import dataclasses
-
-    match = keyword_matcher(expr)
-    cases = [c for c in spec.cases if match(c.case_id())]
-    if not cases:
-        raise UsageError(f"-k {expr!r} selects none of the {len(spec.cases)} cases of {spec.path} "
-                         f"(see conformance matrix {spec.path} --list)")
-    return dataclasses.replace(spec, cases=cases)
-
-
 def plots_of(a) -> str:
     """Which cases get a plot (``--plots``; ``--no-plots`` is ``none``)."""
     return "none" if a.no_plots else a.plots
@@ -188,6 +116,10 @@ def run_dir(d: Path, jobs: int, plots: bool | str, quiet: bool = False):
     startup = [i.get("worker_startup_s") for i in meta_info(d).values() if i.get("worker_startup_s") is not None]
     if startup and not quiet:
         print(f"worker start-up: {len(startup)} workers, {max(startup):.1f} s at most (not counted in any case's time)")
+    from ..versions import drift_line
+
+    if not drift_line().startswith("calibrated"):
+        print(f"note: {drift_line()}", file=sys.stderr)
     print(run_model(df, {}).last_line())
     return report.exit_status(df), df
 
