@@ -113,7 +113,8 @@ class CandidateCapture:
     ``probes``: ``{"L{layer}.{probe}": array [S, ...]}`` (and, for a free-running
     candidate, ``embeddings`` / ``final_norm`` / ``logits``); ``not_exposed``:
     ``{key or probe name: reason}`` (a bare probe name covers every layer);
-    ``errors``: ``{layer: message}`` (a layer that raised); ``dtype``: the
+    ``errors``: ``{layer: message}`` (a layer that raised; ``details``: its full
+traceback); ``dtype``: the
     precision it computed in (the comparison is made at the coarser of it and
     the reference's); ``note``: said with the run when that precision is not
     the case's, with the engine's source line."""
@@ -123,6 +124,7 @@ class CandidateCapture:
     probes: dict = field(default_factory=dict)
     not_exposed: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # layer -> the full traceback behind errors[layer]
     meta: dict = field(default_factory=dict)
     note: str = ""  # how it is judged, where that is not plain (a precision coarser than the case's)
     # layer -> the comparison precision of that layer where it is not ``dtype``'s (against

@@ -40,6 +40,7 @@ ROW_COLUMNS = {
     "layer_kind": "the layer's kind label (attention, linear, absent, mla_absorbed, ...)",
     "status": "one of STATUSES",
     "reason": "why, in words (the bound exceeded, the finding that excuses it, what is not exposed)",
+    "detail": "an error row's full traceback (the exception behind it; also in the run's log.txt); empty otherwise",
     "cmp_dtype": "the comparison's dtype: the less precise side, or ggml_<act> with ggml's rounding emulated",
     "max_abs": "max |candidate - reference|",
     "max_rel": "max |candidate - reference| / |reference|",

@@ -356,20 +356,23 @@ class CaseRun(Build):
                                       f"{case.schedule}: {why}") for r, why in refused.items()]
         for rc in caps:
             if rc.error:
-                rows.append(judge.row(name, rc.name, None, "", "error", f"reference {rc.name} failed: {rc.error}"))
+                rows.append(judge.row(name, rc.name, None, "", "error", f"reference {rc.name} failed: {rc.error}",
+                                      detail=rc.meta.get("traceback", "")))
                 continue
             self.progress(f"judging {name} vs {rc.name} (the float64 oracle first, where it runs)")
             oracle = self.oracle_for(rc)
             t = time.perf_counter()
             if oracle is not None and oracle.error:
                 rows.append(judge.row(name, rc.name, None, "", "error",
-                                      f"the float64 oracle of {rc.name} failed: {oracle.error}"))
+                                      f"the float64 oracle of {rc.name} failed: {oracle.error}",
+                                      detail=oracle.meta.get("traceback", "")))
                 continue
             # a float64 candidate against a float32 reference: also within that reference's own rounding
             rounding = oracle_stage.rounding_for(self, rc, cand.teacher_forced) if oracle is None else None
             if rounding is not None and rounding.error:
                 rows.append(judge.row(name, rc.name, None, "", "error",
-                                      f"the float64 run measuring {rc.name}'s rounding failed: {rounding.error}"))
+                                      f"the float64 run measuring {rc.name}'s rounding failed: {rounding.error}",
+                                      detail=rounding.meta.get("traceback", "")))
                 continue
             rows += judge.compare_candidate(rc, feed, oracle, rounding)
             self.timings[f"{name}_vs_{rc.name}"] = time.perf_counter() - t

@@ -363,8 +363,12 @@ def work(case_dict: dict, policy_path: str | None, plot_dir) -> dict:
     try:
         rows, info = run_case(case, _POLICIES[policy_path])
     except Exception as e:  # a crash outside impl's per-layer guard is this case's error row; the run goes on
-        rows = [crash_row(case, f"{type(e).__name__}: {' '.join(str(e).split())[:400]}")]
-        info = {"features": [], "timings": {}, "traceback": traceback.format_exc(limit=6)}
+        tb = traceback.format_exc()
+        from . import runlog
+
+        runlog.traceback_block(f"{case.case_id()}: the case", tb)
+        rows = [crash_row(case, f"{type(e).__name__}: {' '.join(str(e).split())[:400]}", tb)]
+        info = {"features": [], "timings": {}, "traceback": tb}
     info = {"features": info.get("features", []), "timings": info.get("timings", {}),
             **({"traceback": info["traceback"]} if "traceback" in info else {})}
     info["timings"]["case_s"] = time.perf_counter() - t
@@ -381,12 +385,13 @@ def work(case_dict: dict, policy_path: str | None, plot_dir) -> dict:
     return {"case_id": case.case_id(), "rows": rows, "info": info}
 
 
-def crash_row(case: Case, reason: str) -> dict:
+def crash_row(case: Case, reason: str, detail: str = "") -> dict:
     return dict(case_id=case.case_id(), family=case.family, features="", backend=case.backend, device=case.device,
                 dtype=case.dtype, kv=case.kv, schedule=case.schedule, seed=case.seed, tokens=case.tokens,
                 seqs=case.n_seqs, gguf_type=case.gguf_type, weights=case.weights, ragged=case.ragged,
                 overrides=";".join(f"{k}={v}" for k, v in case.overrides), candidate=case.candidate, reference=case.ref,
-                layer=-1, probe="*", variant=case.variant or "", layer_kind="model", status="error", reason=reason)
+                layer=-1, probe="*", variant=case.variant or "", layer_kind="model", status="error", reason=reason,
+                detail=detail)
 
 
 _WORKER_STARTUP: list = []  # a worker's start-up seconds, until its first case reports them
@@ -397,6 +402,10 @@ def _init_worker(threads: int, log_path: str | None = None, verbose: bool = Fals
     # so -j workers share the cores instead of each spinning all of them.
     from . import runlog
 
+    # Ctrl-C reaches every process of the terminal's group: a worker leaves it to the
+    # parent, which stops the workers with SIGTERM (_stop_workers) -- a worker's own
+    # KeyboardInterrupt printed a traceback beside the parent's one line (issue 41)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     runlog.setup(verbose)  # third-party chatter to the run's log, as in the parent
     signal.signal(signal.SIGTERM, _worker_sigterm)
     if log_path:
@@ -447,7 +456,8 @@ def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str
                 c = pending.popleft()
                 if skip is not None and skip(c):
                     continue
-                inflight[ex.submit(_in_worker, task, c.to_dict(), policy_path, plot_dir)] = c
+                with _sigint_blocked():  # a worker spawned here inherits the mask: no Ctrl-C before its initializer
+                    inflight[ex.submit(_in_worker, task, c.to_dict(), policy_path, plot_dir)] = c
                 on_start(c)
             done, _ = wait(inflight, return_when=FIRST_COMPLETED)
             broken = False
@@ -505,7 +515,15 @@ class _Abandon(SystemExit):
     quietly."""
 
 
+_IN_TASK = [False]
+
+
 def _worker_sigterm(signum, frame):
+    if not _IN_TASK[0]:
+        # between cases (or in the interpreter's teardown, an atexit hook waiting on a
+        # llama.cpp server): nothing to unwind -- leave now, silently. Raised there, the
+        # exception was printed as "Exception ignored ... _Abandon: 143" (issue 41)
+        os._exit(128 + signum)
     raise _Abandon(128 + signum)
 
 
@@ -513,10 +531,25 @@ def _in_worker(task, *args):
     """A task as a worker runs it: abandoned on SIGTERM, and once its ``finally``
     blocks have run, the worker leaves at once (``os._exit``) -- not through
     the pool's loop and the interpreter's teardown (seconds, with torch loaded)."""
+    _IN_TASK[0] = True
     try:
         return task(*args)
     except _Abandon as e:
         os._exit(e.code)
+    finally:
+        _IN_TASK[0] = False
+
+
+class _sigint_blocked:
+    """SIGINT held back in this thread for the block: a process spawned inside it starts
+    with SIGINT blocked (the mask survives fork and exec), and a Ctrl-C meanwhile is
+    delivered to this process when the block ends, not lost."""
+
+    def __enter__(self):
+        self.old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def __exit__(self, *exc):
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
 
 
 def run_order(cases: list[Case]) -> list[Case]:
@@ -558,8 +591,9 @@ def start(spec: Spec, out: str | None, shard_arg: tuple[int, int] | None, policy
         load_policy(policy_path)  # a bad policy is bad input: refused before the directory exists
     preflight(cases)
     run_id = report.new_run_id()
-    d = report.check_out(out, run_id, f"use --resume {report.run_dir(out, run_id)} to complete it, or another --out")
-    d.mkdir(parents=True, exist_ok=True)
+    # claimed (report.claim_out: a lock only this process holds until the run is finished or
+    # interrupted), so a second command into the same --out is refused, never interleaved
+    d = report.claim_out(out, run_id, f"use --resume {report.run_dir(out, run_id)} to complete it, or another --out")
     run = {"run_id": run_id, "argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "spec": {"path": spec.path, "name": spec.name, "sha": spec.sha, "text": spec.text,
                     "cases_total": len(spec.cases), "excluded": spec.excluded},

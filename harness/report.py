@@ -42,10 +42,89 @@ def check_out(out: str | None, run_id: str, if_not_empty: str = "give another --
     if d.exists():
         if not d.is_dir():
             raise UsageError(f"{flag} is a file; give a new or empty directory")
-        if any(d.iterdir()):
+        if any(p.name != LOCK_NAME for p in d.iterdir()):
             raise UsageError(f"{flag} is not empty; {if_not_empty}")
     check_writable(d, flag)
     return d
+
+
+LOCK_NAME = ".conformance-lock"
+
+
+def _holder(lock: Path) -> int | None:
+    """The pid holding ``lock``, or None when the lock is stale (its process is gone)."""
+    import os
+
+    try:
+        pid = int(lock.read_text().strip() or "0")
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, another user's
+        return pid
+    return pid
+
+
+def claim_out(out: str | None, run_id: str, if_not_empty: str = "give another --out or remove it",
+              resume: bool = False) -> Path:
+    """The run directory, claimed for this process: made if need be, with a lock file
+    created exclusively (O_EXCL), so two commands started into one ``--out`` at the
+    same moment cannot both write it -- the second is refused in one line (issue 41:
+    two `run`s into one --out both printed PASS and one result was lost). A lock left
+    by a process that is gone is stale and taken over. ``resume``: the directory holds
+    a run to complete (``matrix --resume``), not nothing. ``release_out`` gives it back."""
+    import os
+
+    d = run_dir(out, run_id) if not resume else Path(out)
+    if not resume:
+        d = check_out(out, run_id, if_not_empty)
+    flag = f"--out {d}" if out else f"the report directory {d}"
+    made = not d.exists()
+    d.mkdir(parents=True, exist_ok=True)
+    lock = d / LOCK_NAME
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            pid = _holder(lock)
+            if pid is not None and pid != os.getpid():
+                raise UsageError(f"{flag} is in use by another conformance run (pid {pid}); wait for it, or give "
+                                 "another --out") from None
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+    else:
+        raise UsageError(f"{flag} could not be locked; give another --out")
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    # another command may have written here between the check and the lock
+    if not resume and any(p.name != LOCK_NAME for p in d.iterdir()):
+        lock.unlink(missing_ok=True)
+        raise UsageError(f"{flag} is not empty; {if_not_empty}")
+    _CLAIMED[d] = made
+    return d
+
+
+_CLAIMED: dict = {}  # run directory -> whether this process made it
+
+
+def release_out(d: Path, keep: bool = True) -> None:
+    """Give back a directory ``claim_out`` took: its lock removed; with ``keep=False``
+    (nothing was finished: bad input found late, an interrupt) the directory goes too
+    when this process made it and it holds nothing but the lock -- no partial report."""
+    d = Path(d)
+    made = _CLAIMED.pop(d, False)
+    (d / LOCK_NAME).unlink(missing_ok=True)
+    if not keep:
+        rest = [p for p in d.iterdir()] if d.is_dir() else []
+        if made and not rest:
+            d.rmdir()
+        elif made and not any(p.name in ("rows.parquet", "meta.json", "run.json") for p in rest):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def check_writable(path: Path, flag: str, file: bool = False) -> None:
@@ -75,8 +154,10 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     import pandas as pd
 
     df = pd.DataFrame(rows)
+    if not df.empty and "detail" not in df:
+        df["detail"] = ""  # the column every run has (contract.rows): only error rows fill it
     if not df.empty:
-        for col in ("reason", "tol_reason", "overrides", "worst", "features", "layer_kind"):
+        for col in ("reason", "tol_reason", "overrides", "worst", "features", "layer_kind", "detail"):
             if col in df:
                 df[col] = df[col].fillna("").astype(str)
     return df

@@ -123,6 +123,21 @@ class _AfterImport:
         return spec
 
 
+def traceback_block(what: str, tb: str) -> None:
+    """An exception's full traceback into the run's log (and stderr with ``-v``), under
+    what raised it: an error row's reason is one line, this is where it broke (issue 41:
+    an engine author's crash left no file or line anywhere)."""
+    if tb:
+        _SINK.write(f"---- traceback: {what}\n{tb.rstrip()}\n----")
+
+
+def begin() -> None:
+    """A new run in this process: hold its lines until its own log is attached (not in
+    the previous run's file -- two runs in one process, as a test makes them); what was
+    held so far is this run's too."""
+    _SINK.path = None
+
+
 def attach(path) -> None:
     """Write the log to ``path`` from now on (the lines held so far first)."""
     _SINK.path = str(path)

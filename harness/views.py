@@ -22,6 +22,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 
@@ -217,6 +218,9 @@ class RunModel:
     not_compared: list  # (status, rows, reason), the most frequent first
     excluded: list  # (cases, reason)
     footer: str
+    # the failing cases grouped by their first failure, numbers and sizes aside: 50 cases with
+    # one KeyError are one group of 50 (issue 41); (first failure, status, [case ids])
+    failure_groups: list = ()
     # the references' versions, and whether they are the calibrated ones (lock.txt): the
     # header of every view, so a verdict made on another release says so where it is read
     versions_line: str = ""
@@ -278,7 +282,24 @@ def run_model(df: pd.DataFrame, meta: dict) -> RunModel:
     return RunModel(str(spec.get("name", "?")), kind, word, headline, cc, rc, cs, failing, grid(cs), candidate_grid(cs),
                     findings, _unverified(cs), not_compared,
                     [(e["count"], e["reason"]) for e in spec.get("excluded", []) if e.get("count")], footer,
-                    vline, calib)
+                    versions_line=vline, calibrated=calib, failure_groups=failure_groups(failing))
+
+
+_SIZES = re.compile(r"0x[0-9a-f]+|[-+]?\d+(\.\d+)?(e[-+]?\d+)?", re.I)
+
+
+def failure_groups(failing: pd.DataFrame) -> list[tuple[str, str, list[str]]]:
+    """The failing cases grouped by what failed: the first failure's text with its
+    numbers (sizes, NMSEs, addresses) set aside, and the status; the largest group
+    first, then in row order. ``(an example's first failure, status, case ids)``."""
+    groups: dict = {}
+    for c in failing.itertuples():
+        text = str(c.first_fail)
+        # the comparison and the reason, not the layer or probe it showed first at
+        head, _, why = text.partition(": ")
+        key = (c.status, head.split(", ")[0], _SIZES.sub("#", why))
+        groups.setdefault(key, (text, c.status, []))[2].append(c.case_id)
+    return sorted(groups.values(), key=lambda g: -len(g[2]))
 
 
 def versions_line(meta: dict) -> tuple[str, bool]:
@@ -314,11 +335,13 @@ def summary_md(df: pd.DataFrame, meta: dict) -> str:
         lines[-1] += (" · cases: " + m.counts_text() + " · rows: "
                       + " · ".join(f"{s} {n}" for s, n in sorted(m.row_counts.items())))
     if len(m.failing):
-        lines += ["", "## Failing cases", "", "| case | status | first failure |", "|---|---|---|"]
-        for c in m.failing.head(50).itertuples():
-            lines.append(f"| `{_md(c.case_id)}` | {c.status} | {_md(c.first_fail)} |")
-        if len(m.failing) > 50:
-            lines.append(f"| ... {len(m.failing) - 50} more (rows.csv, report.html) | | |")
+        lines += ["", "## Failing cases", "", "Grouped by what failed first (numbers aside); an error's traceback "
+                  "is in log.txt and report.html.", "", "| first failure | status | cases | which |", "|---|---|---|---|"]
+        for text, st, ids in m.failure_groups[:50]:
+            which = ", ".join(f"`{_md(i)}`" for i in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+            lines.append(f"| {_md(text)} | {st} | {len(ids)} | {which} |")
+        if len(m.failure_groups) > 50:
+            lines.append(f"| ... {len(m.failure_groups) - 50} more groups (rows.parquet, report.html) | | | |")
     if m.not_compared:
         lines += ["", "## Not compared", "", "| status | rows | reason |", "|---|---|---|"]
         lines += [f"| {st} | {k} | {_md(why)} |" for st, k, why in m.not_compared]
@@ -348,14 +371,19 @@ def summary_md(df: pd.DataFrame, meta: dict) -> str:
     return "\n".join(lines)
 
 
-def _html_grid(head: str, keys: list, fams: list, cells: dict) -> list[str]:
-    """A heatmap table of ``cells[(key, family)]``, keys as rows; each cell carries
-    ``data-{head}`` and ``data-family`` (clicking it lists its cases)."""
+def _html_grid(head: str, keys: list, fams: list, cells: dict, keys_as_columns: bool = False) -> list[str]:
+    """A heatmap table of ``cells[(key, family)]``, keys as rows (``keys_as_columns``:
+    families as rows -- the candidates table, one or two engines over ~90 families, was
+    one row of 88 columns); each cell carries ``data-{head}`` and ``data-family``
+    (clicking it lists its cases)."""
     e = html.escape
-    out = [f"<table class='heat'><tr><th>{e(head)}</th>" + "".join(f"<th>{e(f)}</th>" for f in fams) + "</tr>"]
-    for k in keys:
+    rows, cols = (fams, keys) if keys_as_columns else (keys, fams)
+    corner = "family" if keys_as_columns else head
+    out = [f"<table class='heat'><tr><th>{e(corner)}</th>" + "".join(f"<th>{e(c)}</th>" for c in cols) + "</tr>"]
+    for r in rows:
         tds = []
-        for fam in fams:
+        for c in cols:
+            k, fam = (c, r) if keys_as_columns else (r, c)
             cell = cells.get((k, fam))
             if not cell:
                 tds.append("<td class='empty'></td>")
@@ -364,7 +392,7 @@ def _html_grid(head: str, keys: list, fams: list, cells: dict) -> list[str]:
             label = (f"{cell['failing']}/{cell['cases']} fail" if st == "fail" else st) + f" · {_g(cell['worst_nmse'])}"
             title = f"{cell['cases']} cases; worst err/tol {_g(cell['worst_ratio'])}; findings in {cell['findings']}"
             tds.append(_td(cell, f"data-{head}='{e(k)}' data-family='{e(fam)}'", title, label))
-        out.append(f"<tr><th>{e(k)}</th>{''.join(tds)}</tr>")
+        out.append(f"<tr><th>{e(r)}</th>{''.join(tds)}</tr>")
     out.append("</table>")
     return out
 
@@ -453,6 +481,7 @@ _CSS = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;font-size:12px}
+td.pass,td.fail,td.error,td.finding,td.skipped,td.not-exposed{white-space:nowrap}
 table.heat td{cursor:pointer;min-width:1.4em;text-align:center;font-weight:bold}
 table.heat td.empty{background:#f7f7f7;cursor:default}
 .swatch{display:inline-block;padding:1px 6px;margin:0 2px;font-size:12px;border-radius:3px}
@@ -463,29 +492,52 @@ table.heat td.sel{outline:3px solid #2166ac}
 #cases tr:hover{background:#f0f4ff}
 .fail,.error{color:#b2182b;font-weight:bold}.pass{color:#1a7f37}.finding{color:#9a6700}
 code{font-size:12px}
+.scroll{overflow:auto;max-width:100%}.scroll.cases{max-height:70vh}
+details.tb pre{white-space:pre-wrap;font-size:11px;background:#f6f6f6;padding:4px}
 #versions{font-size:12px;color:#555}#versions.uncalibrated{color:#9a6700;background:#fff8e1;padding:4px 6px}
 """
 
 _JS = """
 const D = JSON.parse(document.getElementById('data').textContent);
+D.rows = D.rows || {}; D.plots = D.plots || {};
 const COLS = ['candidate','reference','layer','probe','status','nmse','max_abs','err/tol','worst','reason'];
+let wanted = null;
 function el(tag, text, cls) { const e = document.createElement(tag); if (text !== undefined) e.textContent = text;
   if (cls) e.className = cls; return e; }
 function fmt(x) { return (x === null) ? '-' : (typeof x === 'number' ? x.toPrecision(3) : String(x)); }
-function show(id) {
+function render(id) {
   const box = document.getElementById('detail'); box.replaceChildren();
   box.appendChild(el('h2', id));
   const rows = D.rows[id] || [];
+  const wrap = el('div', undefined, 'scroll');
   const t = el('table'); const h = el('tr'); COLS.forEach(c => h.appendChild(el('th', c))); t.appendChild(h);
   rows.forEach(r => { const tr = el('tr');
-    r.forEach((v, i) => tr.appendChild(el('td', i === 2 ? (v < 0 ? '-' : String(v)) : fmt(v), i === 4 ? v : '')));
-    t.appendChild(tr); });
-  box.appendChild(t);
+    r.slice(0, COLS.length).forEach((v, i) => tr.appendChild(el('td', i === 2 ? (v < 0 ? '-' : String(v)) : fmt(v),
+                                                                i === 4 ? v : '')));
+    t.appendChild(tr);
+    if (r[COLS.length]) { const tb = el('tr'); const td = el('td'); td.colSpan = COLS.length;
+      const d = el('details', undefined, 'tb'); d.appendChild(el('summary', 'traceback')); d.appendChild(el('pre', r[COLS.length]));
+      td.appendChild(d); tb.appendChild(td); t.appendChild(tb); } });
+  wrap.appendChild(t); box.appendChild(wrap);
   if (D.plots[id]) { const img = el('img'); img.src = D.plots[id]; img.alt = 'error against layer and probe';
     img.style.maxWidth = '100%'; box.appendChild(img); }
   box.scrollIntoView();
 }
+// a case's detail file (a large run: cases/*.js) calls this when it has loaded
+window.caseData = function(id, payload) { D.rows[id] = payload.rows; if (payload.plot) D.plots[id] = payload.plot;
+  if (wanted === id) render(id); };
+function show(id) {
+  if (location.hash !== '#case=' + encodeURIComponent(id)) history.replaceState(null, '', '#case=' + encodeURIComponent(id));
+  if (D.rows[id] || !(D.files && D.files[id])) { render(id); return; }
+  wanted = id;
+  const box = document.getElementById('detail'); box.replaceChildren(el('h2', id), el('p', 'loading ' + D.files[id] + ' ...'));
+  const s = document.createElement('script'); s.src = D.files[id];
+  s.onerror = () => { box.replaceChildren(el('h2', id), el('p', 'could not load ' + D.files[id])); };
+  document.head.appendChild(s);
+}
 document.querySelectorAll('#cases tbody tr').forEach(tr => tr.addEventListener('click', () => show(tr.dataset.case)));
+document.querySelectorAll('a.case-link').forEach(a => a.addEventListener('click', ev => { ev.preventDefault(); show(a.dataset.case); }));
+if (location.hash.startsWith('#case=')) show(decodeURIComponent(location.hash.slice(6)));
 document.querySelectorAll('table.heat td[data-feature]').forEach(td => td.addEventListener('click', () => {
   document.querySelectorAll('table.heat td.sel').forEach(x => x.classList.remove('sel')); td.classList.add('sel');
   const f = td.dataset.feature, fam = td.dataset.family;
@@ -506,12 +558,66 @@ document.getElementById('all').addEventListener('click', () => {
 """
 
 
-def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
+# A run whose case details (rows, plots, tracebacks) come to at most this many bytes keeps
+# them in report.html itself: one file, to copy or mail on its own. A larger one writes
+# each case's detail beside it (cases/<slug>.js), loaded when the case is opened: the
+# default matrix's page was 33.8 MB with every row inside (issue 41); its first page is
+# now the summary, the grids and the case list.
+EMBED_LIMIT = 2_000_000
+DETAIL_COLS = ["candidate", "reference", "layer", "probe", "status", "nmse", "max_abs", "err_ratio", "worst", "reason",
+               "detail"]
+
+
+def case_details(df: pd.DataFrame) -> dict:
+    """``{case_id: [row as a list of DETAIL_COLS]}``: what a case's drill-down shows."""
+    out: dict = {}
+    if not len(df):
+        return out
+    sub = df.reindex(columns=DETAIL_COLS)
+    for cid, g in sub.groupby(df["case_id"], sort=False):
+        out[cid] = [[_num(v) if k in ("nmse", "max_abs", "err_ratio") else
+                     (int(v) if k == "layer" else ("" if pd.isna(v) else str(v)))
+                     for k, v in zip(DETAIL_COLS, r)] for r in g.itertuples(index=False)]
+    return out
+
+
+def case_file(case_id: str) -> str:
+    """The detail file of a case, relative to the run directory."""
+    return "cases/" + plot_name(case_id)[: -len(".png")] + ".js"
+
+
+def _detail_table(case_id: str, rows: list, plot: str | None) -> list[str]:
+    """One case's per-layer, per-probe table, rendered (a single run's page opens on it);
+    an error row's traceback folded under it."""
+    e = html.escape
+    out = [f"<h2>{e(case_id)}</h2>", "<div class='scroll'><table class='detail'><tr>"
+           + "".join(f"<th>{e('err/tol' if c == 'err_ratio' else c)}</th>" for c in DETAIL_COLS[:-1]) + "</tr>"]
+    for r in rows:
+        cells = []
+        for k, v in zip(DETAIL_COLS[:-1], r):
+            text = ("-" if v < 0 else str(v)) if k == "layer" else ("-" if v is None else
+                                                                   (f"{v:.3g}" if isinstance(v, float) else str(v)))
+            cells.append(f"<td class='{e(v) if k == 'status' else ''}'>{e(text)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+        if r[-1]:
+            out.append(f"<tr><td colspan='{len(DETAIL_COLS) - 1}'><details class='tb'><summary>traceback</summary>"
+                       f"<pre>{e(r[-1])}</pre></details></td></tr>")
+    out.append("</table></div>")
+    if plot:
+        out.append(f"<img src='{e(plot)}' alt='error against layer and probe' style='max-width:100%'>")
+    return out
+
+
+def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None, files: dict | None = None) -> str:
+    """The run's page. ``plots``: case id -> data URI; ``files``: case id -> its detail
+    file (cases/*.js, written by ``write_all`` for a run too large to embed): the rows
+    are then not in the page, and a case's detail loads when it is opened."""
     e = html.escape
     m = run_model(df, meta)
     cs = m.cases
     feats, fams, cells = m.grid
     cands, cfams, ccells = m.candidate_grid
+    details = case_details(df) if files is None else {}
     out = ["<!doctype html><html><head><meta charset='utf-8'>",
            f"<title>Conformance: {e(m.name)}</title><style>{_CSS}</style></head><body>",
            f"<h1>Conformance {m.kind} {e(m.name)}: <span class='verdict {e(m.verdict)}'>{e(m.verdict)}</span></h1>",
@@ -519,30 +625,41 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
     if m.versions_line:
         out.append(f"<p id='versions' class='{'calibrated' if m.calibrated else 'uncalibrated'}'>"
                    f"{'' if m.calibrated else '<strong>Warning:</strong> '}{e(m.versions_line)}</p>")
+    one = m.kind == "run" and len(cs) == 1 and files is None
+    if one:  # a single case's page opens on its per-layer table
+        cid = cs["case_id"].iloc[0]
+        out += ["<div id='run-detail'>", *_detail_table(cid, details.get(cid, []), (plots or {}).get(cid)), "</div>"]
     if len(m.failing):
-        out += ["<h2>Failing cases</h2>", "<table id='failing'><tr><th>case</th><th>status</th><th>first failure</th></tr>"]
-        out += [f"<tr><td><code>{e(c.case_id)}</code></td><td class='{e(c.status)}'>{e(c.status)}</td>"
-                f"<td>{e(c.first_fail)}</td></tr>" for c in m.failing.head(50).itertuples()]
-        if len(m.failing) > 50:
-            out.append(f"<tr><td colspan='3'>... {len(m.failing) - 50} more (the case table below)</td></tr>")
-        out.append("</table>")
+        out += ["<h2>Failing cases</h2>",
+                "<p>Grouped by what failed first (numbers aside). Click a case for its per-layer table; an error "
+                "row's traceback is under it (and in log.txt).</p>",
+                "<div class='scroll'><table id='failing'><tr><th>first failure</th><th>status</th><th>cases</th>"
+                "<th>which</th></tr>"]
+        for text, st, ids in m.failure_groups[:50]:
+            links = ", ".join(f"<a href='#case={e(quote(i))}' class='case-link' data-case='{e(i)}'>{e(i)}</a>"
+                              for i in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+            out.append(f"<tr><td>{e(text)}</td><td class='{e(st)}'>{e(st)}</td><td>{len(ids)}</td><td>{links}</td></tr>")
+        if len(m.failure_groups) > 50:
+            out.append(f"<tr><td colspan='4'>... {len(m.failure_groups) - 50} more groups (the case table below)</td></tr>")
+        out.append("</table></div>")
     if m.not_compared:
-        out += ["<h2>Not compared</h2>", "<table id='not-compared'><tr><th>status</th><th>rows</th><th>reason</th></tr>"]
-        out += [f"<tr><td>{e(st)}</td><td>{k}</td><td>{e(why)}</td></tr>" for st, k, why in m.not_compared]
-        out.append("</table>")
+        out += ["<h2>Not compared</h2>", "<div class='scroll'><table id='not-compared'><tr><th>status</th><th>rows</th>"
+                "<th>reason</th></tr>"]
+        out += [f"<tr><td class='{e(st)}'>{e(st)}</td><td>{k}</td><td>{e(why)}</td></tr>" for st, k, why in m.not_compared]
+        out.append("</table></div>")
     out += ["<p id='legend'>Colour: " + " ".join(
                 f"<span class='swatch' style='background:{c};color:{_ink(c)}'>{e(lab)}</span>" for c, lab in LEGEND)
             + "</p>",
             "<h2>Candidates × families</h2>",
             "<p>The engines judged (impl, or another: <code>--candidate</code>); click a cell to list its cases.</p>",
-            *_html_grid("candidate", cands, cfams, ccells),
+            "<div class='scroll cases'>", *_html_grid("candidate", cands, cfams, ccells, keys_as_columns=True), "</div>",
             "<h2>Families × features</h2>",
             "<p>Colour: the worst error of each case's candidate relative to its tolerance, on the scale above; "
             "a number: the failing cases. Hover a cell for its cases and worst NMSE, a feature for what it is; "
             "click a cell to list its cases.</p>",
-            # families as rows, features as narrow columns with upright-rotated names: 24 families
-            # and ~45 features fit a screen without scrolling sideways
-            "<table class='heat'><tr><th>family</th>"
+            # families as rows, features as narrow columns with upright-rotated names: the families
+            # and ~45 features fit a screen's width; the frame scrolls past it
+            "<div class='scroll'><table class='heat'><tr><th>family</th>"
             + "".join(f"<th class='feat' title='{e(SPEC_DECORATIONS.get(f, ('not a spec decoration', ''))[0])}'>"
                       f"<span>{e(f)}</span></th>" for f in feats) + "</tr>"]
     for fam in fams:
@@ -559,24 +676,28 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
                   f"{_g(cell['worst_ratio'])}; findings in {cell['findings']}"
             tds.append(_td(cell, f"data-feature='{e(f)}' data-family='{e(fam)}'", title, label))
         out.append(f"<tr><th>{e(fam)}</th>{''.join(tds)}</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     if m.findings:
         out += ["<h2>Findings (known reference disagreements, not failures)</h2>",
-                "<table id='findings'><tr><th>family</th><th>comparison</th><th>cases</th><th>reason</th></tr>"]
+                "<div class='scroll'><table id='findings'><tr><th>family</th><th>comparison</th><th>cases</th>"
+                "<th>reason</th></tr>"]
         out += [f"<tr><td>{e(fam)}</td><td>{e(cmp)}</td><td>{k}</td><td>{e(why)}</td></tr>"
                 for fam, cmp, k, why in m.findings]
-        out.append("</table>")
+        out.append("</table></div>")
     if m.unverified:
-        out += ["<h2>Unverified decorations</h2><p>Named in the spec, passed by no case of this run:</p>",
-                "<ul id='unverified'>"] + [f"<li><code>{e(t)}</code>: {e(why)}</li>" for t, why in m.unverified]
-        out.append("</ul>")
+        # for one case, a list of every decoration its family does not have is noise: folded
+        head = (f"<details><summary>Unverified decorations ({len(m.unverified)})</summary>" if one
+                else "<h2>Unverified decorations</h2>")
+        out += [head, "<p>Named in the spec, passed by no case of this run:</p>", "<ul id='unverified'>"]
+        out += [f"<li><code>{e(t)}</code>: {e(why)}</li>" for t, why in m.unverified]
+        out.append("</ul>" + ("</details>" if one else ""))
     if m.excluded:
         out += ["<h2>Excluded by the spec</h2><table id='excluded'><tr><th>cases</th><th>reason</th></tr>"]
         out += [f"<tr><td>{k}</td><td>{e(why)}</td></tr>" for k, why in m.excluded] + ["</table>"]
     out += ["<h2>Cases<span id='filter'></span> <button id='all'>show all</button></h2>",
             "<p>Click a case for its per-layer, per-probe table.</p>",
-            "<table id='cases'><thead><tr><th>case</th><th>candidate</th><th>status</th><th>worst NMSE</th>"
-            "<th>worst err/tol</th><th>findings</th><th>first failure</th></tr></thead><tbody>"]
+            "<div class='scroll cases'><table id='cases'><thead><tr><th>case</th><th>candidate</th><th>status</th>"
+            "<th>worst NMSE</th><th>worst err/tol</th><th>findings</th><th>first failure</th></tr></thead><tbody>"]
     for c in cs.itertuples():
         out.append(f"<tr data-case='{e(c.case_id)}' data-family='{e(c.family)}' data-candidate='{e(c.candidate)}' "
                    f"data-features='{e(' '.join(c.features))}'>"
@@ -584,19 +705,17 @@ def report_html(df: pd.DataFrame, meta: dict, plots: dict | None = None) -> str:
                    f"<td class='{e(c.status)}'>{e(c.status)}</td>"
                    f"<td>{_g(c.worst_nmse)}</td><td>{_g(c.worst_ratio)}</td><td>{c.findings or ''}</td>"
                    f"<td>{e(c.first_fail)}</td></tr>")
-    out.append("</tbody></table><div id='detail'></div>")
-    cols = ["candidate", "reference", "layer", "probe", "status", "nmse", "max_abs", "err_ratio", "worst", "reason"]
-    data = {"rows": {}, "plots": plots or {}}
-    if len(df):
-        sub = df.reindex(columns=cols)
-        for cid, g in sub.groupby(df["case_id"], sort=False):
-            data["rows"][cid] = [[_num(v) if k in ("nmse", "max_abs", "err_ratio") else
-                                  (int(v) if k == "layer" else ("" if pd.isna(v) else str(v)))
-                                  for k, v in zip(cols, r)] for r in g.itertuples(index=False)]
+    out.append("</tbody></table></div><div id='detail'></div>")
+    data = {"rows": details, "plots": plots or {}} if files is None else {"files": files}
     out.append(f"<p><small>{e(m.footer)}</small></p>")
     out.append(f"<script type='application/json' id='data'>{_script_json(data)}</script>")
     out.append(f"<script>{_JS}</script></body></html>")
     return "\n".join(out)
+
+
+def case_js(case_id: str, rows: list, plot: str | None) -> str:
+    """A case's detail file (cases/*.js): it hands its rows to the page that loads it."""
+    return f"window.caseData({_script_json(case_id)}, {_script_json({'rows': rows, 'plot': plot})});\n"
 
 
 # ---------------------------------------------------------------- junit.xml
@@ -809,5 +928,14 @@ def write_all(d: Path, df: pd.DataFrame, meta: dict) -> None:
     plots = {k: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode("ascii")
              for k, p in plots.items() if p.exists()}
     atomic.write_text(d / "summary.md", summary_md(df, meta))
-    atomic.write_text(d / "report.html", report_html(df, meta, plots))
+    details = case_details(df)
+    size = len(_script_json(details)) + sum(len(v) for v in plots.values())
+    if size <= EMBED_LIMIT:
+        atomic.write_text(d / "report.html", report_html(df, meta, plots))
+    else:  # each case's detail beside the page, loaded when the case is opened
+        files = {}
+        for cid, rows in details.items():
+            files[cid] = case_file(cid)
+            atomic.write_text(d / files[cid], case_js(cid, rows, plots.get(cid)))
+        atomic.write_text(d / "report.html", report_html(df, meta, None, files))
     atomic.write_text(d / "junit.xml", junit_xml(df, meta))

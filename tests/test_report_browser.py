@@ -165,3 +165,66 @@ def test_the_browser_check_catches_a_broken_page(browser, tmp_path, monkeypatch)
     assert any(b.startswith("filter llama x gqa") for b in bad), bad
     assert any("err/tol 0.12" in b and "not green" in b for b in bad), bad
     assert any("contrast" in b for b in bad), bad
+
+
+# ---------------------------------------------------------------- issue 41: a report to navigate
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def test_the_default_matrix_report_navigates_in_a_window(browser, tmp_path):
+    """The default matrix's report (the committed baseline's rows, 945 cases): its first
+    page is small (case details load when opened), no table pushes the page sideways in
+    a 1,400 px window, and a case opens on its per-layer table. Screenshots are left in
+    the test's folder (report.png, report-case.png)."""
+    import json
+
+    base = ROOT / "fixtures" / "baselines" / "default"
+    df = pd.read_parquet(base / "rows.parquet")
+    views.write_all(tmp_path, df, json.loads((base / "meta.json").read_text()))
+    size = (tmp_path / "report.html").stat().st_size
+    assert size < 5e6, f"report.html is {size / 1e6:.1f} MB"  # 33.8 MB with every row inside (6b40995)
+    browser.events.clear()
+    browser.call("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 900, "deviceScaleFactor": 1,
+                                                        "mobile": False}, session=True)
+    browser.open(tmp_path / "report.html")
+    assert browser.errors == []
+    wide = browser.js("document.documentElement.scrollWidth")
+    assert wide <= 1400, f"the page is {wide} px wide in a 1,400 px window"
+    browser.screenshot(tmp_path / "report.png")
+    cid = df["case_id"].iloc[len(df) // 2]
+    want = int((df["case_id"] == cid).sum())
+    browser.js(f"[...document.querySelectorAll('#cases tbody tr')].find(r => r.dataset.case === {json.dumps(cid)}).click()")
+    got = browser.wait_js("(() => { const d = document.getElementById('detail'); const h = d.querySelector('h2');"
+                          " const n = d.querySelectorAll('table tr').length - 1; return n > 0 ? [h.textContent, n] : null; })()")
+    assert got == [cid, want], got
+    assert browser.errors == []
+    browser.screenshot(tmp_path / "report-case.png")
+    print(f"screenshots: {tmp_path / 'report.png'}, {tmp_path / 'report-case.png'}")
+
+
+def test_identical_failures_are_one_group_and_each_case_a_link(browser, tmp_path):
+    """6b40995: 50 identical KeyError rows were 50 lines, and a failing case could not be
+    clicked. One group of 50 now, each case a link that opens its detail and traceback."""
+    rows = [row(case_id=f"mamba/c{i}", family="mamba", features="kv_decode", status="error", layer=-1, probe="",
+                nmse=None, err_ratio=None, reason="reference hf failed: KeyError: 'hidden_states'",
+                detail=f"Traceback (most recent call last):\n  File \"x.py\", line {i}, in scan\nKeyError: 'hidden_states'")
+            for i in range(50)] + [row(case_id="llama/z", status="fail", nmse=0.3, err_ratio=3e9, reason="nmse 0.3 > 1e-10")]
+    df = pd.DataFrame(rows)
+    m = views.run_model(df, {"spec": {"name": "g"}})
+    assert [(st, len(ids)) for _, st, ids in m.failure_groups] == [("error", 50), ("fail", 1)]
+    md = views.summary_md(df, {"spec": {"name": "g"}})
+    assert md.count("KeyError") == 1 and "| error | 50 |" in md
+    _load(browser, tmp_path, df)
+    assert browser.js("document.querySelectorAll('#failing tr').length") == 3  # the head and two groups
+    browser.js("document.querySelector(\"#failing a.case-link[data-case='mamba/c7']\").click()")
+    got = browser.wait_js("(() => { const d = document.getElementById('detail'); const t = d.querySelector('details.tb pre');"
+                          " return t ? [d.querySelector('h2').textContent, t.textContent] : null; })()")
+    assert got and got[0] == "mamba/c7" and 'line 7, in scan' in got[1], got
+    assert browser.js("location.hash") == "#case=mamba%2Fc7"
+
+
+def test_a_single_run_opens_on_its_per_layer_table(tmp_path):
+    df = pd.DataFrame([row(), row(probe="q")])
+    page = views.report_html(df, {"spec": {"name": "llama/a"}, "command": "run"})
+    assert page.index("id='run-detail'") < page.index("Candidates × families")
+    assert "<summary>Unverified decorations" in page  # folded: for one case it is a list of what its family lacks

@@ -59,8 +59,10 @@ def read_md(md: str) -> dict:
     title = re.match(r"# Conformance \w+ `[^`]*`: (\w+)", md)
     head = re.search(r"^\*\*(.+?)\*\*", md, re.M)
     unver = {k: html.unescape(v) for k, v in re.findall(r"^- `([^`]+)`: (.+)$", md, re.M)}
-    failing = re.findall(r"^\| `([^`]+)` \| ([a-z-]+) \|", md.split("## Failing cases")[1], re.M) \
-        if "## Failing cases" in md else []
+    # the failing cases come in groups (issue 41): | first failure | status | cases | `a`, `b` |
+    failing = sorted((cid, st) for st, ids in re.findall(r"^\| .+? \| ([a-z-]+) \| \d+ \| (`.+?`[^|]*) \|$",
+                                                          md.split("## Failing cases")[1], re.M)
+                     for cid in re.findall(r"`([^`]+)`", ids)) if "## Failing cases" in md else []
     skipped = [(st, html.unescape(why)) for st, why in
                re.findall(r"^\| (skipped|not-exposed|not-implemented) \| \d+ \| (.+) \|$", md, re.M)]
     return {"verdict": title and title.group(1), "headline": head and html.unescape(head.group(1).replace("\\|", "|")),
@@ -103,7 +105,9 @@ def read_html(page: str) -> dict:
     h1 = (p.text.get(("h1", None)) or [""])[0]
     v = re.search(r": (\w+)$", h1.strip())
     unver = dict(li.split(": ", 1) for li in p.text.get(("li", "unverified"), []))
-    failing = [tuple(tr.split("\t")[:2]) for tr in p.text.get(("tr", "failing"), [])[1:]]
+    # a group's row: first failure, status, count, then its cases (links), tab-separated
+    failing = sorted((cid.strip(", "), tr.split("\t")[1]) for tr in p.text.get(("tr", "failing"), [])[1:]
+                     for cid in tr.split("\t")[3:] if cid.strip(", ") and not cid.strip().startswith("and "))
     skipped = [tuple(x for i, x in enumerate(tr.split("\t")) if i in (0, 2)) for tr in
                p.text.get(("tr", "not-compared"), [])[1:]]
     return {"verdict": v and v.group(1), "headline": (p.text.get(("strong", "headline")) or [None])[0],

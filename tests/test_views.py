@@ -31,7 +31,9 @@ def test_everything_shown_is_escaped():
     page = views.report_html(df, META)
     assert "<img" not in page and "<b>" not in page and page.count("</script>") == 2  # our two scripts only
     data = json.loads(re.search(r"<script type='application/json' id='data'>(.*?)</script>", page, re.S).group(1))
-    assert data["rows"][f"llama/{EVIL}"][0][-1] == EVIL  # the JSON carries the text unchanged
+    assert data["rows"][f"llama/{EVIL}"][0][views.DETAIL_COLS.index("reason")] == EVIL  # the JSON: the text unchanged
+    js = views.case_js(f"llama/{EVIL}", data["rows"][f"llama/{EVIL}"], None)  # a large run's detail file
+    assert "</script>" not in js and "<img" not in js and EVIL not in js
     md = views.summary_md(df, META)
     assert "<img" not in md and "\\|" in md
     xml = views.junit_xml(df, META)

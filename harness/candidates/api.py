@@ -150,7 +150,14 @@ class LayerCandidate(Candidate):
             call = layer_call(i, None if src is None else layer_call(src))
             got = self.run_layer(call)
         except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
+            import traceback
+
+            from .. import runlog
+
             cap.errors[i] = f"{self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            cap.details[i] = traceback.format_exc()
+            runlog.traceback_block(f"{run.case.case_id()}: candidate {self.name}, layer {i} ({rc.name}'s inputs)",
+                                   cap.details[i])
             return cap
         ldt = run.ggml_layer_dtype(rc, call)  # after run_layer: it reads what the candidate met (call.ggml_met)
         if ldt:

@@ -64,6 +64,9 @@ def cmd_matrix(a) -> int:
                              "SPEC, --shard, -k, --out, --policy")
         d = Path(a.resume)
         matrix.read_run(d)
+        from .. import report
+
+        report.claim_out(str(d), "", resume=True)  # not while another command completes it
     else:
         spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
         if a.keyword is not None:
@@ -89,6 +92,15 @@ def plots_of(a) -> str:
 
 def run_dir(d: Path, jobs: int, plots: bool | str, quiet: bool = False):
     """Complete the run in ``d`` with a progress display; ``(exit status, rows)``."""
+    from .. import matrix, report, runlog
+
+    try:
+        return _run_dir(d, jobs, plots, quiet)
+    finally:
+        report.release_out(Path(d))  # the lock claim_out took; the run directory stays (--resume)
+
+
+def _run_dir(d: Path, jobs: int, plots: bool | str, quiet: bool = False):
     from .. import matrix, report, runlog
 
     run = matrix.read_run(d)

@@ -55,6 +55,32 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     t0 = time.time()
     from .. import views  # pandas: imported once the input has passed every check
 
+    # the directory is this run's from here: another command into the same --out is
+    # refused (report.claim_out's lock), and a run that finishes nothing leaves nothing
+    d = report.claim_out(out, run_id)
+    runlog.begin()  # this run's lines (a traceback) go to this run's log.txt
+    df = None
+    try:
+        df = _run_into(d, run_id, run, case, command, phases, plots, t0, views)
+    finally:
+        report.release_out(d, keep=df is not None)
+    if not quiet:
+        print(report.case_table(df))
+        for note in run.notes:
+            print(f"note: {note}")
+        print(f"report: {d} (summary.md, report.html, rows.parquet)")
+    from ..versions import drift_line
+
+    if not drift_line().startswith("calibrated"):  # a verdict made on another release than the lock's
+        print(f"note: {drift_line()}", file=sys.stderr)
+    print(views.run_model(df, {}).last_line())
+    return report.exit_status(df)
+
+
+def _run_into(d, run_id, run, case, command, phases, plots, t0, views):
+    """The case's work, its rows and views written into ``d``; the rows' frame."""
+    from .. import budget, report, runlog
+
     with phases:
         rows = run.rows()
         df = report.write_rows(d, rows)
@@ -73,14 +99,4 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
             except Exception as e:  # noqa: BLE001 -- a plot is a view; its failure must not lose the rows
                 print(f"note: no plot: {type(e).__name__}: {e}", file=sys.stderr)
         views.write_all(d, df, json.loads((d / "meta.json").read_text()))
-    if not quiet:
-        print(report.case_table(df))
-        for note in run.notes:
-            print(f"note: {note}")
-        print(f"report: {d} (summary.md, report.html, rows.parquet)")
-    from ..versions import drift_line
-
-    if not drift_line().startswith("calibrated"):  # a verdict made on another release than the lock's
-        print(f"note: {drift_line()}", file=sys.stderr)
-    print(views.run_model(df, {}).last_line())
-    return report.exit_status(df)
+    return df

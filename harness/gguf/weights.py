@@ -52,7 +52,7 @@ def quantize(src: Path, weight_type: str, timeout: int = 600) -> Path:
         from harness.references.llamacpp.capture import worker_env
 
         proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp)], capture_output=True, text=True,
-                              timeout=timeout, cwd=str(ROOT), env=worker_env())
+                              timeout=timeout, cwd=str(ROOT), env=worker_env(), process_group=0)  # Ctrl-C: the harness's
         if proc.returncode != 0 or not tmp.exists() or tmp.stat().st_size == 0:
             tail = " | ".join(line for line in (proc.stderr or "").strip().splitlines()[-3:] if line.strip())
             raise RuntimeError(f"llama_model_quantize to {weight_type} failed (exit {proc.returncode}): {tail}")

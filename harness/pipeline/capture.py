@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import traceback
 
-from .. import references
+from .. import references, runlog
 from ..errors import UsageError
 from ..references import RefCapture
 
@@ -27,9 +27,10 @@ def capture(build, name: str, derived: dict | None = None) -> RefCapture:
     except UsageError:
         raise
     except Exception as e:  # a crash inside a reference is a recorded error row
+        tb = traceback.format_exc()
+        runlog.traceback_block(f"{build.case.case_id()}: reference {name}", tb)
         rc = RefCapture(name, ref.compute_dtype(build.case.dtype),
-                        error=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}",
-                        meta={"traceback": traceback.format_exc(limit=4)})
+                        error=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}", meta={"traceback": tb})
     rc.seconds = time.perf_counter() - t
     build.timings[f"capture_{name}"] = rc.seconds
     if derived is not None:

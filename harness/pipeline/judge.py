@@ -99,8 +99,14 @@ class Judge:
         except UsageError:
             raise
         except Exception as e:  # the candidate crashed as a whole: one error row, the run goes on
+            import traceback
+
+            from .. import runlog
+
+            tb = traceback.format_exc()
+            runlog.traceback_block(f"{req.case.case_id()}: candidate {name} vs {rc.name}", tb)
             return [self.row(name, rc.name, None, "*", "error",
-                             f"{name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}")]
+                             f"{name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}", detail=tb)]
         self.derived.update({(name, k): how for k, how in (whole.meta.get("derived") or {}).items()})
         ref = references.get(rc.name)
         cdt = comparison_dtype(whole.dtype, rc.dtype)
@@ -177,7 +183,7 @@ class Judge:
                 self.timings[f"{name}_run_{rc.name}"] = (self.timings.get(f"{name}_run_{rc.name}", 0.0)
                                                          + time.perf_counter() - t)
             if i in cap.errors:
-                rows.append(self.row(name, rc.name, i, "*", "error", cap.errors[i]))
+                rows.append(self.row(name, rc.name, i, "*", "error", cap.errors[i], detail=cap.details.get(i, "")))
                 continue
             expected = set(verdict.expected_probes(lc))
             if not forced:  # the engine's graph: what the reference holds, it must hold or say why not

@@ -20,7 +20,14 @@ from ..references import RefCapture
 
 def _error(e: Exception) -> RefCapture:
     ref = references.oracle_reference()
-    return RefCapture(ref.name if ref else "-", "float64", error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+    import traceback
+
+    from .. import runlog
+
+    tb = "".join(traceback.format_exception(e))  # called inside the handler: the full traceback
+    runlog.traceback_block(f"the float64 oracle ({ref.name if ref else '-'})", tb)
+    return RefCapture(ref.name if ref else "-", "float64", error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}",
+                      meta={"traceback": tb})
 
 
 def forced(build, rc: RefCapture) -> RefCapture:

@@ -118,6 +118,26 @@ class Browser:
             raise BrowserError(f"{expr[:80]}...: {r['exceptionDetails'].get('exception', {}).get('description')}")
         return r["result"].get("value")
 
+    def screenshot(self, path: Path, width: int = 1400, height: int = 900, full: bool = False) -> Path:
+        """The page as a PNG at ``width`` x ``height`` CSS pixels (a laptop's window), or
+        its whole length with ``full``."""
+        import base64
+
+        self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
+                                                        "mobile": False}, session=True)
+        r = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": full}, session=True)
+        Path(path).write_bytes(base64.b64decode(r["data"]))
+        return Path(path)
+
+    def wait_js(self, expr: str, timeout: float = 10.0):
+        """``expr``'s value once it is truthy (a detail file loading), or the last value."""
+        deadline = time.monotonic() + timeout
+        while True:
+            v = self.js(expr)
+            if v or time.monotonic() > deadline:
+                return v
+            time.sleep(0.05)
+
     @property
     def errors(self) -> list[str]:
         """What the page put on its console as an error, and its uncaught exceptions."""

@@ -91,7 +91,7 @@ def tokenize(gguf_path, text: str) -> list[int]:
     every llama.cpp call here."""
     require()
     proc = subprocess.run([sys.executable, "-c", _TOKENIZE, str(gguf_path)], input=text.encode(),
-                          capture_output=True, timeout=120, env=worker_env())
+                          capture_output=True, timeout=120, env=worker_env(), process_group=0)
     ids = json.loads(proc.stdout or b"null") if proc.returncode == 0 else None
     if not ids:
         lines = [x for x in (proc.stderr or b"").decode(errors="replace").strip().splitlines() if "what()" in x]
@@ -249,9 +249,13 @@ class _WorkerServer:
     def _start(self, key) -> None:
         self.close()
         self.err = tempfile.TemporaryFile(prefix="conformance-lc-err-")
+        # in a process group of its own (process_group=0): the terminal's Ctrl-C goes to the
+        # harness, which ends the worker (close, atexit) -- received by both, the worker died
+        # first and the harness's own KeyboardInterrupt was lost in the capture's error path
+        # (issue 41: `fuzz` went on to its budget's end and exited 0)
         self.proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, "--serve"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.err, env=worker_env(), cwd=str(ROOT),
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, process_group=0)
         self.key, self.served = key, 0
 
     def capture(self, req_path: Path, out_dir: Path, timeout: float) -> tuple[int, str]:

@@ -1,0 +1,82 @@
+"""Ctrl-C in any command: one line, exit 130, no traceback from any process (issue 41).
+
+A terminal's Ctrl-C sends SIGINT to every process of its foreground group: the
+command, its matrix workers, its llama.cpp worker. Before, a worker printed its
+own KeyboardInterrupt, a SIGTERM landing in a worker's atexit hook printed
+"Exception ignored ... _Abandon: 143", and `fuzz` lost the Ctrl-C altogether
+(the llama.cpp worker died first and the harness's interrupt went down its error
+path: the run went on to its budget's end and exited 0). Each command here is
+started in a session of its own and the whole group is sent SIGINT, at start-up
+and in the middle of its work; each must end within seconds with exit 130 and one
+line, "conformance: interrupted...", and nothing on stderr reads like a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOISE = ("Traceback", "Exception ignored", "KeyboardInterrupt", "_Abandon", "Error:")
+
+
+def _interrupt(argv: list[str], after: float, cache: Path, cwd: Path) -> tuple[int, str, float]:
+    p = subprocess.Popen([sys.executable, "-m", "harness", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True, cwd=cwd,
+                         env={**os.environ, "CONFORMANCE_CACHE": str(cache), "PYTHONPATH": str(ROOT)})
+    time.sleep(after)
+    if p.poll() is not None:
+        out, err = p.communicate()
+        pytest.fail(f"{argv[0]} ended before the interrupt at {after} s (exit {p.returncode}): make it longer; {err[-500:]}")
+    t = time.time()
+    os.killpg(p.pid, signal.SIGINT)  # as a terminal does: the whole group
+    try:
+        _, err = p.communicate(timeout=90)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return p.returncode, err, time.time() - t
+
+
+def _check(rc: int, err: str, took: float, what: str) -> None:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert rc == 130, f"{what}: exit {rc}; stderr: {err[-1500:]}"
+    assert lines and lines[-1].startswith("conformance: interrupted"), f"{what}: {lines[-3:]}"
+    noisy = [ln for ln in lines if any(n in ln for n in NOISE)]
+    assert not noisy, f"{what}: {noisy[:5]}"
+    assert took < 30, f"{what}: {took:.1f} s to stop"
+
+
+# a case slow enough to be interrupted in its middle whatever the machine: 12 layers,
+# 384 tokens, three-way, nothing cached
+SLOW_RUN = ["run", "--family", "llama", "--ref", "all", "--tokens", "384", "--set", "num_hidden_layers=12",
+            "--set", "max_position_embeddings=512"]
+
+
+@pytest.mark.parametrize("after", [1.0, 9.0])
+def test_run(after, tmp_path, need_llamacpp):
+    rc, err, took = _interrupt([*SLOW_RUN, "--out", str(tmp_path / "out")], after, tmp_path / "cache", tmp_path)
+    _check(rc, err, took, f"run at {after} s")
+    assert not (tmp_path / "out").exists()  # nothing was finished: nothing left behind
+
+
+@pytest.mark.parametrize("after", [2.0, 25.0])
+def test_matrix_with_workers(after, tmp_path, need_llamacpp):
+    argv = ["matrix", str(ROOT / "fixtures" / "matrix" / "smoke.toml"), "-j", "2", "--out", str(tmp_path / "out")]
+    rc, err, took = _interrupt(argv, after, tmp_path / "cache", tmp_path)
+    _check(rc, err, took, f"matrix at {after} s")
+
+
+def test_fuzz_mid_three_way(tmp_path, need_llamacpp):
+    # the spec examples take the first ~20% of the budget; 40 s in, llama.cpp runs
+    argv = ["fuzz", "--budget", "150s", "--family", "llama", "--no-record", "--out", str(tmp_path / "out")]
+    rc, err, took = _interrupt(argv, 40.0, tmp_path / "cache", tmp_path)
+    _check(rc, err, took, "fuzz at 40 s")
