@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import weakref
 from pathlib import Path
 
@@ -63,8 +64,114 @@ def load(kind: str, k: str) -> tuple[ProbeStore, dict] | None:
     d = cache_dir() / kind / k
     if not (d / META).is_file():
         return None
+    touch(d)
     st = ProbeStore(d)
     return st, st.meta
+
+
+# ---------------------------------------------------------------- size, age, eviction
+# The cache grows with every config, seed, length and release run (6.5 GB after a few
+# days of use; issue 41). Each entry -- <kind>/<name>, a capture, a GGUF, a record, a
+# release environment -- carries its last use as its mtime (``touch`` on every hit), so
+# the least recently used go first when the cache passes its limit.
+LIMIT_ENV = "CONFORMANCE_CACHE_LIMIT_GB"
+DEFAULT_LIMIT_GB = 20.0
+KEEP_KINDS = ("versions", "preflight")  # a few KB each, asked on every start: never evicted
+CHECK_EVERY_S = 3600.0  # a walk of a full cache is seconds: at most once an hour after a command
+
+
+def touch(path) -> None:
+    """Mark a cache entry used now (its mtime: what eviction orders by)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def limit_bytes() -> int | None:
+    """The cache's size limit (``CONFORMANCE_CACHE_LIMIT_GB``, default 20; 0: none)."""
+    raw = os.environ.get(LIMIT_ENV, "")
+    try:
+        gb = float(raw) if raw.strip() else DEFAULT_LIMIT_GB
+    except ValueError:
+        gb = DEFAULT_LIMIT_GB
+    return None if gb <= 0 else int(gb * 2**30)
+
+
+def _size(p: Path) -> int:
+    if p.is_symlink() or p.is_file():
+        try:
+            return p.lstat().st_size
+        except OSError:
+            return 0
+    total = 0
+    for root, _dirs, files in os.walk(p):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def entries(root: Path | None = None) -> list[tuple[str, Path, int, float]]:
+    """Every entry of the cache as ``(kind, path, bytes, last used)``, oldest use first."""
+    root = Path(root) if root is not None else cache_root()
+    out = []
+    if not root.is_dir():
+        return out
+    for kind in sorted(p for p in root.iterdir() if p.is_dir()):
+        for e in kind.iterdir():
+            try:
+                used = e.lstat().st_mtime
+            except OSError:
+                continue
+            out.append((kind.name, e, _size(e), used))
+    return sorted(out, key=lambda x: x[3])
+
+
+def evict(root: Path | None = None, max_bytes: int | None = None, older_than_s: float | None = None,
+          everything: bool = False, dry_run: bool = False) -> tuple[list, int]:
+    """Remove entries: all (``everything``), those unused for ``older_than_s``, then the least
+    recently used until the cache holds at most ``max_bytes``. ``(removed, bytes left)``."""
+    now = time.time()
+    es = entries(root)
+    total = sum(e[2] for e in es)
+    removed = []
+    for kind, path, size, used in es:
+        if kind in KEEP_KINDS and not everything:
+            continue
+        if not (everything or (older_than_s is not None and now - used > older_than_s)
+                or (max_bytes is not None and total > max_bytes)):
+            continue
+        if not dry_run:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        removed.append((kind, path, size, used))
+        total -= size
+    return removed, total
+
+
+def enforce_limit(force: bool = False) -> list:
+    """Keep the cache under its limit, least recently used first; walked at most once an
+    hour (``force``: now). Called as a command that used the cache ends."""
+    lim = limit_bytes()
+    root = cache_root()
+    if lim is None or not root.is_dir():
+        return []
+    stamp = root / ".limit-checked"
+    try:
+        if not force and time.time() - stamp.stat().st_mtime < CHECK_EVERY_S:
+            return []
+    except OSError:
+        pass
+    try:
+        stamp.touch()
+    except OSError:
+        return []
+    return evict(root, max_bytes=lim)[0]
 
 
 def writer(kind: str, k: str, keep=None) -> StoreWriter:

@@ -293,6 +293,7 @@ class CaseRun(Build):
         apart = [r for r in refs if references.get(r).runs_apart] if len(refs) > 1 and self.plan.overlap else []
         if apart and self.record is None:
             # what the thread reads of this Build is made here first (never by two threads at once)
+            self.progress("building the model and its GGUF")
             _ = self.request()
             try:
                 _ = self.gguf_path

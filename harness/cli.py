@@ -61,7 +61,8 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", help="compute dtype (default float32; see `conformance list`)")
     p.add_argument("--kv", default="decode", help="decode, batched or paged (default decode)")
     p.add_argument("--schedule", default="mixed",
-                   help="prefill, decode, mixed (half in one call, then one row per call) or chunk sizes 5,1,1")
+                   help="prefill, decode, mixed (half in one call, then one row per call), or chunk sizes summing "
+                        "to --tokens, e.g. 13,1,1,1 for the default 16 (default mixed)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override an HF config field (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the token ids (default 0)")
     p.add_argument("--tokens", type=int, default=16,
@@ -164,7 +165,15 @@ def main(argv: list[str] | None = None) -> int:
             from . import runlog
 
             runlog.setup(a.verbose)
-        return int(a.fn(a) or 0)
+        rc = int(a.fn(a) or 0)
+        if getattr(a, "verbose", None) is not None:  # a command that used the cache: keep it under its limit
+            from . import cache
+
+            try:
+                cache.enforce_limit()
+            except OSError:
+                pass
+        return rc
     except BrokenPipeError:  # the reader went away (| head): not an error of ours
         sys.stderr.close()
         return 0

@@ -27,7 +27,8 @@ line and exit status 2, never a half-written run directory.
 
 A run directory holds ``run.json`` (the spec text and this run's case list,
 written first), ``journal.jsonl`` (one record per finished case: its rows and
-timings) and, once every case is in, the rows and the views. The journal is the
+timings; packed into ``journal.jsonl.gz`` once the run is finished) and, once
+every case is in, the rows and the views. The journal is the
 record: ``--resume`` skips what it holds, and ``merge`` builds its rows from
 the shards' journals, so rows come out of one code path whichever way a run
 was made.
@@ -297,15 +298,38 @@ class Journal:
 
     def __init__(self, d: Path):
         self.path = Path(d) / JOURNAL
+        self.packed = self.path.with_name(JOURNAL + ".gz")  # a finished run's (``pack``)
+
+    def _text(self) -> str:
+        if self.path.exists():
+            return self.path.read_text()
+        if self.packed.exists():
+            import gzip
+
+            return gzip.decompress(self.packed.read_bytes()).decode()
+        return ""
+
+    def pack(self) -> None:
+        """Compress a finished run's journal (``--resume``, ``merge`` read it the same): the
+        default matrix's was the largest file of its report (issue 41)."""
+        import gzip
+
+        if self.path.exists():
+            atomic.write_bytes(self.packed, gzip.compress(self.path.read_bytes(), compresslevel=6))
+            self.path.unlink()
 
     def records(self) -> dict[str, dict]:
         out = {}
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
+        text = self._text()
+        if text:
+            for line in text.splitlines():
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     continue
+                if "cols" in rec:  # the compact form (append): the column names once, each row its values
+                    cols = rec.pop("cols")
+                    rec["rows"] = [dict(zip(cols, v)) for v in rec.pop("vals")]
                 out[rec["case_id"]] = rec
         return out
 
@@ -317,8 +341,17 @@ class Journal:
                 self.path.write_bytes(data[:data.rfind(b"\n") + 1])
 
     def append(self, rec: dict) -> None:
+        if self.packed.exists() and not self.path.exists():  # a finished run appended to again: unpack first
+            self.path.write_text(self._text())
+            self.packed.unlink()
+        # each row's values under its case's column list, not every key in every row: the
+        # default matrix's journal was 176 MB of repeated keys (issue 41), a third of that now
+        rows = rec.get("rows") or []
+        cols = list(dict.fromkeys(k for r in rows for k in r))
+        compact = {k: v for k, v in rec.items() if k != "rows"}
+        compact["cols"], compact["vals"] = cols, [[r.get(k) for k in cols] for r in rows]
         with open(self.path, "a") as f:
-            f.write(json.dumps(rec, default=_plain) + "\n")
+            f.write(json.dumps(compact, default=_plain, separators=(",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -681,6 +714,7 @@ def finalize(d: Path, cases: list[Case], records: dict, meta: dict):
                 cache_dir=str(_cache_dir()))
     report.write_meta(d, meta)
     views.write_all(d, df, json.loads((d / "meta.json").read_text()))
+    Journal(d).pack()
     return df, meta
 
 

@@ -169,9 +169,17 @@ def write_rows(d: Path, rows: list[dict]) -> pd.DataFrame:
     # whole files or none: `diff`, `merge` and `--resume` may read a run a kill interrupted
     with atomic_path(d / "rows.parquet") as tmp:
         df.to_parquet(tmp, index=False)
-    with atomic_path(d / "rows.csv") as tmp:
-        df.to_csv(tmp, index=False)
+    # the CSV is for a reader with a spreadsheet: a run of many rows keeps only the parquet
+    # (the default matrix's CSV was 94 MB beside a 9 MB parquet; issue 41)
+    if len(df) <= CSV_MAX_ROWS:
+        with atomic_path(d / "rows.csv") as tmp:
+            df.to_csv(tmp, index=False)
+    else:
+        (d / "rows.csv").unlink(missing_ok=True)
     return df
+
+
+CSV_MAX_ROWS = 50_000
 
 
 def write_meta(d: Path, meta: dict) -> None:

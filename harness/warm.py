@@ -250,6 +250,7 @@ def load(k: str) -> Record | None:
     f = cache.cache_dir() / KIND / f"{k}.pkl"
     try:
         data = pickle.loads(f.read_bytes())
+        cache.touch(f)
     except Exception:  # noqa: BLE001 -- none, or unreadable (another schema's classes): the cold path
         return None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:

@@ -68,3 +68,43 @@ def test_a_stale_page_is_noticed(tmp_path, monkeypatch):
     page = tmp_path / "docs" / "reference" / "probes.md"
     page.write_text(page.read_text().replace("`q_rope`", "`q_rotated`"))
     assert gen_docs.main(["--check"]) == 1
+
+
+# the paths a page names: a file of the repository's own trees, by its repository-relative path
+_NAMED = re.compile(r"(?<![\w/.-])((?:harness|tests|scripts|fixtures|impl|contract|docs|examples|\.github|\.ci)/"
+                    r"[\w./-]*[\w-]\.(?:py|toml|md|sh|yml|json|parquet|txt))")
+
+
+def _doc_files() -> list[Path]:
+    """Every page a reader reads: the docs, the README, the findings (the divergences page
+    quotes them) and the tolerance policy's comments."""
+    return (sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+            + sorted((ROOT / "harness" / "families").glob("*/findings.toml")) + [ROOT / "fixtures" / "tolerance.toml"])
+
+
+def test_no_doc_names_a_file_that_does_not_exist():
+    """Issue 41: findings cited tests/test_family_gemma3.py and two more that had moved
+    into the family folders; the policy cited harness/refs/, gone since the references
+    got their own folders."""
+    missing = sorted({f"{p.relative_to(ROOT)}: {m}" for p in _doc_files() for m in _NAMED.findall(p.read_text())
+                      if not (ROOT / m).exists()})
+    assert not missing, missing
+
+
+def test_no_doc_links_outside_the_repository():
+    """Issue 41: links to ../shared/spec/, which a clone does not have."""
+    out = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for target in _links(page):
+            if not target.is_relative_to(ROOT):
+                out.append(f"{page.relative_to(ROOT)} -> {target}")
+        if "shared/spec" in page.read_text():
+            out.append(f"{page.relative_to(ROOT)} names ../shared/spec (not in the repository)")
+    assert not out, out
+
+
+def test_the_checks_above_can_fail(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("see tests/test_family_gemma3.py and [spec](../../../shared/spec/x.rs)")
+    assert _NAMED.findall(page.read_text()) == ["tests/test_family_gemma3.py"]
+    assert not (ROOT / "tests/test_family_gemma3.py").exists()

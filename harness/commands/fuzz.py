@@ -51,6 +51,9 @@ def register(sub) -> None:
     p.add_argument("--spec-share", type=float, default=0.2, metavar="F",
                    help="share of the budget for spec examples, impl against the spec's formulas (default 0.2)")
     p.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
+    from ..cli import add_verbose
+
+    add_verbose(p)  # transformers' and hypothesis' own chatter to <out>/log.txt (stderr with -v)
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
     p.add_argument("--no-record", dest="record", action="store_false",
                    help="do not append shrunk failures to the regression files")
@@ -100,10 +103,17 @@ def cmd_fuzz(a) -> int:
     fams = _families(a.family)
     try:
         import hypothesis  # noqa: F401
+        from hypothesis.configuration import set_hypothesis_home_dir
     except ImportError:
         raise UsageError("conformance fuzz needs hypothesis: pip install -e '.[dev]'") from None
     policy = load_policy(a.policy)
+    run_id = report.new_run_id()
+    d = report.check_out(a.out, run_id)  # a bad --out is refused before the budget is spent
     from ..cache import cache_dir
+
+    # hypothesis keeps its own files (the constants it collects) in the cache, not in a
+    # .hypothesis/ of whatever folder the user ran the command from (issue 41)
+    set_hypothesis_home_dir(str(cache_dir() / "hypothesis"))
 
     db = cache_dir() / "fuzz-db"
     stats = fuzz.HuntStats()
@@ -130,9 +140,10 @@ def cmd_fuzz(a) -> int:
     wall = time.monotonic() - t0
     res = summarize(stats, wall, budget, a, fams)
     recorded = record(stats, res) if a.record else []
-    run_id = report.new_run_id()
-    d = report.run_dir(a.out, run_id)
     d.mkdir(parents=True, exist_ok=True)
+    from .. import runlog
+
+    runlog.attach(d / runlog.LOG_NAME)
     (d / "fuzz.json").write_text(json.dumps(res, indent=1, default=str))
     text = markdown(res, recorded)
     (d / "fuzz.md").write_text(text)

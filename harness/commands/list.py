@@ -53,4 +53,13 @@ def cmd_list(a) -> int:
     print(f"GGUF weight types (--gguf-type; --gguf reads the same): {', '.join(GGUF_TYPES)}")
     print(f"layer probes: {', '.join(LAYER_PROBES)}")
     print(f"model probes: {', '.join(MODEL_PROBES)}")
+    from .. import mutants
+
+    by_kind: dict = {}
+    for name, m in mutants.registry().items():
+        by_kind.setdefault(m.module.rsplit(".", 1)[-1], []).append(name)
+    print(f"mutants (conformance mutate --mutants NAME,...; {sum(map(len, by_kind.values()))} deliberate bugs in impl, "
+          "each kind's in harness/kinds/<kind>/mutants), by the impl module they break:")
+    for mod, names in sorted(by_kind.items()):
+        print(f"  {mod}: {', '.join(sorted(names))}")
     return 0

@@ -63,7 +63,9 @@ def register(sub) -> None:
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                    help="worker processes (default: the CPU count; 1 runs in this process)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
-    p.add_argument("--mutants", metavar="NAME,...", help="only these mutants (see harness/mutants)")
+    p.add_argument("--mutants", metavar="NAME,...",
+                   help="only these mutants (their names: `conformance list`; each kind's live in "
+                        "harness/kinds/<kind>/mutants)")
     p.add_argument("--decoration", metavar="TAG", help="only the mutants of this decoration (a feature tag)")
     p.add_argument("--no-mutant-cases", dest="mutant_cases", action="store_false",
                    help="do not also run each mutant's own declared case: score the spec's cases alone")
@@ -163,6 +165,42 @@ def own_case(m, candidate: str = "impl") -> Case:
     return Case(**kw)
 
 
+def own_cases(mutants: list, spec_cases: list, candidate: str = "impl") -> tuple[dict, dict]:
+    """Each mutant's own declared case, and that case again in every other slice the spec
+    runs where the mutant's break is visible: ``({name: case}, {name: [cases]})``. The
+    score is given per backend/dtype slice, and a decoration tag is coarser than a
+    mutant's code path (a q bias without a gate never reaches the gate's bias): the
+    configuration where the mutant is known to act runs in each slice, so each slice is
+    scored on a case that reaches the mutated line. ``mutate`` and ``mutate
+    --sensitivity`` both take their cases from here: the two must agree on what caught
+    a mutant (issue 41: --sensitivity ran the own case in its own slice only, and called
+    yarn-beta-fast-plus-one uncaught at numpy/torch float32 where mutate killed it)."""
+    from dataclasses import replace as _replace
+
+    own = {}
+    for m in mutants:
+        c = own_case(m, candidate)
+        try:
+            c.validate()
+        except UsageError as e:
+            raise UsageError(f"mutant {m.name}: its declared case is invalid: {e}") from None
+        own[m.name] = c
+    spec_slices = sorted({(c.backend, c.dtype) for c in spec_cases})
+    more: dict[str, list] = {}
+    for m in mutants:
+        c = own[m.name]
+        for b, d in spec_slices:
+            if (b, d) == (c.backend, c.dtype) or not m.visible_at(d):
+                continue
+            v = _replace(c, backend=b, dtype=d)
+            try:
+                v.validate()
+            except UsageError:
+                continue  # a slice this configuration cannot run in (the family on that backend)
+            more.setdefault(m.name, []).append(v)
+    return own, more
+
+
 def applies(m, cand) -> str | None:
     """Why mutant ``m`` does not reach candidate ``cand``'s code, or None: it must
     lie in a module the candidate runs and not in a function it replaces."""
@@ -224,34 +262,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         except StaleMutant as e:
             stale[m.name] = str(e)
     live = [m for m in mutants if m.name not in stale]
-    own = {}
-    for m in live if mutant_cases else []:
-        c = own_case(m, candidate)
-        try:
-            c.validate()
-        except UsageError as e:
-            raise UsageError(f"mutant {m.name}: its declared case is invalid: {e}") from None
-        own[m.name] = c
-    # The score is given per backend/dtype slice, and a decoration tag is coarser than a
-    # mutant's code path (a q bias without a gate never reaches the gate's bias): the
-    # mutant's own case -- the configuration where it is known to act -- also runs in
-    # every slice the spec runs where its break is visible, so each slice is scored on a
-    # case that reaches the mutated line.
-    from dataclasses import replace as _replace
-
-    spec_slices = sorted({(c.backend, c.dtype) for c in spec_cases})
-    own_more: dict[str, list] = {}
-    for name, c in own.items():
-        m = next(x for x in live if x.name == name)
-        for b, d in spec_slices:
-            if (b, d) == (c.backend, c.dtype) or not m.visible_at(d):
-                continue
-            v = _replace(c, backend=b, dtype=d)
-            try:
-                v.validate()
-            except UsageError:
-                continue  # a slice this configuration cannot run in (the family on that backend)
-            own_more.setdefault(name, []).append(v)
+    own, own_more = own_cases(live if mutant_cases else [], spec_cases, candidate)
     spec_ids = [c.case_id() for c in spec_cases]
     by_id = {c.case_id(): c for c in spec_cases}
     for c in [*own.values(), *(v for vs in own_more.values() for v in vs)]:
@@ -430,9 +441,13 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
     if not chosen:
         raise UsageError("--sensitivity needs parametric mutants (harness/kinds/attention/mutants/subtle.py); none selected")
     t0 = time.perf_counter()
-    by_id = {c.case_id(): c for c in matrix.nonempty(spec)}
-    for m in chosen:
-        by_id.setdefault(own_case(m).case_id(), own_case(m))
+    spec_cases = matrix.nonempty(spec)
+    by_id = {c.case_id(): c for c in spec_cases}
+    own, more = own_cases(chosen, spec_cases)  # as `mutate` runs them: the own case in every slice
+    mine = {m.name: [own[m.name], *more.get(m.name, [])] for m in chosen}
+    for cs in mine.values():
+        for c in cs:
+            by_id.setdefault(c.case_id(), c)
     base: dict[str, dict] = {}
 
     def base_done(c, rec):
@@ -448,8 +463,8 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
     # (mutant, slice) -> its cases (the mutant's own case first) and the bisection bounds
     todo: dict[tuple[str, str], dict] = {}
     for m in chosen:
-        own_id = own_case(m).case_id()
-        ids = [own_id] + [cid for cid in by_id if cid != own_id]
+        own_ids = [c.case_id() for c in mine[m.name]]
+        ids = own_ids + [cid for cid in by_id if cid not in own_ids]
         for cid in ids:
             b = base[cid]
             if not b["clean"] or not (m.core or m.decoration in b["features"]):
@@ -650,10 +665,15 @@ def cmd_mutate(a) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     say_default(a.spec, spec, "mutate")
-    quiet = not sys.stderr.isatty()  # CI logs get one line per phase, a terminal one per run
+    # a terminal gets a line per mutant run; a CI log one per phase, and the latest run at
+    # most every 30 s between (issue 41: mutate said nothing for minutes off a terminal)
+    quiet = not sys.stderr.isatty()
+    from ..progress import Throttled
+
+    every = Throttled("mutate: ", every=30.0)
     if a.sensitivity:
         say(f"mutate --sensitivity: {sum(m.param is not None for m in mutants)} parametric mutants on {spec.path}")
-        res = run_sensitivity(spec, mutants, a.jobs, a.policy, log=(lambda m: None) if quiet else say, phase=say)
+        res = run_sensitivity(spec, mutants, a.jobs, a.policy, log=every if quiet else say, phase=say)
         d.mkdir(parents=True, exist_ok=True)
         atomic.write_text(d / "sensitivity.json", json.dumps(res, indent=1, default=str))
         md = render_sensitivity(res)
@@ -668,7 +688,7 @@ def cmd_mutate(a) -> int:
     say(f"mutate: {len(mutants)} mutants on {spec.path} ({len(spec.cases)} cases), -j {a.jobs}")
     try:
         res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
-                           log=(lambda m: None) if quiet else say, phase=say, candidate=a.candidate)
+                           log=every if quiet else say, phase=say, candidate=a.candidate)
     except UsageError:  # refused before any work (a mutant's own case): leave nothing behind
         if made:
             report.remove_partial(d)

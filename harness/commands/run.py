@@ -45,6 +45,7 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     _require_device(case)
     phases = Phases(quiet)
     run = CaseRun(case, policy, progress=phases, warm=True)  # from its record where it has one (harness/warm.py)
+    run.check_prompt()  # a prompt nothing can tokenize: refused from the config, before the model is built
     _ = run.layer_cfgs  # bad shapes are refused here, before anything is written
     # a reference release that moved what its adapter reads: one line, before any work (a
     # warm run -- its record was written by a cold run on these same versions, harness/warm.py

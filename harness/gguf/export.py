@@ -121,6 +121,7 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0, varia
                   sorted((k, repr(v)) for k, v in vars(family).items()))
     out = cache.cache_dir() / "gguf" / f"{family.name}{'-' + variant if variant else ''}-{k}.gguf"
     if out.exists():
+        cache.touch(out)  # its last use: what the cache's limit evicts by
         return out
     with atomic_path(out, suffix=".gguf") as tmp:
         _write(family, model, config, weight_type, variant, tmp)

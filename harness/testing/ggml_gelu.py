@@ -5,8 +5,8 @@ ggml/src/ggml-cpu/vec.h defines GGML_GELU_FP16; ``ggml_vec_gelu_f32`` and
 tanh-approximated gelu of every fp16 value, stored as fp16) and return x itself
 for x >= 10 and 0 for x <= -10. HF's ``gelu_pytorch_tanh`` computes the same
 formula in fp32. Running HF's own FFN with this activation on llama.cpp's input
-must reproduce llama.cpp's layer output (tests/test_family_gemma2.py, test_family_gemma3.py,
-test_family_starcoder2.py): that pins the ref-vs-ref finding on its cause.
+must reproduce llama.cpp's layer output (harness/families/gemma2/test_gemma2.py, harness/families/gemma3/test_gemma3.py,
+harness/families/starcoder2/test_starcoder2.py): that pins the ref-vs-ref finding on its cause.
 """
 
 from __future__ import annotations

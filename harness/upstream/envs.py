@@ -98,6 +98,7 @@ def release_env(dist: str, version: str, index: Index = Index(), log=lambda s: N
     if stamp.is_file():
         try:
             if json.loads(stamp.read_text()).get("schema") == ENV_SCHEMA and python.exists():
+                os.utime(d)  # its last use: the cache's limit evicts the least recently used
                 return python
         except ValueError:
             pass

@@ -21,7 +21,7 @@ impl and the GGUF all hold the same ternary values. The export writes them
 unchanged: applying ``weight_quant`` a second time is NOT the identity (a
 ternary tensor with zeros has ``mean|W| = s * (non-zero fraction)``, so the
 second pass rescales it), so what the converter would write from the original
-draw is what HF already holds (``tests/test_family_bitnet.py`` pins this).
+draw is what HF already holds (``harness/families/bitnet/test_bitnet.py`` pins this).
 
 llama.cpp's bitnet graph hard-codes SiLU in the FFN (``LLM_FFN_SILU``) while HF
 BitNet defaults to ``hidden_act="relu2"``; the tiny config sets ``silu`` so the

@@ -39,7 +39,7 @@ there. The layer-0 input is the embedding LayerNorm's output in both
 ``embeddings`` compares.
 
 The default tiny config has 4 heads (a power of two); ``--set hidden_size=96
---set n_head=6`` exercises the non-power-of-two slopes (tests/test_family_bloom.py).
+--set n_head=6`` exercises the non-power-of-two slopes (harness/families/bloom/test_bloom.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ and the QK norm unless the model has 128 experts. The default tiny config
 therefore uses exactly those values, so both references agree -- which leaves
 the chunk window and the temperature INERT at 16 tokens (a chunk of 8192
 never ends, and the temperature is exactly 1 below position 8191). They are
-exercised against HF by two HF-only configs (see tests/test_family_llama4.py
+exercised against HF by two HF-only configs (see harness/families/llama4/test_llama4.py
 and the llama4 ``[[finding]]`` entries in fixtures/tolerance.toml):
 
 - chunked windows:  ``--set attention_chunk_size=6``

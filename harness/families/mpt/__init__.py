@@ -24,7 +24,7 @@ The converter (``conversion/mpt.py`` ``MPTModel``) writes
 llama.cpp reads it (no key: no ALiBi at all), so a config with
 ``alibi_bias_max != 8`` is an HF-only setting: HF keeps 8, llama.cpp takes the
 written value (``[[finding]]`` in fixtures/tolerance.toml, exercised by
-tests/test_family_mpt.py with ``--set attn_config.alibi_bias_max=4``). The
+harness/families/mpt/test_mpt.py with ``--set attn_config.alibi_bias_max=4``). The
 converter also hard-codes ``layer_norm_eps = 1e-5`` (the tiny config keeps
 HF's default 1e-5), and registers only ``MPTForCausalLM`` (transformers
 saves ``MptForCausalLM``); the export here mirrors its steps directly.
