@@ -133,6 +133,26 @@ def output_norm_amplification(lc, probes: dict, layer: int) -> float:
     return max(1.0, float(np.mean(ms) * np.mean(1.0 / (ms + lc.out_norm_eps))))
 
 
+def residual_floor_scale(amp: float, probes: dict, layer: int) -> float:
+    """The float32 floor's scale at ``resid_mid`` behind a recurrent layer's output norm
+    whose amplification at ``attn_out`` is ``amp`` (``output_norm_amplification``): the
+    absolute error the norm lets into ``attn_out`` -- floor x amp x |attn_out|^2 -- is
+    added to the residual unchanged, so at ``resid_mid`` it is that over |resid_mid|^2,
+    from the float64 run ``probes``. The residual dilutes it, but not to nothing: the
+    qwen3_5_text fuzz case (1 head, 3 tokens; amplification 28) sat at 1.02 of the plain
+    floor at L0 resid_mid on a CPU whose BLAS rounds otherwise than the one it was first
+    measured on (0.22 there), a false alarm. 1 where nothing is amplified."""
+    if amp <= 1.0:
+        return 1.0
+    out, mid = probes.get(f"L{layer}.attn_out"), probes.get(f"L{layer}.resid_mid")
+    if out is None or mid is None:
+        return 1.0
+    e_mid = float(np.sum(np.asarray(mid, dtype=np.float64) ** 2))
+    if not e_mid > 0:
+        return 1.0
+    return max(1.0, amp * float(np.sum(np.asarray(out, dtype=np.float64) ** 2)) / e_mid)
+
+
 def floor_for(tol: dict, width: int | None) -> float | None:
     """The oracle rule's ``nmse_floor`` for a probe behind a reduction of ``width``
     terms: ``nmse_floor * max(1, width / floor_width)`` where the table names a

@@ -105,3 +105,30 @@ def test_a_floor_width_that_is_not_a_positive_number_is_refused_in_one_line(tmp_
         load_policy(p)
     msg = str(e.value)
     assert "floor_width" in msg and "valid: a positive number" in msg and "\n" not in msg
+
+
+# ---------------------------------------------------------------- behind a recurrent output norm
+def test_the_residual_floor_carries_the_norms_allowance_diluted_by_the_residual():
+    from harness.scaling import residual_floor_scale
+
+    out = np.full((1, 4, 8), 0.5)
+    mid = np.full((1, 4, 8), 5.0)  # |attn_out|^2 / |resid_mid|^2 = 0.01
+    probes = {"L0.attn_out": out, "L0.resid_mid": mid}
+    assert residual_floor_scale(1.0, probes, 0) == 1.0  # nothing amplified: the plain floor
+    assert residual_floor_scale(28.0, probes, 0) == 1.0  # diluted below the plain floor
+    assert np.isclose(residual_floor_scale(28.0, {"L0.attn_out": out, "L0.resid_mid": out * 2}, 0), 7.0)
+    assert residual_floor_scale(28.0, {"L0.attn_out": out}, 0) == 1.0  # nothing to measure
+
+
+def test_the_fuzz_case_behind_the_norm_passes_at_resid_mid_on_any_blas(policy):
+    """qwen3_5_text, 1 head, 3 tokens (fixtures/matrix/fuzz_regressions.toml): L0 resid_mid
+    sat at 1.02 of the plain floor on this CI machine's CPU (0.22 on the one it was found
+    on): the norm's allowance at attn_out reaches resid_mid, diluted by the residual."""
+    from harness.testing import run
+
+    rows = run(policy, family="qwen3_5_text", backend="torch", dtype="float32", kv="decode", schedule="prefill",
+               seed=1, tokens=3, ref="hf", overrides=(("num_attention_heads", 1), ("num_key_value_heads", 1)))
+    mid = [r for r in rows if r["layer"] == 0 and r["probe"] == "resid_mid" and r["candidate"] == "impl"]
+    assert mid and mid[0]["status"] == "pass", mid
+    # the bound widened by the allowance, not beyond it: the plain floor is 1e-13 there
+    assert 1e-13 < mid[0]["tol_nmse"] < 1e-11, mid[0]["tol_nmse"]

@@ -153,7 +153,10 @@ class Judge:
             # behind a recurrent layer's output norm the float32 floor grows by what the norm
             # multiplies a rounding error by on these values (scaling.output_norm_amplification)
             amp = (scaling.output_norm_amplification(req.layer_cfgs[layer], oracle.probes, layer)
-                   if orc is not None and layer is not None and probe in scaling.NORMED_OUTPUT_PROBES else 1.0)
+                   if orc is not None and layer is not None and probe in (*scaling.NORMED_OUTPUT_PROBES, "resid_mid")
+                   else 1.0)
+            if probe == "resid_mid" and amp > 1.0:  # that error, added to the residual (scaling.residual_floor_scale)
+                amp = scaling.residual_floor_scale(amp, oracle.probes, layer)
             row = self.judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc,
                              sides={rc.name: rc}, rounding=rnd, floor_scale=amp)
             if cap.note and not row.get("tol_reason"):
