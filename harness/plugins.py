@@ -64,6 +64,12 @@ def _pyproject() -> dict:
         return {}
 
 
+def _dist_name(ep) -> str | None:
+    dist = getattr(ep, "dist", None)
+    name = getattr(dist, "name", None) if dist is not None else None
+    return None if name is None else name.replace("_", "-").lower()
+
+
 def declared_here(group: str) -> dict[str, str]:
     """This project's own entry points of ``group`` as its pyproject.toml declares them."""
     return dict(_pyproject().get("project", {}).get("entry-points", {}).get(PREFIX + group, {}))
@@ -75,8 +81,14 @@ def entry_points(group: str, sort: bool = True) -> dict:
     project's in the order pyproject.toml declares them, then the others')."""
     if group not in GROUPS:
         raise ValueError(f"unknown plugin group {group!r}; valid: {', '.join(GROUPS)}")
-    found = {ep.name: ep for ep in _installed(tuple(sys.path)).select(group=PREFIX + group)}
     mine = {n: Declared(n, v) for n, v in declared_here(group).items()}
+    # this project's own entry points come from this checkout's pyproject.toml alone: an
+    # installed copy's metadata may be another checkout's (an editable install made from a
+    # newer tree, whose `mlx` reference this tree lacks: `conformance upstream --harness REV`
+    # runs an older tree over the installed metadata); other distributions' plug-ins stay
+    own = _pyproject().get("project", {}).get("name") if mine or _pyproject() else None
+    found = {ep.name: ep for ep in _installed(tuple(sys.path)).select(group=PREFIX + group)
+             if not (own and _dist_name(ep) == own)}
     if not sort:
         return {**mine, **{n: ep for n, ep in found.items() if n not in mine}}
     found.update(mine)

@@ -24,9 +24,35 @@ import json
 import sys
 from pathlib import Path
 
-from harness import matrix
-from harness.errors import UsageError
-from harness.versions import versions
+import importlib.metadata as _md
+
+
+def _own_entry_points_from_the_tree() -> None:
+    """The installed metadata's entry points of this project are the installing
+    checkout's (which may name a reference the tree being run lacks: mlx, for a commit
+    before it); the tree's own pyproject.toml declares its plug-ins and every commit's
+    plugins.py reads them from there. So the installed ones of this project are dropped
+    here, before the tree's harness is imported (other distributions' plug-ins stay)."""
+    def entry_points(**kw):
+        seen, keep = set(), []
+        for d in _md.distributions():  # the first of a name on sys.path, as importlib's own
+            name = str(d.metadata["Name"] or "").replace("_", "-").lower()
+            if name in seen:
+                continue
+            seen.add(name)
+            keep += [ep for ep in d.entry_points if not (name == "attn-conformance"
+                                                         and ep.group.startswith("attn_conformance."))]
+        eps = _md.EntryPoints(keep)
+        return eps.select(**kw) if kw else eps
+
+    _md.entry_points = entry_points
+
+
+_own_entry_points_from_the_tree()
+
+from harness import matrix  # noqa: E402
+from harness.errors import UsageError  # noqa: E402
+from harness.versions import versions  # noqa: E402
 
 
 def family_sources(family_name: str) -> dict[str, list[str]]:
