@@ -48,7 +48,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from harness.gguf.types import is_quantized
+from harness.ggml_types import is_quantized
 
 GB = 2**30
 # the config keys families name their position limit by, in the order they are read

@@ -31,7 +31,7 @@ from impl.kv import KV_MODES
 
 from . import cache, families, references, verdict
 from .errors import UsageError, suggest
-from .gguf.types import GGUF_TYPES  # f32 / f16 / bf16 exports, llama_model_quantize's types
+from .ggml_types import GGUF_TYPES  # f32 / f16 / bf16 exports, llama_model_quantize's types
 from .pipeline import capture as capture_stage
 from .pipeline import oracle as oracle_stage
 from .pipeline.build import Build
@@ -302,12 +302,20 @@ class CaseRun(Build):
         got: dict = {}
         with ThreadPoolExecutor(max_workers=1) as pool:
             futures = {r: pool.submit(self.capture, r) for r in apart}
-            for r in refs:
-                self.progress(f"capturing {r}")
-                if r not in futures:
-                    got[r] = self.capture(r)
-            for r, fut in futures.items():
-                got[r] = fut.result()  # an exception of the capture stage (UsageError) is raised here
+            try:
+                for r in refs:
+                    self.progress(f"capturing {r}")
+                    if r not in futures:
+                        got[r] = self.capture(r)
+                for r, fut in futures.items():
+                    got[r] = fut.result()  # an exception of the capture stage (UsageError) is raised here
+            except (KeyboardInterrupt, SystemExit):
+                # Ctrl-C, or SIGTERM in a matrix worker: the pool's exit waits for the thread, which waits
+                # for the worker apart; end the worker so that the wait is short
+                pool.shutdown(wait=False, cancel_futures=True)
+                for r in futures:
+                    references.get(r).abort()
+                raise
         return [got[r] for r in refs]
 
     # ------------------------------------------------------------ rows

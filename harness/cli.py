@@ -79,7 +79,7 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf-type", default="f32",
                    help="weight type of the GGUF the family's export is written as: f32, f16, bf16, or any "
                         "llama_model_quantize type (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m, q4_k_m, q5_k_m, "
-                        "q6_k, iq4_xs, iq4_nl ...; see harness/gguf/types.py); HF and impl then run on "
+                        "q6_k, iq4_xs, iq4_nl ...; see harness/ggml_types.py); HF and impl then run on "
                         "the file's dequantized weights")
     p.add_argument("--hf-model", metavar="PATH", help="a local HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--gguf", metavar="PATH", help="a GGUF file: compare impl against llama.cpp on it")

@@ -128,7 +128,7 @@ def _parse_point(text: str) -> tuple:
 def comparison_dtype(a: str, b: str) -> str:
     """The less precise of two sides (f16 and bf16 count as equally coarse; a
     quantized weight type is coarser than both)."""
-    # quantized weights: the type ggml quantizes the activations to (harness/gguf/types.py
+    # quantized weights: the type ggml quantizes the activations to (harness/ggml_types.py
     # activation_dtype); a 256-wide Q8_K block is coarser than a 32-wide Q8_0 / Q8_1 one
     # ggml_<act>: impl with ggml's activation rounding reproduced (the oracle) against
     # llama.cpp -- float32 summation order is what is left, coarser than float32 only just

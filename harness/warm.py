@@ -87,7 +87,7 @@ def key(case, family, reference_names) -> str:
 
 def eligible(case, candidate) -> bool:
     """Whether the record of ``case`` can stand in for its model stage (module docstring)."""
-    from .gguf.types import is_quantized
+    from .ggml_types import is_quantized
 
     return (not case.gguf and not case.hf_model and case.prompt is None and not case.switch_off
             and not is_quantized(case.gguf_type) and getattr(candidate, "warm_path", False))

@@ -528,7 +528,7 @@ def section_quantized(args, out: Path) -> dict:
     """Every ``--gguf-type`` llama_model_quantize makes without an importance matrix,
     on the outlier-channel llama (``--weights realistic``) at 24 layers, three-way:
     the statuses and each pair's worst err / tol (the margin the bounds keep)."""
-    from harness.gguf.types import NEEDS_IMATRIX, QUANT_FTYPES
+    from harness.ggml_types import NEEDS_IMATRIX, QUANT_FTYPES
 
     types = args.quant_types or [t for t in QUANT_FTYPES if t not in NEEDS_IMATRIX]
     res = {}
@@ -570,7 +570,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     bad = [s for s in sections if s not in ("cases", "layer", "llamacpp", "tolerance", "files", "quantized")]
-    from harness.gguf.types import QUANT_FTYPES
+    from harness.ggml_types import QUANT_FTYPES
 
     args.quant_types = [t.strip() for t in args.quant_types.split(",") if t.strip()]
     bad += [t for t in args.quant_types if t not in QUANT_FTYPES]

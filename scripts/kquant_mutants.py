@@ -41,7 +41,7 @@ from harness.families.base import NotInImpl  # noqa: E402
 from harness.matrix import load_spec  # noqa: E402
 from harness.mutants import applied, registry  # noqa: E402
 from harness.policy import load_policy  # noqa: E402
-from harness.gguf.types import is_quantized  # noqa: E402
+from harness.ggml_types import is_quantized  # noqa: E402
 from harness.schedule import chunk_sizes  # noqa: E402
 from impl import Backend  # noqa: E402
 from impl.runner import load_layer, run_layer  # noqa: E402

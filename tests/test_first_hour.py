@@ -5,6 +5,7 @@ commands print only their own lines."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,11 @@ def cli(*args, cwd=ROOT):
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
 
 
+PROGRESS = re.compile(r"^\w+: \[ *\d+\.\ds\] ")  # harness/progress.py's phase lines off a terminal
+
+
 def one_line_exit_2(p) -> str:
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not PROGRESS.match(ln)]
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
     return lines[0]
 

@@ -315,7 +315,7 @@ def test_quantize_ftypes_are_llama_cpps():
     """--gguf-type's table is llama.h's enum llama_ftype, as llama-cpp-python binds it."""
     import llama_cpp
 
-    from harness.gguf.types import QUANT_FTYPES
+    from harness.ggml_types import QUANT_FTYPES
 
     for name, value in QUANT_FTYPES.items():
         assert getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name.upper()}") == value, name
@@ -329,7 +329,7 @@ def test_needs_imatrix_is_what_llama_model_quantize_refuses(policy, tmp_path):
     and their llama.cpp capture failing with "this quantization requires an imatrix!".
     One process quantizes the tiny llama (hidden / MLP 256: K-quant blocks tile every
     projection) to every type; its log and ours share one pipe, so the order holds."""
-    from harness.gguf.types import NEEDS_IMATRIX, QUANT_FTYPES
+    from harness.ggml_types import NEEDS_IMATRIX, QUANT_FTYPES
     from harness.references.llamacpp.capture import worker_env
     from harness.testing import case_run
 

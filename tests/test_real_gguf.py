@@ -80,7 +80,7 @@ def test_gemma3_270m_q4_k_m_three_way_and_a_planted_bug_fails(policy, gemma3_270
 
 
 # one weight type per activation-rounding class ggml has (vec_dot_type of the type
-# llama_model_quantize gives the layers, harness/gguf/types.py): Q8_0 (q4_0), Q8_1 with
+# llama_model_quantize gives the layers, harness/ggml_types.py): Q8_0 (q4_0), Q8_1 with
 # the weight minimum's fp16 sum (q4_1), Q8_K (q4_k_m). The full sweep over every type,
 # with each one's margin, is fixtures/matrix/quantized.toml (weekly) and
 # docs/measurements/2026-12-02-quantized-sweep.md; no type there found a class beyond
@@ -92,13 +92,13 @@ DEPTH = (("num_hidden_layers", 24), ("hidden_size", 256))
 
 def _act_class(ftype: str) -> str:
     """The activation type ggml rounds the layers' projection inputs to, for a --gguf-type."""
-    from harness.gguf.types import FTYPE_DEFAULT_TYPE, vec_dot_type
+    from harness.ggml_types import FTYPE_DEFAULT_TYPE, vec_dot_type
 
     return vec_dot_type(FTYPE_DEFAULT_TYPE[ftype])
 
 
 def test_the_quantized_sweep_runs_every_type_at_24_layers_and_the_suite_every_class():
-    from harness.gguf.types import NEEDS_IMATRIX, QUANT_FTYPES, FTYPE_DEFAULT_TYPE
+    from harness.ggml_types import NEEDS_IMATRIX, QUANT_FTYPES, FTYPE_DEFAULT_TYPE
     from harness.matrix import load_spec
 
     assert set(FTYPE_DEFAULT_TYPE) == set(QUANT_FTYPES)

@@ -847,7 +847,7 @@ class Trace:
                 raise UsageError(f"{where}: tensor {g} has shape {tuple(data.shape)} (numpy order); "
                                  f"the metadata makes it {tuple(arr.shape)} for family {family.name}")
             if flat is None:
-                from harness.gguf.reader import aligned_empty
+                from harness.aligned import aligned_empty
 
                 flat = aligned_empty(n)
                 flat[...] = 0.0

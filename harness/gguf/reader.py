@@ -35,7 +35,7 @@ import numpy as np
 from harness.errors import UsageError, suggest
 from harness.families._gguf_import import GGUFMeta, rope_freqs, unused_tensors
 from harness import kinds
-from harness.gguf import types as ggml_types
+from harness import ggml_types
 
 # the tensor helpers stream.py shares with this reader (their own module: no cycle)
 from .tensors import ALIGN, aligned_empty, dequantize, dequantizer, param_tensor, place, set_param  # noqa: F401
@@ -262,11 +262,13 @@ def open_reader(path: str):
     return reader
 
 
-def load(path: str, family: str | None = None, stream: bool | None = None) -> GGUFSource:
+def load(path: str, family: str | None = None, stream=None) -> GGUFSource:
     """The file read back (see the module docstring); anything the reverse
     cannot make of it is one line (UsageError), an unexpected failure included.
-    ``stream``: read the model one layer at a time (stream.py; None: where its
-    float32 weights would not fit, or as ``CONFORMANCE_GGUF_STREAM`` says)."""
+    ``stream``: read the model one layer at a time (stream.py): a bool, or a
+    callable ``(family, config) -> bool`` deciding once the file's config is read
+    (the pipeline passes the memory budget's, harness/budget.py: the budget sits
+    above this package); None: as ``CONFORMANCE_GGUF_STREAM`` says, else whole."""
     try:
         return _load(path, family, stream)
     except UsageError:
@@ -276,7 +278,7 @@ def load(path: str, family: str | None = None, stream: bool | None = None) -> GG
                          f"{' '.join(str(e).split())[:200]})") from None
 
 
-def _load(path: str, family: str | None = None, stream: bool | None = None) -> GGUFSource:
+def _load(path: str, family: str | None = None, stream=None) -> GGUFSource:
     import contextlib
 
     import torch
@@ -311,10 +313,10 @@ def _load(path: str, family: str | None = None, stream: bool | None = None) -> G
     variant = fam.gguf_variant_of(shapes)
 
     kwargs = {} if fam.experts_implementation is None else {"experts_implementation": fam.experts_implementation}
-    if stream is None:
-        from harness import budget
-
-        stream = streaming.wanted(fam, budget.param_counts(fam, config).total, budget.available())
+    if callable(stream):
+        stream = bool(stream(fam, config)) and bool(getattr(fam, "layer_major", False))
+    elif stream is None:
+        stream = streaming.wanted(fam, 0, 1)  # the environment's word only: no budget known here
     else:
         stream = bool(stream) and bool(getattr(fam, "layer_major", False))
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..aligned import ALIGN, aligned_empty
 from ..errors import UsageError
 
 
@@ -69,9 +70,6 @@ def dequantizer(info):
     return get
 
 
-ALIGN = 64  # bytes: torch's CPU allocator's alignment (c10 gAlignment), which a parameter had before
-
-
 def place(model, state: dict, path: str) -> tuple[list[str], list[str]]:
     """``state``'s arrays made ``model``'s parameters and buffers in place -- each
     Parameter object stays (a tied head stays tied) and takes the array's memory
@@ -123,11 +121,3 @@ def set_param(p, value) -> None:
         p.data = value
     else:
         torch.utils.swap_tensors(p, torch.nn.Parameter(value, requires_grad=p.requires_grad))
-
-
-def aligned_empty(n: int, dtype=np.float32) -> np.ndarray:
-    """An uninitialised array in torch's allocator's memory (``ALIGN``), which ``place``
-    then takes as a parameter without copying."""
-    import torch
-
-    return torch.empty(n, dtype=getattr(torch, np.dtype(dtype).name)).numpy()

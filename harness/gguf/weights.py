@@ -28,7 +28,7 @@ from pathlib import Path
 from harness.atomic import atomic_path
 from harness.errors import UsageError
 from harness.versions import ROOT
-from harness.gguf import types as ggml_types
+from harness import ggml_types
 
 QUANTIZE_SCHEMA = 1
 
@@ -49,7 +49,7 @@ def quantize(src: Path, weight_type: str, timeout: int = 600) -> Path:
     # under a temporary name unique to this writer, renamed into place (harness/atomic.py):
     # two workers quantizing one key never see each other's half-written file
     with atomic_path(out, suffix=".gguf") as tmp:
-        from harness.references.llamacpp.capture import worker_env
+        from harness.ggml_env import worker_env
 
         proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp)], capture_output=True, text=True,
                               timeout=timeout, cwd=str(ROOT), env=worker_env(), process_group=0)  # Ctrl-C: the harness's

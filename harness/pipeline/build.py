@@ -25,7 +25,7 @@ from .. import budget, families, kinds, references
 from ..checkpoint import checkpoint_stamp
 from ..errors import UsageError, suggest
 from ..features import model_features
-from ..gguf.types import is_quantized
+from ..ggml_types import is_quantized
 from ..references import CaptureRequest, RefCapture
 from ..select import Selection
 
@@ -48,7 +48,7 @@ class Build:
             from ..gguf import reader as gguf_import
 
             t = time.perf_counter()
-            self.source = gguf_import.load(case.gguf, case.family or None)
+            self.source = gguf_import.load(case.gguf, case.family or None, stream=_stream_wanted)
             self.hf_types = self.source.hf_types
             self.timings["gguf_import"] = time.perf_counter() - t
             self.family = self.source.family
@@ -271,11 +271,11 @@ class Build:
         """What llama.cpp's weights make of a comparison with it: the export's float
         type, or -- for quantized weights, which every side holds dequantized --
         the type ggml's CPU quantizes the ACTIVATIONS to before it multiplies
-        them (vec_dot_type, harness/gguf/types.py), the coarsest over the
+        them (vec_dot_type, harness/ggml_types.py), the coarsest over the
         file's quantized tensors."""
         if not is_quantized(self.case.gguf_type):
             return self.case.gguf_type
-        from ..gguf.types import activation_dtype
+        from ..ggml_types import activation_dtype
         from ..gguf.weights import file_tensors
 
         try:
@@ -524,7 +524,15 @@ class Build:
             return None
         acts = {n: t for n, t in call.ggml_act.items() if n in call.weights}
         if acts and set(acts) <= call.ggml_met:
-            from ..gguf.types import coarsest_activation
+            from ..ggml_types import coarsest_activation
 
             return "ggml_" + coarsest_activation(acts.values())
         return self.weight_dtype
+
+
+def _stream_wanted(family, config) -> bool:
+    """Whether a GGUF file's model is read layer by layer (gguf/stream.py ``wanted``):
+    where its float32 weights would not fit this run's memory budget."""
+    from ..gguf import stream as streaming
+
+    return streaming.wanted(family, budget.param_counts(family, config).total, budget.available())

@@ -99,7 +99,7 @@ def drift(build, rc: RefCapture) -> RefCapture | None:
     Made once per case."""
     import re
 
-    from ..gguf.types import is_quantized
+    from ..ggml_types import is_quantized
     from ..references.llamacpp.ggml_matmul import linear_act_types, unrounded_params
 
     ref = references.get(rc.name)

@@ -97,6 +97,11 @@ class Reference(ABC):
         ``config``: a hook point moved by a new release must never be a KeyError in the
         middle of a matrix. Default: nothing to check."""
 
+    def abort(self) -> None:
+        """End at once what a capture in flight runs apart (``runs_apart``: its worker
+        process), so that the thread waiting on it returns: called on Ctrl-C. Default:
+        nothing runs apart."""
+
     def tokenize(self, gguf_path, text: str) -> list[int]:
         raise NotImplementedError(f"reference {self.name} does not tokenize")
 

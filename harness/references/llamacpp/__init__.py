@@ -32,6 +32,11 @@ class LlamaCpp(Reference):
 
         return available()
 
+    def abort(self) -> None:
+        from .capture import abort
+
+        abort()
+
     def preflight(self, family, config) -> None:
         """The ``ggml_tensor`` layout the eval callback reads (ggml_ctypes.py) checked
         against the library being loaded: a release that moved a field is refused in

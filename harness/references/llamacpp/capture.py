@@ -28,6 +28,7 @@ import numpy as np
 
 from harness import cache
 from harness.versions import ROOT, versions
+from harness.ggml_env import worker_env  # noqa: F401  (here too: the worker's and tests' import)
 
 CAPTURE_SCHEMA = 1
 TIMEOUT_S = 300
@@ -45,18 +46,6 @@ def available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def worker_env() -> dict:
-    """The environment of every llama.cpp subprocess: this checkout importable, and
-    no backtrace on abort -- ggml_abort's ggml_print_backtrace (ggml/src/ggml.c)
-    attaches gdb to the aborting process where gdb is installed, which under load
-    held an aborting worker past its timeout (an error reading "timed out after
-    302 s" instead of the abort's signal 6 and its GGML_ASSERT line)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["GGML_NO_BACKTRACE"] = "1"
-    return env
 
 
 def require() -> None:
@@ -296,6 +285,15 @@ class _WorkerServer:
 
 _SERVER = _WorkerServer()
 atexit.register(_SERVER.close)
+
+
+def abort() -> None:
+    """Kill the worker now (Ctrl-C): it runs in a process group of its own, so the
+    terminal's SIGINT never reaches it, and a capture thread waiting on it held an
+    interrupted run for the rest of the capture (45 s on a loaded CI machine)."""
+    proc = _SERVER.proc
+    if proc is not None and proc.poll() is None:
+        proc.kill()
 
 
 def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None,

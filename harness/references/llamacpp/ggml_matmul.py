@@ -198,7 +198,7 @@ def layer_act_types(family, model, config, i: int, hf_types: dict[str, set[str]]
     weights that come from quantized GGUF tensors of one activation type
     (``hf_types``: HF parameter -> the types of the GGUF tensors it came from;
     ``memo``, ``desc``, ``hold``: ``impl_weight_sources``')."""
-    from harness.gguf.types import vec_dot_type
+    from harness.ggml_types import vec_dot_type
 
     out = {}
     for name, params in impl_weight_sources(family, model, config, i, memo, desc, hold).items():
@@ -303,7 +303,7 @@ def linear_act_types(model, hf_types: dict[str, set[str]]) -> dict[str, str]:
     embedding's types (llama.cpp multiplies by token_embd itself)."""
     import torch
 
-    from harness.gguf.types import vec_dot_type
+    from harness.ggml_types import vec_dot_type
 
     # a tied head is the embedding's Parameter object (by identity: a model read layer by
     # layer holds its parameters on the meta device, every one at address 0)
@@ -333,7 +333,7 @@ def unrounded_params(model, hf_types: dict[str, set[str]], act_types: dict[str, 
     weight is a lookup (ggml's get_rows: no rounding) and not one of them."""
     import torch
 
-    from harness.gguf.types import is_quantized
+    from harness.ggml_types import is_quantized
 
     covered = set()
     for name, mod in model.named_modules():
