@@ -54,3 +54,17 @@ def need_llamacpp():
             pytest.skip("llama-cpp-python missing and CONFORMANCE_ALLOW_NO_LLAMACPP=1")
         pytest.fail("llama-cpp-python is not installed; install with pip install -e '.[llamacpp]' "
                     "or opt out explicitly with CONFORMANCE_ALLOW_NO_LLAMACPP=1")
+
+
+@pytest.fixture
+def need_mlx():
+    """The third reference (mlx-lm, the extra ``mlx``): installed by scripts/setup.sh, so a
+    test that needs it FAILS where it is missing, as llama.cpp's do -- unless the user opts
+    out with CONFORMANCE_ALLOW_NO_MLX=1 (a platform MLX has no wheel for)."""
+    from harness.references import get
+
+    if not get("mlx").available():
+        if os.environ.get("CONFORMANCE_ALLOW_NO_MLX") == "1":
+            pytest.skip("mlx-lm missing and CONFORMANCE_ALLOW_NO_MLX=1")
+        pytest.fail("mlx-lm is not installed; install with pip install -e '.[mlx]' "
+                    "or opt out explicitly with CONFORMANCE_ALLOW_NO_MLX=1")

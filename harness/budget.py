@@ -94,6 +94,10 @@ def check(run) -> None:
         why = run.family.reference_refusal(run.config, ref)
         if why:
             raise UsageError(why)
+    if len(case.refs) == 1:  # the one reference named does not implement the family (Reference.refusal)
+        for ref, why in run.reference_refusals.items():
+            raise UsageError(f"--ref {ref}: {why}; named beside others (--ref hf,{ref}) the case runs them and "
+                             f"records {ref} as not-implemented")
     if case.ref != "all":  # a reference named that cannot run the schedule (Family.schedule_refusal)
         for ref, why in run.schedule_refusals.items():
             raise UsageError(f"--ref {ref} --schedule {case.schedule}: {why}; --ref all runs the other references "

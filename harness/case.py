@@ -84,7 +84,7 @@ class Case:
     @property
     def refs(self) -> list[str]:
         if self.ref == "all":
-            return list(references.names())
+            return list(references.all_names())
         # "hf,hf_cached": these references, each judged with the others (registry order)
         return [r for r in references.names() if r in self.ref.split(",")] if "," in self.ref else [self.ref]
 
@@ -357,12 +357,15 @@ class CaseRun(Build):
             return [Judge(self.judge_request()).row(name, "-", None, "*", "skipped", why)]
         _ = self.plan  # decided before any capture: a case that cannot fit is refused here
         refused = self.schedule_refusals  # --ref all: a reference that cannot run the schedule sits out
-        caps = self._capture_all([r for r in case.refs if r not in refused])
+        lacking = self.reference_refusals  # ... and one that does not implement the family at all
+        caps = self._capture_all([r for r in case.refs if r not in refused and r not in lacking])
         judge = Judge(self.judge_request())
         feed = self._reporting(self.feed())
         # nothing compared, never a pass; the other references judge the case (verdict.guard)
         rows: list[dict] = [judge.row(name, r, None, "*", "skipped", f"reference {r} cannot run schedule "
                                       f"{case.schedule}: {why}") for r, why in refused.items()]
+        rows += [judge.row(name, r, None, "*", "not-implemented", f"reference {r}: {why}")
+                 for r, why in lacking.items() if r not in refused]
         for rc in caps:
             if rc.error:
                 rows.append(judge.row(name, rc.name, None, "", "error", f"reference {rc.name} failed: {rc.error}",

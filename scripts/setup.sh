@@ -37,7 +37,7 @@ if [ "$(cat "$marker" 2>/dev/null)" != "$KERNELS" ] || ! .venv/bin/python -c "im
 fi
 # exactly the lock (lock.txt, written by scripts/lock.py): the versions every verdict and
 # baseline was calibrated on, whatever the registry holds today
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c lock.txt -e '.[llamacpp,dev]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c lock.txt -e '.[llamacpp,mlx,dev]'
 # ... and nothing beside it: a package an earlier install left (a newer reference's own
 # dependency, e.g. transformers 5.25's `kernels`, which changes how HF's functions are
 # called) is removed, so this .venv is the lock whatever it held before

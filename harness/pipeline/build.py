@@ -375,6 +375,17 @@ class Build:
         return np.stack(rows).astype(np.int64)
 
     @cached_property
+    def reference_refusals(self) -> dict[str, str]:
+        """The case's references that do not implement its family or config at all
+        (``Reference.refusal``: mlx-lm without a module for the model type), each with why."""
+        out = {}
+        for ref in self.case.refs:
+            why = references.get(ref).refusal(self.family, self.config)
+            if why:
+                out[ref] = why
+        return out
+
+    @cached_property
     def schedule_refusals(self) -> dict[str, str]:
         """The case's references that cannot run its schedule, each with why
         (``Family.schedule_refusal``: a crash their source predicts), decided from the

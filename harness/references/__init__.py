@@ -82,6 +82,10 @@ class Reference(ABC):
     model_of: str | None = None
     # the extra that installs it (pytest's `llamacpp` marker; README setup)
     requires: str = ""
+    # whether ``--ref all`` includes it; a reference joins once every family it implements
+    # has been judged against it (a pass, a finding with its lines, or a refusal): until
+    # then it runs where it is named (``--ref mlx``, ``--ref hf,mlx``)
+    in_all: bool = True
 
     def available(self) -> bool:
         """Whether this reference can run here (its package installed)."""
@@ -90,6 +94,13 @@ class Reference(ABC):
     @abstractmethod
     def capture(self, run, **kw) -> RefCapture:
         """The reference's probes for the case (``run``: the case's Build)."""
+
+    def refusal(self, family, config) -> str | None:
+        """Why this reference does not implement ``family`` on ``config`` at all (mlx-lm
+        has no module for the model type), or None (default). Under ``--ref all`` the
+        case runs the other references and says so in a ``not-implemented`` row; named
+        alone (``--ref NAME``), it is refused in one line, exit 2."""
+        return None
 
     def preflight(self, family, config) -> None:
         """Refuse (a ``UsageError``: one line, exit 2) before any work when the installed
@@ -131,8 +142,13 @@ def registry() -> dict[str, Reference]:
 
 
 def names() -> tuple[str, ...]:
-    """Every reference's name, in registry order (the order ``--ref all`` captures in)."""
+    """Every reference's name, in registry order (the order references are captured in)."""
     return tuple(registry())
+
+
+def all_names() -> tuple[str, ...]:
+    """What ``--ref all`` runs: every reference that has joined it (``Reference.in_all``)."""
+    return tuple(n for n, r in registry().items() if r.in_all)
 
 
 def choices() -> tuple[str, ...]:

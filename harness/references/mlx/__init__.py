@@ -1,0 +1,159 @@
+"""mlx-lm as a reference (``--ref mlx``): a third implementation nobody here wrote.
+
+When HF and llama.cpp disagree, a third witness says whom the rest of the
+ecosystem follows. mlx-lm reads the same checkpoint the HF reference builds and
+runs it through its own caches on the case's schedule (capture.py). It is not
+an oracle (the float64 oracle stays HF's), computes its own model
+(``model_of = None``: a finding about HF does not excuse it), and is installed by
+the extra ``mlx`` (``mlx[cpu]`` on Linux, ``mlx`` on macOS). A family mlx-lm
+does not implement is ``not-implemented`` for it, with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import Reference
+from ..capture import RefCapture
+
+CAPTURE_SCHEMA = 1
+
+
+class Mlx(Reference):
+    label = "mlx-lm (MLX, CPU)"
+    requires = "mlx"
+    cached = True  # it runs the case's schedule through its own caches
+    # named, not in --ref all yet: the families it implements are being judged against it one
+    # by one (families.py: the verified ones, the refused ones with their reasons); it joins
+    # `all` when none is left unjudged
+    in_all = False
+
+    def available(self) -> bool:
+        from importlib.util import find_spec
+
+        return find_spec("mlx_lm") is not None and find_spec("mlx") is not None
+
+    def model_type(self, config) -> str | None:
+        """The mlx-lm module that implements ``config``'s model type, or None."""
+        import importlib.util
+
+        from mlx_lm import utils
+
+        mt = getattr(config, "model_type", None)
+        mt = getattr(utils, "MODEL_REMAPPING", {}).get(mt, mt)
+        if importlib.util.find_spec(f"mlx_lm.models.{mt}") is None:
+            return None
+        return mt
+
+    def module_refusal(self, mt: str) -> str | None:
+        """Why mlx-lm's module for ``mt`` cannot be imported here, or None: mlx_lm/models/olmo.py
+        prints a line and calls sys.exit(1) without the ``ai2-olmo`` package."""
+        import contextlib
+        import importlib
+        import io
+
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                importlib.import_module(f"mlx_lm.models.{mt}")
+        except (ImportError, SystemExit) as e:
+            said = " ".join(out.getvalue().split()) or f"{type(e).__name__}: {e}"
+            return f"mlx_lm/models/{mt}.py does not import here ({said})"
+        return None
+
+    def refusal(self, family, config) -> str | None:
+        """Why mlx-lm cannot run ``family`` on ``config`` (not-implemented), or None."""
+        if not self.available():
+            return "mlx-lm is not installed (pip install -e '.[mlx]')"
+        mt = self.model_type(config)
+        if mt is None:
+            return (f"mlx-lm {_version()} implements no model type {getattr(config, 'model_type', '?')!r} "
+                    "(mlx_lm/models/)")
+        why = self.module_refusal(mt)
+        if why:
+            return f"mlx-lm {_version()}: {why}"
+        from .checkpoint import missing_fields
+        from .families import UNSUPPORTED
+
+        lost = missing_fields(config.to_dict(), mt)
+        if lost:
+            return (f"mlx-lm {_version()}'s {mt}.ModelArgs requires {', '.join(lost)}, which "
+                    f"{type(config).__name__} (transformers' port) does not write; the hub's checkpoints of the "
+                    "original model carry them (mlx_lm/models/" + mt + ".py)")
+        why = UNSUPPORTED.get(family.name)
+        return None if why is None else f"mlx-lm {_version()}: {why}"
+
+    def calls(self, req) -> list[int]:
+        from ...schedule import chunk_sizes
+
+        return chunk_sizes(req.case.schedule, int(req.tokens.shape[1]))
+
+    def compute_dtype(self, case_dtype: str) -> str:
+        return case_dtype  # MLX's CPU kernels take float32, bfloat16, float16 and float64 alike
+
+    def capture(self, req, **kw) -> RefCapture:
+        from ... import cache
+        from ...versions import versions
+        from . import capture as mlxcap
+
+        dtype = req.case.dtype
+        why = self.refusal(req.family, req.config)
+        if why is not None:
+            raise NotImplementedError(why)
+        sel = req.selection
+        src = cache.source_hash(*cache.family_sources(req.family), *sorted(Path(__file__).parent.glob("*.py")),
+                                *req.family_base_sources)
+        calls = self.calls(req)
+        k = cache.key("mlx", CAPTURE_SCHEMA, req.family.name, req.config.to_json_string(use_diff=False),
+                      req.case.seed, req.tokens.tolist(), dtype, calls, _version(), _version("mlx"),
+                      versions().get("transformers"), src, *req.weights_stamp,
+                      *((["weights", req.case.weights],) if req.case.weights != "random" else ()),
+                      *((["selection", sel.label()],) if sel.label() else ()))
+        hit = cache.load("mlx", k)
+        if hit is not None:
+            return RefCapture(self.name, dtype, hit[0], meta=hit[1], cached=True, key=k)
+        model = _load(req, dtype)
+        meta = {"family": req.family.name, "dtype": dtype, "calls": len(calls), "mlx_lm": _version()}
+        want_layer = (lambda i: True) if sel.layers is None else (lambda i: i in set(sel.layers))
+        want_probe = (lambda p: True) if sel.probes is None else (lambda p: p in set(sel.probes))
+        probes = mlxcap.capture(req.family, model, req.config, list(req.layer_cfgs), req.tokens, calls,
+                                want_layer, want_probe, meta)
+        st = cache.store("mlx", k, probes, meta)
+        return RefCapture(self.name, dtype, st, meta=meta, key=k)
+
+
+def _version(dist: str = "mlx-lm") -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _load(req, dtype: str):
+    """mlx-lm's model of the case: the HF model's checkpoint, saved as a user's download
+    is (config.json + safetensors), read by ``mlx_lm.utils.load_model``, cast to ``dtype``."""
+    import tempfile
+
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    from .checkpoint import hub_config
+
+    from transformers.utils import logging as hf_logging
+
+    hf_model, _ = req.model("float32")
+    with tempfile.TemporaryDirectory(prefix="conformance-mlx-") as d:
+        was = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # "Writing model shards" on every capture's stderr
+        try:
+            hf_model.save_pretrained(d, safe_serialization=True)
+        finally:
+            if was:
+                hf_logging.enable_progress_bar()
+        hub_config(Path(d) / "config.json")
+        model, _config = load_model(Path(d), lazy=False)
+    model.set_dtype(getattr(mx, dtype))
+    model.eval() if hasattr(model, "eval") else None
+    return model
