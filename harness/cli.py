@@ -54,8 +54,9 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     # the valid values are `conformance list`'s: naming them here imported impl (numpy) into every
     # `conformance --help` (issue 29: --help <= 0.5 s); a bad value is refused naming them
     p.add_argument("--family", help="model family (see `conformance list`)")
-    p.add_argument("--ref", default=None, help="hf, hf_cached (HF's own cache on the schedule), llamacpp, several "
-                                                "comma-separated (hf,hf_cached), or all (default hf; llamacpp with --gguf)")
+    p.add_argument("--ref", default=None, help="hf, hf_cached (HF's own cache on the schedule), llamacpp, mlx (mlx-lm: "
+                                                "only where named), several comma-separated (hf,mlx), or all -- hf, "
+                                                "hf_cached and llamacpp (default hf; llamacpp with --gguf)")
     p.add_argument("--backend", default="numpy", help="array backend impl runs on (default numpy; see `conformance list`)")
     p.add_argument("--device", default="cpu", help="device of a torch backend (default cpu; see `conformance list`)")
     p.add_argument("--dtype", default="float32", help="compute dtype (default float32; see `conformance list`)")

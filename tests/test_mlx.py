@@ -31,6 +31,18 @@ def test_mlx_judges_impl_beside_hf(policy, need_mlx):
     assert all(s == "pass" for (ref, _, _), s in statuses(rows).items() if ref == "hf")
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_mlx_in_low_and_high_precision(policy, need_mlx, dtype):
+    """bfloat16 runs in MLX's own bfloat16 kernels; float64 is computed -- and judged -- at
+    float32 (Mlx.compute_dtype: MLX's CPU computes float64 at float32's precision)."""
+    from harness.references import get
+
+    assert get("mlx").compute_dtype(dtype) == ("float32" if dtype == "float64" else dtype)
+    rows = run(policy, family="llama", ref="hf,mlx", backend="torch", dtype=dtype)
+    st = _mlx(rows)
+    assert st and set(st.values()) <= {"pass", "not-exposed"} and "pass" in st.values(), st
+
+
 def test_a_planted_position_bug_in_mlx_fails(policy, need_mlx, tmp_path, monkeypatch):
     """The same case with mlx's RoPE off by one position (every call's offset + 1):
     impl against mlx fails, first at the rotated query."""
@@ -67,26 +79,35 @@ def test_not_in_all_until_judged():
     assert Case(family="llama", ref="hf,mlx").refs == ["hf", "mlx"]
 
 
-@pytest.mark.parametrize("family,probe,why", [
-    # mlx_lm/models/glm.py builds nn.RoPE(head_dim) over the whole head; HF's GlmConfig rotates
-    # partial_rotary_factor (0.5) of it (transformers models/glm/modeling_glm.py apply_rotary_pos_emb)
-    ("glm", "q_rope", "partial rotary factor ignored"),
-    # mlx_lm/models/phi3.py (SuScaledRoPE) takes long_factor whenever max_position_embeddings >
-    # original_max_position_embeddings; HF's dynamic longrope init (transformers
-    # modeling_rope_utils.py _compute_longrope_parameters / dynamic_rope_update) takes short_factor
-    # for a sequence within original_max_position_embeddings
-    ("phi3", "q_rope", "longrope's long factor at a short length"),
-])
-def test_mlx_disagrees_with_hf_where_its_source_does(policy, need_mlx, family, probe, why):
-    """Two families where mlx-lm 0.32.2 computes something else than HF and impl (the
-    lines in each parameter's comment): impl passes against HF and fails against mlx --
-    first where the source says. What a third witness is for."""
-    overrides = (("sliding_window", 8),) if family == "gemma2" else ()
-    rows = run(policy, family=family, ref="hf,mlx", overrides=overrides)
-    assert all(s == "pass" for (ref, _, _), s in statuses(rows).items() if ref == "hf"), why
-    st = _mlx(rows)
-    bad = sorted((layer, p) for (layer, p), s in st.items() if s == "fail")
-    assert bad and probe in {p for _, p in bad}, (why, st)
+@pytest.mark.parametrize("family,probe", [("glm", "q_rope"), ("phi3", "q_rope"), ("gemma2", "attn_branch")])
+def test_mlx_disagrees_with_both_where_its_source_does(policy, need_mlx, family, probe):
+    """Three families where mlx-lm 0.32.2 computes another model than HF and llama.cpp
+    (glm: the whole head rotated; phi3: LongRoPE's long factor at any length; gemma2: no
+    sliding window -- each a finding with both sides' lines, harness/families/<name>/
+    findings.toml): impl passes against HF and llama.cpp, and against mlx the rows from
+    the first probe the source says are that finding -- never a pass, never unexcused."""
+    rows = run(policy, family=family, ref="hf,llamacpp,mlx")
+    st = statuses(rows)
+    assert {s for (ref, _, _), s in st.items() if ref in ("hf", "llamacpp")} <= {"pass", "not-exposed"}
+    mine = {(layer, p): s for (ref, layer, p), s in st.items() if ref == "mlx"}
+    assert mine[(0, probe)] == "finding", mine
+    assert "fail" not in mine.values() and "unguarded" not in mine.values(), mine
+    excuse = next(r["reason"] for r in rows if r["candidate"] == "impl" and r["reference"] == "mlx"
+                  and r["status"] == "finding")
+    assert "mlx_lm/models/" in excuse, excuse
+    pair = {r["status"] for r in rows if r["candidate"] == "mlx" and r["reference"] in ("hf", "llamacpp")}
+    assert "finding" in pair and not pair & {"fail", "unguarded", "error"}, pair
+
+
+def test_the_mlx_findings_do_not_excuse_a_bug_at_another_probe(policy, need_mlx, tmp_path, monkeypatch):
+    """glm's finding starts at q_rope: mlx's values off at its input (attn_in) are not excused."""
+    import mlx.nn as nn
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "cache"))
+    orig = nn.RMSNorm.__call__
+    monkeypatch.setattr(nn.RMSNorm, "__call__", lambda self, x: orig(self, x) * 1.01)
+    st = _mlx(run(policy, family="glm", ref="hf,mlx"))
+    assert st[(0, "attn_in")] == "fail", st
 
 
 def test_the_hub_keys_mlx_reads_are_the_configs_own():

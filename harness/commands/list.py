@@ -39,6 +39,10 @@ def cmd_list(a) -> int:
             label = f"features ({v})" if v else "features"
             print(f"{pad}{label}: {', '.join(feats[name][v or ''])}")
     print(f"references (--ref): {', '.join(references.choices())}")
+    named_only = [n for n in references.names() if n not in references.all_names()]
+    if named_only:  # Reference.in_all: not yet judged on every family it implements
+        print(f"  all = {', '.join(references.all_names())}; {', '.join(named_only)} only where named "
+              f"(--ref hf,{named_only[0]})")
     from .. import candidates
 
     print("candidates (--candidate; entry points of the group attn_conformance.candidates; or dump:DIR):")

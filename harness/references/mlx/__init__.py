@@ -89,14 +89,18 @@ class Mlx(Reference):
         return chunk_sizes(req.case.schedule, int(req.tokens.shape[1]))
 
     def compute_dtype(self, case_dtype: str) -> str:
-        return case_dtype  # MLX's CPU kernels take float32, bfloat16, float16 and float64 alike
+        """float32, bfloat16 and float16 as asked. float64: MLX 0.32.4's CPU takes the dtype, but
+        its fused kernels compute it at float32's precision (llama, torch float64: impl vs mlx at
+        L0 attn_in, after its fast rms_norm, NMSE 4.7e-15 against a float64 bound of 1e-20), so
+        this reference computes -- and is judged at -- float32 there, as llama.cpp is."""
+        return "float32" if case_dtype == "float64" else case_dtype
 
     def capture(self, req, **kw) -> RefCapture:
         from ... import cache
         from ...versions import versions
         from . import capture as mlxcap
 
-        dtype = req.case.dtype
+        dtype = self.compute_dtype(req.case.dtype)
         why = self.refusal(req.family, req.config)
         if why is not None:
             raise NotImplementedError(why)
@@ -112,8 +116,14 @@ class Mlx(Reference):
         hit = cache.load("mlx", k)
         if hit is not None:
             return RefCapture(self.name, dtype, hit[0], meta=hit[1], cached=True, key=k)
-        model = _load(req, dtype)
+        model, hf_embed = _load(req, dtype)
         meta = {"family": req.family.name, "dtype": dtype, "calls": len(calls), "mlx_lm": _version()}
+        if "Scaled" in hf_embed:
+            # HF scales the embedding inside its module (Gemma's *ScaledWordEmbedding); mlx-lm's models
+            # multiply after their nn.Embedding (mlx_lm/models/gemma2.py Gemma2Model: h * hidden_size**0.5):
+            # the module's output is another point, and the scaled one is never an array of its own
+            meta["not_exposed"] = {"embeddings": f"mlx-lm scales the embedding after its nn.Embedding; HF inside "
+                                                 f"{hf_embed} (mlx_lm/models/{self.model_type(req.config)}.py)"}
         want_layer = (lambda i: True) if sel.layers is None else (lambda i: i in set(sel.layers))
         want_probe = (lambda p: True) if sel.probes is None else (lambda p: p in set(sel.probes))
         probes = mlxcap.capture(req.family, model, req.config, list(req.layer_cfgs), req.tokens, calls,
@@ -133,7 +143,8 @@ def _version(dist: str = "mlx-lm") -> str | None:
 
 def _load(req, dtype: str):
     """mlx-lm's model of the case: the HF model's checkpoint, saved as a user's download
-    is (config.json + safetensors), read by ``mlx_lm.utils.load_model``, cast to ``dtype``."""
+    is (config.json + safetensors), read by ``mlx_lm.utils.load_model``, cast to ``dtype``;
+    and the class of HF's embedding module."""
     import tempfile
 
     import mlx.core as mx
@@ -156,4 +167,4 @@ def _load(req, dtype: str):
         model, _config = load_model(Path(d), lazy=False)
     model.set_dtype(getattr(mx, dtype))
     model.eval() if hasattr(model, "eval") else None
-    return model
+    return model, type(hf_model.get_input_embeddings()).__name__

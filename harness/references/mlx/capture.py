@@ -168,6 +168,8 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
         cls.__call__ = enter
     for name, (path, io) in family.hf_model_points.items():
         mod = _resolve(model, path)
+        if name in meta.get("not_exposed", {}):
+            continue
         if mod is not None and want_probe(name):
             hooks.add(mod, (lambda n=name: n), io)
 
