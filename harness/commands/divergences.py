@@ -24,6 +24,7 @@ from ..errors import UsageError
 DEFAULT_RUN = Path(__file__).resolve().parents[2] / "fixtures" / "baselines" / "default"
 # the source files a finding's reason cites, by side
 _LC = re.compile(r"((?:src/models/|src/llama-|ggml/src/|conversion/|convert_hf_to_gguf)[\w./-]*(?:\s+\w+\(?\)?)?)")
+_MLX = re.compile(r"(mlx_lm/models/[\w./-]*(?:\s+\w+(?:\.\w+)?)?)")
 _HF = re.compile(r"((?:modeling_|configuration_)\w+\.py(?:\s+\w+(?:\.\w+)?)?|(?:HF|transformers') [A-Z]\w+(?:\.\w+)?)")
 
 
@@ -34,6 +35,10 @@ def register(sub) -> None:
                                                 "(default fixtures/baselines/default)")
     p.add_argument("--family", action="append", help="only this family (repeatable)")
     p.add_argument("--md", metavar="FILE", help="also write the markdown to FILE")
+    p.add_argument("--triangulate", metavar="WITNESS",
+                   help="measure whom a third reference (mlx) follows on every HF-vs-llama.cpp finding the run "
+                        "reached -- its worst case re-run with the witness beside the pair -- and store the table "
+                        "(fixtures/triangulation/WITNESS.json) that the page's column reads")
     p.set_defaults(fn=cmd_divergences)
 
 
@@ -105,13 +110,19 @@ def divergences(run_dir: Path, families: list[str] | None = None) -> str:
     df = df[df["status"] == "finding"]
     stated = [f for f in pol.findings if f["candidate"] in refs and f["reference"] in refs]
     seen_by = {f["_n"].split(" (seen by")[0]: f for f in pol.findings if "(seen by" in f["_n"]}
+    from .triangulate import load_tables
+
+    tables = load_tables()
     out = ["# Divergences between the references", "",
            f"Every place HF transformers and llama.cpp compute different models, as the policy's findings state "
            f"them (fixtures/tolerance.toml, harness/families/<name>/findings.toml), measured in "
            f"`{Path(run_dir).name}`. Each is something a user can report upstream: the setting, the size, the "
            "source lines on each side and a command that shows it.", "",
-           "| finding | family | holds when | excused up to | measured (max NMSE, rows) | first at |",
-           "|---|---|---|---|---|---|"]
+           "| finding | family | holds when | excused up to | measured (max NMSE, rows) | first at |"
+           + "".join(f" {w} computes |" for w in tables),
+           "|---|---|---|---|---|---|" + "---|" * len(tables)]
+    if tables:
+        out[-2:-2] = [_witness_note(tables), ""]
     sections = []
     for f in stated:
         fams = f["family"] if isinstance(f["family"], list) else [f["family"]]
@@ -125,8 +136,11 @@ def divergences(run_dir: Path, families: list[str] | None = None) -> str:
         measured = (f"{pd.to_numeric(mine['nmse']).max():.3g} ({len(mine)})" if len(mine)
                     else "not reached in this run")
         first = f.get("downstream_of") or (", ".join(f.get("probes", [])[:3]) or "-")
-        out.append(f"| `{label}` | {', '.join(fams)} | {_cond(f)} | {_bound(f)} | {measured} | {first} |")
+        out.append(f"| `{label}` | {', '.join(fams)} | {_cond(f)} | {_bound(f)} | {measured} | {first} |"
+                   + "".join(f" {_verdict(t, f, label)} |" for t in tables.values()))
         lc = sorted(set(m.strip() for m in _LC.findall(f["reason"])))
+        lc = [x for x in lc if not x.startswith("src/models/") or f["candidate"] == "llamacpp"
+              or "llamacpp" in (f["candidate"], f["reference"])]
         hf = sorted(set(m.strip() for m in _HF.findall(f["reason"])))
         dts = f" (comparison dtypes {', '.join(f['dtypes'])})" if f.get("dtypes") else ""
         sec = [f"## `{label}`: {', '.join(fams)}", "",
@@ -141,6 +155,15 @@ def divergences(run_dir: Path, families: list[str] | None = None) -> str:
                        f"{', '.join(cand.get('probes', []))}): excused up to {_bound(cand)}; measured {cm}")
         sec.append(f"- **llama.cpp side**: {', '.join(f'`{x}`' for x in lc) or '(see the reason)'}")
         sec.append(f"- **HF side**: {', '.join(f'`{x}`' for x in hf) or '(see the reason)'}")
+        mlx = sorted(set(m.strip() for m in _MLX.findall(f["reason"])))
+        if mlx:
+            sec.append(f"- **mlx-lm side**: {', '.join(f'`{x}`' for x in mlx)}")
+        for w, t in tables.items():
+            e = t["findings"].get(label)
+            if e is not None:
+                sides = "; ".join(f"{k[3:]} {v}" for k, v in e.items() if k.startswith("vs_"))
+                sec.append(f"- **{w} computes**: {e['verdict']}" + (f" at {e['at']} ({sides})" if e.get("at") else "")
+                           + (f": {e['why']}" if e.get("why") else "") + f"; `{e['case']}`")
         rows = mine if len(mine) else theirs
         if len(rows):
             worst = rows.loc[pd.to_numeric(rows["nmse"]).idxmax()]
@@ -152,10 +175,43 @@ def divergences(run_dir: Path, families: list[str] | None = None) -> str:
     return "\n".join(out) + "\n\n" + "\n".join(sections)
 
 
+def _verdict(table: dict, f: dict, label: str) -> str:
+    if f["candidate"] != "llamacpp" or f["reference"] not in ("hf", "hf_cached"):
+        return "-"
+    e = table["findings"].get(label)
+    return e["verdict"] if e else "not reached"
+
+
+def _witness_note(tables: dict) -> str:
+    from ..versions import read_lock
+
+    lock = read_lock()
+    parts = []
+    for w, t in tables.items():
+        vs = t.get("versions", {})
+        off = [f"{k} {v} (lock {lock.get(k)})" for k, v in vs.items() if lock.get(k) and lock.get(k) != v]
+        parts.append(f"`{w}`: measured on {', '.join(f'{k} {v}' for k, v in vs.items())}"
+                     + (f" -- NOT the lock's: {', '.join(off)}" if off else ""))
+    return ("A witness column says whom a third implementation follows where the pair disagrees, at the first "
+            "probe the finding excused, in the finding's worst case re-run with the witness beside the pair "
+            "(`conformance divergences --triangulate WITNESS`; harness/commands/triangulate.py): HF, llama.cpp, "
+            "neither, both (the difference is below the bound there), not covered (why, in the section), or not "
+            "reached (no case of the run reached the finding). " + "; ".join(parts) + ".")
+
+
 def cmd_divergences(a) -> int:
     run = Path(a.run) if a.run else DEFAULT_RUN
     if not run.is_dir():
         raise UsageError(f"--run {run} is not a run directory")
+    if a.triangulate:
+        import sys
+
+        from . import triangulate
+
+        table = triangulate.measure(run, a.triangulate, a.family,
+                                    progress=lambda m: print(f"triangulate: {m}", file=sys.stderr, flush=True))
+        p = triangulate.write(table, a.family)
+        print(f"triangulate: {len(table['findings'])} findings -> {p}", file=sys.stderr)
     text = divergences(run, a.family)
     if a.md:
         Path(a.md).write_text(text)

@@ -1,0 +1,76 @@
+"""Whom the third reference follows where HF and llama.cpp disagree (issue 38;
+harness/commands/triangulate.py): the verdict rule, a stored verdict measured
+again, and a page with the column for every finding."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.commands import triangulate
+from harness.commands.divergences import DEFAULT_RUN, divergences
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("vs_ref,vs_cand,want", [
+    ("pass", "fail", "HF"), ("fail", "pass", "llama.cpp"), ("fail", "finding", "neither"),
+    ("pass", "pass", "both"), ("unguarded", "fail", "neither"),
+])
+def test_the_verdict_is_the_side_it_passes_against(vs_ref, vs_cand, want):
+    assert triangulate.classify(vs_ref, vs_cand, "hf", "llamacpp") == want
+    assert triangulate.classify("pass", "fail", "hf_cached", "llamacpp") == "HF (cached)"
+
+
+def test_the_table_covers_every_finding_the_baseline_reached():
+    """A finding added, or a baseline that reaches one more, without the table measured
+    again fails here: the page would say "not reached" of a reached finding."""
+    import pandas as pd
+
+    from harness.policy import load_policy
+
+    table = json.loads(triangulate.table_path("mlx").read_text())
+    df = pd.read_parquet(DEFAULT_RUN / "rows.parquet")
+    reasons = " ".join(df.loc[df["status"] == "finding", "reason"].astype(str))
+    reached = {f["_n"] for f in load_policy().findings
+               if f["candidate"] == "llamacpp" and f["reference"] in ("hf", "hf_cached")
+               and f"finding {f['_n']}:" in reasons}
+    assert reached and set(table["findings"]) == reached, sorted(reached ^ set(table["findings"]))
+    verdicts = {e["verdict"] for e in table["findings"].values()}
+    assert verdicts <= {"HF", "HF (cached)", "llama.cpp", "neither", "both", "not covered"}
+    assert all(e.get("why") for e in table["findings"].values() if e["verdict"] == "not covered")
+    assert all(e.get("at") for e in table["findings"].values() if e["verdict"] != "not covered")
+
+
+def test_a_stored_verdict_is_measured_again(need_mlx, need_llamacpp):
+    """afmoe's two findings re-run now: the same verdicts, at the same probes, as the table."""
+    table = json.loads(triangulate.table_path("mlx").read_text())
+    now = triangulate.measure(DEFAULT_RUN, "mlx", ["afmoe"])["findings"]
+    assert now, "afmoe's findings are reached in the baseline"
+    for label, e in now.items():
+        stored = table["findings"][label]
+        assert (e["verdict"], e.get("at")) == (stored["verdict"], stored.get("at")), (label, e, stored)
+
+
+def test_the_page_has_the_witness_column_for_every_finding():
+    page = divergences(DEFAULT_RUN)
+    header = next(ln for ln in page.splitlines() if ln.startswith("| finding |"))
+    assert header.endswith(" mlx computes |")
+    rows = [ln for ln in page.splitlines() if ln.startswith("| `")]
+    assert rows and all(ln.count("|") == header.count("|") for ln in rows)
+    assert "measured on transformers" in page and "**mlx computes**" in page
+    # mlx-lm's own divergences are findings with its source lines
+    assert "**mlx-lm side**: `mlx_lm/models/glm.py" in page
+
+
+def test_a_witness_that_is_not_one_is_refused_in_one_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "harness.cli", "divergences", "--triangulate", "llamacpp"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "not a witness; valid: mlx" in lines[0], p.stderr
