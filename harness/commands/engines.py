@@ -78,8 +78,9 @@ def case_of(d: Path):
     m = read_manifest(d)
     c = dict(m["case"])
     runs = [r for r in m["runs"] if r != FREE]
+    # the dump's runs, each judged with the others: "all" where they are --ref all's, else named
     c["ref"] = c.get("ref", references.default()) if not runs else (
-        "all" if len(runs) == len(references.names()) > 1 else runs[0])
+        "all" if set(runs) == set(references.all_names()) and len(runs) > 1 else ",".join(runs))
     c["candidate"] = f"dump:{Path(d)}"
     try:
         return Case.from_dict(c)
