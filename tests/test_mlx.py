@@ -79,11 +79,12 @@ def test_not_in_all_until_judged():
     assert Case(family="llama", ref="hf,mlx").refs == ["hf", "mlx"]
 
 
-@pytest.mark.parametrize("family,probe", [("glm", "q_rope"), ("phi3", "q_rope"), ("gemma2", "attn_branch")])
+@pytest.mark.parametrize("family,probe", [("glm", "q_rope"), ("phi3", "q_rope"), ("gemma2", "attn_branch"),
+                                           ("mamba2", "attn_branch")])
 def test_mlx_disagrees_with_both_where_its_source_does(policy, need_mlx, family, probe):
-    """Three families where mlx-lm 0.32.2 computes another model than HF and llama.cpp
+    """Four families where mlx-lm 0.32.2 computes another model than HF and llama.cpp
     (glm: the whole head rotated; phi3: LongRoPE's long factor at any length; gemma2: no
-    sliding window -- each a finding with both sides' lines, harness/families/<name>/
+    sliding window; mamba2: its gated norm over the whole width, not per group -- each a finding with both sides' lines, harness/families/<name>/
     findings.toml): impl passes against HF and llama.cpp, and against mlx the rows from
     the first probe the source says are that finding -- never a pass, never unexcused."""
     rows = run(policy, family=family, ref="hf,llamacpp,mlx")
