@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # and the judged engines (the `engines` extra)
 PACKAGES = ("numpy", "torch", "transformers", "llama_cpp_python", "gguf", "array_api_compat", "pandas",
             "tokenizers", "safetensors", "huggingface_hub", "kernels",
-            "onnxruntime", "onnx", "onnxruntime_genai", "openvino", "ctranslate2")
+            "onnxruntime", "onnx", "onnxruntime_genai", "openvino", "ctranslate2", "mlx_lm", "mlx")
 # the references' own packages: a run on another release of one of these is named in
 # every report's header (``drift``), and `conformance upstream` can bisect their releases
-REFERENCE_PACKAGES = ("transformers", "llama_cpp_python")
+REFERENCE_PACKAGES = ("transformers", "llama_cpp_python", "mlx_lm")
 LOCK = ROOT / "lock.txt"
 
 

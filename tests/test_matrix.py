@@ -100,7 +100,7 @@ def test_default_and_smoke_specs_cover_every_registered_family_and_variant():
     assert {c.kv for c in d} == {"decode", "batched", "paged"}
     assert {(c.backend, c.dtype) for c in d} >= {("numpy", "float64"), ("numpy", "float32"), ("torch", "float32"),
                                                 ("torch", "bfloat16")}
-    assert {"all", "hf", "hf_cached", "llamacpp"} >= {c.ref for c in d} >= {"all", "hf", "hf_cached"} and len({c.seed for c in d}) >= 2 and len({c.tokens for c in d}) >= 2
+    assert {"all", "hf", "hf_cached", "llamacpp", "hf,mlx"} >= {c.ref for c in d} >= {"all", "hf", "hf_cached"} and len({c.seed for c in d}) >= 2 and len({c.tokens for c in d}) >= 2
     assert any(c.overrides for c in d)
 
 

@@ -97,9 +97,9 @@ def test_feature_map_names_every_decoration():
     out = views.feature_map(df)
     words = [line.split() for line in out.splitlines() if line.strip()]
     assert set(SPEC_DECORATIONS) <= {w[0] for w in words}
-    # the columns are map_cols(): impl vs hf, vs hf_cached, vs llamacpp, then the reference pairs
+    # the columns are map_cols(): impl vs each reference, then the reference pairs
     head = next(w for w in words if w[0] == "feature")
-    assert " ".join(head[2:]) == "impl vs hf impl vs hf_cached impl vs llamacpp hf_cached vs hf llamacpp vs hf " \
-                                 "llamacpp vs hf_cached"
-    assert ["gqa", "llama", "pass", "1e-14", "-", "pass", "2e-13", "-", "-", "-"] in words
+    assert " ".join(head[2:]) == "impl vs hf impl vs hf_cached impl vs llamacpp impl vs mlx hf_cached vs hf " \
+                                 "llamacpp vs hf mlx vs hf llamacpp vs hf_cached mlx vs hf_cached mlx vs llamacpp"
+    assert ["gqa", "llama", "pass", "1e-14", "-", "pass", "2e-13"] + ["-"] * 7 in words
     assert ["alibi", "-", "unverified:"] in [w[:3] for w in words]

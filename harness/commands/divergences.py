@@ -38,7 +38,7 @@ def register(sub) -> None:
     p.add_argument("--triangulate", metavar="WITNESS",
                    help="measure whom a third reference (mlx) follows on every HF-vs-llama.cpp finding the run "
                         "reached -- its worst case re-run with the witness beside the pair -- and store the table "
-                        "(fixtures/triangulation/WITNESS.json) that the page's column reads")
+                        "(fixtures/triangulation/mlx.json for mlx) that the page's column reads")
     p.set_defaults(fn=cmd_divergences)
 
 
