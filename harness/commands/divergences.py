@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 from ..errors import UsageError
+from .triangulate import command_of
 
 DEFAULT_RUN = Path(__file__).resolve().parents[2] / "fixtures" / "baselines" / "default"
 # the source files a finding's reason cites, by side
@@ -40,25 +41,6 @@ def register(sub) -> None:
                         "reached -- its worst case re-run with the witness beside the pair -- and store the table "
                         "(fixtures/triangulation/mlx.json for mlx) that the page's column reads")
     p.set_defaults(fn=cmd_divergences)
-
-
-def _command(row) -> str:
-    """A ``conformance run`` of the case a row belongs to."""
-    parts = ["conformance run", f"--family {row['family']}", "--ref all"]
-    for flag, col, default in (("--backend", "backend", "numpy"), ("--dtype", "dtype", "float32"),
-                               ("--kv", "kv", "decode"), ("--schedule", "schedule", "mixed"),
-                               ("--seed", "seed", 0), ("--tokens", "tokens", 16), ("--gguf-type", "gguf_type", "f32")):
-        v = row.get(col)
-        if v is not None and str(v) != str(default) and str(v) != "":
-            parts.append(f"{flag} {v}")
-    if row.get("kv") != "decode" and int(row.get("seqs") or 2) != 2:
-        parts.append(f"--seqs {row['seqs']}")
-    if row.get("variant"):
-        parts.append(f"--variant {row['variant']}")
-    for kv in str(row.get("overrides") or "").split(";"):
-        if kv:
-            parts.append(f"--set {kv}")
-    return " ".join(parts)
 
 
 def _cond(f: dict) -> str:
@@ -167,7 +149,7 @@ def divergences(run_dir: Path, families: list[str] | None = None) -> str:
         rows = mine if len(mine) else theirs
         if len(rows):
             worst = rows.loc[pd.to_numeric(rows["nmse"]).idxmax()]
-            sec.append(f"- **reproduce**: `{_command(worst)}` (worst at layer {worst['layer']} {worst['probe']})")
+            sec.append(f"- **reproduce**: `{command_of(worst)}` (worst at layer {worst['layer']} {worst['probe']})")
         else:
             sec.append("- **reproduce**: no case of this run reaches it; the reason says where it was measured")
         sec += ["", f["reason"], ""]

@@ -57,6 +57,25 @@ def classify(vs_reference: str, vs_candidate: str, reference: str, candidate: st
     return "neither"
 
 
+def command_of(row) -> str:
+    """A ``conformance run`` of the case a row belongs to."""
+    parts = ["conformance run", f"--family {row['family']}", "--ref all"]
+    for flag, col, default in (("--backend", "backend", "numpy"), ("--dtype", "dtype", "float32"),
+                               ("--kv", "kv", "decode"), ("--schedule", "schedule", "mixed"),
+                               ("--seed", "seed", 0), ("--tokens", "tokens", 16), ("--gguf-type", "gguf_type", "f32")):
+        v = row.get(col)
+        if v is not None and str(v) != str(default) and str(v) != "":
+            parts.append(f"{flag} {v}")
+    if row.get("kv") != "decode" and int(row.get("seqs") or 2) != 2:
+        parts.append(f"--seqs {row['seqs']}")
+    if row.get("variant"):
+        parts.append(f"--variant {row['variant']}")
+    for kv in str(row.get("overrides") or "").split(";"):
+        if kv:
+            parts.append(f"--set {kv}")
+    return " ".join(parts)
+
+
 def case_of(row, refs: str):
     """The case a baseline row belongs to, run with ``refs``."""
     import pandas as pd
@@ -117,7 +136,6 @@ def measure(run_dir: Path, witness: str, families: list[str] | None = None, prog
     from ..case import run_case
     from ..policy import load_policy
     from ..report import read_rows
-    from .divergences import _command
 
     if witness not in references.names() or witness in PAIR_SIDES:
         raise UsageError(f"--triangulate {witness!r}: not a witness; valid: "
@@ -141,7 +159,7 @@ def measure(run_dir: Path, witness: str, families: list[str] | None = None, prog
             continue
         worst = mine.loc[pd.to_numeric(mine["nmse"]).idxmax()]
         case = case_of(worst, f"{f['reference']},{f['candidate']},{witness}")
-        entry = {"case": _command(worst).replace("--ref all", f"--ref {f['reference']},{f['candidate']},{witness}")}
+        entry = {"case": command_of(worst).replace("--ref all", f"--ref {f['reference']},{f['candidate']},{witness}")}
         if progress:
             progress(f"{label}: {entry['case']}")
         try:
