@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import interrupt
+
+    interrupt.install()
     try:
         parser = build_parser()
         a = parser.parse_args(argv)
@@ -182,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conformance: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into one
+        interrupt.delivered()
         print(f"conformance: interrupted{'; ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 130
 

@@ -312,6 +312,9 @@ class Outcome:
 
 def run_spec(ex: SpecExample) -> Outcome:
     """impl (float64) against ``harness.specref`` on every probe both name."""
+    from . import interrupt
+
+    interrupt.check()
     from impl import Backend
     from impl.runner import load_layer, run_layer
 
@@ -351,6 +354,9 @@ def run_spec(ex: SpecExample) -> Outcome:
 def run_three_way(case: Case, policy) -> Outcome:
     """One generated case end to end; failed when any comparison fails or errors
     (a known, bounded finding of the policy is not a failure)."""
+    from . import interrupt
+
+    interrupt.check()  # a Ctrl-C swallowed in the last example's finalisers ends the run here
     from .case import CaseRun
     from .errors import UsageError
 

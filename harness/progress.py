@@ -67,6 +67,9 @@ class Phases:
             self.bar = None
 
     def __call__(self, message: str, done: int | None = None, total: int | None = None) -> None:
+        from . import interrupt
+
+        interrupt.check()  # each phase and layer of a case: a Ctrl-C swallowed on the way is raised here
         if self.plain is not None and message != self.said:
             # a new phase at once; the same phase's next step ("layer 3 of 24") at most every 10 s
             key, last_key = message.split(":")[0], (self.said or "").split(":")[0]
