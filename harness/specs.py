@@ -33,19 +33,19 @@ def keyword_matcher(expr: str):
         pos += 1
         return t
 
-    def p_or():
-        parts = [p_and()]
-        while peek() == "or":
+    def chain(op: str, operand, combine):
+        """``operand (op operand)*``, its parts combined by ``combine`` (any / all)."""
+        parts = [operand()]
+        while peek() == op:
             take()
-            parts.append(p_and())
-        return lambda s: any(f(s) for f in parts)
+            parts.append(operand())
+        return lambda s: combine(f(s) for f in parts)
+
+    def p_or():
+        return chain("or", p_and, any)
 
     def p_and():
-        parts = [p_not()]
-        while peek() == "and":
-            take()
-            parts.append(p_not())
-        return lambda s: all(f(s) for f in parts)
+        return chain("and", p_not, all)
 
     def p_not():
         t = peek()
