@@ -127,3 +127,19 @@ def test_the_hub_keys_mlx_reads_are_the_configs_own():
                                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
     assert per_type["rope_theta"] == 1e6 and per_type["rope_local_base_freq"] == 1e4
     assert per_type["rope_scaling"] is None
+
+
+def test_a_release_that_moved_what_the_adapter_reads_is_refused_at_start_up(need_mlx, monkeypatch):
+    """The names the adapter reads of mlx-lm are checked before any work (Mlx.preflight):
+    one moved is a one-line UsageError naming it, never a KeyError mid-matrix."""
+    import mlx_lm.models.cache as cache_mod
+
+    from harness import families
+    from harness.errors import UsageError
+    from harness.references import get
+
+    fam = families.get("llama")
+    get("mlx").preflight(fam, fam.make_config())  # the lock's release: nothing to say
+    monkeypatch.delattr(cache_mod, "make_prompt_cache")
+    with pytest.raises(UsageError, match="lacks mlx_lm.models.cache.make_prompt_cache"):
+        get("mlx").preflight(fam, fam.make_config())

@@ -83,6 +83,26 @@ class Mlx(Reference):
         why = UNSUPPORTED.get(family.name)
         return None if why is None else f"mlx-lm {_version()}: {why}"
 
+    # what the adapter reads of mlx-lm (module, name): checked at start-up (preflight), so a
+    # release that moved one is refused in one line, not a KeyError in the middle of a matrix
+    READS = (("mlx_lm.utils", "load_model"), ("mlx_lm.models.cache", "make_prompt_cache"),
+             ("mlx_lm.models.base", "scaled_dot_product_attention"))
+
+    def preflight(self, family, config) -> None:
+        import importlib
+
+        from ...errors import UsageError
+
+        if not self.available() or self.refusal(family, config) is not None:
+            return  # nothing of it runs: the refusal says why, as a row or in one line
+        mt = self.model_type(config)
+        lost = [f"{m}.{n}" for m, n in (*self.READS, (f"mlx_lm.models.{mt}", "Model"),
+                                        (f"mlx_lm.models.{mt}", "ModelArgs"))
+                if not hasattr(importlib.import_module(m), n)]
+        if lost:
+            raise UsageError(f"mlx-lm {_version()} lacks {', '.join(lost)}, which the mlx reference reads "
+                             f"(harness/references/mlx/); the lock's is {_locked()}")
+
     def calls(self, req) -> list[int]:
         from ...schedule import chunk_sizes
 
@@ -130,6 +150,12 @@ class Mlx(Reference):
                                 want_layer, want_probe, meta)
         st = cache.store("mlx", k, probes, meta)
         return RefCapture(self.name, dtype, st, meta=meta, key=k)
+
+
+def _locked() -> str:
+    from ...versions import read_lock
+
+    return read_lock().get("mlx-lm") or "not pinned"
 
 
 def _version(dist: str = "mlx-lm") -> str | None:
