@@ -37,11 +37,15 @@ def _first_tensor(args, kwargs, key="hidden_states"):
 
 
 def _resolve(root, path: str):
+    """The object at dotted ``path`` under ``root`` (``""``: root), or None. An index
+    into a list and a key of a dict-like module count as a step (mlx-lm's modules are
+    dicts and hold their layers in lists; torch's ModuleList answers getattr)."""
     obj = root
-    if not path:
-        return obj
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
+    for part in [p for p in path.split(".") if p]:
+        if isinstance(obj, (list, tuple)) and part.isdigit():
+            obj = obj[int(part)] if int(part) < len(obj) else None
+        else:
+            obj = getattr(obj, part, None) if not isinstance(obj, dict) else obj.get(part, getattr(obj, part, None))
         if obj is None:
             return None
     return obj

@@ -28,6 +28,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..hf.capture import _resolve  # one path walk for both references (lists and dict-like modules too)
+
 # the probes the scaled_dot_product_attention wrapper reads, and where HF's eager layout agrees
 SDPA_PROBES = ("q_rope", "k_rope", "attn_heads")
 NOT_EXPOSED = {
@@ -42,18 +44,6 @@ def _np(a) -> np.ndarray:
     if a.dtype in (mx.bfloat16, mx.float16):
         a = a.astype(mx.float32)  # numpy has no bfloat16: widened exactly
     return np.array(a, copy=True)
-
-
-def _resolve(root, path: str):
-    obj = root
-    for part in [p for p in path.split(".") if p]:
-        if isinstance(obj, (list, tuple)) and part.isdigit():
-            obj = obj[int(part)] if int(part) < len(obj) else None
-        else:
-            obj = getattr(obj, part, None) if not isinstance(obj, dict) else obj.get(part, getattr(obj, part, None))
-        if obj is None:
-            return None
-    return obj
 
 
 def decoder_layers(family, model) -> list:
