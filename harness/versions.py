@@ -46,6 +46,18 @@ def read_lock(path: Path = LOCK) -> dict[str, str]:
     return out
 
 
+def installed() -> dict[str, str]:
+    """``{normalised name: version}`` of what is installed in this environment's own
+    site-packages -- not of everything on ``sys.path``: importing setuptools (>= 71)
+    appends its ``_vendor`` folder, whose bundled copies (jaraco.*, zipp, tomli, ...)
+    are no install, and a test or a user may put a scratch target on the path (CI saw
+    both turn the lock check red, depending on which test ran first in the worker)."""
+    import sysconfig
+
+    roots = list(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))
+    return {norm(d.metadata["Name"]): d.version for d in metadata.distributions(path=roots) if d.metadata["Name"]}
+
+
 @lru_cache(maxsize=1)
 def calibrated() -> dict[str, str | None]:
     """The versions the verdicts were calibrated on: the lock's, for ``PACKAGES``."""

@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.versions import norm, read_lock  # noqa: E402
+from harness.versions import installed, norm, read_lock  # noqa: E402
 
 KEEP = {"pip", "setuptools", "wheel", "attn-conformance"}
-
-
-def installed() -> dict[str, str]:
-    return {norm(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
 
 
 def main() -> int:

@@ -17,14 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.versions import PACKAGES, calibrated, drift, drift_line, norm, read_lock
+from harness.versions import PACKAGES, calibrated, drift, drift_line, installed, norm, read_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 KEEP = {"pip", "setuptools", "wheel", "attn-conformance"}
-
-
-def _installed() -> dict[str, str]:
-    return {norm(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
 
 
 def test_the_lock_exists_and_pins_every_reference_exactly():
@@ -38,7 +34,7 @@ def test_the_lock_exists_and_pins_every_reference_exactly():
 def test_every_installed_package_is_the_locks():
     """What setup installed is exactly in the lock: nothing outside it, nothing at
     another version (torch's local label, +cpu, is the build, not the release)."""
-    lock, have = read_lock(), _installed()
+    lock, have = read_lock(), installed()
     outside = sorted(n for n in have if n not in lock and n not in KEEP)
     wrong = sorted(f"{n} {v} (lock {lock[n]})" for n, v in have.items() if n in lock and v.split("+")[0] != lock[n])
     assert not outside, f"installed but not in lock.txt: {outside} (scripts/setup.sh installs -c lock.txt)"
@@ -101,3 +97,20 @@ def test_drift_names_what_is_not_the_locks():
     # a package the lock leaves out (transformers 5.25's kernels) is drift; an extra not installed is not
     extra = {k: x for k, x in dict(v, kernels="0.19.1").items() if k != "openvino"}
     assert drift(extra) == [("kernels", "0.19.1", None)]
+
+
+def test_installed_is_this_environment_not_everything_on_the_path(tmp_path, monkeypatch):
+    """CI went red when a worker had imported setuptools (its _vendor folder joins
+    sys.path) or put the tiny engine's scratch target on the path: neither is an install."""
+    import setuptools  # noqa: F401  (>= 71 appends setuptools/_vendor to sys.path)
+
+    dist = tmp_path / "scratch_pkg-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: scratch-pkg\nVersion: 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    everything = {norm(d.metadata["Name"]) for d in metadata.distributions()}
+    assert "scratch-pkg" in everything  # the path does carry both ...
+    assert any("setuptools" in p and p.endswith("_vendor") for p in __import__("sys").path)
+    have = installed()
+    assert "scratch-pkg" not in have and "jaraco-text" not in have  # ... and neither is counted
+    assert {"torch", "transformers", "numpy"} <= set(have)
