@@ -19,7 +19,7 @@ _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "floor_width", "rope_nmse", 
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
                  "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason", "seen_by",
-                 "tokens_at_most_key", "tokens_at_most", "later_call_rows_at_least"}
+                 "tokens_at_most_key", "tokens_at_most", "later_call_rows_at_least", "layer_config"}
 # what a [finding.seen_by] inherits from the statement it belongs to (the same disagreement,
 # the same reference config; its own probes, bounds and, optionally, words)
 _INHERITED = ("family", "config", "layer_kind", "dtypes", "reason", "tokens_at_most_key", "tokens_at_most",
@@ -171,6 +171,12 @@ class Policy:
             if f.get("layer_kind", layer_kind) != layer_kind:
                 continue
             if "config" in f and (config is None or not config_matches(config, f["config"], family)):
+                continue
+            # layer_config: a condition on the layer's own entry of a per-layer list of the
+            # config (layer_types = "sliding_attention": only gemma2's sliding layers), so a
+            # disagreement of some layers excuses nothing on the others
+            if "layer_config" in f and (config is None or layer is None or layer < 0 or not config_matches(
+                    config, {f"{k}.{layer}": v for k, v in f["layer_config"].items()}, family)):
                 continue
             # dtypes: the comparison dtypes it is known at (e.g. q8_k: quantized weights
             # only -- a disagreement the float comparison of the same case does not have)

@@ -303,3 +303,17 @@ def test_a_finding_for_several_families_excuses_those_only():
         assert not finding(pol, fam, "impl", "llamacpp", "q_rope", None, nmse=0.9), fam  # default RoPE: none
     for fam in ("llama", "granite"):
         assert not finding(pol, fam, "impl", "llamacpp", "q_rope", l3, nmse=0.9), fam
+
+
+def test_a_layer_config_finding_excuses_only_the_layers_it_names():
+    """gemma2's mlx-lm window finding (impl vs mlx, teacher-forced: each layer on its own
+    mlx input) holds on the sliding layers alone; before ``layer_config`` it excused the
+    global ones too, and hid a dropped softcap there from ``mutate --ref mlx``."""
+    pol = load_policy()
+    cfg = {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}
+    kw = dict(config=cfg, nmse=0.5, tokens=16)
+    assert pol.finding("gemma2", "impl", "mlx", "attn_branch", "attention", layer=0, **kw)
+    assert not pol.finding("gemma2", "impl", "mlx", "attn_branch", "attention", layer=1, **kw)
+    assert not pol.finding("gemma2", "impl", "mlx", "attn_branch", "attention", layer=None, **kw)
+    # the pair's own finding (mlx vs hf, free-running: layer 1 reads layer 0's output) is whole-model
+    assert pol.finding("gemma2", "mlx", "hf", "attn_branch", "attention", layer=1, **kw)

@@ -66,6 +66,8 @@ def _cond(f: dict) -> str:
         out.append(f"a sequence no longer than {f['tokens_at_most_key']}")
     if f.get("tokens_at_most"):
         out.append(f"a sequence of at most {f['tokens_at_most']} tokens (the longest measured)")
+    if f.get("layer_config"):
+        out.append("the layers where " + ", ".join(f"{k}[layer] = {v}" for k, v in f["layer_config"].items()))
     if f.get("later_call_rows_at_least"):
         out.append(f"a call after a sequence's first carrying >= {f['later_call_rows_at_least']} rows (--schedule)")
     return ", ".join(out) or "always (the family's default config)"
