@@ -143,3 +143,27 @@ def test_a_release_that_moved_what_the_adapter_reads_is_refused_at_start_up(need
     monkeypatch.delattr(cache_mod, "make_prompt_cache")
     with pytest.raises(UsageError, match="lacks mlx_lm.models.cache.make_prompt_cache"):
         get("mlx").preflight(fam, fam.make_config())
+
+
+def test_mutate_against_mlx_alone_scores_what_it_can_see(need_mlx, tmp_path):
+    """``mutate --ref mlx``: each case judged by mlx-lm alone. A mutant its probes show is
+    killed (a RoPE position off by one on llama; a softcap dropped on gemma2's global
+    layer -- the sliding one is mlx-lm's own window finding); one that only a family
+    mlx-lm cannot build exercises (gpt_oss's sinks) is out of its sight, says why, and is
+    not scored -- never a pass, never a miss."""
+    import json
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "t"\nfamilies = ["llama", "gpt_oss", "gemma2"]\n'
+                    '[[group]]\nname = "g"\nvariants = "default"\nkv_modes = ["decode"]\nreferences = ["hf"]\n')
+    p = subprocess.run([sys.executable, "-m", "harness.cli", "mutate", str(spec), "--ref", "mlx", "-j", "1",
+                        "--no-mutant-cases", "--mutants", "rope-position-off-by-one,softcap-dropped,sink-dropped",
+                        "--out", str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    res = json.loads((tmp_path / "r" / "mutation.json").read_text())
+    st = {m["name"]: m for m in res["mutants"]}
+    assert st["rope-position-off-by-one"]["status"] == "killed" and st["rope-position-off-by-one"]["reference"] == "mlx"
+    assert st["softcap-dropped"]["status"] == "killed" and st["softcap-dropped"]["layer"] == 1
+    assert st["sink-dropped"]["status"] == "unseen" and "not-implemented" in st["sink-dropped"]["error"]
+    assert (res["killed"], res["total"], res["unseen"]) == (2, 2, ["sink-dropped"])
+    assert "1 mutants out of its sight, not scored" in p.stdout

@@ -78,6 +78,10 @@ def register(sub) -> None:
     p.add_argument("--candidate", default="impl", metavar="NAME",
                    help="mutate the code this candidate runs (default impl; torch-sdpa-kernel runs impl's body "
                         "with its own kernel): only the mutants that reach it count")
+    p.add_argument("--ref", metavar="NAME",
+                   help="judge every case against this reference alone (e.g. mlx: does a third witness catch "
+                        "what the others catch?); a mutant no case can show it is reported out of sight, "
+                        "with why, and is not scored")
     p.add_argument("--sensitivity", action="store_true",
                    help="for every parametric (subtle) mutant: the smallest relative perturbation of its parameter "
                         "that the spec's cases still catch, per backend and dtype")
@@ -121,7 +125,25 @@ def verdict(rows: list[dict]) -> dict:
     mine = candidate_rows(rows)
     failing = [r for r in mine if r["status"] in FAILING]
     name = mine[0]["candidate"] if mine else "impl"
-    return {"killed": bool(failing), "failing_rows": len(failing), "first": first_divergence(mine, candidate=name)}
+    out = {"killed": bool(failing), "failing_rows": len(failing), "first": first_divergence(mine, candidate=name)}
+    # judged against one witness (mutate --ref): a finding of that witness has no other
+    # reference to guard it, so its probes are ``unguarded`` with or without a mutant --
+    # what the witness saw is the rest
+    seen = [r for r in mine if r["status"] != "unguarded"]
+    bad = [r for r in seen if r["status"] in FAILING]
+    out["witness"] = {"killed": bool(bad), "failing_rows": len(bad),
+                      "first": first_divergence(seen, candidate=name) if bad else None}
+    return out
+
+
+def _no_pass_reason(rows: list[dict]) -> str:
+    """Why a case's candidate rows hold no pass: the first row that says (a reference's
+    not-implemented or skipped row carries its reason)."""
+    for st in ("not-implemented", "skipped", "not-exposed"):
+        r = next((r for r in rows if r["status"] == st and r.get("reason")), None)
+        if r is not None:
+            return f"{st}: {r['reason']}"
+    return "no row compared" if not rows else f"only {', '.join(sorted({r['status'] for r in rows}))} rows"
 
 
 # ---------------------------------------------------------------- the run
@@ -150,11 +172,13 @@ def select_mutants(names: str | None, decoration: str | None) -> list:
     return chosen
 
 
-def own_case(m, candidate: str = "impl") -> Case:
+def own_case(m, candidate: str = "impl", ref: str | None = None) -> Case:
     from ..case import Case
 
     kw = dict(m.case)
     kw.setdefault("ref", references.default())
+    if ref is not None:
+        kw["ref"] = ref
     kw["overrides"] = tuple(tuple(x) for x in kw.get("overrides", ()))
     kw["candidate"] = candidate
     if candidate != "impl":
@@ -165,7 +189,8 @@ def own_case(m, candidate: str = "impl") -> Case:
     return Case(**kw)
 
 
-def own_cases(mutants: list, spec_cases: list, candidate: str = "impl") -> tuple[dict, dict]:
+def own_cases(mutants: list, spec_cases: list, candidate: str = "impl",
+              ref: str | None = None) -> tuple[dict, dict]:
     """Each mutant's own declared case, and that case again in every other slice the spec
     runs where the mutant's break is visible: ``({name: case}, {name: [cases]})``. The
     score is given per backend/dtype slice, and a decoration tag is coarser than a
@@ -179,7 +204,7 @@ def own_cases(mutants: list, spec_cases: list, candidate: str = "impl") -> tuple
 
     own = {}
     for m in mutants:
-        c = own_case(m, candidate)
+        c = own_case(m, candidate, ref)
         try:
             c.validate()
         except UsageError as e:
@@ -220,6 +245,22 @@ def applies(m, cand) -> str | None:
     return None
 
 
+def for_reference(spec, ref: str):
+    """``spec`` with every case judged against ``ref`` alone (cases that then coincide
+    are run once)."""
+    from dataclasses import replace
+
+    cases = []
+    for c in spec.cases:
+        c = replace(c, ref=ref)
+        try:
+            c.validate()
+        except UsageError as e:
+            raise UsageError(f"matrix spec {spec.path}, case {c.case_id()}: {e}") from None
+        cases.append(c)
+    return replace(spec, cases=list({c.case_id(): c for c in cases}.values()))
+
+
 def for_candidate(spec, candidate: str):
     """``spec`` with every case judging ``candidate``."""
     from dataclasses import replace
@@ -242,7 +283,7 @@ def for_candidate(spec, candidate: str):
 
 def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant_cases: bool = True,
                  first_kill: bool = False, log=lambda msg: None, phase=lambda msg: None,
-                 candidate: str = "impl") -> dict:
+                 candidate: str = "impl", ref: str | None = None) -> dict:
     """Baseline, then every mutant on the cases that exercise it; the result as plain data.
     ``log``: one line per finished run; ``phase``: one line per phase."""
     from ._mutant_case import MutantCase
@@ -262,7 +303,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         except StaleMutant as e:
             stale[m.name] = str(e)
     live = [m for m in mutants if m.name not in stale]
-    own, own_more = own_cases(live if mutant_cases else [], spec_cases, candidate)
+    own, own_more = own_cases(live if mutant_cases else [], spec_cases, candidate, ref)
     spec_ids = [c.case_id() for c in spec_cases]
     by_id = {c.case_id(): c for c in spec_cases}
     for c in [*own.values(), *(v for vs in own_more.values() for v in vs)]:
@@ -274,17 +315,25 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     def base_done(c, rec):
         from ..verdict import candidate_rows
 
-        bad = [r for r in candidate_rows(rec["rows"]) if r["status"] in FAILING]
-        base[c.case_id()] = {"features": rec["info"].get("features", []), "clean": not bad,
-                             "why": "" if not bad else f"{bad[0]['status']} at layer {bad[0]['layer']} "
-                                                       f"{bad[0]['probe']} vs {bad[0]['reference']}"}
+        mine = candidate_rows(rec["rows"])
+        # against one witness alone its findings' probes are unguarded in every run: not a failure
+        bad = [r for r in mine if r["status"] in FAILING and (ref is None or r["status"] != "unguarded")]
+        # a case judges a mutant only where some comparison of the candidate passed
+        # without it: a case whose every row is skipped or not-implemented (a family
+        # the reference lacks) cannot catch anything, and must not count as a miss
+        passed = any(r["status"] == "pass" for r in mine)
+        why = (f"{bad[0]['status']} at layer {bad[0]['layer']} {bad[0]['probe']} vs {bad[0]['reference']}" if bad
+               else "" if passed else "no comparison passed: " + _no_pass_reason(mine))
+        base[c.case_id()] = {"features": rec["info"].get("features", []), "clean": not bad and passed,
+                             "failing": bool(bad), "why": why}
         log(f"baseline [{len(base)}/{len(by_id)}] {'pass' if not bad else 'FAIL'} {c.case_id()}")
 
     tb = time.perf_counter()
     matrix.execute(matrix.run_order(list(by_id.values())), jobs, policy_path, None, lambda c: None, base_done)
     baseline_s = time.perf_counter() - tb
     phase(f"baseline: {len(by_id)} cases without a mutant in {baseline_s:.0f} s "
-          f"({sum(1 for b in base.values() if not b['clean'])} fail)")
+          f"({sum(1 for b in base.values() if b['failing'])} fail, "
+          f"{sum(1 for b in base.values() if not b['clean'] and not b['failing'])} judge nothing)")
 
     # 2. the tasks: each mutant x the clean cases that exercise it (then its own case)
     plans: dict[str, dict] = {}
@@ -294,15 +343,22 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         # only where its break is visible (Mutant.dtypes): a float16 overflow is not run at float64
         visible = [cid for cid in clean_spec if m.visible_at(by_id[cid].dtype)]
         targeted = [cid for cid in visible if m.core or m.decoration in base[cid]["features"]]
-        cids = targeted or list(visible)
         oc = own.get(m.name)
         own_id = oc.case_id() if oc is not None else None
+        # against one named reference, a mutant no judged case exercises is out of its
+        # sight: it is not run on every case in the hope of a kill (that is the default
+        # spec's fallback, where every case is judged by the references it was built for)
+        cids = targeted or ([] if ref is not None else list(visible))
         if own_id is not None and own_id not in cids:
             if base[own_id]["clean"]:
                 cids = cids + [own_id]
         cids = cids + [v.case_id() for v in own_more.get(m.name, [])
                        if v.case_id() not in cids and base[v.case_id()]["clean"]]
-        plans[m.name] = {"targeted": bool(targeted), "cases": cids, "own_case": own_id,
+        exercising = [cid for cid in spec_ids if m.visible_at(by_id[cid].dtype)
+                      and (m.core or m.decoration in base[cid]["features"])]
+        exercising += [cid for cid in [own_id, *(v.case_id() for v in own_more.get(m.name, []))]
+                       if cid is not None and cid not in exercising]
+        plans[m.name] = {"targeted": bool(targeted), "cases": cids, "own_case": own_id, "exercising": exercising,
                          "own_case_clean": None if own_id is None else base[own_id]["clean"],
                          "should_catch": targeted + ([own_id] if own_id and own_id not in targeted else [])}
         tasks += [MutantCase(**by_id[cid].__dict__, mutant=m.name) for cid in cids]
@@ -313,6 +369,8 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     def done(c, rec):
         if "rows" in rec:  # the worker died twice on this task: the matrix's crash row
             rec = {**verdict(rec["rows"]), "case_id": c.case_id(), "mutant": c.mutant, "crashed": True}
+        if ref is not None and "witness" in rec:
+            rec = {**rec, **rec["witness"]}
         results[c.case_id()] = rec
         if rec.get("killed"):
             killed_in.add((c.mutant, slice_of(c)))
@@ -346,6 +404,15 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
             out.append({**entry, "status": "stale", "error": stale_now})
             continue
         if not plan["cases"]:
+            if ref is not None and not any(base[cid]["failing"] for cid in plan["exercising"]):
+                # judged against one named reference: no case it can compare reaches the
+                # mutant (its family is not-implemented there, ...): out of its sight, said
+                # why, and not scored -- a case that failed without the mutant is no excuse
+                whys = sorted({base[cid]["why"] for cid in plan["exercising"]})
+                out.append({**entry, "status": "unseen",
+                            "error": f"no case {ref} judges reaches it" + (f" ({'; '.join(whys)[:300]})" if whys
+                                                                          else "")})
+                continue
             out.append({**entry, "status": "survived",
                         "error": "no case passes without the mutant, so none can judge it"})
             continue
@@ -388,7 +455,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         e.update(killed=k, total=len(e["mutants"]), score=k / len(e["mutants"]),
                  survivors=sorted(n for n, v in e["mutants"].items() if not v))
 
-    total = len(out)
+    total = sum(1 for e in out if e["status"] != "unseen")
     killed = sum(1 for e in out if e["status"] == "killed")
     by_spec = sum(1 for e in out if e.get("killed_by_spec"))
     exercised = sorted({f for cid in spec_ids for f in base[cid]["features"]})
@@ -402,9 +469,12 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     return {
         "spec": {"path": spec.path, "name": spec.name, "sha": spec.sha, "cases": len(spec_cases)},
         "mutant_cases": mutant_cases, "first_kill": first_kill, "jobs": jobs,
-        "score": killed / total if total else 0.0, "killed": killed, "total": total,
+        "score": killed / total if total else 0.0, "killed": killed, "total": total, "ref": ref,
+        "unseen": sorted(e["name"] for e in out if e["status"] == "unseen"),
         "killed_by_spec_cases": by_spec, "stale": sorted(stale),
-        "baseline": {"cases": len(by_id), "failing": {cid: b["why"] for cid, b in base.items() if not b["clean"]},
+        "baseline": {"cases": len(by_id), "failing": {cid: b["why"] for cid, b in base.items() if b["failing"]},
+                     "judge_nothing": {cid: b["why"] for cid, b in base.items()
+                                       if not b["clean"] and not b["failing"]},
                      "seconds": baseline_s},
         "tasks": len(tasks), "tasks_run": len(results), "seconds": time.perf_counter() - t0,
         "mutants_seconds": mutants_s,
@@ -601,14 +671,16 @@ def table(res: dict) -> str:
         if e["status"] == "killed":
             at = f"layer {e['layer']} {e['probe']} vs {e['reference']}"
             how = f"{e['cases_failed']}/{e['cases_run']} cases; first: {e['killed_by']} ({at})"
-        elif e["status"] == "stale":
+        elif e["status"] in ("stale", "unseen"):
             how = e.get("error", "")
         else:
             how = (f"{e.get('cases_run', 0)} cases ran; should have caught it: "
                    + (", ".join(e.get("should_catch") or []) or f"none (no case exercises {e['decoration']})"))
         out.append(f"{e['name']:<{w}}  {e['decoration']:<20} {e['status']:<8} {how}")
     out.append(f"mutation score {res['killed']}/{res['total']} = {100 * res['score']:.1f}%"
-               + (f" ({res['killed_by_spec_cases']} killed by spec cases)" if res["mutant_cases"] else ""))
+               + (f" ({res['killed_by_spec_cases']} killed by spec cases)" if res["mutant_cases"] else "")
+               + (f"; against {res['ref']} alone, {len(res['unseen'])} mutants out of its sight, not scored"
+                  if res.get("ref") else ""))
     for sl, e in res.get("slices", {}).items():
         out.append(f"  {sl:<18} {e['killed']}/{e['total']}" + (f"  survivors: {', '.join(e['survivors'])}"
                                                                 if e["survivors"] else ""))
@@ -648,6 +720,18 @@ def cmd_mutate(a) -> int:
             print(f"mutant {name}: not applicable ({why})", file=sys.stderr)
         mutants = [m for m in mutants if m.name not in skipped]
         spec = for_candidate(spec, a.candidate)
+    if a.ref is not None:
+        if a.sensitivity:
+            raise UsageError("--sensitivity measures against the spec's own references; give no --ref")
+        from ..case import Case
+
+        Case(family="llama", ref=a.ref).validate()  # an unknown name: one line naming the valid ones
+        if a.ref == "all" or "," in a.ref:
+            raise UsageError(f"--ref takes one reference, got {a.ref!r}; one of {', '.join(references.names())}")
+        if not references.get(a.ref).available():
+            raise UsageError(f"--ref {a.ref}: reference {a.ref} is not installed "
+                             f"(pip install -e '.[{references.get(a.ref).requires}]')")
+        spec = for_reference(spec, a.ref)
     if a.policy:
         from ..policy import load_policy
 
@@ -688,7 +772,7 @@ def cmd_mutate(a) -> int:
     say(f"mutate: {len(mutants)} mutants on {spec.path} ({len(spec.cases)} cases), -j {a.jobs}")
     try:
         res = run_mutation(spec, mutants, a.jobs, a.policy, a.mutant_cases, a.first_kill,
-                           log=every if quiet else say, phase=say, candidate=a.candidate)
+                           log=every if quiet else say, phase=say, candidate=a.candidate, ref=a.ref)
     except UsageError:  # refused before any work (a mutant's own case): leave nothing behind
         if made:
             report.remove_partial(d)
