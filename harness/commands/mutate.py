@@ -245,14 +245,15 @@ def applies(m, cand) -> str | None:
     return None
 
 
-def for_reference(spec, ref: str):
-    """``spec`` with every case judged against ``ref`` alone (cases that then coincide
-    are run once)."""
+def with_fields(spec, **fields):
+    """``spec`` with these fields set on every case, each case validated again (cases
+    that then coincide are run once): ``ref=`` judges every case against one reference
+    (``--ref``), ``candidate=`` with its own limits judges a candidate (``--candidate``)."""
     from dataclasses import replace
 
     cases = []
     for c in spec.cases:
-        c = replace(c, ref=ref)
+        c = replace(c, **fields)
         try:
             c.validate()
         except UsageError as e:
@@ -263,22 +264,11 @@ def for_reference(spec, ref: str):
 
 def for_candidate(spec, candidate: str):
     """``spec`` with every case judging ``candidate``."""
-    from dataclasses import replace
-
     if candidate == "impl":
         return spec
     from .. import candidates
 
-    fields = candidates.get(candidate).mutant_case_fields()
-    cases = []
-    for c in spec.cases:
-        c = replace(c, candidate=candidate, **fields)
-        try:
-            c.validate()
-        except UsageError as e:
-            raise UsageError(f"matrix spec {spec.path}, case {c.case_id()}: {e}") from None
-        cases.append(c)
-    return replace(spec, cases=list({c.case_id(): c for c in cases}.values()))
+    return with_fields(spec, candidate=candidate, **candidates.get(candidate).mutant_case_fields())
 
 
 def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant_cases: bool = True,
@@ -731,7 +721,7 @@ def cmd_mutate(a) -> int:
         if not references.get(a.ref).available():
             raise UsageError(f"--ref {a.ref}: reference {a.ref} is not installed "
                              f"(pip install -e '.[{references.get(a.ref).requires}]')")
-        spec = for_reference(spec, a.ref)
+        spec = with_fields(spec, ref=a.ref)
     if a.policy:
         from ..policy import load_policy
 
