@@ -20,7 +20,7 @@ from ..errors import UsageError
 HOOKS = (
     "make_config", "config_kwargs", "validate_config", "build_model", "init_value", "layer_configs",
     "layer_config", "layer_weights", "variant_weights", "decoder_layers", "invocation_order", "hf_points_for", "hf_taps",
-    "hf_derived", "hf_canonical", "lc_points_for", "lc_layer_input", "lc_input_sum", "lc_canonical", "gguf_params",
+    "hf_derived", "hf_canonical", "hf_products", "lc_points_for", "lc_layer_input", "lc_input_sum", "lc_canonical", "gguf_params",
     "gguf_transform", "gguf_convert", "gguf_tensors", "config_from_gguf", "gguf_import_tensors",
     "gguf_import_unsupported", "feature_switches", "model_switches",
 )

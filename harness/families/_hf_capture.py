@@ -113,6 +113,21 @@ class HFCapture:
         part out of the query and key the eager attention reads)."""
         return {}
 
+    def hf_products(self, lc: LayerConfig) -> dict[str, float]:
+        """The factor HF's next line multiplies a probe's module output by, where no module
+        returns the product (falcon_h1's muP multipliers): ``{probe: factor}``. Default: none."""
+        return {}
+
+    def hf_probe(self, probe: str, arr: np.ndarray, lc: LayerConfig, own: frozenset = frozenset()) -> np.ndarray:
+        """A captured module output as the probe's value: the canonical layout
+        (``hf_canonical``), times the factor HF's next line applies (``hf_products``) --
+        except for the probes in ``own``, where the reference's module output already is its
+        own value (mlx-lm folds some multipliers into weights, and never applies others:
+        harness/references/mlx/families.py ``OWN_VALUE``)."""
+        arr = self.hf_canonical(probe, arr, lc)
+        f = None if probe in own else self.hf_products(lc).get(probe)
+        return arr if f is None or f == 1.0 else arr * f
+
     def hf_canonical(self, probe: str, arr: np.ndarray, lc: LayerConfig) -> np.ndarray:
         """HF's tensor for ``probe`` ([seqs, ...]) in the canonical layout."""
         if not isinstance(lc, LayerConfig) or lc.shape != "gqa":

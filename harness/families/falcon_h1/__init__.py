@@ -209,14 +209,11 @@ class FalconH1(NegExpALog, LlamaLike):
         return w
 
     # ------------------------------------------------------------------ probes
-    def hf_canonical(self, probe, arr, lc):
+    def hf_products(self, lc):
         """HF's ``k`` / ``attn_out`` / ``ssm_out`` times the multiplier HF's next line applies
         (modeling_falcon_h1.py:209 ``* self.key_multiplier``, :935 ``* self.attn_out_multiplier``,
         :924 ``* self.ssm_out_multiplier``): no module returns the product."""
-        arr = super().hf_canonical(probe, arr, lc)
-        scale = {"k": lc.key_multiplier, "attn_out": lc.attn_out_multiplier,
-                 "ssm_out": lc.ssm_out_multiplier}.get(probe)
-        return arr if scale is None or scale == 1.0 else arr * scale
+        return {"k": lc.key_multiplier, "attn_out": lc.attn_out_multiplier, "ssm_out": lc.ssm_out_multiplier}
 
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):

@@ -349,7 +349,7 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
             i = int(layer_s[1:])
             if not (want_layer(i) and want_probe(probe)) or probe in family.hf_not_exposed:
                 return  # (a probe HF computes as another quantity: Family.hf_not_exposed)
-            arr = family.hf_canonical(probe, arr, layer_cfgs[i])
+            arr = family.hf_probe(probe, arr, layer_cfgs[i])
         elif not want_probe(key):
             return
         got[key] = arr
