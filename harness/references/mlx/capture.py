@@ -29,6 +29,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..hf.capture import _resolve  # one path walk for both references (lists and dict-like modules too)
+from .families import OWN_VALUE, SDPA_MLA, mlx_path
 
 # the probes the scaled_dot_product_attention wrapper reads, and where HF's eager layout agrees
 SDPA_PROBES = ("q_rope", "k_rope", "attn_heads")
@@ -49,7 +50,8 @@ def _np(a) -> np.ndarray:
 def decoder_layers(family, model) -> list:
     """The decoder layers of mlx-lm's model: at the family's HF path (``model.layers``
     in most), else at the paths mlx-lm uses for other trees."""
-    for path in (family.layers_path, "model.layers", "layers", "backbone.layers", "transformer.h", "model.h"):
+    for path in (mlx_path(family.name, family.layers_path), "model.layers", "layers", "backbone.layers",
+                 "transformer.h", "model.h"):
         got = _resolve(model, path)
         if isinstance(got, (list, tuple)) and got:
             return list(got)
@@ -108,6 +110,11 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
         raise RuntimeError(f"mlx-lm's model has {len(layers)} decoder layers, the family's config {n_layers}")
     running = [-1]
     got: dict = {}
+    own = frozenset(OWN_VALUE.get(family.name, {}))
+
+    def canonical(probe, arr, lc):  # HF's completing product, except where mlx-lm's output is its own value
+        return family.hf_probe(probe, arr, lc, own)
+
     hooks = _Calls()
     absent: dict = {}
 
@@ -117,7 +124,7 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
             i = int(layer_s[1:])
             if not (want_layer(i) and want_probe(probe)):
                 return
-            got[key] = family.hf_canonical(probe, _np(arr), layer_cfgs[i])
+            got[key] = canonical(probe, _np(arr), layer_cfgs[i])
         elif want_probe(key):
             got[key] = _np(arr)
 
@@ -133,10 +140,11 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
         for probe, point in family.hf_points_for(config, i).items():
             if probe in ("layer_in", "layer_out") or not want_probe(probe):
                 continue
-            mod = _resolve(layer, point.path)
+            path = mlx_path(family.name, point.path)
+            mod = _resolve(layer, path)
             if mod is None or not callable(mod):
                 absent[probe] = (f"mlx-lm's {type(model).__module__.rpartition('.')[2]} has no module at "
-                                 f"{point.path!r} in its decoder layer (HF's point of {probe})")
+                                 f"{path!r} in its decoder layer (HF's point of {probe})")
                 continue
             hooks.add(mod, (lambda i=i, p=probe: f"L{i}.{p}"), point.io)
 
@@ -157,31 +165,35 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
         orig_layer_calls[cls] = inner
         cls.__call__ = enter
     for name, (path, io) in family.hf_model_points.items():
-        mod = _resolve(model, path)
-        if name in meta.get("not_exposed", {}):
+        mod = _resolve(model, mlx_path(family.name, path))
+        if name in meta.get("not_exposed", {}) or not want_probe(name):
             continue
-        if mod is not None and want_probe(name):
+        if mod is not None and callable(mod):
             hooks.add(mod, (lambda n=name: n), io)
+        else:
+            absent[name] = (f"mlx-lm's {type(model).__module__.rpartition('.')[2]} has no module at "
+                            f"{mlx_path(family.name, path)!r} (HF's point of {name})")
 
     def sdpa_wrap(orig):
         def wrapper(queries, keys, values, *args, **kwargs):
             out = orig(queries, keys, values, *args, **kwargs)
             i = running[0]
-            if i >= 0 and want_layer(i) and getattr(layer_cfgs[i], "kind", "") == "attention" \
+            kind = getattr(layer_cfgs[i], "kind", "") if i >= 0 else ""
+            if i >= 0 and want_layer(i) and (kind == "attention" or (kind == "mla" and family.name in SDPA_MLA)) \
                     and getattr(layer_cfgs[i], "shape", "gqa") == "gqa":
                 cache = args[0] if args else kwargs.get("cache")
                 if want_probe("q_rope"):
-                    got[f"L{i}.q_rope"] = family.hf_canonical("q_rope", _np(queries), layer_cfgs[i])
+                    got[f"L{i}.q_rope"] = canonical("q_rope", _np(queries), layer_cfgs[i])
                 # the keys are the call's rows after the cache's in order only from a plain KVCache:
                 # a RotatingKVCache (a sliding window) hands over its ring buffer as it lies
                 ordered = cache is None or type(cache).__name__ in ("KVCache", "ConcatenateKVCache")
                 if want_probe("k_rope") and ordered:
-                    got[f"L{i}.k_rope"] = family.hf_canonical("k_rope", _np(keys), layer_cfgs[i])
+                    got[f"L{i}.k_rope"] = canonical("k_rope", _np(keys), layer_cfgs[i])
                 elif not ordered:
                     absent.setdefault("k_rope", f"mlx-lm's {type(cache).__name__} hands the attention its window's "
                                                 "keys in ring order (mlx_lm/models/cache.py), not the call's rows")
                 if want_probe("attn_heads"):  # [B, H, L, D] -> HF eager's [B, L, H, D]
-                    got[f"L{i}.attn_heads"] = family.hf_canonical("attn_heads",
+                    got[f"L{i}.attn_heads"] = canonical("attn_heads",
                                                                   _np(out).transpose(0, 2, 1, 3), layer_cfgs[i])
             return out
         return wrapper
@@ -216,6 +228,10 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
         for mod, fn in sdpa_patched:
             mod.scaled_dot_product_attention = fn
     merged = _merge_calls(per_call, calls, tokens.shape[1]) if len(calls) > 1 else per_call[0]
+    if family.name in SDPA_MLA:  # HF's views of the naive MLA's query and key (q_pe, k_pe)
+        for k, v in family.hf_derived(merged, config, layer_cfgs).items():
+            if want_layer(int(k.split(".", 1)[0][1:])) and want_probe(k.split(".", 1)[1]):
+                merged[k] = v
     meta["not_exposed"] = {**NOT_EXPOSED, **absent, **(meta.get("not_exposed") or {})}
     meta["mlx_model"] = type(model).__module__
     return merged

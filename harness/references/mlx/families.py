@@ -31,3 +31,46 @@ UNSUPPORTED: dict[str, str] = {
     "granitemoehybrid": "mlx_lm/models/granitemoehybrid.py knows the layer types mamba and attention only "
                         "('Unknown layer type: linear_attention')",
 }
+
+# Probes a family's ``hf_canonical`` completes with the product HF's next line makes (no HF
+# module returns it), where mlx-lm's module output already is its own value -- a multiplier
+# its sanitize() folded into the weight, or one it never applies. Completing those would
+# count a multiplier twice, or credit mlx-lm with one it lacks. Each measured with
+# ``conformance run --family F --ref mlx`` against its --set variations (mlx-lm 0.32.2).
+OWN_VALUE: dict[str, dict[str, str]] = {
+    "falcon_h1": {
+        "attn_out": "mlx_lm/models/falcon_h1.py Model.sanitize folds attention_out_multiplier into o_proj.weight",
+        "ssm_out": "mlx_lm/models/falcon_h1.py Model.sanitize folds ssm_out_multiplier into mamba.out_proj.weight",
+        "k": "mlx-lm never applies key_multiplier: Model.sanitize folds it into a 'key_proj.weight' transformers' "
+             "checkpoint does not hold, and FalconH1Attention.__call__ does not multiply (mlx_lm/models/falcon_h1.py)",
+    },
+}
+
+# mlx-lm modules that keep the hub checkpoint's names where transformers renames them on load:
+# HF's point path -> mlx-lm's, by prefix (the longest first). mlx_lm/models/exaone.py is EXAONE 3's
+# remote code (transformer.h.N.attn.attention.q_proj, ln_1, ln_2, mlp.c_fc_0, wte, ln_f), which
+# transformers 5 maps onto llama's names (conversion_mapping.py "exaone") and saves back
+PATHS: dict[str, dict[str, str]] = {
+    "exaone": {
+        "model.embed_tokens": "transformer.wte", "model.norm": "transformer.ln_f", "model.layers": "transformer.h",
+        "self_attn.o_proj": "attn.attention.out_proj", "self_attn": "attn.attention",
+        "input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
+        "mlp.gate_proj": "mlp.c_fc_0", "mlp.up_proj": "mlp.c_fc_1", "mlp.down_proj": "mlp.c_proj",
+    },
+}
+
+
+def mlx_path(family: str, path: str) -> str:
+    """HF's module path ``path`` in mlx-lm's model of ``family`` (PATHS; the same path elsewhere)."""
+    for hf, mlx in sorted(PATHS.get(family, {}).items(), key=lambda kv: -len(kv[0])):
+        if path == hf or path.startswith(hf + "."):
+            return mlx + path[len(hf):]
+    return path
+
+# MLA families whose mlx-lm module runs the NAIVE form through base.scaled_dot_product_attention:
+# its queries / keys / output there are HF eager's query_states / key_states / attn_output (per head,
+# nope | rope), so the SDPA wrapper reads q_rope, k_rope and attn_heads of them (and HF's views
+# q_pe / k_pe follow, _mla.hf_derived). Not deepseek_v2/v3: their mlx-lm modules absorb kv_b into
+# the query, and the arrays handed to the SDPA are latent-space
+SDPA_MLA = {"minicpm3": "mlx_lm/models/minicpm3.py Attention.__call__: concat(q_nope, q_pe), "
+                        "concat(k_nope, broadcast k_pe), values from kv_b_proj"}
