@@ -80,11 +80,13 @@ def test_not_in_all_until_judged():
 
 
 @pytest.mark.parametrize("family,probe", [("glm", "q_rope"), ("phi3", "q_rope"), ("gemma2", "attn_branch"),
-                                           ("mamba2", "attn_branch")])
+                                           ("mamba2", "attn_branch"), ("minicpm3", "q_pe"), ("falcon_h1", "k")])
 def test_mlx_disagrees_with_both_where_its_source_does(policy, need_mlx, family, probe):
-    """Four families where mlx-lm 0.32.2 computes another model than HF and llama.cpp
-    (glm: the whole head rotated; phi3: LongRoPE's long factor at any length; gemma2: no
-    sliding window; mamba2: its gated norm over the whole width, not per group -- each a finding with both sides' lines, harness/families/<name>/
+    """Families where mlx-lm 0.32.2 computes another model than HF and llama.cpp
+    (glm: the whole head rotated; phi3 and minicpm3: LongRoPE's long factor at any length;
+    gemma2: no sliding window; mamba2: its gated norm over the whole width, not per group;
+    falcon_h1: key_multiplier never applied, v without attention_in_multiplier, the same
+    ungrouped norm -- each a finding with both sides' lines, harness/families/<name>/
     findings.toml): impl passes against HF and llama.cpp, and against mlx the rows from
     the first probe the source says are that finding -- never a pass, never unexcused."""
     rows = run(policy, family=family, ref="hf,llamacpp,mlx")
@@ -98,6 +100,35 @@ def test_mlx_disagrees_with_both_where_its_source_does(policy, need_mlx, family,
     assert "mlx_lm/models/" in excuse, excuse
     pair = {r["status"] for r in rows if r["candidate"] == "mlx" and r["reference"] in ("hf", "llamacpp")}
     assert "finding" in pair and not pair & {"fail", "unguarded", "error"}, pair
+
+
+@pytest.mark.parametrize("family,layer", [("jamba", 0), ("ernie4_5_moe", 1)])
+def test_mlx_routes_its_experts_otherwise(policy, need_mlx, family, layer):
+    """The FFN half, which only the references compute: mlx-lm renormalises jamba's top-k
+    weights and drops ernie4_5_moe's selection bias, where HF and llama.cpp agree. impl's
+    attention passes against all three; the pair rows from the first MoE layer's
+    layer_out are that finding, nothing before it is excused."""
+    rows = run(policy, family=family, ref="hf,llamacpp,mlx")
+    assert {r["status"] for r in rows if r["candidate"] == "impl"} <= {"pass", "not-exposed"}
+    pair = [r for r in rows if r["candidate"] == "mlx" and r["reference"] in ("hf", "llamacpp")]
+    first = {r["reference"]: (r["layer"], r["probe"]) for r in pair if r["status"] == "finding"
+             and not any(q["status"] == "finding" and q["reference"] == r["reference"] and
+                         (q["layer"] if q["layer"] >= 0 else 99) < (r["layer"] if r["layer"] >= 0 else 99)
+                         for q in pair)}
+    assert set(first) == {"hf", "llamacpp"} and all(f == (layer, "layer_out") for f in first.values()), first
+    assert not {r["status"] for r in pair} & {"fail", "unguarded", "error"}
+    assert all("mlx_lm/models/" in r["reason"] for r in pair if r["status"] == "finding")
+
+
+def test_mlx_reads_a_module_under_the_hub_s_names(policy, need_mlx):
+    """exaone: mlx-lm keeps EXAONE 3's hub names (transformer.h[i].attn.attention, ln_1,
+    transformer.wte) where transformers 5 renames them to llama's: the adapter's path table
+    (references/mlx/families.py PATHS) reaches them, so attn_out and the model probes are
+    judged -- before it, attn_out was not exposed and the layer unguarded against mlx alone."""
+    rows = run(policy, family="exaone", ref="mlx")
+    st = _mlx(rows)
+    assert st[(0, "attn_out")] == "pass" and st[(1, "resid_mid")] == "pass", st
+    assert {s for s in st.values()} <= {"pass", "not-exposed"}, st
 
 
 def test_the_mlx_findings_do_not_excuse_a_bug_at_another_probe(policy, need_mlx, tmp_path, monkeypatch):
