@@ -115,3 +115,20 @@ def test_a_swallowed_ctrl_c_is_raised_at_the_next_boundary():
     finally:
         signal.signal(signal.SIGINT, old)
         interrupt.delivered()
+
+
+def test_an_abort_before_the_worker_starts_still_stops_its_capture(tmp_path, need_llamacpp):
+    """Ctrl-C can land while the capture thread is about to start llama.cpp's worker: the
+    kill then finds no process, so the abort is remembered -- no worker starts until the
+    next case resumes -- and a capture already waiting on one ends within a step."""
+    from harness.references.llamacpp import capture as lc
+
+    lc.abort()
+    try:
+        t = time.time()
+        with pytest.raises(RuntimeError, match="interrupted"):
+            lc._SERVER.capture(tmp_path / "req.json", tmp_path, timeout=60)
+        assert time.time() - t < 5 and (lc._SERVER.proc is None or lc._SERVER.proc.poll() is not None)
+    finally:
+        lc.resume()
+    assert not lc._ABORTED.is_set()

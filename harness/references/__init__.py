@@ -36,6 +36,13 @@ from .capture import RefCapture  # noqa: F401 (re-exported)
 GROUP = "references"
 
 
+class NotImplementedHere(Exception):
+    """Raised by a reference's capture when it finds, only on building the case's model,
+    that it does not implement what the case's config asks (mlx-lm's gemma2 has no place for
+    the attention biases attention_bias=True adds): the case records a ``not-implemented``
+    row with the message, as for a refusal known from the config, never an error row."""
+
+
 @dataclass(frozen=True)
 class CaptureRequest:
     """What a reference is given to capture one case (made by the case's Build,
@@ -110,8 +117,12 @@ class Reference(ABC):
 
     def abort(self) -> None:
         """End at once what a capture in flight runs apart (``runs_apart``: its worker
-        process), so that the thread waiting on it returns: called on Ctrl-C. Default:
-        nothing runs apart."""
+        process), so that the thread waiting on it returns -- and refuse to start one until
+        ``resume``: called on Ctrl-C. Default: nothing runs apart."""
+
+    def resume(self) -> None:
+        """Captures may run again after an ``abort`` (called as a case's captures begin).
+        Default: nothing to do."""
 
     def tokenize(self, gguf_path, text: str) -> list[int]:
         raise NotImplementedError(f"reference {self.name} does not tokenize")

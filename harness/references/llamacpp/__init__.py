@@ -37,6 +37,11 @@ class LlamaCpp(Reference):
 
         abort()
 
+    def resume(self) -> None:
+        from .capture import resume
+
+        resume()
+
     def preflight(self, family, config) -> None:
         """The ``ggml_tensor`` layout the eval callback reads (ggml_ctypes.py) checked
         against the library being loaded: a release that moved a field is refused in

@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -253,6 +254,7 @@ class _WorkerServer:
         import select
 
         key = (WORKER_MODULE, tuple(sorted(worker_env().items())))
+        _check_aborted()
         if self.proc is None or self.proc.poll() is not None or key != self.key or self.served >= self.MAX_CAPTURES:
             self._start(key)
         self.served += 1
@@ -264,10 +266,15 @@ class _WorkerServer:
             self.proc.stdin.flush()
         except OSError:  # it is gone already (a worker that dies as it starts): its status below
             pass
-        if not select.select([self.proc.stdout], [], [], timeout)[0]:
-            self.proc.kill()
-            self.close()
-            raise RuntimeError(f"llama.cpp capture timed out after {timeout}s")
+        # waited on in short steps: a Ctrl-C that came while this thread was starting the
+        # worker found none to kill (CI: an interrupted run held 90 s by the capture it began)
+        deadline = time.monotonic() + timeout
+        while not select.select([self.proc.stdout], [], [], min(0.25, max(deadline - time.monotonic(), 0)))[0]:
+            if _ABORTED.is_set() or time.monotonic() >= deadline:
+                self.proc.kill()
+                self.close()
+                _check_aborted()
+                raise RuntimeError(f"llama.cpp capture timed out after {timeout}s")
         answer = self.proc.stdout.readline()
         rc = int(answer.split()[1]) if answer.startswith("done ") else None
         if rc != 0:  # the worker ends after a failure; a crash ended it already
@@ -287,13 +294,28 @@ _SERVER = _WorkerServer()
 atexit.register(_SERVER.close)
 
 
+_ABORTED = threading.Event()
+
+
+def _check_aborted() -> None:
+    if _ABORTED.is_set():
+        raise RuntimeError("llama.cpp capture interrupted (Ctrl-C)")
+
+
 def abort() -> None:
     """Kill the worker now (Ctrl-C): it runs in a process group of its own, so the
     terminal's SIGINT never reaches it, and a capture thread waiting on it held an
-    interrupted run for the rest of the capture (45 s on a loaded CI machine)."""
+    interrupted run for the rest of the capture (45 s on a loaded CI machine). Until
+    ``resume``, no capture starts one again, and one waiting on a worker ends."""
+    _ABORTED.set()
     proc = _SERVER.proc
     if proc is not None and proc.poll() is None:
         proc.kill()
+
+
+def resume() -> None:
+    """Captures may run again (the next case's): an abort holds until then."""
+    _ABORTED.clear()
 
 
 def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int = TIMEOUT_S, out_dir=None,
