@@ -71,6 +71,17 @@ def test_a_family_mlx_lacks_is_not_implemented(policy, need_mlx):
     assert {s for (ref, _, _), s in statuses(rows).items() if ref == "hf"} == {"pass"}
 
 
+def test_a_config_mlx_cannot_build_is_not_implemented(policy, need_mlx):
+    """gemma2 with attention_bias=True: mlx-lm's module has no place for the biases, which it
+    finds only on loading the checkpoint (load_weights, strict) -- a not-implemented row that
+    says so (references.NotImplementedHere), not an error row; HF judges the case."""
+    rows = run(policy, family="gemma2", ref="hf,mlx", overrides=(("attention_bias", True),))
+    mine = [r for r in rows if r["reference"] == "mlx"]
+    assert [r["status"] for r in mine] == ["not-implemented"], mine
+    assert "cannot build this config's model" in mine[0]["reason"] and "parameters not in model" in mine[0]["reason"]
+    assert {s for (ref, _, _), s in statuses(rows).items() if ref == "hf"} == {"pass"}
+
+
 def test_not_in_all_until_judged():
     """``--ref all`` stays HF, HF's cached path and llama.cpp: mlx runs where it is named."""
     from harness.case import Case

@@ -26,6 +26,8 @@ def capture(build, name: str, derived: dict | None = None) -> RefCapture:
         rc = build.capture_ref(ref)  # the recorded capture on the warm path (harness/warm.py)
     except UsageError:
         raise
+    except references.NotImplementedHere as e:  # found on building its model: a refusal, not a crash
+        rc = RefCapture(name, ref.compute_dtype(build.case.dtype), error=str(e), meta={"not_implemented": str(e)})
     except Exception as e:  # a crash inside a reference is a recorded error row
         tb = traceback.format_exc()
         runlog.traceback_block(f"{build.case.case_id()}: reference {name}", tb)

@@ -190,7 +190,20 @@ def _load(req, dtype: str):
             if was:
                 hf_logging.enable_progress_bar()
         hub_config(Path(d) / "config.json")
-        model, _config = load_model(Path(d), lazy=False)
+        try:
+            model, _config = load_model(Path(d), lazy=False)
+        except ValueError as e:
+            # mlx_lm.utils.load_model -> nn.Module.load_weights(strict=True): the checkpoint holds
+            # weights its module has no place for, or lacks ones it needs -- mlx-lm's model of this
+            # family does not implement what the config asks (gemma2's attention_bias=True)
+            said = " ".join(str(e).split())
+            if "parameters not in model" in said or "Missing" in said:
+                from .. import NotImplementedHere
+
+                mt = getattr(req.config, "model_type", "?")
+                raise NotImplementedHere(f"mlx-lm {_version()} cannot build this config's model "
+                                         f"(mlx_lm/models/{mt}.py, load_weights): {said[:300]}") from None
+            raise
     model.set_dtype(getattr(mx, dtype))
     model.eval() if hasattr(model, "eval") else None
     return model, type(hf_model.get_input_embeddings()).__name__
