@@ -421,6 +421,14 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
                 first.get("probe") == m.first_probe and (m.layer is None or first.get("layer") == m.layer))
         else:
             entry.update(status="survived")
+            own_ids = [cid for cid in [plan["own_case"], *(v.case_id() for v in own_more.get(m.name, []))] if cid]
+            if ref is not None and own_ids and all(not base[cid]["clean"] and not base[cid]["failing"]
+                                                   for cid in own_ids):
+                # its own case -- the configuration where it is declared to act (a decoration
+                # tag is coarser than the mutated line) -- is one the witness cannot judge: the
+                # other cases of its tag ran and may never reach the line; out of its sight
+                entry.update(status="unseen", error=f"its own case is not judged by {ref} ("
+                             + "; ".join(sorted({base[cid]["why"] for cid in own_ids}))[:300] + ")")
         out.append(entry)
 
     # the score per backend and dtype: a mutant counts in a slice where some clean case of
@@ -428,9 +436,10 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     # visible at that precision (Mutant.dtypes); it is killed there when a case of that
     # slice failed under it
     slices: dict[str, dict] = {}
+    unseen = {e["name"] for e in out if e["status"] == "unseen"}
     for m in live:
         plan = plans[m.name]
-        if not plan["targeted"]:
+        if not plan["targeted"] or m.name in unseen:
             continue
         for cid in plan["cases"]:
             c = by_id[cid]
