@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from .errors import UsageError, suggest
@@ -43,6 +44,48 @@ def _names(side: str) -> tuple[str, ...]:
 
     ref = references.registry().get(side)
     return (side,) if ref is None or not ref.model_of else (side, ref.model_of)
+
+
+TRIANGULATION_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "triangulation"
+_SIDE = {"HF": "hf", "llama.cpp": "llamacpp"}
+
+
+@lru_cache(maxsize=1)
+def followed() -> dict[tuple[str, str], str]:
+    """``{(witness, finding label): the reference whose model it computes there}``, from
+    the triangulation tables (``conformance divergences --triangulate W`` writes
+    fixtures/triangulation/W.json): where mlx-lm was measured to compute HF's side of an
+    HF-vs-llama.cpp finding, or llama.cpp's. A table measured on another release of the
+    witness than the one installed says nothing (its verdicts may have moved)."""
+    import json
+
+    from .versions import norm, versions
+
+    have = {norm(k): v for k, v in versions().items()}
+    out = {}
+    for path in sorted(TRIANGULATION_DIR.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        w = data.get("witness", path.stem)
+        pinned = {norm(k): v for k, v in (data.get("versions") or {}).items() if k.startswith(w)}
+        if not pinned or any(have.get(k) != v for k, v in pinned.items()):
+            continue
+        for label, e in (data.get("findings") or {}).items():
+            side = _SIDE.get(e.get("verdict"))
+            if side:
+                out[(w, label)] = side
+    return out
+
+
+def _names_for(side: str, f: dict) -> tuple[str, ...]:
+    """``_names(side)``, and for a witness that computes one reference's model on this
+    finding (``followed``) that reference too: the finding holds for it in that place."""
+    base = _names(side)
+    label = str(f.get("_n", "")).split(" (seen by", 1)[0]
+    follows = followed().get((side, label))
+    return base if follows is None or follows in base else (*base, follows)
 
 
 def config_value(config, dotted: str, family: str | None = None):
@@ -164,7 +207,12 @@ class Policy:
             # a list: one disagreement of several families' llama.cpp archs (the same cause)
             if (family not in fam) if isinstance(fam, list) else fam != family:
                 continue
-            if f.get("candidate", candidate) not in _names(candidate) or f.get("reference", reference) not in _names(reference):
+            fc, fr = f.get("candidate", candidate), f.get("reference", reference)
+            cn, rn = _names_for(candidate, f), _names_for(reference, f)
+            # a finding between two references holds for the pair either way round (a witness
+            # in the place of the side it follows stands where that side stood)
+            if not (fc in cn and fr in rn) and not (fc in rn and fr in cn and candidate in _reference_names()
+                                                     and fc in _reference_names()):
                 continue
             if "probes" in f and probe not in f["probes"]:
                 continue
@@ -211,6 +259,10 @@ class Policy:
             # finding's size: scripts/measure_cpu_variants.py)
             if bounded and (nmse is None or not nmse <= self.finding_bound(f, tokens, _depth(layer, n_layers))):
                 continue
+            via = next((s for s in (candidate, reference) if len(_names_for(s, f)) > len(_names(s))), None)
+            if via is not None:
+                return (f"finding {f['_n']}: {f['reason']} -- held for {via}, measured to compute "
+                        f"{_names_for(via, f)[-1]}'s model on this finding (fixtures/triangulation/{via}.json)")
             return f"finding {f['_n']}: {f['reason']}"
         return None
 

@@ -74,3 +74,32 @@ def test_a_witness_that_is_not_one_is_refused_in_one_line(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "not a witness; valid: mlx" in lines[0], p.stderr
+
+
+def test_a_finding_holds_for_the_witness_in_the_place_of_the_side_it_follows(monkeypatch):
+    """qwen2's sliding window (qwen2#1): llama.cpp applies none, and the triangulation
+    measured mlx-lm computing llama.cpp's model there -- so impl vs mlx is excused by the
+    finding's impl-vs-llama.cpp statement and mlx vs HF by its llama.cpp-vs-HF one, each
+    saying so; mlx vs llama.cpp (which agree) is excused nothing. falcon_mamba#1, where mlx
+    follows HF: mlx vs llama.cpp takes the finding, mlx vs HF nothing. A table measured on
+    another mlx-lm release says nothing."""
+    from harness import policy as pol_mod
+    from harness.policy import load_policy
+
+    pol = load_policy()
+    cfg = {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1,
+           "layer_types": ["full_attention", "sliding_attention"]}
+    kw = dict(config=cfg, layer=1, nmse=0.3, tokens=16)
+    why = pol.finding("qwen2", "impl", "mlx", "attn_heads", "attention", **kw)
+    assert why and why.startswith("finding qwen2#1") and "held for mlx" in why, why
+    assert pol.finding("qwen2", "mlx", "hf", "attn_heads", "attention", **kw)
+    assert pol.finding("qwen2", "mlx", "hf_cached", "attn_heads", "attention", **kw)
+    assert not pol.finding("qwen2", "mlx", "llamacpp", "attn_heads", "attention", **kw)
+
+    kw = dict(config={"mixer_rms_eps": 1e-6, "layer_norm_epsilon": 1e-5}, layer=0, nmse=1e-9, tokens=16, n_layers=2)
+    assert pol.finding("falcon_mamba", "mlx", "llamacpp", "resid_mid", "mamba", **kw)
+    assert not pol.finding("falcon_mamba", "mlx", "hf", "resid_mid", "mamba", **kw)
+
+    monkeypatch.setattr(pol_mod, "followed", lambda: {})
+    assert not pol.finding("qwen2", "impl", "mlx", "attn_heads", "attention", config=cfg, layer=1, nmse=0.3,
+                           tokens=16)
