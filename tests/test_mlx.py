@@ -209,3 +209,28 @@ def test_mutate_against_mlx_alone_scores_what_it_can_see(need_mlx, tmp_path):
     assert st["sink-dropped"]["status"] == "unseen" and "not-implemented" in st["sink-dropped"]["error"]
     assert (res["killed"], res["total"], res["unseen"]) == (2, 2, ["sink-dropped"])
     assert "1 mutants out of its sight, not scored" in p.stdout
+
+
+def test_bfloat16_against_mlx_alone_is_held_to_its_own_rounding(policy, need_mlx):
+    """In bfloat16 the dtype's flat table (NMSE 1e-2) let a dropped residual multiplier pass
+    against mlx-lm alone; the candidate must also be at most ``ratio`` times as far from HF's
+    float64 run on mlx-lm's layer inputs as mlx-lm itself is (Reference.forced_oracle). A
+    clean case passes; the mutant fails there, saying whose rounding bounded it."""
+    from harness.mutants import applied, registry
+
+    kw = dict(family="granite", ref="mlx", backend="torch", dtype="bfloat16", kv="decode", schedule="prefill")
+    assert {s for s in _mlx(run(policy, **kw)).values()} <= {"pass", "not-exposed"}
+    with applied(registry()["residual-multiplier-dropped"]):
+        rows = run(policy, **kw)
+    bad = [r for r in rows if r["status"] == "fail"]
+    assert bad and all(r["probe"] == "resid_mid" for r in bad), bad
+    assert "mlx's own rounding" in bad[0]["reason"]
+
+
+def test_an_operation_mlx_computes_in_float32_only_is_not_implemented_in_bfloat16(policy, need_mlx):
+    """MLX's CPU GatherMM (mixtral's experts) takes float32 alone: in bfloat16 the case
+    records a not-implemented row with MLX's words; HF judges it."""
+    rows = run(policy, family="mixtral", ref="hf,mlx", backend="torch", dtype="bfloat16", kv="decode",
+               schedule="prefill")
+    mine = [r for r in rows if r["reference"] == "mlx"]
+    assert [r["status"] for r in mine] == ["not-implemented"] and "float32 only" in mine[0]["reason"], mine

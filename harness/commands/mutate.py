@@ -132,8 +132,47 @@ def verdict(rows: list[dict]) -> dict:
     seen = [r for r in mine if r["status"] != "unguarded"]
     bad = [r for r in seen if r["status"] in FAILING]
     out["witness"] = {"killed": bool(bad), "failing_rows": len(bad),
-                      "first": first_divergence(seen, candidate=name) if bad else None}
+                      "first": first_divergence(seen, candidate=name) if bad else None,
+                      "excused": excused(mine)}
     return out
+
+
+def excused(rows: list[dict]) -> dict:
+    """``{"layer/probe/reference": [nmse, the finding's label, or None for a pass]}`` of the
+    rows that passed or that a finding excuses (``finding``, or ``unguarded`` where no other
+    reference guards it): what a mutant's run moved, and where."""
+    import re
+
+    out = {}
+    for r in rows:
+        n = r.get("nmse")
+        if r["status"] not in ("pass", "finding", "unguarded") or n is None or n != n:
+            continue
+        label = None
+        if r["status"] != "pass":
+            m = re.search(r"finding (\S+?)(?::| \()", r.get("reason") or "")
+            label = m.group(1) if m else "?"
+        out[f"{r['layer']}/{r['probe']}/{r['reference']}"] = [float(n), label]
+    return out
+
+
+def moved_inside(base_rows: dict, run_rows: dict, rel: float = 1e-6) -> list[str] | None:
+    """The findings inside which alone a surviving mutant's run moved anything: their
+    excused rows changed (NMSE by more than ``rel``, relative, or excused in one run and not
+    the other -- a mutant that computes what the witness computes turns them into passes)
+    and no row that passed did. None where a passing row moved: the mutant acted where the
+    witness judges and stayed within its bounds -- a miss, not out of sight. Empty where
+    nothing moved."""
+    inside = set()
+    for k in set(base_rows) | set(run_rows):
+        b, n = base_rows.get(k), run_rows.get(k)
+        if b is not None and n is not None and abs(n[0] - b[0]) <= rel * max(abs(b[0]), 1e-300) and b[1] == n[1]:
+            continue
+        labels = {x[1] for x in (b, n) if x is not None and x[1] is not None}
+        if not labels:  # a passing row moved: judged, and not caught
+            return None
+        inside |= labels
+    return sorted(inside)
 
 
 def _no_pass_reason(rows: list[dict]) -> str:
@@ -315,7 +354,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         why = (f"{bad[0]['status']} at layer {bad[0]['layer']} {bad[0]['probe']} vs {bad[0]['reference']}" if bad
                else "" if passed else "no comparison passed: " + _no_pass_reason(mine))
         base[c.case_id()] = {"features": rec["info"].get("features", []), "clean": not bad and passed,
-                             "failing": bool(bad), "why": why}
+                             "failing": bool(bad), "why": why, "excused": excused(mine) if ref is not None else {}}
         log(f"baseline [{len(base)}/{len(by_id)}] {'pass' if not bad else 'FAIL'} {c.case_id()}")
 
     tb = time.perf_counter()
@@ -422,6 +461,8 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
         else:
             entry.update(status="survived")
             own_ids = [cid for cid in [plan["own_case"], *(v.case_id() for v in own_more.get(m.name, []))] if cid]
+            moves = [moved_inside(base[cid]["excused"], r.get("excused") or {}) for cid, r in ran]
+            inside = None if any(mv is None for mv in moves) else sorted({x for mv in moves for x in mv})
             if ref is not None and own_ids and all(not base[cid]["clean"] and not base[cid]["failing"]
                                                    for cid in own_ids):
                 # its own case -- the configuration where it is declared to act (a decoration
@@ -429,6 +470,13 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
                 # other cases of its tag ran and may never reach the line; out of its sight
                 entry.update(status="unseen", error=f"its own case is not judged by {ref} ("
                              + "; ".join(sorted({base[cid]["why"] for cid in own_ids}))[:300] + ")")
+            elif ref is not None and inside is not None and ran:
+                # it moved nothing the witness judges: only what its own divergences excuse
+                # (it acts where that witness computes another model, or has this very bug),
+                # or nothing it exposes at all (a state it keeps to itself, a probe it fuses)
+                entry.update(status="unseen", error=(
+                    f"it acts only inside {ref}'s own findings ({', '.join(inside)[:300]})" if inside else
+                    f"it moved no probe {ref} exposes in the {len(ran)} cases that ran") + f": nothing {ref} judges moved")
         out.append(entry)
 
     # the score per backend and dtype: a mutant counts in a slice where some clean case of
@@ -436,6 +484,8 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     # visible at that precision (Mutant.dtypes); it is killed there when a case of that
     # slice failed under it
     slices: dict[str, dict] = {}
+    hid: set = set()  # (mutant, slice): it moved only what the witness's findings excuse, or nothing
+    judged_moved: set = set()  # ... and where it moved a row the witness judged, and was not caught
     unseen = {e["name"] for e in out if e["status"] == "unseen"}
     for m in live:
         plan = plans[m.name]
@@ -446,9 +496,19 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
             sl = slice_of(c)
             if not m.visible_at(c.dtype):
                 continue
-            e = slices.setdefault(sl, {"mutants": {}})
             rec = results.get(f"{m.name}::{cid}")
+            if ref is not None and rec is not None and not rec.get("killed"):
+                mv = moved_inside(base[cid]["excused"], rec.get("excused") or {})
+                if mv is None:
+                    judged_moved.add((m.name, sl))
+                else:  # in this slice it moved nothing the witness judges
+                    hid.add((m.name, sl))
+            e = slices.setdefault(sl, {"mutants": {}})
             e["mutants"][m.name] = e["mutants"].get(m.name, False) or bool(rec and rec.get("killed"))
+    for sl, e in slices.items():
+        e["mutants"] = {n: v for n, v in e["mutants"].items()
+                        if v or (n, sl) not in hid or (n, sl) in judged_moved}
+    slices = {sl: e for sl, e in slices.items() if e["mutants"]}
     for sl, e in slices.items():
         k = sum(e["mutants"].values())
         e.update(killed=k, total=len(e["mutants"]), score=k / len(e["mutants"]),

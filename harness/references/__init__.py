@@ -77,6 +77,12 @@ class Reference(ABC):
     name: str = ""  # set from the entry point
     label: str = ""
     oracle: bool = False
+    # it computes the oracle reference's model from the same checkpoint (mlx-lm): in half
+    # precision a candidate judged against it must also be at most ``ratio`` times as far
+    # from the oracle reference's float64 run on THIS reference's layer inputs as it is
+    # (oracle.rounding_for) -- against mlx-lm's bfloat16 alone, the dtype's flat table
+    # (NMSE 1e-2) let a dropped residual multiplier pass (mutate --ref mlx)
+    forced_oracle: bool = False
     graph_dtype: str | None = None
     file_weights: bool = False
     sees_modules: bool = False

@@ -23,6 +23,7 @@ class Mlx(Reference):
     label = "mlx-lm (MLX, CPU)"
     requires = "mlx"
     cached = True  # it runs the case's schedule through its own caches
+    forced_oracle = True  # HF's model from HF's checkpoint: HF's float64 on its layer inputs is its twin
     # named, not in --ref all yet: the families it implements are being judged against it one
     # by one (families.py: the verified ones, the refused ones with their reasons); it joins
     # `all` when none is left unjudged
@@ -146,8 +147,20 @@ class Mlx(Reference):
                                                  f"{hf_embed} (mlx_lm/models/{self.model_type(req.config)}.py)"}
         want_layer = (lambda i: True) if sel.layers is None else (lambda i: i in set(sel.layers))
         want_probe = (lambda p: True) if sel.probes is None else (lambda p: p in set(sel.probes))
-        probes = mlxcap.capture(req.family, model, req.config, list(req.layer_cfgs), req.tokens, calls,
-                                want_layer, want_probe, meta)
+        try:
+            probes = mlxcap.capture(req.family, model, req.config, list(req.layer_cfgs), req.tokens, calls,
+                                    want_layer, want_probe, meta)
+        except RuntimeError as e:
+            said = " ".join(str(e).split())
+            if "only supports float32" in said:
+                # MLX's CPU kernels of some operations take float32 alone (GatherMM, the
+                # experts' gathered matmul of mlx_lm/models/switch_layers.py): this model, in
+                # this dtype, is one mlx-lm does not compute here
+                from .. import NotImplementedHere
+
+                raise NotImplementedHere(f"MLX {_version('mlx')}'s CPU computes an operation of this model in "
+                                         f"float32 only, not {dtype} ({said[:200]})") from None
+            raise
         st = cache.store("mlx", k, probes, meta)
         return RefCapture(self.name, dtype, st, meta=meta, key=k)
 
