@@ -26,6 +26,8 @@ the released checkpoints' model, the one both references compute. The attention
 
 from __future__ import annotations
 
+from impl import WindowSpec
+
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams
 from ..base import gguf_moe_convert, text_model_gguf_params
 from ..qwen3 import Qwen3
@@ -33,7 +35,7 @@ from ..qwen3 import Qwen3
 
 class Qwen3Moe(Qwen3):
     name = "qwen3_moe"
-    fuzz_space = {"knobs": ("heads", "head_dim", "theta")}
+    fuzz_space = {"knobs": ("heads", "head_dim", "theta", "window")}
     hf_model_type = "qwen3_moe"
     description = "qwen3's per-head QK norm with softmax-routed experts in every layer"
     tiny = dict(
@@ -46,6 +48,18 @@ class Qwen3Moe(Qwen3):
     gguf_arch = "qwen3moe"
     # Qwen3MoeExperts.forward's own loop; the default grouped_mm kernel refuses float64
     experts_implementation = "eager"
+
+    def window(self, config, i: int):
+        """HF slides EVERY layer when a window is set: Qwen3MoeConfig.__post_init__ keeps
+        sliding_window only with use_sliding_window and derives no layer_types (there is no
+        max_window_layers), Qwen3MoeAttention reads config.sliding_window on every layer and
+        Qwen3MoeModel.forward builds one mask, sliding wherever config.sliding_window is set
+        (modeling_qwen3_moe.py). Qwen3's layer_types rule (base ``window``) saw no window
+        here, and impl failed HF on every such config -- a key no case varied (issue 39)."""
+        if getattr(config, "layer_types", None):  # a subclass's config that says it per layer (mellum)
+            return super().window(config, i)
+        sw = getattr(config, "sliding_window", None)
+        return WindowSpec("sliding", int(sw)) if sw else None
 
     def gguf_params(self, w, config, variant=None):
         # conversion/qwen.py Qwen2MoeModel(TextModel).set_gguf_parameters: TextModel's

@@ -45,3 +45,19 @@ def test_a_broken_qk_norm_fails_against_llamacpp(policy):
     with applied(registry()["k-norm-takes-q-weight"]):
         st = all_statuses(run(policy, family="qwen3_moe", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 0, "k_rope")] == "fail"
+
+
+def test_every_layer_slides_when_use_sliding_window(policy, monkeypatch):
+    """HF Qwen3-MoE slides every layer once use_sliding_window is set (no layer_types, no
+    max_window_layers): impl does too and passes HF; with qwen3's layer_types rule in its
+    place (what it did before issue 39) the window is lost and attn_probs fails."""
+    from harness.families.qwen3 import Qwen3
+    from harness.families.qwen3_moe import Qwen3Moe
+
+    kw = dict(family="qwen3_moe", ref="hf", kv="decode", overrides=(("use_sliding_window", True),
+                                                                     ("sliding_window", 5)))
+    st = all_statuses(run(policy, **kw))
+    assert st and set(st.values()) <= {"pass", "not-exposed"}, st
+    monkeypatch.setattr(Qwen3Moe, "window", Qwen3.window)
+    st = all_statuses(run(policy, **kw))
+    assert st[("impl", "hf", 0, "attn_probs")] == "fail", st
