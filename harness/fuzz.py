@@ -202,8 +202,10 @@ def _draw_knob(draw, st, knob, fam, space, tokens, ov, keys) -> None:
         # path keeps every key (cache_utils.py DynamicSlidingWindowLayer.update slices [-0:]) or
         # crashes on the mask's shape -- a written finding (fixtures/tolerance.toml), not news
         size = draw(st.integers(2, tokens + 2))
-        if fam.name == "qwen2":
-            ov.update(use_sliding_window=True, sliding_window=size, max_window_layers=draw(st.integers(0, 2)))
+        if "use_sliding_window" in keys:  # qwen2, qwen3 (from max_window_layers), qwen3_moe (every layer)
+            ov.update(use_sliding_window=True, sliding_window=size)
+            if "max_window_layers" in keys:
+                ov["max_window_layers"] = draw(st.integers(0, 2))
         elif "sliding_window" in keys:
             ov["sliding_window"] = size
     elif knob == "kimi_heads":

@@ -12,7 +12,7 @@ from ..base import LlamaLike
 class Qwen3(LlamaLike):
     name = "qwen3"
     # the fuzzer's knobs (harness/fuzz.py; hf_only: a knob only HF expresses, judged against HF alone)
-    fuzz_space = {"knobs": ("heads", "head_dim", "theta")}
+    fuzz_space = {"knobs": ("heads", "head_dim", "theta", "window")}
     hf_model_type = "qwen3"
     description = "per-head QK RMS norm before RoPE"
     tiny = dict(
