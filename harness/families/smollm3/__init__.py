@@ -52,6 +52,15 @@ class SmolLM3(Llama):
 
     # head_dim: SmolLM3Attention.__init__: getattr(config, "head_dim", hidden // heads), LlamaLike's
 
+    def finding_values(self, config) -> dict:
+        """Whether HF's NoPE layers are not llama.cpp's fixed ones (every 4th: smollm3.cpp
+        n_no_rope_layer_step = 4, no GGUF key), whichever key said them -- the list
+        no_rope_layers real checkpoints carry, or no_rope_layer_interval (issue 39: the
+        finding's condition named the interval alone, and a list reached no excuse)."""
+        n = int(config.num_hidden_layers)
+        return {"nope_pattern_differs": [int(x) for x in config.no_rope_layers] != [int((i + 1) % 4 != 0)
+                                                                                    for i in range(n)]}
+
     def uses_rope(self, config, i: int) -> bool:
         # SmolLM3Attention.use_rope = config.no_rope_layers[layer_idx] (1 = rotate)
         return bool(config.no_rope_layers[i])

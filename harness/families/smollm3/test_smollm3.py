@@ -36,14 +36,28 @@ def test_hf_only_nope_interval(policy):
                                               overrides=(("no_rope_layer_interval", 2),)))
 
 
-def test_the_interval_finding_needs_its_setting(policy):
-    """The interval finding is keyed on the setting: the same disagreement without it fails."""
+def test_the_nope_finding_needs_a_pattern_other_than_llamacpps(policy):
+    """The finding is keyed on HF's NoPE pattern, however it was said (the interval, or the
+    list no_rope_layers real checkpoints carry -- before issue 39 only the interval
+    reached it): llama.cpp's own every-4th pattern, said either way, is excused nothing."""
     from harness.policy import load_policy
 
     pol = load_policy()
-    assert finding(pol, "smollm3", "impl", "llamacpp", "q_rope", {"no_rope_layer_interval": 2}, layer=1)
-    assert not finding(pol, "smollm3", "impl", "llamacpp", "q_rope", {}, layer=1)
-    assert not finding(pol, "smollm3", "impl", "llamacpp", "q_rope", {"no_rope_layer_interval": 4}, layer=1)
+    for differs in ({"no_rope_layer_interval": 2}, {"no_rope_layers": [1, 0, 1, 1]}, {"no_rope_layers": [0, 1, 1, 1]}):
+        assert finding(pol, "smollm3", "impl", "llamacpp", "q_rope", differs, layer=1), differs
+    for same in ({}, {"no_rope_layer_interval": 4}, {"no_rope_layers": [1, 1, 1, 0]}):
+        assert not finding(pol, "smollm3", "impl", "llamacpp", "q_rope", same, layer=1), same
+
+
+def test_a_nope_list_runs_three_way_with_its_finding(policy):
+    """no_rope_layers=[1, 0, 1, 1]: layer 1 unrotated in HF and rotated in llama.cpp, layer 3
+    the other way round; impl passes HF everywhere, and both layers' q_rope against
+    llama.cpp are the finding (before issue 39: fails, the finding keyed on the interval)."""
+    st = all_statuses(run(policy, family="smollm3", ref="all", overrides=(("no_rope_layers", [1, 0, 1, 1]),)))
+    assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
+    assert st[("impl", "llamacpp", 1, "q_rope")] == "finding" and st[("impl", "llamacpp", 3, "q_rope")] == "finding"
+    assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 2, "q_rope")] == "pass"
+    assert not [k for k, s in st.items() if s in ("fail", "error", "unguarded")]
 
 
 def test_hf_only_sliding_window(policy):
