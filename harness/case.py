@@ -288,7 +288,7 @@ class CaseRun(Build):
         in a thread beside the others where the memory plan holds both at once
         (``Plan.overlap``): its worker's seconds then pass while HF computes here
         (a 135M-class file: 3 s of a 23 s run). What each capture holds is the same."""
-        import threading
+        from concurrent.futures import ThreadPoolExecutor
 
         apart = [r for r in refs if references.get(r).runs_apart] if len(refs) > 1 and self.plan.overlap else []
         if apart and self.record is None:
@@ -302,37 +302,25 @@ class CaseRun(Build):
         got: dict = {}
         for r in refs:
             references.get(r).resume()
-        done: dict = {}
-
-        def apart_captures():
-            for r in apart:
-                try:
-                    done[r] = (True, self.capture(r))
-                except BaseException as e:  # handed to the main thread, raised there
-                    done[r] = (False, e)
-
-        # a daemon thread, not a pool: on Ctrl-C (or SIGTERM in a matrix worker) nothing waits
-        # for it -- a pool's exit, and the interpreter's, join their threads, and CI saw an
-        # interrupted run held 90 s by the Python work of a capture the thread had begun
-        thread = threading.Thread(target=apart_captures, name="capture-apart", daemon=True) if apart else None
-        if thread is not None:
-            thread.start()
-        try:
-            for r in refs:
-                self.progress(f"capturing {r}")
-                if r not in apart:
-                    got[r] = self.capture(r)
-            if thread is not None:
-                thread.join()
-            for r in apart:
-                ok, v = done[r]
-                if not ok:
-                    raise v  # an exception of the capture stage (UsageError) is raised here
-                got[r] = v
-        except (KeyboardInterrupt, SystemExit):
-            for r in apart:  # end the worker apart: its capture returns, or at least starts none
-                references.get(r).abort()
-            raise
+        # a pool thread, joined on the way out -- not a daemon: one left running torch or
+        # llama.cpp code while the interpreter finalises ended the process by SIGABRT
+        # ("terminate called without an active exception") or SIGINT instead of exit 130.
+        # On Ctrl-C (or SIGTERM in a matrix worker) the reference is aborted, so the join is
+        # short: its worker is killed, or never started if the thread had not got there yet
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            futures = {r: pool.submit(self.capture, r) for r in apart}
+            try:
+                for r in refs:
+                    self.progress(f"capturing {r}")
+                    if r not in futures:
+                        got[r] = self.capture(r)
+                for r, fut in futures.items():
+                    got[r] = fut.result()  # an exception of the capture stage (UsageError) is raised here
+            except (KeyboardInterrupt, SystemExit):
+                pool.shutdown(wait=False, cancel_futures=True)
+                for r in futures:
+                    references.get(r).abort()
+                raise
         return [got[r] for r in refs]
 
     # ------------------------------------------------------------ rows

@@ -123,12 +123,15 @@ def test_an_abort_before_the_worker_starts_still_stops_its_capture(tmp_path, nee
     next case resumes -- and a capture already waiting on one ends within a step."""
     from harness.references.llamacpp import capture as lc
 
+    before = lc._SERVER.proc  # a worker an earlier test of this process left running, or None
     lc.abort()
     try:
         t = time.time()
         with pytest.raises(RuntimeError, match="interrupted"):
             lc._SERVER.capture(tmp_path / "req.json", tmp_path, timeout=60)
-        assert time.time() - t < 5 and (lc._SERVER.proc is None or lc._SERVER.proc.poll() is not None)
+        assert time.time() - t < 5
+        assert lc._SERVER.proc is before  # no worker was started ...
+        assert before is None or before.wait(timeout=10) is not None  # ... and the one there was killed
     finally:
         lc.resume()
     assert not lc._ABORTED.is_set()

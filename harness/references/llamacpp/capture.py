@@ -350,6 +350,7 @@ def run_worker(gguf_path: Path, calls, n_seq: int, names: set[str], timeout: int
         rp, op = Path(d) / "req.json", Path(out_dir) if out_dir is not None else Path(d) / "out"
         rp.write_text(json.dumps(req))
         rc, err = _SERVER.capture(rp, op, timeout)
+        _check_aborted()  # killed by an abort: its status says nothing, and nothing after it is wanted
         if rc != 0:
             tail = " | ".join(line for line in err.strip().splitlines()[-6:] if line.strip())
             how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
