@@ -191,23 +191,23 @@ def test_mutate_against_mlx_alone_scores_what_it_can_see(need_mlx, tmp_path):
     """``mutate --ref mlx``: each case judged by mlx-lm alone. A mutant its probes show is
     killed (a RoPE position off by one on llama; a softcap dropped on gemma2's global
     layer -- the sliding one is mlx-lm's own window finding); one that only a family
-    mlx-lm cannot build exercises (gpt_oss's sinks) is out of its sight, says why, and is
+    mlx-lm does not implement exercises (bloom's ALiBi) is out of its sight, says why, and is
     not scored -- never a pass, never a miss."""
     import json
 
     spec = tmp_path / "s.toml"
-    spec.write_text('name = "t"\nfamilies = ["llama", "gpt_oss", "gemma2"]\n'
+    spec.write_text('name = "t"\nfamilies = ["llama", "bloom", "gemma2"]\n'
                     '[[group]]\nname = "g"\nvariants = "default"\nkv_modes = ["decode"]\nreferences = ["hf"]\n')
     p = subprocess.run([sys.executable, "-m", "harness.cli", "mutate", str(spec), "--ref", "mlx", "-j", "1",
-                        "--no-mutant-cases", "--mutants", "rope-position-off-by-one,softcap-dropped,sink-dropped",
+                        "--no-mutant-cases", "--mutants", "rope-position-off-by-one,softcap-dropped,alibi-slope-sign",
                         "--out", str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     res = json.loads((tmp_path / "r" / "mutation.json").read_text())
     st = {m["name"]: m for m in res["mutants"]}
     assert st["rope-position-off-by-one"]["status"] == "killed" and st["rope-position-off-by-one"]["reference"] == "mlx"
     assert st["softcap-dropped"]["status"] == "killed" and st["softcap-dropped"]["layer"] == 1
-    assert st["sink-dropped"]["status"] == "unseen" and "not-implemented" in st["sink-dropped"]["error"]
-    assert (res["killed"], res["total"], res["unseen"]) == (2, 2, ["sink-dropped"])
+    assert st["alibi-slope-sign"]["status"] == "unseen" and "not-implemented" in st["alibi-slope-sign"]["error"]
+    assert (res["killed"], res["total"], res["unseen"]) == (2, 2, ["alibi-slope-sign"])
     assert "1 mutants out of its sight, not scored" in p.stdout
 
 
@@ -234,3 +234,39 @@ def test_an_operation_mlx_computes_in_float32_only_is_not_implemented_in_bfloat1
                schedule="prefill")
     mine = [r for r in rows if r["reference"] == "mlx"]
     assert [r["status"] for r in mine] == ["not-implemented"] and "float32 only" in mine[0]["reason"], mine
+
+
+@pytest.mark.parametrize("family,moe_layer", [("gpt_oss", 0), ("llama4", 3)])
+def test_a_checkpoint_in_the_layout_mlx_reads(policy, need_mlx, family, moe_layer):
+    """gpt_oss and llama4: transformers 5's save_pretrained writes fused experts (and, for
+    llama4, a text-only model mlx-lm's llama4_text module runs without experts or chunks);
+    the checkpoint is rewritten as a download of the model holds it (checkpoint.LAYOUTS).
+    mlx-lm then computes HF's model on every exposed probe, the experts' layer included --
+    a gate / up interleave or a transpose gone wrong fails there."""
+    rows = run(policy, family=family, ref="hf,mlx", kv="paged")
+    st = _mlx(rows)
+    assert st and set(st.values()) <= {"pass", "not-exposed"}, st
+    assert st[(0, "attn_heads")] == "pass", st
+    pair = statuses(rows, candidate="mlx")  # the pair mlx-lm vs HF (the whole layer), by the policy's bound
+    assert pair and set(pair.values()) <= {"pass", "not-exposed"}, pair
+    assert pair[("hf", moe_layer, "layer_out")] == "pass" and pair[("hf", -1, "logits")] == "pass", pair
+
+
+def test_a_wrong_layout_rewrite_fails(policy, need_mlx, tmp_path, monkeypatch):
+    """The check above can fail: gate and up swapped in gpt_oss's rewrite (a plausible slip
+    reading the interleave) makes mlx-lm's experts compute another function."""
+    from harness.references.mlx import checkpoint
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "cache"))
+    orig = checkpoint._gpt_oss
+
+    def swapped(cfg, w):
+        cfg, out = orig(cfg, w)
+        for k in [k for k in out if k.endswith("experts.gate_proj.weight")]:
+            up = k.replace("gate_proj", "up_proj")
+            out[k], out[up] = out[up], out[k]
+        return cfg, out
+
+    monkeypatch.setitem(checkpoint.LAYOUTS, "gpt_oss", ("gpt_oss", swapped))
+    pair = statuses(run(policy, family="gpt_oss", ref="hf,mlx", kv="paged"), candidate="mlx")
+    assert pair[("hf", 0, "attn_heads")] == "pass" and pair[("hf", 0, "layer_out")] == "fail", pair

@@ -34,13 +34,16 @@ class Mlx(Reference):
 
         return find_spec("mlx_lm") is not None and find_spec("mlx") is not None
 
-    def model_type(self, config) -> str | None:
-        """The mlx-lm module that implements ``config``'s model type, or None."""
+    def model_type(self, config, family=None) -> str | None:
+        """The mlx-lm module that implements ``config``'s model type (or the one the
+        family's checkpoint is rewritten to: checkpoint.LAYOUTS), or None."""
         import importlib.util
 
         from mlx_lm import utils
 
-        mt = getattr(config, "model_type", None)
+        from .checkpoint import model_type as layout_type
+
+        mt = (family is not None and layout_type(family.name)) or getattr(config, "model_type", None)
         mt = getattr(utils, "MODEL_REMAPPING", {}).get(mt, mt)
         if importlib.util.find_spec(f"mlx_lm.models.{mt}") is None:
             return None
@@ -66,17 +69,17 @@ class Mlx(Reference):
         """Why mlx-lm cannot run ``family`` on ``config`` (not-implemented), or None."""
         if not self.available():
             return "mlx-lm is not installed (pip install -e '.[mlx]')"
-        mt = self.model_type(config)
+        mt = self.model_type(config, family)
         if mt is None:
             return (f"mlx-lm {_version()} implements no model type {getattr(config, 'model_type', '?')!r} "
                     "(mlx_lm/models/)")
         why = self.module_refusal(mt)
         if why:
             return f"mlx-lm {_version()}: {why}"
-        from .checkpoint import missing_fields
+        from .checkpoint import config_for, missing_fields
         from .families import UNSUPPORTED
 
-        lost = missing_fields(config.to_dict(), mt)
+        lost = missing_fields(config_for(family.name, config.to_dict()), mt)
         if lost:
             return (f"mlx-lm {_version()}'s {mt}.ModelArgs requires {', '.join(lost)}, which "
                     f"{type(config).__name__} (transformers' port) does not write; the hub's checkpoints of the "
@@ -96,7 +99,7 @@ class Mlx(Reference):
 
         if not self.available() or self.refusal(family, config) is not None:
             return  # nothing of it runs: the refusal says why, as a row or in one line
-        mt = self.model_type(config)
+        mt = self.model_type(config, family)
         lost = [f"{m}.{n}" for m, n in (*self.READS, (f"mlx_lm.models.{mt}", "Model"),
                                         (f"mlx_lm.models.{mt}", "ModelArgs"))
                 if not hasattr(importlib.import_module(m), n)]
@@ -144,7 +147,7 @@ class Mlx(Reference):
             # multiply after their nn.Embedding (mlx_lm/models/gemma2.py Gemma2Model: h * hidden_size**0.5):
             # the module's output is another point, and the scaled one is never an array of its own
             meta["not_exposed"] = {"embeddings": f"mlx-lm scales the embedding after its nn.Embedding; HF inside "
-                                                 f"{hf_embed} (mlx_lm/models/{self.model_type(req.config)}.py)"}
+                                                 f"{hf_embed} (mlx_lm/models/{self.model_type(req.config, req.family)}.py)"}
         want_layer = (lambda i: True) if sel.layers is None else (lambda i: i in set(sel.layers))
         want_probe = (lambda p: True) if sel.probes is None else (lambda p: p in set(sel.probes))
         try:
@@ -189,7 +192,7 @@ def _load(req, dtype: str):
     import mlx.core as mx
     from mlx_lm.utils import load_model
 
-    from .checkpoint import hub_config
+    from .checkpoint import rewrite
 
     from transformers.utils import logging as hf_logging
 
@@ -202,7 +205,7 @@ def _load(req, dtype: str):
         finally:
             if was:
                 hf_logging.enable_progress_bar()
-        hub_config(Path(d) / "config.json")
+        rewrite(req.family.name, Path(d))
         try:
             model, _config = load_model(Path(d), lazy=False)
         except ValueError as e:
@@ -213,7 +216,7 @@ def _load(req, dtype: str):
             if "parameters not in model" in said or "Missing" in said:
                 from .. import NotImplementedHere
 
-                mt = getattr(req.config, "model_type", "?")
+                mt = Mlx().model_type(req.config, req.family) or getattr(req.config, "model_type", "?")
                 raise NotImplementedHere(f"mlx-lm {_version()} cannot build this config's model "
                                          f"(mlx_lm/models/{mt}.py, load_weights): {said[:300]}") from None
             raise

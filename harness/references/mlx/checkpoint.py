@@ -110,3 +110,90 @@ def missing_fields(cfg: dict, model_type: str) -> list[str]:
     need = [f.name for f in dataclasses.fields(args)
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     return [n for n in need if n not in b and n not in (b.get("text_config") or {})]
+
+
+# -- the weights' layout ------------------------------------------------------------------
+# Two families whose transformers 5 checkpoint mlx-lm's sanitize() does not read, though a
+# user's download of the model does load: each rewrite gives the checkpoint the layout of
+# such a download -- nothing computed, tensors moved, split and transposed only.
+
+def _gpt_oss(cfg: dict, w: dict) -> tuple[dict, dict]:
+    """GPT-OSS in the layout mlx-lm's own conversion writes (mlx_lm.convert saves the
+    sanitized weights: the mlx-community checkpoints): the fused experts split into
+    SwitchGLU's gate / up / down, each [experts, out, in]. mlx_lm/models/gpt_oss.py
+    Model.sanitize reads only the hub's MXFP4 ``*_blocks`` (or these names, "already
+    sanitized"); transformers 5 saves ``experts.gate_up_proj`` [E, hidden, 2 x inter] with
+    gate and up interleaved on the last axis (GptOssExperts.forward: ``gate_up[..., ::2]``,
+    ``gate_up[..., 1::2]``) and ``experts.down_proj`` [E, inter, hidden]."""
+    import numpy as np
+
+    out = {}
+    for k, v in w.items():
+        if k.endswith("experts.gate_up_proj"):
+            base = k[: -len("gate_up_proj")]
+            out[base + "gate_proj.weight"] = np.ascontiguousarray(v[..., ::2].transpose(0, 2, 1))
+            out[base + "up_proj.weight"] = np.ascontiguousarray(v[..., 1::2].transpose(0, 2, 1))
+        elif k.endswith("experts.gate_up_proj_bias"):
+            base = k[: -len("gate_up_proj_bias")]
+            out[base + "gate_proj.bias"] = np.ascontiguousarray(v[..., ::2])
+            out[base + "up_proj.bias"] = np.ascontiguousarray(v[..., 1::2])
+        elif k.endswith("experts.down_proj"):
+            out[k + ".weight"] = np.ascontiguousarray(v.transpose(0, 2, 1))
+        elif k.endswith("experts.down_proj_bias"):
+            out[k[: -len("_bias")] + ".bias"] = v
+        else:
+            out[k] = v
+    return cfg, out
+
+
+def _llama4(cfg: dict, w: dict) -> tuple[dict, dict]:
+    """Llama 4 as the hub holds it: Llama4ForConditionalGeneration, the text model under
+    ``language_model.`` and its config as ``text_config`` (model_type ``llama4``). mlx-lm's
+    ``llama4_text`` module (the text-only model type transformers' Llama4ForCausalLM saves)
+    is a dense model with neither experts nor chunked windows; its ``llama4`` module
+    (mlx_lm/models/llama4.py) is the one a download of Llama 4 runs, and its sanitize()
+    splits the experts' ``gate_up_proj`` [E, hidden, 2 x inter] itself."""
+    text = {**cfg, "model_type": cfg.get("model_type", "llama4_text")}
+    wrapped = {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"], "text_config": text}
+    for key in ("tie_word_embeddings", "transformers_version", "dtype"):
+        if key in cfg:
+            wrapped[key] = cfg[key]
+    return wrapped, {f"language_model.{k}": v for k, v in w.items()}
+
+
+# family -> (the mlx-lm model type its rewritten checkpoint loads as, the rewrite)
+LAYOUTS = {"gpt_oss": ("gpt_oss", _gpt_oss), "llama4": ("llama4", _llama4)}
+
+
+def model_type(family: str) -> str | None:
+    """The mlx-lm model type ``family``'s rewritten checkpoint declares, or None (its own)."""
+    got = LAYOUTS.get(family)
+    return got[0] if got else None
+
+
+def config_for(family: str, cfg: dict) -> dict:
+    """``cfg`` (transformers 5's config.json dict) as the checkpoint mlx-lm reads holds it."""
+    cfg = bridged(cfg)
+    got = LAYOUTS.get(family)
+    return got[1](cfg, {})[0] if got else cfg
+
+
+def rewrite(family: str, folder: Path) -> None:
+    """The checkpoint ``save_pretrained`` wrote to ``folder``, given the hub's config keys
+    (``bridged``) and, for the families of ``LAYOUTS``, the layout mlx-lm reads."""
+    cfg = hub_config(folder / "config.json")
+    got = LAYOUTS.get(family)
+    if got is None:
+        return
+    from safetensors.numpy import load_file, save_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    weights = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+        f.unlink()
+    for f in folder.glob("*.safetensors.index.json"):
+        f.unlink()
+    cfg, weights = got[1](cfg, weights)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))

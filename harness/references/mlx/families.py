@@ -16,10 +16,6 @@ _LAYOUT = "mlx-lm's sanitize() reads the hub's checkpoint layout, not transforme
 UNSUPPORTED: dict[str, str] = {
     "gpt2": f"{_LAYOUT}: 'Received 28 parameters not in model: model.transformer.h.0.attn.c_attn.bias ...' "
             "(mlx_lm/models/gpt2.py Model.sanitize)",
-    "gpt_oss": f"{_LAYOUT}: the fused experts 'model.layers.0.mlp.experts.down_proj ...' are not in its model "
-               "(mlx_lm/models/gpt_oss.py sanitize expects the hub's experts.*_blocks / gate_up_proj)",
-    "llama4": f"{_LAYOUT}: 'model.layers.3.feed_forward.experts.gate_up_proj ...' not in its model "
-              "(mlx_lm/models/llama4.py sanitize)",
     "qwen3_next": f"{_LAYOUT}: the full-attention layers' 'model.layers.1.self_attn.*' are not in its model "
                   "(mlx_lm/models/qwen3_next.py)",
     "bitnet": "mlx_lm/models/bitnet.py reads packed ternary weights with a weight_scale per projection "
@@ -57,6 +53,9 @@ PATHS: dict[str, dict[str, str]] = {
         "input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
         "mlp.gate_proj": "mlp.c_fc_0", "mlp.up_proj": "mlp.c_fc_1", "mlp.down_proj": "mlp.c_proj",
     },
+    # the checkpoint is rewritten as the hub's Llama4ForConditionalGeneration (checkpoint.LAYOUTS):
+    # the text model sits under language_model (mlx_lm/models/llama4.py Model.language_model)
+    "llama4": {"model": "language_model.model", "lm_head": "language_model.lm_head"},
 }
 
 
