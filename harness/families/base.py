@@ -22,6 +22,7 @@ the names other modules import from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,9 +272,40 @@ def tensor(module, name: str) -> np.ndarray | None:
     return obj.detach().to(dtype=__import__("torch").float64).cpu().numpy()
 
 
-def rope_from_config(config, layer_type: str | None = None, layout: str = "neox", head_dim: int | None = None):
+def hf_default_rope_reads(config_class, key: str) -> bool:
+    """Whether the HF modeling file beside ``config_class`` reads ``key`` where it builds
+    its default RoPE (``*RotaryEmbedding.compute_default_rope_parameters``, read from its
+    source). LlamaRotaryEmbedding's sizes the rotation ``head_dim`` whatever
+    ``partial_rotary_factor`` says (modeling_llama.py: ``dim = getattr(config, "head_dim",
+    None) or ...``), where modeling_rope_utils' scaled types and phi's, glm's ... read it.
+    No such method found: True (the key is taken as read)."""
+    return _default_rope_reads(getattr(config_class, "__module__", ""), key)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_rope_reads(config_module: str, key: str) -> bool:
+    import importlib
+    import inspect
+
+    try:
+        mod = importlib.import_module(config_module.replace(".configuration_", ".modeling_"))
+    except ImportError:
+        return True
+    found = [c.compute_default_rope_parameters for c in vars(mod).values()
+             if isinstance(c, type) and c.__module__ == mod.__name__ and "compute_default_rope_parameters" in vars(c)]
+    if not found:
+        return True
+    try:
+        return any(key in inspect.getsource(f) for f in found)
+    except (OSError, TypeError):
+        return True
+
+
+def rope_from_config(config, layer_type: str | None = None, layout: str = "neox", head_dim: int | None = None,
+                     default_partial: bool = True):
     """impl RoPE from transformers 5's ``config.rope_parameters`` (per layer type
-    where the family keys them so)."""
+    where the family keys them so). ``default_partial``: whether the default RoPE type
+    rotates only ``partial_rotary_factor`` of the head (``hf_default_rope_reads``)."""
     params = config.rope_parameters or {}
     if layer_type is not None and layer_type in params:
         params = params[layer_type]
@@ -282,6 +314,8 @@ def rope_from_config(config, layer_type: str | None = None, layout: str = "neox"
     theta = params["rope_theta"]
     hd = head_dim or getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     prf = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    if kind == "default" and not default_partial:
+        prf = 1.0
     rot = int(hd * prf)
     if kind == "yarn":
         params.setdefault("max_position_embeddings", config.max_position_embeddings)
@@ -349,7 +383,8 @@ class LlamaLike(Family):
         if not self.uses_rope(config, i):
             return None
         layer_type = config.layer_types[i] if self.rope_per_layer_type else None
-        return rope_from_config(config, layer_type, layout=self.rope_layout, head_dim=head_dim)
+        return rope_from_config(config, layer_type, layout=self.rope_layout, head_dim=head_dim,
+                                default_partial=hf_default_rope_reads(self.config_class(), "partial_rotary_factor"))
 
     def layer_config(self, config, i: int) -> LayerConfig:
         """Layer ``i`` from the hooks above; a family adds what else it has with

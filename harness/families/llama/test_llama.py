@@ -93,3 +93,20 @@ def test_gguf_import_folds_the_companion(policy, tmp_path):
     np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
     rows = run(policy, family="", gguf=str(path), ref="llamacpp", kv="paged")
     assert rows and all(r["status"] == "pass" for r in rows)
+
+
+def test_partial_rotary_factor_is_not_a_key_llama_reads(policy):
+    """transformers' LlamaRotaryEmbedding.compute_default_rope_parameters sizes the rotation
+    head_dim whatever rope_parameters.partial_rotary_factor says (modeling_llama.py), and so
+    does llama.cpp (the converter writes rope.dimension_count = head_dim): impl rotates the
+    whole head too -- it rotated half, and failed against both, before the family read the
+    HF source (base.hf_default_rope_reads). phi's does read it."""
+    from harness import families
+    from harness.families.base import hf_default_rope_reads
+    from harness.testing import run, statuses
+
+    assert not hf_default_rope_reads(families.get("llama").config_class(), "partial_rotary_factor")
+    assert hf_default_rope_reads(families.get("phi").config_class(), "partial_rotary_factor")
+    rows = run(policy, family="llama", ref="hf", overrides=(("rope_parameters.partial_rotary_factor", 0.5),))
+    st = statuses(rows)
+    assert st[("hf", 0, "q_rope")] == "pass" and set(st.values()) <= {"pass", "not-exposed"}, st
