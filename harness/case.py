@@ -412,6 +412,7 @@ class CaseRun(Build):
                 rows += judge.compare_refs(later, ref, drift=d)
         if len(good) >= 2:
             self.timings["refs_compare"] = time.perf_counter() - t
+        rows = judge.witnesses(rows)  # a witness beside the pair: whom it follows, measured here
         # a pass must mean the candidate was checked (harness/verdict.py): findings need a
         # guard, every implemented layer a passing attn_out against some reference
         return verdict.guard(rows, self.layer_cfgs, name,

@@ -20,7 +20,8 @@ _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "floor_width", "rope_nmse", 
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
                  "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason", "seen_by",
-                 "tokens_at_most_key", "tokens_at_most", "later_call_rows_at_least", "layer_config"}
+                 "tokens_at_most_key", "tokens_at_most", "later_call_rows_at_least", "layer_config",
+                 "triangulate"}
 # what a [finding.seen_by] inherits from the statement it belongs to (the same disagreement,
 # the same reference config; its own probes, bounds and, optionally, words)
 _INHERITED = ("family", "config", "layer_kind", "dtypes", "reason", "tokens_at_most_key", "tokens_at_most",
@@ -56,9 +57,13 @@ def followed() -> dict[tuple[str, str], str]:
     the triangulation tables (``conformance divergences --triangulate W`` writes
     fixtures/triangulation/W.json): where mlx-lm was measured to compute HF's side of an
     HF-vs-llama.cpp finding, or llama.cpp's. A table measured on another release of the
-    witness than the one installed says nothing (its verdicts may have moved)."""
+    witness than the one installed says nothing (its verdicts may have moved). An engine's
+    table (``--triangulate openvino``) says nothing here either: the engine is a candidate,
+    judged by these findings, and one computing llama.cpp's model is a divergence of it from
+    HF -- a finding that holds for a judged engine is a ``[[finding]]`` naming it."""
     import json
 
+    from . import references
     from .versions import norm, versions
 
     have = {norm(k): v for k, v in versions().items()}
@@ -69,6 +74,8 @@ def followed() -> dict[tuple[str, str], str]:
         except (OSError, ValueError):
             continue
         w = data.get("witness", path.stem)
+        if w not in references.names():
+            continue
         pinned = {norm(k): v for k, v in (data.get("versions") or {}).items() if k.startswith(w)}
         if not pinned or any(have.get(k) != v for k, v in pinned.items()):
             continue
@@ -79,13 +86,29 @@ def followed() -> dict[tuple[str, str], str]:
     return out
 
 
-def _names_for(side: str, f: dict) -> tuple[str, ...]:
+def _names_for(side: str, f: dict, measured: dict | None = None) -> tuple[str, ...]:
     """``_names(side)``, and for a witness that computes one reference's model on this
-    finding (``followed``) that reference too: the finding holds for it in that place."""
+    finding (``followed``; or ``measured``, the same verdict measured in the case at hand)
+    that reference too: the finding holds for it in that place."""
     base = _names(side)
-    label = str(f.get("_n", "")).split(" (seen by", 1)[0]
-    follows = followed().get((side, label))
+    label = finding_label(f)
+    follows = (measured or {}).get((side, label)) or followed().get((side, label))
     return base if follows is None or follows in base else (*base, follows)
+
+
+def finding_label(f: dict) -> str:
+    """A finding's label (``gemma2#1``), its ``[finding.seen_by]`` counted as the statement's."""
+    return str(f.get("_n", "")).split(" (seen by", 1)[0]
+
+
+def pair_sides() -> tuple[str, ...]:
+    """The references a finding's pair is drawn from: HF and llama.cpp (``_SIDE``) and the
+    references computing one of their models (``Reference.model_of``: HF's cached path).
+    Every other reference is a witness (issue 38's triangulation)."""
+    from . import references
+
+    sides = set(_SIDE.values())
+    return tuple(n for n, r in references.registry().items() if n in sides or r.model_of in sides)
 
 
 def config_value(config, dotted: str, family: str | None = None):
@@ -194,7 +217,7 @@ class Policy:
     def finding(self, family: str, candidate: str, reference: str, probe: str, layer_kind: str,
                 config=None, layer: int | None = None, nmse: float | None = None, bounded: bool = True,
                 dtype: str | None = None, tokens: int | None = None, n_layers: int | None = None,
-                chunks: tuple | None = None) -> str | None:
+                chunks: tuple | None = None, measured: dict | None = None) -> str | None:
         """The written reason when a failing comparison is a KNOWN disagreement of
         the references (a finding, reported as such), else None. Matched on the
         reference's own ``config`` (the HF config the case built, or read back from a
@@ -208,7 +231,7 @@ class Policy:
             if (family not in fam) if isinstance(fam, list) else fam != family:
                 continue
             fc, fr = f.get("candidate", candidate), f.get("reference", reference)
-            cn, rn = _names_for(candidate, f), _names_for(reference, f)
+            cn, rn = _names_for(candidate, f, measured), _names_for(reference, f, measured)
             # a finding between two references holds for the pair either way round (a witness
             # in the place of the side it follows stands where that side stood)
             if not (fc in cn and fr in rn) and not (fc in rn and fr in cn and candidate in _reference_names()
@@ -259,10 +282,13 @@ class Policy:
             # finding's size: scripts/measure_cpu_variants.py)
             if bounded and (nmse is None or not nmse <= self.finding_bound(f, tokens, _depth(layer, n_layers))):
                 continue
-            via = next((s for s in (candidate, reference) if len(_names_for(s, f)) > len(_names(s))), None)
+            via = next((s for s in (candidate, reference) if len(_names_for(s, f, measured)) > len(_names(s))), None)
             if via is not None:
+                where = ("in this case: it passes against that reference at this probe, and the finding's "
+                         "pair was excused here" if (via, finding_label(f)) in (measured or {})
+                         else f"on this finding (fixtures/triangulation/{via}.json)")
                 return (f"finding {f['_n']}: {f['reason']} -- held for {via}, measured to compute "
-                        f"{_names_for(via, f)[-1]}'s model on this finding (fixtures/triangulation/{via}.json)")
+                        f"{_names_for(via, f, measured)[-1]}'s model {where}")
             return f"finding {f['_n']}: {f['reason']}"
         return None
 

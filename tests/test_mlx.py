@@ -270,3 +270,41 @@ def test_a_wrong_layout_rewrite_fails(policy, need_mlx, tmp_path, monkeypatch):
     monkeypatch.setitem(checkpoint.LAYOUTS, "gpt_oss", ("gpt_oss", swapped))
     pair = statuses(run(policy, family="gpt_oss", ref="hf,mlx", kv="paged"), candidate="mlx")
     assert pair[("hf", 0, "attn_heads")] == "pass" and pair[("hf", 0, "layer_out")] == "fail", pair
+
+
+_MISTRAL_WINDOW = dict(family="mistral", ref="hf,llamacpp,mlx", kv="decode", schedule="prefill", seed=3,
+                       overrides=(("sliding_window", 2),))
+
+
+def test_whom_mlx_follows_is_measured_in_the_case(policy, need_mlx):
+    """The pair and mlx on a configuration no triangulation table holds (mistral with a window:
+    HF slides, llama.cpp and mlx-lm do not -- mlx_lm/models/llama.py reads layer_types, which
+    MistralConfig does not write). In the case itself mlx passes against llama.cpp where the
+    pair is excused by the window finding and fails against HF: the finding holds for mlx in
+    llama.cpp's place, at those probes, saying it was measured here (Judge.witnesses)."""
+    from harness.testing import all_statuses
+
+    rows = run(policy, **_MISTRAL_WINDOW)
+    st = all_statuses(rows)
+    assert st[("mlx", "llamacpp", 0, "attn_heads")] == "pass"
+    assert st[("llamacpp", "hf", 0, "attn_heads")] == "finding"
+    assert st[("mlx", "hf", 0, "attn_heads")] == "finding" and st[("impl", "mlx", 0, "attn_heads")] == "finding"
+    held = [r for r in rows if r["status"] == "finding" and "mlx" in (r["candidate"], r["reference"])]
+    assert held and all("measured to compute llamacpp's model in this case" in r["reason"] for r in held)
+    assert all(s in ("pass", "not-exposed") for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
+
+
+def test_a_witness_that_follows_neither_side_is_not_excused(policy, need_mlx, tmp_path, monkeypatch):
+    """The same case with mlx-lm's RoPE one position off: mlx now passes against neither
+    side, so nothing it computes is excused -- impl vs mlx fails."""
+    import mlx.nn as nn
+
+    monkeypatch.setenv("CONFORMANCE_CACHE", str(tmp_path / "cache"))
+    orig = nn.RoPE.__call__
+    monkeypatch.setattr(nn.RoPE, "__call__", lambda self, x, offset=0: orig(self, x, offset=offset + 1))
+    rows = run(policy, **_MISTRAL_WINDOW)
+    from harness.testing import all_statuses
+
+    st = all_statuses(rows)
+    assert st[("impl", "mlx", 0, "q_rope")] == "fail" and st[("mlx", "llamacpp", 0, "q_rope")] == "fail"
+    assert not any("in this case" in str(r["reason"]) for r in rows if r["probe"] == "q_rope")

@@ -25,7 +25,7 @@ from contract.probes import LAYER_PROBES
 from .. import kinds, references, scaling, verdict
 from ..compare import absmax, all_finite, judge, judge_against_oracle, metrics
 from ..errors import UsageError
-from ..policy import comparison_dtype, dataflow_position
+from ..policy import comparison_dtype, dataflow_position, pair_sides
 from ..references import RefCapture
 from ..schedule import mask
 
@@ -306,6 +306,59 @@ class Judge:
                         tol_nmse=tol.get("nmse"), tol_atol=tol.get("atol"), tol_reason=why)
         return row
 
+
+    def witnesses(self, rows: list[dict]) -> list[dict]:
+        """Triangulation inside the case (issue 38). A witness is a reference outside the
+        HF-vs-llama.cpp pair (``policy.pair_sides``: mlx-lm). Where this case's rows excuse
+        the pair at a probe by a finding, and the witness passes there against one side and
+        not the other, the witness computes that side's model at that probe -- measured here,
+        not looked up -- and the finding holds for it in that side's place: its failing rows
+        at that probe (against the other side, and impl's against it) are re-judged with that
+        evidence (``Policy.finding(measured=...)``), within the finding's own bound. The
+        stored tables (fixtures/triangulation/) give the same verdict where the pair is not
+        in the case (``--ref hf,mlx``); a case with all three measures it itself, so a
+        configuration no table holds (the fuzz's) is judged on evidence, never excused blind.
+        A row failing its reference's own rounding (oracle.rounding_for) stays a failure."""
+        sides = set(pair_sides())
+        present = {r["candidate"] for r in rows} | {r["reference"] for r in rows}
+        wit = {w for w in references.names() if w in present and w not in sides}
+        if not wit:
+            return rows
+        by = {(r["candidate"], r["reference"], r["layer"], r["probe"]): r for r in rows}
+
+        def status(a, b, layer, probe):  # a pair is judged once, the later against the earlier
+            r = by.get((a, b, layer, probe)) or by.get((b, a, layer, probe))
+            return None if r is None else r["status"]
+
+        excused: dict = {}  # (layer, probe) -> {(label, candidate, reference)} the pair was excused by
+        for r in rows:
+            if r["status"] == "finding" and r["candidate"] in sides and r["reference"] in sides:
+                label = str(r["reason"]).partition("finding ")[2].partition(":")[0]
+                if label:
+                    excused.setdefault((r["layer"], r["probe"]), set()).add((label, r["candidate"], r["reference"]))
+        req = self.req
+        out = []
+        for r in rows:
+            w = next((x for x in (r["candidate"], r["reference"]) if x in wit), None)
+            key = (r["layer"], r["probe"])
+            if r["status"] != "fail" or w is None or key not in excused or "'s own rounding" in str(r["reason"]):
+                out.append(r)
+                continue
+            measured = {}
+            for label, a, b in excused[key]:
+                sa, sb = status(w, a, *key), status(w, b, *key)
+                for side, mine, other in ((a, sa, sb), (b, sb, sa)):
+                    if mine == "pass" and other not in (None, "pass"):
+                        measured[(w, label)] = references.get(side).model_of or side
+            layer = r["layer"] if r["layer"] >= 0 else None
+            lc = req.layer_cfgs[layer] if layer is not None and layer < len(req.layer_cfgs) else None
+            known = measured and req.policy.finding(
+                req.family, r["candidate"], r["reference"], r["probe"], kinds.label(lc), req.config, layer=layer,
+                nmse=r.get("nmse"), dtype=r.get("cmp_dtype"), tokens=req.case.tokens, n_layers=len(req.layer_cfgs),
+                chunks=req.chunks, measured=measured)
+            out.append(dict(r, status="finding", reason=f"{r['reason']} -- known disagreement: {known}")
+                       if known else r)
+        return out
 
     def derived_difference(self, tol: dict, layer, probe: str, b, sides: dict) -> dict:
         """A probe a side derives as the difference of two of its float32 tensors
