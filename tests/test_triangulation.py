@@ -60,7 +60,7 @@ def test_a_stored_verdict_is_measured_again(need_mlx, need_llamacpp):
 def test_the_page_has_the_witness_column_for_every_finding():
     page = divergences(DEFAULT_RUN)
     header = next(ln for ln in page.splitlines() if ln.startswith("| finding |"))
-    assert header.endswith(" mlx computes |")
+    assert " mlx computes |" in header  # the engines' columns after it (tests/test_triangulation_engines.py)
     rows = [ln for ln in page.splitlines() if ln.startswith("| `")]
     assert rows and all(ln.count("|") == header.count("|") for ln in rows)
     assert "measured on transformers" in page and "**mlx computes**" in page

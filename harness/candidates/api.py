@@ -69,6 +69,12 @@ class Candidate(ABC):
     # descriptions and selection), so a case whose captures are all cached may run it from
     # the case's record without building the HF config or the model (harness/warm.py)
     warm_path: bool = False
+    # the distributions of the engine it runs where that engine computes the model itself
+    # (onnxruntime, openvino, ...); empty for one that runs impl's code or a reference's (impl,
+    # hf-sdpa, llamacpp-fa). Only such an engine can say whom it computes like where HF and
+    # llama.cpp disagree (``conformance divergences --triangulate NAME``): one running HF's or
+    # llama.cpp's code would side with its own by construction. The table records these releases.
+    engine_packages: tuple = ()
 
     def validate(self, case) -> None:
         """Raise ``UsageError`` (one line) for a case this candidate can never run."""

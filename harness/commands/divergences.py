@@ -37,9 +37,11 @@ def register(sub) -> None:
     p.add_argument("--family", action="append", help="only this family (repeatable)")
     p.add_argument("--md", metavar="FILE", help="also write the markdown to FILE")
     p.add_argument("--triangulate", metavar="WITNESS",
-                   help="measure whom a third reference (mlx) follows on every HF-vs-llama.cpp finding the run "
-                        "reached -- its worst case re-run with the witness beside the pair -- and store the table "
-                        "(fixtures/triangulation/mlx.json for mlx) that the page's column reads")
+                   help="measure whom a third implementation follows on every HF-vs-llama.cpp finding the run "
+                        "reached -- its worst case re-run with the witness: a reference (mlx) beside the pair, or "
+                        "an engine (ort-gqa, openvino, ...) judged as the candidate against "
+                        "each side -- and store the table (fixtures/triangulation/<witness>.json) that the page's "
+                        "column reads")
     p.set_defaults(fn=cmd_divergences)
 
 
@@ -163,7 +165,11 @@ def _verdict(table: dict, f: dict, label: str) -> str:
     if f["candidate"] != "llamacpp" or f["reference"] not in ("hf", "hf_cached"):
         return "-"
     e = table["findings"].get(label)
-    return e["verdict"] if e else "not reached"
+    if e:
+        return e["verdict"]
+    fams = f["family"] if isinstance(f["family"], list) else [f["family"]]
+    # a table measured with --family holds nothing of the other families: unmeasured, not unreached
+    return "not measured" if table.get("families") and not set(fams) & set(table["families"]) else "not reached"
 
 
 def _witness_note(tables: dict) -> str:
@@ -174,13 +180,20 @@ def _witness_note(tables: dict) -> str:
     for w, t in tables.items():
         vs = t.get("versions", {})
         off = [f"{k} {v} (lock {lock.get(k)})" for k, v in vs.items() if lock.get(k) and lock.get(k) != v]
-        parts.append(f"`{w}`: measured on {', '.join(f'{k} {v}' for k, v in vs.items())}"
+        fams = f" over {', '.join(t['families'])}" if t.get("families") else ""
+        parts.append(f"`{w}`: measured{fams} on {', '.join(f'{k} {v}' for k, v in vs.items())}"
                      + (f" -- NOT the lock's: {', '.join(off)}" if off else ""))
     return ("A witness column says whom a third implementation follows where the pair disagrees, at the first "
-            "probe the finding excused, in the finding's worst case re-run with the witness beside the pair "
-            "(`conformance divergences --triangulate WITNESS`; harness/commands/triangulate.py): HF, llama.cpp, "
-            "neither, both (the difference is below the bound there), not covered (why, in the section), or not "
-            "reached (no case of the run reached the finding). " + "; ".join(parts) + ".")
+            "probe the finding excused that the witness exposes, in the finding's worst case re-run with the "
+            "witness (`conformance divergences --triangulate WITNESS`; harness/commands/triangulate.py): a "
+            "reference (mlx) beside the pair, or an engine judged as the case's candidate against each side "
+            "(`--candidate NAME --ref hf,llamacpp`), its distance to each side held to the bound the pair's own "
+            "row there was judged by (a teacher-forced one, ort-gqa, only in the layer where the pair starts to "
+            "differ). HF, llama.cpp, neither, both (the difference is below the bound there), not "
+            "covered (the witness's refusal or error, or no such probe: why, in the section; for an engine its "
+            "skip in its own words -- a family it does not convert, a KV mode or dtype it does not run), not "
+            "reached (no case of the run reached the finding) or not measured (the table was measured over other "
+            "families). " + "; ".join(parts) + ".")
 
 
 def cmd_divergences(a) -> int:

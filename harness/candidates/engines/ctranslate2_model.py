@@ -30,6 +30,7 @@ NOT_EXPOSED = ("CTranslate2's Generator returns only logits (forward_batch: 'the
 
 class CTranslate2(Candidate):
     teacher_forced = False
+    engine_packages = ("ctranslate2",)
     description = ("CTranslate2: its TransformersConverter and C++ Generator on the CPU, float32, free-running; "
                    "logits only (the extra .[engines])")
 

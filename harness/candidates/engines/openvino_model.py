@@ -39,6 +39,7 @@ FUSED = "inside OpenVINO's fused ScaledDotProductAttention op (the softmax never
 
 class OpenVino(Candidate):
     teacher_forced = False
+    engine_packages = ("openvino",)
     description = ("OpenVINO: the HF model through openvino.convert_model, its CPU plugin at f32, free-running, "
                    "layer boundaries as outputs (the extra .[engines])")
 

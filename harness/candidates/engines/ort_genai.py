@@ -46,6 +46,7 @@ PASS_THROUGH = ("Reshape", "Transpose", "Identity", "SimplifiedLayerNormalizatio
 
 class OrtGenai(Candidate):
     teacher_forced = False
+    engine_packages = ("onnxruntime-genai", "onnxruntime", "onnx")
     description = ("onnxruntime-genai's model builder (fp32, cpu) run by ONNX Runtime, free-running, its named layer "
                    "tensors exposed (the extra .[engines])")
 

@@ -56,6 +56,7 @@ NO_Q_ROPE = (f"{OP} rotates Q inside its kernel and returns no rotated query (it
 class OrtGqa(LayerCandidate):
     description = (f"ONNX Runtime's {OP} (its rotary, window, softcap, sinks, QK norm) in a one-layer ONNX graph per "
                    "decoder layer, teacher-forced (the extra .[engines])")
+    engine_packages = ("onnxruntime", "onnx")
 
     def __init__(self, table=None):
         # table(cos, sin) -> (cos, sin): what the op is handed instead of the true
