@@ -308,3 +308,36 @@ def test_a_witness_that_follows_neither_side_is_not_excused(policy, need_mlx, tm
     st = all_statuses(rows)
     assert st[("impl", "mlx", 0, "q_rope")] == "fail" and st[("mlx", "llamacpp", 0, "q_rope")] == "fail"
     assert not any("in this case" in str(r["reason"]) for r in rows if r["probe"] == "q_rope")
+
+
+def test_a_files_rope_freqs_are_out_of_mlx_reach(need_mlx):
+    """A GGUF's rope_freqs (llama.cpp's generator writes them for llama, granite, exaone)
+    reach HF's model only through the HF reference's own RoPE table; the checkpoint mlx-lm
+    reads has no key for them, and it computed another rotation (L0 q_rope NMSE 0.85):
+    not-implemented, saying why. The same config without them is built."""
+    from harness.families import get
+    from harness.references import get as ref
+
+    fam = get("llama")
+    cfg = fam.make_config()
+    assert ref("mlx").refusal(fam, cfg) is None
+    cfg.rope_parameters = {**cfg.rope_parameters, "freq_factors": [1.0, 2.0, 4.0, 8.0]}
+    assert "rope_freqs" in ref("mlx").refusal(fam, cfg)
+
+
+def test_a_layer_pattern_mlx_cannot_say_is_refused(need_mlx):
+    """mlx-lm's gemma3_text reads the pattern as one period (sliding_window_pattern) and
+    takes the global mask from the cache of layer p - 1: a layer_types list that is no such
+    period would silently be another model, one with no global layer raised IndexError
+    (the converter's gemma3 file). Both are not-implemented with its line; the period the
+    default config has is run."""
+    from harness.families import get
+    from harness.references import get as ref
+
+    fam, mlx = get("gemma3"), ref("mlx")
+    assert mlx.refusal(fam, fam.make_config()) is None
+    odd = fam.make_config({"layer_types": ["full_attention", "sliding_attention", "sliding_attention",
+                                           "full_attention"]})
+    assert "gemma3_text.py reads the layer pattern as one period" in mlx.refusal(fam, odd)
+    none_global = fam.make_config({"num_hidden_layers": 2, "layer_types": ["sliding_attention"] * 2})
+    assert mlx.refusal(fam, none_global) is not None

@@ -28,7 +28,7 @@ class Mlx(Reference):
     # a finding with its lines, or a refusal with the reason: families.py), and where it follows
     # one side of an HF-vs-llama.cpp finding the case measures so itself (Judge.witnesses); but
     # with it in `all`, 128 of 2,743 tests failed (2026-12-06: docs/measurements/2026-12-06-mlx.md,
-    # `--ref all`), among them mlx-lm on GGUF-file cases -- it joins when those are explained
+    # `--ref all`): most of them three-reference tests meeting its not-implemented rows
     in_all = False
 
     def available(self) -> bool:
@@ -78,14 +78,25 @@ class Mlx(Reference):
         why = self.module_refusal(mt)
         if why:
             return f"mlx-lm {_version()}: {why}"
-        from .checkpoint import config_for, missing_fields
+        from .checkpoint import config_for, layer_pattern_refusal, missing_fields
         from .families import UNSUPPORTED
 
-        lost = missing_fields(config_for(family.name, config.to_dict()), mt)
+        written = config_for(family.name, config.to_dict())
+        why = layer_pattern_refusal(written, mt)
+        if why:
+            return f"mlx-lm {_version()}: {why}"
+        lost = missing_fields(written, mt)
         if lost:
             return (f"mlx-lm {_version()}'s {mt}.ModelArgs requires {', '.join(lost)}, which "
                     f"{type(config).__name__} (transformers' port) does not write; the hub's checkpoints of the "
                     "original model carry them (mlx_lm/models/" + mt + ".py)")
+        rp = getattr(config, "rope_parameters", None) or {}
+        if any(isinstance(v, dict) and "freq_factors" in v for v in (rp, *rp.values())):
+            # a GGUF file's rope_freqs tensor (--gguf, where no HF RoPE type computes it): the HF
+            # reference divides it into its own RoPE table (references/hf/rope.py); no config key
+            # carries it, so the checkpoint mlx-lm reads cannot
+            return (f"mlx-lm {_version()}: this file's rope_freqs (freq_factors) reach HF's model only through "
+                    "the HF reference's RoPE table (references/hf/rope.py); no config key mlx-lm reads holds them")
         why = UNSUPPORTED.get(family.name)
         return None if why is None else f"mlx-lm {_version()}: {why}"
 

@@ -197,3 +197,35 @@ def rewrite(family: str, folder: Path) -> None:
     cfg, weights = got[1](cfg, weights)
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def layer_pattern_refusal(cfg: dict, model_type: str) -> str | None:
+    """Why mlx-lm's ``model_type`` cannot run ``cfg``'s layer pattern, or None. Its gemma3_text
+    and cohere2 modules read the pattern as one period (``sliding_window_pattern``: every
+    p-th layer global, the rest sliding) and index the cache of layer p - 1 for the global
+    mask (mlx_lm/models/gemma3_text.py Gemma3Model.__call__ ``cache[self.sliding_window_pattern
+    - 1]``). A ``layer_types`` list that is no such period would be run as another model
+    without a word; one with fewer layers than the period raises IndexError there."""
+    import dataclasses
+    import importlib
+
+    args = getattr(importlib.import_module(f"mlx_lm.models.{model_type}"), "ModelArgs", None)
+    field = {f.name: f for f in dataclasses.fields(args)}.get("sliding_window_pattern") \
+        if args is not None and dataclasses.is_dataclass(args) else None
+    if field is None or not isinstance(field.default, int):
+        return None
+    b = bridged(cfg)
+    c = b.get("text_config") or b
+    lt = c.get("layer_types") or b.get("layer_types")
+    if not isinstance(lt, list) or not lt:
+        return None
+    p = int(b.get("sliding_window_pattern") or c.get("sliding_window_pattern") or field.default)
+    want = ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(len(lt))]
+    where = f"mlx_lm/models/{model_type}.py"
+    if list(lt) != want:
+        return (f"{where} reads the layer pattern as one period (sliding_window_pattern = {p}: every {p}-th layer "
+                f"global); this config's layer_types {lt} is not that")
+    if p > len(lt):
+        return (f"{where} takes the global mask from the cache of layer {p - 1} (sliding_window_pattern = {p}); "
+                f"this model has {len(lt)} layers, none global")
+    return None
