@@ -20,6 +20,13 @@ class GGUFExport:
     # refuses the file (llama-model.cpp done_getting_tensors), as it refuses a user's.
     converter_rope_freqs = False
 
+    def gguf_export_refusal(self, config) -> str | None:
+        """Why ``config`` is no file of ``gguf_arch`` -- the converter writes it as another
+        arch, or llama.cpp's graph for the arch cannot run it -- with the converter's or the
+        loader's line; None (default) where it is. The llama.cpp reference then records a
+        not-implemented row with these words (``LlamaCpp.refusal``), never a crash."""
+        return None
+
     def gguf_params(self, w, config, variant: str | None = None) -> None:
         """The metadata llama.cpp reads for the arch: conversion/base.py
         ``TextModel.set_gguf_parameters`` plus the arch's own additions."""

@@ -110,6 +110,24 @@ class GraniteMoeHybrid(GraniteHybrid):
             kw.update(num_local_experts=0, shared_intermediate_size=hp.ff, intermediate_size=hp.ff)
         return kw
 
+    def gguf_export_refusal(self, config) -> str | None:
+        # convert_hf_to_gguf.py: "There are some models in this family that are non-hybrid, but
+        # keep the same parent class by setting all layers to attention" -- with no SSM layer
+        # the converter writes arch granitemoe (granite without experts), conversion/granite.py
+        # GraniteHybridModel.__init__ `if not self._ssm_layers`. As granitehybrid, llama.cpp's
+        # hybrid memory holds a recurrent cache of no layer and the worker aborts
+        # (ggml-backend.cpp:205 GGML_ASSERT(buffer), measured with --set layer_types=[...]).
+        # (HF spells the types linear_attention / full_attention: the layer configs say which recur)
+        if any(isinstance(lc, RecurrentConfig) for lc in self.layer_configs(config)):
+            return None
+        to = "granitemoe" if getattr(config, "num_local_experts", 0) else "granite"
+        return (f"a GraniteMoeHybrid with no mamba layer (layer_types {list(config.layer_types)}) is no granitehybrid file: convert_hf_to_gguf writes it as "
+                f"arch {to} (conversion/granite.py GraniteHybridModel.__init__, `if not self._ssm_layers`), and "
+                "as granitehybrid llama.cpp's worker aborts (ggml-backend.cpp:205 GGML_ASSERT(buffer): a recurrent "
+                f"cache of no layer); its {to} graph rotates Q and K, HF's position_embedding_type="
+                f"{getattr(config, 'position_embedding_type', None)!r} decides here -- run --family "
+                f"{'granitemoe' if to == 'granitemoe' else 'granite'} for that graph")
+
     def layer_config(self, config, i: int):
         lc = super().layer_config(config, i)
         if isinstance(lc, RecurrentConfig):

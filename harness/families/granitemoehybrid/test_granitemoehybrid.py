@@ -83,3 +83,21 @@ def test_rope_is_refused_for_llamacpp_only():
     assert why and "use_rope" in why and "position_embedding_type" in why
     assert fam.reference_refusal(config, "hf") is None
     assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+
+
+def test_no_mamba_layer_is_refused_by_llamacpp_with_the_converters_line(policy):
+    """All-attention layer_types: the converter writes arch granitemoe, not granitehybrid,
+    and llama.cpp's worker aborted on the granitehybrid file (GGML_ASSERT(buffer)) -- an
+    error row. Now llama.cpp is not-implemented with those lines; HF and its cached path
+    judge impl, which passes; a hybrid config stays three-way."""
+    from harness.families import get
+
+    fam = get("granitemoehybrid")
+    only_attn = (("layer_types", ["attention"] * 3),)
+    rows = run(policy, family="granitemoehybrid", ref="all", overrides=only_attn)
+    lc = [r for r in rows if r["reference"] == "llamacpp" or r["candidate"] == "llamacpp"]
+    assert [r["status"] for r in lc] == ["not-implemented"], lc
+    assert "conversion/granite.py" in lc[0]["reason"] and "GGML_ASSERT(buffer)" in lc[0]["reason"]
+    assert {r["status"] for r in rows if r["candidate"] == "impl"} <= {"pass", "not-exposed", "not-implemented"}
+    assert any(r["status"] == "pass" and r["reference"] == "hf" for r in rows)
+    assert fam.gguf_export_refusal(fam.make_config()) is None

@@ -42,6 +42,11 @@ class LlamaCpp(Reference):
 
         resume()
 
+    def refusal(self, family, config) -> str | None:
+        """The family's own word where the converter writes ``config`` as another arch, or
+        llama.cpp cannot run it (``Family.gguf_export_refusal``)."""
+        return family.gguf_export_refusal(config)
+
     def preflight(self, family, config) -> None:
         """The ``ggml_tensor`` layout the eval callback reads (ggml_ctypes.py) checked
         against the library being loaded: a release that moved a field is refused in
