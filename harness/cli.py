@@ -185,10 +185,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conformance: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into one
+        # the interrupt is being handled: another SIGINT from here on (a second Ctrl-C, one
+        # landing while the message is written or the pool's threads are joined at exit) ends
+        # the process at once with the same status -- never a KeyboardInterrupt escaping past
+        # this handler, which Python reports as death by SIGINT (exit -2: CI, test_run[1.0])
+        interrupt.finish(130)
         interrupt.delivered()
         print(f"conformance: interrupted{'; ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 130
 
 
+def entry() -> None:
+    """The console script and ``python -m harness``: ``main`` as a process. An interrupted
+    command leaves by ``os._exit(130)`` once its exit hooks have run (the llama.cpp worker
+    closed, temporary files gone): the interpreter's own teardown joins the pool threads a
+    capture left running and, with a Ctrl-C of the whole group, ended the process by SIGINT
+    instead (exit -2 after "conformance: interrupted" and main's 130: CI, test_run[1.0];
+    tests/test_interrupt.py test_run_interrupted_twice)."""
+    rc = main()
+    if rc == 130:
+        import atexit
+        import os
+
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(130)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

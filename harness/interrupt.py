@@ -36,6 +36,22 @@ def check() -> None:
         raise KeyboardInterrupt
 
 
+def finish(status: int) -> None:
+    """From now on a SIGINT ends the process at once with ``status`` (the command is already
+    on its way out: nothing is left to interrupt cleanly)."""
+    import os
+    import sys
+
+    def _now(signum, frame):
+        try:
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _now)
+
+
 def delivered() -> None:
     """The interrupt reached the command's top (cli.main): nothing left to raise again."""
     global _pending
