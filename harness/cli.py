@@ -54,9 +54,9 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     # the valid values are `conformance list`'s: naming them here imported impl (numpy) into every
     # `conformance --help` (issue 29: --help <= 0.5 s); a bad value is refused naming them
     p.add_argument("--family", help="model family (see `conformance list`)")
-    p.add_argument("--ref", default=None, help="hf, hf_cached (HF's own cache on the schedule), llamacpp, mlx (mlx-lm: "
-                                                "only where named), several comma-separated (hf,mlx), or all -- hf, "
-                                                "hf_cached and llamacpp (default hf; llamacpp with --gguf)")
+    p.add_argument("--ref", default=None, help="hf, hf_cached (HF's own cache on the schedule), llamacpp, mlx (mlx-lm), "
+                                                "several comma-separated (hf,mlx), or all -- every one of them, each "
+                                                "also judged against the others (default hf; llamacpp with --gguf)")
     p.add_argument("--backend", default="numpy", help="array backend impl runs on (default numpy; see `conformance list`)")
     p.add_argument("--device", default="cpu", help="device of a torch backend (default cpu; see `conformance list`)")
     p.add_argument("--dtype", default="float32", help="compute dtype (default float32; see `conformance list`)")
@@ -155,7 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, process: bool = False) -> int:
+    """Run one command; its exit status. ``process``: main is the whole process (``entry``),
+    so an interrupt may take over SIGINT for the way out; an in-process caller (a test, a
+    user's script) keeps its own handler."""
     from . import interrupt
 
     interrupt.install()
@@ -185,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conformance: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into one
-        # the interrupt is being handled: another SIGINT from here on (a second Ctrl-C, one
-        # landing while the message is written or the pool's threads are joined at exit) ends
-        # the process at once with the same status -- never a KeyboardInterrupt escaping past
-        # this handler, which Python reports as death by SIGINT (exit -2: CI, test_run[1.0])
-        interrupt.finish(130)
+        # the interrupt is being handled: in a process of its own (entry), another SIGINT from
+        # here on (a second Ctrl-C, one landing while the message is written or the pool's
+        # threads are joined at exit) ends the process at once with the same status -- never
+        # a KeyboardInterrupt escaping past this handler, which Python reports as death by
+        # SIGINT (exit -2: CI, test_run[1.0])
+        if process:
+            interrupt.finish(130)
         interrupt.delivered()
         print(f"conformance: interrupted{'; ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 130
@@ -202,7 +207,7 @@ def entry() -> None:
     capture left running and, with a Ctrl-C of the whole group, ended the process by SIGINT
     instead (exit -2 after "conformance: interrupted" and main's 130: CI, test_run[1.0];
     tests/test_interrupt.py test_run_interrupted_twice)."""
-    rc = main()
+    rc = main(process=True)
     if rc == 130:
         import atexit
         import os

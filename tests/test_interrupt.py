@@ -150,3 +150,26 @@ def test_run_interrupted_twice(tmp_path, need_llamacpp):
     rc, err, took = _interrupt([*SLOW_RUN, "--out", str(tmp_path / "out")], 3.0, tmp_path / "cache", tmp_path,
                                times=2)
     _check(rc, err, took, "run interrupted twice")
+
+
+def test_an_in_process_caller_keeps_its_sigint_handler(monkeypatch, capsys):
+    """``main`` called in-process (a test, a user's script) and interrupted returns 130 and
+    leaves SIGINT to the caller: only ``entry`` (main as the whole process) hands it to
+    ``os._exit(130)`` for the way out -- a later Ctrl-C of the caller must stay its own."""
+    import argparse
+
+    from harness import cli, interrupt
+
+    def boom(a):
+        raise KeyboardInterrupt
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(fn=boom)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main([]) == 130
+        assert "conformance: interrupted" in capsys.readouterr().err
+        assert signal.getsignal(signal.SIGINT) in (before, interrupt._handler)
+    finally:
+        signal.signal(signal.SIGINT, before)
