@@ -14,9 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # huggingface_hub read a checkpoint; kernels reroutes transformers' functions when it is
 # installed: references/hf/internals.py), the array libraries impl and the oracle use,
 # and the judged engines (the `engines` extra)
+# the judged engines' packages (the `engines` extra): they shape only the rows of a candidate
+# that runs on them, so a run without one installed says nothing about them
+ENGINE_PACKAGES = ("onnxruntime", "onnx", "onnxruntime_genai", "openvino", "ctranslate2")
 PACKAGES = ("numpy", "torch", "transformers", "llama_cpp_python", "gguf", "array_api_compat", "pandas",
-            "tokenizers", "safetensors", "huggingface_hub", "kernels",
-            "onnxruntime", "onnx", "onnxruntime_genai", "openvino", "ctranslate2", "mlx_lm", "mlx")
+            "tokenizers", "safetensors", "huggingface_hub", "kernels", *ENGINE_PACKAGES, "mlx_lm", "mlx")
 # the references' own packages: a run on another release of one of these is named in
 # every report's header (``drift``), and `conformance upstream` can bisect their releases
 REFERENCE_PACKAGES = ("transformers", "llama_cpp_python", "mlx_lm")

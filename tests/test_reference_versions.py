@@ -74,3 +74,23 @@ def test_diff_says_the_versions_changed_before_it_says_regression(one_run, tmp_p
     assert out.startswith("# Conformance diff: CHANGED WITH THE VERSIONS")
     assert "**Versions changed between the runs: transformers " in out and "→ 99.1.0" in out
     assert "## New failures (versions changed)" in out
+
+
+def test_an_engine_package_in_one_run_only_is_no_version_change(tmp_path):
+    """A baseline written where the `engines` extra was installed, diffed against a run
+    without it: the engines shape only a candidate that runs on them, so nothing changed;
+    two releases of one, or of a reference, did."""
+    from harness.commands.diff import version_changes
+
+    def run_dir(name, **versions):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "meta.json").write_text(json.dumps({"versions": {"transformers": "5.24.0", **versions}}))
+        return str(d)
+
+    base = run_dir("base", onnxruntime="1.31.1", openvino="2026.4.1")
+    assert version_changes(base, run_dir("plain", onnxruntime=None, openvino=None)) == []
+    assert version_changes(base, run_dir("newer", onnxruntime="1.32.0", openvino=None)) == \
+        [("onnxruntime", "1.31.1", "1.32.0")]
+    assert version_changes(base, run_dir("tf", transformers="5.25.0", onnxruntime=None, openvino=None)) == \
+        [("transformers", "5.24.0", "5.25.0")]

@@ -137,10 +137,13 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, factor: float) -> dict:
 def version_changes(base: str, new: str) -> list[tuple[str, str | None, str | None]]:
     """``(package, base's version, new's)`` for every result-shaping package whose
     version the two runs recorded differently (meta.json ``versions``): a verdict that
-    moved with them may be the release's, not the code's."""
+    moved with them may be the release's, not the code's. A judged engine's package
+    installed for one run and absent from the other is no change: it shapes only the
+    rows of a candidate that runs on it, and such a candidate cannot run without it
+    (the rows say so); two different versions of it are one."""
     import json
 
-    from ..versions import PACKAGES
+    from ..versions import ENGINE_PACKAGES, PACKAGES
 
     def read(d):
         try:
@@ -152,7 +155,8 @@ def version_changes(base: str, new: str) -> list[tuple[str, str | None, str | No
     if not vb or not vn:
         return []
     return [(p, vb.get(p), vn.get(p)) for p in (*PACKAGES, "python", "llama_cpp_kernels")
-            if p in vb and p in vn and vb.get(p) != vn.get(p)]  # a package one run did not record: unknown
+            if p in vb and p in vn and vb.get(p) != vn.get(p)  # a package one run did not record: unknown
+            and not (p in ENGINE_PACKAGES and None in (vb.get(p), vn.get(p)))]
 
 
 def markdown(res: dict, base: str, new: str, changed: list | None = None) -> str:
