@@ -361,7 +361,7 @@ class CaseRun(Build):
         if why:  # a limit of the engine, said in the row: nothing compared, never a pass
             return [Judge(self.judge_request()).row(name, "-", None, "*", "skipped", why)]
         _ = self.plan  # decided before any capture: a case that cannot fit is refused here
-        refused = self.schedule_refusals  # --ref all: a reference that cannot run the schedule sits out
+        refused = self.schedule_refusals  # several references: one that cannot run the schedule sits out
         lacking = self.reference_refusals  # ... and one that does not implement the family at all
         caps = self._capture_all([r for r in case.refs if r not in refused and r not in lacking])
         judge = Judge(self.judge_request())
@@ -407,9 +407,18 @@ class CaseRun(Build):
                 # drift ggml's activation rounding makes in the oracle reference itself (oracle.drift)
                 # two float32 paths of one model where the policy asks: the reference's own
                 # float32 rounding, measured free-running against float64 (oracle.own_rounding)
-                d = (oracle_stage.drift(self, ref) if references.get(later.name).file_weights
-                     else oracle_stage.own_rounding(self, later, ref))
-                rows += judge.compare_refs(later, ref, drift=d)
+                base = None
+                if references.get(later.name).file_weights:
+                    d = oracle_stage.drift(self, ref)
+                elif references.get(ref.name).file_weights:
+                    # a float reference after the file's (mlx after llama.cpp): the same drift,
+                    # made from -- and measured against -- the oracle reference's float run
+                    # (mlx reads HF's dequantized checkpoint: the two compute one model)
+                    base = next((c for c in good if references.get(c.name) is references.oracle_reference()), None)
+                    d = None if base is None else oracle_stage.drift(self, base)
+                else:
+                    d = oracle_stage.own_rounding(self, later, ref)
+                rows += judge.compare_refs(later, ref, drift=d, drift_base=base if d is not None else None)
         if len(good) >= 2:
             self.timings["refs_compare"] = time.perf_counter() - t
         rows = judge.witnesses(rows)  # a witness beside the pair: whom it follows, measured here

@@ -17,6 +17,7 @@ import pytest
 from harness.errors import UsageError
 
 from conftest import run
+from harness.testing import HF_AND_LLAMACPP
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -105,7 +106,7 @@ def test_a_plugin_is_found_by_its_entry_point_and_judged(tiny_engine_installed, 
     # the same call without the package on the path does not know it
     assert "tiny-engine" not in _cli("list").stdout
 
-    ok = _cli("run", "--family", "llama", "--candidate", "tiny-engine", "--ref", "all", "--out", str(tmp_path / "ok"),
+    ok = _cli("run", "--family", "llama", "--candidate", "tiny-engine", "--ref", HF_AND_LLAMACPP, "--out", str(tmp_path / "ok"),
               env=env)
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
     rows = pd.read_parquet(tmp_path / "ok" / "rows.parquet")
@@ -151,7 +152,7 @@ def test_dump_round_trip_and_a_planted_error(tmp_path, need_llamacpp, capsys):
     from harness.cli import main
 
     case = tmp_path / "case"
-    assert main(["export-case", "--family", "llama", "--ref", "all", "--out", str(case)]) == 0
+    assert main(["export-case", "--family", "llama", "--ref", HF_AND_LLAMACPP, "--out", str(case)]) == 0
     data = json.loads((case / "case.json").read_text())
     assert data["format"] == "attn-conformance-case/1" and data["references"].keys() == {"hf", "hf_cached", "llamacpp"}
     assert (case / "model.gguf").is_file() and (case / "hf" / "config.json").is_file()
@@ -285,7 +286,7 @@ def test_hf_flex_runs_on_the_cpu(policy):
 def test_llamacpp_fa_against_the_plain_path_hf_and_the_oracle(policy, need_llamacpp):
     from harness.case import Case, CaseRun
 
-    r = CaseRun(Case(family="gemma2", ref="all", candidate="llamacpp-fa"), policy)
+    r = CaseRun(Case(family="gemma2", ref=HF_AND_LLAMACPP, candidate="llamacpp-fa"), policy)
     rows = r.rows()
     mine = _mine(rows)
     assert {x["reference"] for x in mine} == {"hf", "hf_cached", "llamacpp"}
@@ -307,7 +308,7 @@ def test_llamacpp_fa_against_the_plain_path_hf_and_the_oracle(policy, need_llama
 
 @pytest.mark.llamacpp
 def test_llamacpp_fa_q8_0_cache_needs_its_block(policy, need_llamacpp):
-    rows = run(policy, family="gemma2", ref="all", candidate="llamacpp-fa-kv-q8_0")
+    rows = run(policy, family="gemma2", ref=HF_AND_LLAMACPP, candidate="llamacpp-fa-kv-q8_0")
     assert [r["status"] for r in rows] == ["skipped"]
     assert "block of 32 does not divide the head width 16" in rows[0]["reason"]
 

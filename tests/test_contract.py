@@ -147,8 +147,8 @@ def test_the_references_are_plugins_and_their_differences_attributes():
 
     hf, lc, cached = references.get("hf"), references.get("llamacpp"), references.get("hf_cached")
     assert references.names() == ("hf", "hf_cached", "llamacpp", "mlx")
-    # mlx (the third implementation) runs where it is named until every family it implements is judged
-    assert references.all_names() == ("hf", "hf_cached", "llamacpp") and not references.get("mlx").in_all
+    # mlx (the third implementation) joined --ref all once every family it implements was judged
+    assert references.all_names() == ("hf", "hf_cached", "llamacpp", "mlx") and references.get("mlx").in_all
     mlx = references.get("mlx")
     assert not mlx.oracle and mlx.model_of is None and mlx.cached and not mlx.file_weights
     assert hf.oracle and hf.sees_modules and hf.graph_dtype is None and not hf.file_weights

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run
+from harness.testing import HF_AND_LLAMACPP
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.engines
@@ -164,7 +165,7 @@ def test_ort_gqa_batched_cache_matches(policy):
 # ---------------------------------------------------------------- whole-model engines
 def test_ort_genai_runs_the_builders_model_free(policy, need_llamacpp):
     need("onnxruntime", "onnx", "onnxruntime-genai", "onnx-ir")
-    rows = run(policy, family="llama", ref="all", candidate="ort-genai")
+    rows = run(policy, family="llama", ref=HF_AND_LLAMACPP, candidate="ort-genai")
     mine = _mine(rows, "ort-genai")
     bad = [(k, r["status"]) for k, r in mine.items() if r["status"] not in ("pass", "not-exposed")]
     assert not bad, bad

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import bad_rows, run
 from harness.families import registry
+from harness.testing import HF_AND_LLAMACPP
 
 FAMILIES = sorted(registry())
 # families whose llama.cpp graph computes another model from the first norm on: every impl
@@ -25,7 +26,7 @@ ALL_FINDING_AGAINST_LLAMACPP = {
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_three_way(policy, need_llamacpp, family, kv):
     fam = registry()[family]
-    rows = run(policy, family=family, ref="all" if fam.gguf_arch else "hf", kv=kv)
+    rows = run(policy, family=family, ref=HF_AND_LLAMACPP if fam.gguf_arch else "hf", kv=kv)
     bad = bad_rows(rows)
     assert not bad, bad
     passed = {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"}

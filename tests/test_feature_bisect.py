@@ -24,6 +24,7 @@ from harness.bisect import _switched, describe_features, feature_bisect, first_d
 from harness.case import Case, CaseRun
 from harness.errors import UsageError
 from harness.mutants import applied, registry
+from harness.testing import HF_AND_LLAMACPP
 
 MUTANTS = registry()
 
@@ -84,7 +85,7 @@ def test_every_switch_alone_passes_on_the_clean_case(policy, family):
 def test_weight_switches_hold_for_llamacpp_too(policy, need_llamacpp, family, tag):
     """A weight switch changes the seeded model, from which the GGUF is exported: both
     references see it, and impl still agrees with both."""
-    case = Case(family=family, ref="all", kv="paged")
+    case = Case(family=family, ref=HF_AND_LLAMACPP, kv="paged")
     usable, _ = switches_for(case, CaseRun(case, policy))
     assert usable[tag].kind == "weights"
     rows = CaseRun(_switched(case, [usable[tag]]), policy).rows()
@@ -138,7 +139,7 @@ def test_a_module_switch_is_refused_against_llamacpp(policy):
     runs HF's modules is named -- hf and, since it joined, hf_cached -- so match the first and the
     advice, not the whole list.)"""
     with pytest.raises(UsageError, match=r"which only HF transformers( or .*)? sees; use --ref hf"):
-        _ = CaseRun(Case(family="qwen3", ref="all", kv="paged", switch_off=("qk_norm_head",)), policy).layer_cfgs
+        _ = CaseRun(Case(family="qwen3", ref=HF_AND_LLAMACPP, kv="paged", switch_off=("qk_norm_head",)), policy).layer_cfgs
 
 
 def test_bisect_command_names_the_feature(capsys):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness.testing import HF_AND_LLAMACPP
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +43,7 @@ def test_prompt_on_a_seeded_vocabulary_is_refused_before_any_capture(tmp_path):
     line = one_line_exit_2(cli("run", "--family", "llama", "--ref", "all", "--prompt", "hello", "--out", str(out)))
     assert "--prompt needs a tokenizer" in line and "128-token" in line and "--gguf FILE" in line
     assert "vocab_size=260" in line and not out.exists()
-    run = CaseRun(Case(family="llama", ref="all", prompt="hello"), load_policy(None))
+    run = CaseRun(Case(family="llama", ref=HF_AND_LLAMACPP, prompt="hello"), load_policy(None))
     with pytest.raises(UsageError):
         _ = run.tokens
     # refused before the GGUF export and before any capture

@@ -18,6 +18,7 @@ from harness.kinds.attention.mutants.features4 import SPEC_MUTANTS
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from harness.testing import HF_AND_LLAMACPP
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,5 +159,5 @@ def test_kv_eviction_with_shared_kv_is_a_refused_draw():
     fuzz as an impl error row), so the fuzzer discards the draw."""
     from harness.policy import load_policy
 
-    out = fuzz.run_three_way(Case(family="gemma3n", ref="all", kv="decode", tokens=2, evict=True), load_policy())
+    out = fuzz.run_three_way(Case(family="gemma3n", ref=HF_AND_LLAMACPP, kv="decode", tokens=2, evict=True), load_policy())
     assert fuzz.is_refused(out) and "--kv-evict with KV shared across layers" in out.why, out.why

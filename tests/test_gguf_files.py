@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import bad_rows, run
+from harness.testing import HF_AND_LLAMACPP
 
 ROOT = Path(__file__).resolve().parent.parent
 # the five families the mutation score on a Q4_K_M file is asked of (issue 12)
@@ -364,7 +365,7 @@ def test_q4_k_m_three_way(policy, family):
     256: K-quant blocks): HF and impl hold its dequantized weights, impl vs HF is
     a float32 comparison, impl vs llama.cpp -- ggml's activation quantization
     reproduced -- a ggml_q8_k one, HF vs llama.cpp the q8_k policy."""
-    rows = run(policy, family=family, ref="all", gguf_type="q4_k_m", overrides=kquant_overrides(family))
+    rows = run(policy, family=family, ref=HF_AND_LLAMACPP, gguf_type="q4_k_m", overrides=kquant_overrides(family))
     assert not bad_rows(rows, ok=("pass", "not-exposed", "not-implemented"))
     pairs = {(r["candidate"], r["reference"], r["cmp_dtype"]) for r in rows if r["status"] == "pass"}
     assert ("impl", "hf", "float32") in pairs and ("impl", "llamacpp", "ggml_q8_k") in pairs
@@ -405,7 +406,7 @@ def test_a_moe_routing_flip_is_a_bounded_finding_and_impl_still_passes(policy):
 
     from harness.case import Case, CaseRun
 
-    rows = run(policy, family="deepseek_v3", ref="all", gguf_type="q8_0")
+    rows = run(policy, family="deepseek_v3", ref=HF_AND_LLAMACPP, gguf_type="q8_0")
     assert not bad_rows([r for r in rows if r["candidate"] == "impl"], ok=("pass", "not-exposed"))
     lc = {(r["layer"], r["probe"]): r for r in rows if r["candidate"] == "llamacpp"}
     assert lc[(1, "resid_mid")]["status"] == "pass" and lc[(1, "resid_mid")]["nmse"] < 1e-3
@@ -419,7 +420,7 @@ def test_a_moe_routing_flip_is_a_bounded_finding_and_impl_still_passes(policy):
     flip_token = int(jump["worst"].split("tok=")[1].split(",")[0])
     assert all(r["status"] in ("pass", "finding", "not-exposed") for r in lc.values())
 
-    case = CaseRun(Case(family="deepseek_v3", gguf_type="q8_0", ref="all"), policy)
+    case = CaseRun(Case(family="deepseek_v3", gguf_type="q8_0", ref=HF_AND_LLAMACPP), policy)
     model, got = case.base_model, {}
     gate = model.model.layers[1].mlp.gate
     hook = gate.register_forward_hook(lambda mod, args, out: got.update(x=args[0].detach()) and None)
@@ -438,7 +439,7 @@ def test_a_moe_routing_flip_is_a_bounded_finding_and_impl_still_passes(policy):
                                       nmse=10 * 0.1, dtype="q8_0")
     assert not policy.finding("deepseek_v3", "llamacpp", "hf", "layer_out", "moe", case.config, 1,
                               nmse=jump["nmse"], dtype="float32")
-    f32 = run(policy, family="deepseek_v3", ref="all", gguf_type="f32")
+    f32 = run(policy, family="deepseek_v3", ref=HF_AND_LLAMACPP, gguf_type="f32")
     assert not [r for r in f32 if r["status"] == "finding"]
 
 
@@ -727,7 +728,7 @@ def test_converter_file_quantized_three_way(policy, converted_all, family):
     from harness.gguf.weights import quantize
 
     path = quantize(converted_all[family][0], "q4_k_m")
-    rows = run(policy, family=family if family.startswith("deepseek") else "", gguf=str(path), ref="all")
+    rows = run(policy, family=family if family.startswith("deepseek") else "", gguf=str(path), ref=HF_AND_LLAMACPP)
     assert not bad_rows(rows, ok=("pass", "not-exposed", "not-implemented"))
     assert {r["gguf_type"] for r in rows} != {"f32"}
     assert any(r["candidate"] == "llamacpp" and r["status"] == "pass" for r in rows)
@@ -746,7 +747,7 @@ def test_random_model_generator_file_three_way(policy, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tests.helpers.llama_archs", "llama", str(path)], cwd=str(ROOT),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and path.is_file(), proc.stderr[-2000:]
-    rows = run(policy, family="", gguf=str(path), ref="all", tokens=8)
+    rows = run(policy, family="", gguf=str(path), ref=HF_AND_LLAMACPP, tokens=8)
     assert not bad_rows(rows, ok=("pass", "not-exposed"))
     # three-way (--ref all also holds hf_cached since issue 24)
     assert {("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf")} <= {(r["candidate"], r["reference"]) for r in rows}
@@ -768,12 +769,12 @@ def test_prompt_tokenizes_with_the_files_vocabulary(policy):
     from harness.case import Case, CaseRun
 
     text = "hi!"
-    run_ = CaseRun(Case(family="qwen3", prompt=text, ref="all", overrides=(("vocab_size", 300),)), policy)
+    run_ = CaseRun(Case(family="qwen3", prompt=text, ref=HF_AND_LLAMACPP, overrides=(("vocab_size", 300),)), policy)
     ids = run_.tokens[0].tolist()
     # tiny_vocab: unk, bos, eos, then <0x00>..<0xFF> at 3..258; no plain piece matches "hi!"
     assert ids[-3:] == [3 + b for b in text.encode()]
     assert run_.case.tokens == len(ids)
-    rows = run(policy, family="qwen3", prompt=text, ref="all", overrides=(("vocab_size", 300),))
+    rows = run(policy, family="qwen3", prompt=text, ref=HF_AND_LLAMACPP, overrides=(("vocab_size", 300),))
     assert not bad_rows(rows, ok=("pass", "not-exposed")) and {r["tokens"] for r in rows} == {len(ids)}
     seeded = CaseRun(Case(family="qwen3", overrides=(("vocab_size", 300),)), policy).tokens
     assert seeded.shape == (1, 16) and seeded[0].tolist() != ids

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import run
+from harness.testing import HF_AND_LLAMACPP
 
 # a llama whose matrices K-quants can block (rows of 256), with outlier channels
 TINY = (("hidden_size", 256), ("intermediate_size", 512), ("num_hidden_layers", 3), ("num_attention_heads", 4),
@@ -43,7 +44,7 @@ def _rows(policy, path, stream: bool, cache, monkeypatch, **kw):
     monkeypatch.setenv("CONFORMANCE_CACHE", str(cache))  # each reading its own captures
     monkeypatch.setenv(streaming.ENV, "1" if stream else "0")
     monkeypatch.setattr(streaming.Streamed, "ensure", ensure)
-    rows = run(policy, family="", gguf=path, ref="all", tokens=9, **kw)
+    rows = run(policy, family="", gguf=path, ref=HF_AND_LLAMACPP, tokens=9, **kw)
     assert max(held, default=0) <= 1  # one decoder layer held at a time
     for st in seen:  # and none at the end (a layer the float64 run put back after it was dropped would be)
         assert all(st.params[n].device.type == "meta" for ns in st.names.values() for n in ns)

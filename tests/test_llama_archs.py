@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from conftest import bad_rows, run
+from harness.testing import HF_AND_LLAMACPP
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -274,7 +275,7 @@ def test_generator_file(policy, archs_dir, arch, moe, outcome, why):
         return
     src = gguf_import.load(str(path))
     assert src.family.gguf_arch == arch
-    rows = run(policy, family="", gguf=str(path), ref="all", tokens=8)
+    rows = run(policy, family="", gguf=str(path), ref=HF_AND_LLAMACPP, tokens=8)
     assert not bad_rows(rows, ok=("pass", "not-exposed", "not-implemented", "finding")), \
         bad_rows(rows, ok=("pass", "not-exposed", "not-implemented", "finding"))[:4]
     pairs = {(r["candidate"], r["reference"]) for r in rows}
@@ -356,6 +357,6 @@ def test_a_file_is_not_refused_for_what_only_the_export_cannot_give_llamacpp(arc
         path, _ = _generate("falcon-h1", False, archs_dir)
     except _Unwritten as e:
         pytest.fail(e.proc.stderr[-1000:])
-    run = CaseRun(Case(family="", gguf=str(path), ref="all", tokens=8), None)
+    run = CaseRun(Case(family="", gguf=str(path), ref=HF_AND_LLAMACPP, tokens=8), None)
     assert run.config.attention_bias and "attention_bias" in run.family.reference_refusal(run.config, "llamacpp")
     budget.check(run)  # no UsageError: the seeded model would be refused, the file is not

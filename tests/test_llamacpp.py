@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import all_statuses, assert_llamacpp_fails_first_at_q, bad_rows, run, statuses
+from harness.testing import HF_AND_LLAMACPP
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -15,7 +16,7 @@ FOUNDATION = ["llama", "qwen2", "qwen3"]
 @pytest.mark.parametrize("family", FOUNDATION)
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_three_way(policy, family, kv):
-    rows = run(policy, family=family, ref="all", kv=kv, schedule="mixed")
+    rows = run(policy, family=family, ref=HF_AND_LLAMACPP, kv=kv, schedule="mixed")
     bad = bad_rows(rows, ok=("pass", "not-exposed"))
     assert not bad, bad
     pairs = {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"}
@@ -60,7 +61,7 @@ def test_broken_qk_permutation_fails_at_q(policy, monkeypatch):
 
     llama = get("llama")
     monkeypatch.setattr(llama, "permute_qk", False)
-    rows = run(policy, family="llama", ref="all")
+    rows = run(policy, family="llama", ref=HF_AND_LLAMACPP)
     st = all_statuses(rows)
     assert_llamacpp_fails_first_at_q(st)
     assert st[("impl", "llamacpp", 0, "v")] == "pass"
@@ -74,7 +75,7 @@ def test_a_crash_inside_llamacpp_is_an_error_row(policy, monkeypatch, kind):
     monkeypatch.setattr(llamacpp, "WORKER_MODULE", "tests.helpers.crashing_worker")
     monkeypatch.setenv("CRASH_KIND", kind)
     monkeypatch.setenv("PYTHONPATH", str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-    rows = run(policy, family="qwen3", ref="all", seed=11)
+    rows = run(policy, family="qwen3", ref=HF_AND_LLAMACPP, seed=11)
     errors = [r for r in rows if r["status"] == "error"]
     assert len(errors) == 1 and errors[0]["reference"] == "llamacpp"
     assert "signal" in errors[0]["reason"] and "GGML_ASSERT" in errors[0]["reason"]
@@ -91,7 +92,7 @@ def test_llama3_rope_scaling_reaches_llamacpp_as_rope_freqs(policy, monkeypatch,
     """granite: GraniteModel is a LlamaModel, so the converter writes rope_freqs and
     granite.cpp reads it; the export left it out, and every granite case with llama3
     RoPE failed impl vs llama.cpp at q_rope."""
-    rows = run(policy, family=family, ref="all", overrides=LLAMA3)
+    rows = run(policy, family=family, ref=HF_AND_LLAMACPP, overrides=LLAMA3)
     assert all(r["status"] in ("pass", "not-exposed") for r in rows)
     assert "rope_scaling" in rows[0]["features"]
     # without the converter's rope_freqs tensor llama.cpp rotates unscaled: caught at q_rope

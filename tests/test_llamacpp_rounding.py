@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.mutants import applied, registry
-from harness.testing import run
+from harness.testing import HF_AND_LLAMACPP, run
 
 EPS = registry()["norm-eps-outside-sqrt"]
 CASE = dict(family="llama", dtype="float64", ref="llamacpp")
@@ -43,6 +43,6 @@ def test_chunked_llama4_against_llamacpp_alone_names_the_reference_that_can_judg
     rows = run(policy, ref="llamacpp", **kw)
     bad = [r for r in rows if r["status"] == "unguarded"]
     assert bad and all("8192" in r["reason"] and "--ref hf" in r["reason"] for r in bad)
-    both = run(policy, ref="all", **kw)
+    both = run(policy, ref=HF_AND_LLAMACPP, **kw)
     assert not [r for r in both if r["status"] in ("fail", "error", "unguarded")]
     assert np.isfinite([r["nmse"] for r in both if r["status"] == "finding"]).all()

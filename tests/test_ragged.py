@@ -14,7 +14,7 @@ from contract.candidate import LayerCall
 from harness.candidates.api import padded
 from harness.mutants import applied, registry
 from harness.schedule import batch_plan, mask
-from harness.testing import run
+from harness.testing import HF_AND_LLAMACPP, run
 from impl import Backend, Layer, LayerConfig, NormSpec, RopeSpec, WindowSpec, make_rope
 from impl import kv as kvmod
 from impl.runner import run_layer
@@ -193,7 +193,7 @@ def test_ragged_cases_pass_three_way_and_the_position_mutant_fails_them(policy, 
     """`conformance run --kv batched --seqs 3 --ragged`: clean, every comparison passes
     against every reference; with the position mutant, impl fails against each --
     and the lockstep case it cannot tell from the clean one still passes."""
-    kw = dict(family=family, ref="all", kv="batched", seqs=3)
+    kw = dict(family=family, ref=HF_AND_LLAMACPP, kv="batched", seqs=3)
     rows = run(policy, ragged=True, **kw)
     assert rows[0]["ragged"] and "ragged" in rows[0]["case_id"]
     bad = [(r["candidate"], r["reference"], r["layer"], r["probe"], r["status"]) for r in rows

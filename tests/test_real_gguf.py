@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import bad_rows, run
+from harness.testing import HF_AND_LLAMACPP
 
 # what a pass on a real file must hold: the three pairs, each compared (--ref all also
 # holds hf_cached since issue 24: HF's cached path, judged against the same bounds)
@@ -62,7 +63,7 @@ def _worst(rows, cand, ref):
 def test_gemma3_270m_q4_k_m_three_way_and_a_planted_bug_fails(policy, gemma3_270m):
     from harness.mutants import applied, registry
 
-    rows = run(policy, family="", gguf=gemma3_270m, ref="all", tokens=24)
+    rows = run(policy, family="", gguf=gemma3_270m, ref=HF_AND_LLAMACPP, tokens=24)
     assert not bad_rows(rows, ok=("pass",)), bad_rows(rows, ok=("pass",))[:5]
     assert PAIRS <= {(r["candidate"], r["reference"]) for r in rows}
     assert {r["gguf_type"] for r in rows} == {"q4_k"} and len({r["layer"] for r in rows}) == 18 + 1
@@ -73,7 +74,7 @@ def test_gemma3_270m_q4_k_m_three_way_and_a_planted_bug_fails(policy, gemma3_270
     assert margin < 0.7, margin  # measured 0.46 (layer 4 attn_out: 1.8 x the drift, bound 4 x)
     assert _worst(rows, "impl", "llamacpp") < 0.5
     with applied(registry()["softmax-scale-1pct"]):
-        bug = run(policy, family="", gguf=gemma3_270m, ref="all", tokens=24)
+        bug = run(policy, family="", gguf=gemma3_270m, ref=HF_AND_LLAMACPP, tokens=24)
     for ref in ("hf", "llamacpp"):
         failed = [r for r in bug if r["candidate"] == "impl" and r["reference"] == ref and r["status"] == "fail"]
         assert failed and {r["probe"] for r in failed} & {"attn_probs", "attn_heads", "attn_out"}, ref
@@ -116,7 +117,7 @@ def test_the_quantized_sweep_runs_every_type_at_24_layers_and_the_suite_every_cl
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("weight_type", OUTLIER_TYPES)
 def test_outlier_channel_models_pass_at_24_layers(policy, weight_type):
-    rows = run(policy, family="llama", ref="all", gguf_type=weight_type, weights="realistic", overrides=DEPTH)
+    rows = run(policy, family="llama", ref=HF_AND_LLAMACPP, gguf_type=weight_type, weights="realistic", overrides=DEPTH)
     assert not bad_rows(rows, ok=("pass",)), bad_rows(rows, ok=("pass",))[:5]
     assert PAIRS <= {(r["candidate"], r["reference"]) for r in rows}
     # with margin: the worst row of each pair well inside its bound
@@ -131,7 +132,7 @@ def test_a_planted_softmax_scale_bug_fails_on_a_q4_1_outlier_model(policy):
     from harness.mutants import applied, registry
 
     with applied(registry()["softmax-scale-1pct"]):
-        rows = run(policy, family="llama", ref="all", gguf_type="q4_1", weights="realistic", overrides=DEPTH)
+        rows = run(policy, family="llama", ref=HF_AND_LLAMACPP, gguf_type="q4_1", weights="realistic", overrides=DEPTH)
     for ref in ("hf", "llamacpp"):
         assert any(r["candidate"] == "impl" and r["reference"] == ref and r["status"] == "fail" for r in rows), ref
 

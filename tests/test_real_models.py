@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from conftest import bad_rows, run
+from harness.testing import HF_AND_LLAMACPP
 
 ROOT = Path(__file__).resolve().parent.parent
 FOUNDATION = ["llama", "qwen2", "qwen3"]
@@ -68,7 +69,7 @@ def test_hf_model_three_way(policy, checkpoints, family):
 
     d, model, config = checkpoints[family]
     assert family_of(d) == family  # from config.json's model_type
-    rows = run(policy, family=family, hf_model=str(d), ref="all")
+    rows = run(policy, family=family, hf_model=str(d), ref=HF_AND_LLAMACPP)
     assert not bad_rows(rows, ok=("pass", "not-exposed"))
     pairs = {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"}
     # --ref all also runs hf_cached, adding its pairs: the three pairs this test is about must be among the
@@ -481,7 +482,7 @@ def test_hf_model_real_shaped_checkpoints_three_way(policy, tmp_path):
     for family, d in dirs.items():
         assert (d / "model.safetensors.index.json").is_file() and len(list(d.glob("*.safetensors"))) > 1
         assert family_of(d) == family
-        rows = run(policy, family=family, hf_model=str(d), ref="all")
+        rows = run(policy, family=family, hf_model=str(d), ref=HF_AND_LLAMACPP)
         assert not bad_rows(rows, ok=("pass", "finding", "not-exposed")), bad_rows(rows, ok=("pass", "finding", "not-exposed"))
         assert {(r["candidate"], r["reference"]) for r in rows if r["status"] == "pass"} >= {("impl", "hf"), ("impl", "llamacpp")}
     assert "text_config" in _json.loads((dirs["gemma3"] / "config.json").read_text())

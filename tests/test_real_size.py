@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.pipeline import oracle as oracle_stage
-from harness.testing import run
+from harness.testing import HF_AND_LLAMACPP, run
 
 
 def _case_run(family="llama", **kw):
@@ -240,7 +240,7 @@ def test_impl_is_compared_one_layer_at_a_time(policy, monkeypatch):
 def test_layers_and_probes_restrict_every_side(policy):
     from harness.case import Case, CaseRun
 
-    case = Case(family="llama", ref="all", layers="-1", probes="q_rope", overrides=(("num_hidden_layers", 3),))
+    case = Case(family="llama", ref=HF_AND_LLAMACPP, layers="-1", probes="q_rope", overrides=(("num_hidden_layers", 3),))
     r = CaseRun(case, policy)
     rows = r.rows()
     assert rows and all(x["status"] == "pass" for x in rows), [x for x in rows if x["status"] != "pass"]

@@ -15,6 +15,7 @@ from harness.errors import UsageError
 from harness.mutants import applied, registry
 from harness.policy import DEFAULT_POLICY, load_policy
 from harness.verdict import FAILING, expected_probes, guard
+from harness.testing import HF_AND_LLAMACPP
 
 
 def _case_status(rows):
@@ -27,7 +28,7 @@ def test_a_finding_with_no_other_reference_is_unguarded(policy, need_llamacpp):
     """gemma3's query_pre_attn_scalar finding excuses impl vs llama.cpp; with HF in the
     case it is a finding (HF passes impl there), against llama.cpp alone it guards nothing."""
     over = (("query_pre_attn_scalar", 256),)
-    both = all_statuses(run(policy, family="gemma3", ref="all", overrides=over))
+    both = all_statuses(run(policy, family="gemma3", ref=HF_AND_LLAMACPP, overrides=over))
     assert both[("impl", "llamacpp", 0, "attn_probs")] == "finding"
     assert both[("impl", "hf", 0, "attn_probs")] == "pass"
     alone = run(policy, family="gemma3", ref="llamacpp", overrides=over)
@@ -41,7 +42,7 @@ def test_a_finding_with_no_other_reference_is_unguarded(policy, need_llamacpp):
 def test_a_case_with_no_impl_layer_is_unguarded(policy, need_llamacpp):
     """glm-dsa with index_topk below the length: impl has no indexer, every layer is
     not-implemented, and passing HF-vs-llama.cpp rows must not make the case pass."""
-    rows = run(policy, family="glm_moe_dsa", ref="all", kv="paged", overrides=(("index_topk", 8),))
+    rows = run(policy, family="glm_moe_dsa", ref=HF_AND_LLAMACPP, kv="paged", overrides=(("index_topk", 8),))
     assert any(r["candidate"] == "llamacpp" and r["status"] == "pass" for r in rows)
     assert not any(r["candidate"] == "impl" and r["status"] == "pass" for r in rows)
     assert [r for r in rows if r["status"] == "unguarded" and r["probe"] == "*"]
@@ -67,7 +68,7 @@ def test_a_finding_past_its_measured_size_fails(policy, need_llamacpp, tmp_path,
     tight = tmp_path / "gemma3" / "findings.toml"
     tight.write_text(head + "[finding.seen_by]\n" + block + sep + rest)
     monkeypatch.setattr(pol, "family_finding_files", lambda: [tight if f == g3 else f for f in real])
-    st = all_statuses(run(load_policy(), family="gemma3", ref="all", overrides=(("query_pre_attn_scalar", 256),)))
+    st = all_statuses(run(load_policy(), family="gemma3", ref=HF_AND_LLAMACPP, overrides=(("query_pre_attn_scalar", 256),)))
     assert st[("impl", "llamacpp", 0, "attn_probs")] == "fail"  # nmse ~0.14 > 1e-3
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass"
 
@@ -233,7 +234,7 @@ def test_the_yarn_band_finding_excuses_llamacpp_not_an_impl_rope_bug(policy, nee
     passes; with impl's RoPE broken, impl vs HF fails and the finding guards nothing."""
     over = (("head_dim", 32), ("num_attention_heads", 1), ("num_key_value_heads", 1),
             ("rope_parameters.beta_fast", 8.0), ("rope_parameters.factor", 2.0))
-    kw = dict(family="gpt_oss", ref="all", backend="numpy", dtype="float32", kv="decode", tokens=9, overrides=over)
+    kw = dict(family="gpt_oss", ref=HF_AND_LLAMACPP, backend="numpy", dtype="float32", kv="decode", tokens=9, overrides=over)
     st = all_statuses(run(policy, **kw))
     assert st[("impl", "llamacpp", 0, "q_rope")] == "finding"
     assert st[("llamacpp", "hf", 0, "q_rope")] == "finding"

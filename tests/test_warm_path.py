@@ -19,6 +19,7 @@ import pytest
 from harness import cache, families, warm
 from harness.case import Case, CaseRun
 from harness.policy import _MISSING, config_value
+from harness.testing import HF_AND_LLAMACPP
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,9 +47,9 @@ def _same(a: list[dict], b: list[dict]) -> None:
 CASES = [
     Case(family="llama"),
     # every reference (llama.cpp's capture replayed too), the paged backing, two sequences
-    Case(family="qwen3", ref="all", kv="paged", tokens=9),
+    Case(family="qwen3", ref=HF_AND_LLAMACPP, kv="paged", tokens=9),
     # float64: the rounding run of llama.cpp (an HF capture forced by llama.cpp's)
-    Case(family="gemma2", ref="all", dtype="float64", tokens=7),
+    Case(family="gemma2", ref=HF_AND_LLAMACPP, dtype="float64", tokens=7),
 ]
 
 

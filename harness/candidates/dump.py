@@ -111,7 +111,7 @@ def export_case(run, out: Path) -> dict:
             gguf = "model.gguf"
     refs = {}
     for ref in case.refs:
-        if ref in run.schedule_refusals:  # --ref all: a reference that cannot run the schedule sits out
+        if ref in run.schedule_refusals:  # several references: one that cannot run the schedule sits out
             continue
         rc = run.capture(ref)
         if rc.error:

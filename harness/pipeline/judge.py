@@ -203,12 +203,15 @@ class Judge:
         return rows
 
 
-    def compare_refs(self, cand: RefCapture, ref: RefCapture, drift: RefCapture | None = None) -> list[dict]:
+    def compare_refs(self, cand: RefCapture, ref: RefCapture, drift: RefCapture | None = None,
+                     drift_base: RefCapture | None = None) -> list[dict]:
         """``cand`` against ``ref`` at every probe both hold. ``drift``: ``ref``
         free-running with ``cand``'s activation rounding reproduced
         (``oracle.drift``); where the comparison dtype's table has a
         ``drift_ratio``, each probe's bound is that multiple of ``drift``'s own
-        distance to ``ref`` there (``drift_bound``)."""
+        distance to ``ref`` there (``drift_bound``) -- or to ``drift_base``, the
+        float run the drift was made from, where ``ref`` is the rounding side (a
+        float witness judged against llama.cpp on quantized weights)."""
         cdt = comparison_dtype(comparison_dtype(cand.dtype, ref.dtype), self.req.weight_dtype)
         rows = []
         note = ""
@@ -227,12 +230,14 @@ class Judge:
         for k in sorted(keys, key=sort_key):
             layer, probe = (int(k.split(".")[0][1:]), k.split(".", 1)[1]) if k.startswith("L") else (None, k)
             d = drift.probes.get(k) if drift is not None else None
+            db = drift_base.probes.get(k) if drift_base is not None else None
             # past a matmul the drift run could not round (oracle.drift), the table's bound stays
             past = drift is not None and drift.meta.get("unrounded_from_layer") is not None and (
                 layer is None or layer >= drift.meta["unrounded_from_layer"])
             row = self.judge(cand.name, ref.name, layer, probe, cand.probes[k], ref.probes[k], cdt, None,
                              drift=d, drift_keeps_table=past, sides={cand.name: cand, ref.name: ref},
-                             drift_what=None if drift is None else drift.meta.get("drift_what"))
+                             drift_what=None if drift is None else drift.meta.get("drift_what"),
+                             drift_base=db)
             if note and not row.get("tol_reason"):
                 row["tol_reason"] = note
             rows.append(row)
@@ -241,7 +246,7 @@ class Judge:
 
     def judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle, drift=None,
               drift_keeps_table: bool = False, sides: dict | None = None, rounding=None,
-              drift_what: str | None = None, floor_scale: float = 1.0) -> dict:
+              drift_what: str | None = None, floor_scale: float = 1.0, drift_base=None) -> dict:
         if np.shape(a) != np.shape(b):
             return self.row(cand_name, ref_name, layer, probe, "error",
                              f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
@@ -263,8 +268,9 @@ class Judge:
             tol = dict(tol, nmse_floor=tol["nmse_floor"] * floor_scale)
             why = "; ".join(x for x in (why, f"the float32 floor x {floor_scale:.3g}: what the layer's output norm "
                                              "multiplies a rounding error by here") if x)
-        if drift is not None and "drift_ratio" in base and np.shape(drift) == np.shape(b):
-            tol, why = drift_bound(base, tol, metrics(drift, b, probe), rope, ref_scale, why, drift_keeps_table,
+        dbase = b if drift_base is None else drift_base
+        if drift is not None and "drift_ratio" in base and np.shape(drift) == np.shape(dbase):
+            tol, why = drift_bound(base, tol, metrics(drift, dbase, probe), rope, ref_scale, why, drift_keeps_table,
                                    drift_what)
         if oracle is not None:
             cm, rm = metrics(a, oracle, probe), metrics(b, oracle, probe)

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, assert_llamacpp_rotation_step_finding, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_rotation_step_finding, finding, run
 from harness.mutants import applied, registry
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_default_config_decorations_are_on_and_agree(policy):
-    rows = run(policy, family="afmoe", ref="all")
+    rows = run(policy, family="afmoe", ref=HF_AND_LLAMACPP)
     feats = set(rows[0]["features"].split(";"))
     assert {"output_gate", "qk_norm_head", "post_norm", "sliding_window", "nope_layers", "rope_neox", "gqa"} <= feats
     st = all_statuses(rows)
@@ -40,14 +40,14 @@ def test_a_broken_gate_fails_against_llamacpp_too(policy, name):
 def test_hf_only_global_attention_every_2(policy):
     """global_attn_every_n_layers=2: HF's layer 1 is full and NoPE; llama.cpp's
     pattern is fixed at 4, so it rotates and windows layer 1."""
-    assert_llamacpp_rotation_step_finding(run(policy, family="afmoe", ref="all",
+    assert_llamacpp_rotation_step_finding(run(policy, family="afmoe", ref=HF_AND_LLAMACPP,
                                               overrides=(("global_attn_every_n_layers", 2),)))
 
 
 def test_hf_only_mup_disabled(policy):
     """mup_enabled=false: llama.cpp scales the embeddings anyway; impl, fed each
     reference's own layer input, agrees with both."""
-    rows = run(policy, family="afmoe", ref="all", overrides=(("mup_enabled", False),))
+    rows = run(policy, family="afmoe", ref=HF_AND_LLAMACPP, overrides=(("mup_enabled", False),))
     st = all_statuses(rows)
     assert all(s == "pass" for (c, _, _, _), s in st.items() if c == "impl")
     assert st[("llamacpp", "hf", -1, "embeddings")] == "pass"

@@ -10,21 +10,21 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="apertus", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="apertus", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert st[("llamacpp", "hf", 1, "layer_out")] == "pass" and st[("impl", "llamacpp", 1, "attn_out")] == "pass"
 
 
 def test_the_xielu_parameters_must_reach_llamacpp(policy, monkeypatch):
     monkeypatch.setattr(get("apertus"), "write_xielu_from_weights", False)
-    st = all_statuses(run(policy, family="apertus", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="apertus", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "resid_mid")] == "pass" and st[("llamacpp", "hf", 0, "layer_out")] == "fail"
     # impl, teacher-forced, is judged on the attention alone
     assert st[("impl", "llamacpp", 1, "attn_out")] == "pass"

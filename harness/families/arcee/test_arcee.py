@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from harness.families import get
-from harness.testing import all_statuses, assert_llamacpp_fails_first_at_q, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_fails_first_at_q, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_without_the_permutation_llamacpp_differs_at_q(policy, monkeypatch):
     monkeypatch.setattr(get("arcee"), "permute_qk", False)
-    assert_llamacpp_fails_first_at_q(all_statuses(run(policy, family="arcee", ref="all")))
+    assert_llamacpp_fails_first_at_q(all_statuses(run(policy, family="arcee", ref=HF_AND_LLAMACPP)))
 
 
 def test_attention_bias_is_hf_only(policy):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 
 def test_hf_holds_the_converters_ternarization_of_the_draw():
@@ -61,7 +61,7 @@ def test_the_gguf_holds_hfs_weights_unchanged(policy):
 
 @pytest.mark.usefixtures("need_llamacpp")
 def test_relu2_is_a_finding_from_the_first_ffn_on(policy):
-    rows = run(policy, family="bitnet", ref="all", overrides=(("hidden_act", "relu2"),))
+    rows = run(policy, family="bitnet", ref=HF_AND_LLAMACPP, overrides=(("hidden_act", "relu2"),))
     st = all_statuses(rows)
     # impl, teacher-forced, agrees with both on every attention probe of every layer
     assert all(s == "pass" for (c, _, _, _), s in st.items() if c == "impl")
@@ -99,5 +99,5 @@ def test_the_relu2_finding_needs_its_setting(policy, monkeypatch):
     load, store = cache.load, cache.store
     monkeypatch.setattr(cache, "load", lambda kind, k: None if kind == "hf" else load(kind, k))
     monkeypatch.setattr(cache, "store", lambda kind, k, *a, **kw: None if kind == "hf" else store(kind, k, *a, **kw))
-    st = all_statuses(run(policy, family="bitnet", ref="all", seed=1))
+    st = all_statuses(run(policy, family="bitnet", ref=HF_AND_LLAMACPP, seed=1))
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import all_statuses, assert_llamacpp_fails_first_at_q, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_fails_first_at_q, run
 
 SIX_HEADS = (("hidden_size", 96), ("n_head", 6))
 
@@ -29,7 +29,7 @@ def test_alibi_slopes_equal_both_hf_rules(n):
 
 @pytest.mark.usefixtures("need_llamacpp")
 def test_six_heads_three_way(policy):
-    rows = run(policy, family="bloom", ref="all", kv="batched", overrides=SIX_HEADS)
+    rows = run(policy, family="bloom", ref=HF_AND_LLAMACPP, kv="batched", overrides=SIX_HEADS)
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert "alibi" in rows[0]["features"].split(";")
@@ -69,7 +69,7 @@ def test_qkv_reorder_is_needed(policy, monkeypatch):
     from harness.families import get
 
     monkeypatch.setattr(get("bloom"), "reorder_qkv", False)
-    st = all_statuses(run(policy, family="bloom", ref="all"))
+    st = all_statuses(run(policy, family="bloom", ref=HF_AND_LLAMACPP))
     assert_llamacpp_fails_first_at_q(st)
     assert st[("llamacpp", "hf", 0, "q")] == "fail"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,7 +17,7 @@ DEEP = (("num_hidden_layers", 64), ("hidden_size", 32), ("num_attention_heads", 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_three_way(policy, kv):
-    rows = run(policy, family="cohere", ref="all", kv=kv)
+    rows = run(policy, family="cohere", ref=HF_AND_LLAMACPP, kv=kv)
     feats = set(rows[0]["features"].split(";"))
     assert {"parallel_residual", "layernorm", "rope_interleaved", "gqa"} <= feats
     assert not [r for r in rows if r["status"] not in ("pass", "not-exposed")]
@@ -40,7 +40,7 @@ def test_qk_norms_below_64_layers_are_a_file_llamacpp_refuses(policy):
     """command-r.cpp creates attn_q_norm / attn_k_norm only at n_layer >= 64: with two
     layers the file's QK norms are tensors it has no slot for (the load fails, an error
     row, never a pass), while impl is held to HF."""
-    rows = run(policy, family="cohere", ref="all", kv="paged", overrides=QK)
+    rows = run(policy, family="cohere", ref=HF_AND_LLAMACPP, kv="paged", overrides=QK)
     st = all_statuses(rows)
     assert st[("impl", "hf", 0, "q_rope")] == "pass" and st[("impl", "hf", 1, "attn_out")] == "pass"
     errors = [r for r in rows if r["status"] == "error"]
@@ -52,7 +52,7 @@ def test_at_64_layers(policy, qk):
     """The other side of the switch: at 64 layers llama.cpp loads the QK norms and
     the three agree with them; without them (use_qk_norm false) too -- the file then
     carries none, which llama.cpp refuses at this depth, so that side is an error."""
-    rows = run(policy, family="cohere", ref="all", kv="decode", tokens=6, layers="0,-1",
+    rows = run(policy, family="cohere", ref=HF_AND_LLAMACPP, kv="decode", tokens=6, layers="0,-1",
                overrides=DEEP + (("use_qk_norm", qk),))
     st = all_statuses(rows)
     assert st[("impl", "hf", 63, "q_rope")] == "pass"

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_parallel_block_and_nope_full_layers(policy):
-    rows = run(policy, family="cohere2", ref="all")
+    rows = run(policy, family="cohere2", ref=HF_AND_LLAMACPP)
     feats = set(rows[0]["features"].split(";"))
     assert {"parallel_residual", "layernorm", "rope_interleaved", "nope_layers", "sliding_window"} <= feats
     st = all_statuses(rows)

@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -19,7 +19,7 @@ UNNORMED = (("norm_topk_prob", False),)
 @pytest.mark.parametrize("kv", ["paged", "batched"])
 def test_three_way_passes(policy, kv):
     # decode runs in the default matrix (families = "*")
-    rows = run(policy, family="cohere2_moe", ref="all", kv=kv)
+    rows = run(policy, family="cohere2_moe", ref=HF_AND_LLAMACPP, kv=kv)
     feats = set(rows[0]["features"].split(";"))
     assert {"parallel_residual", "layernorm", "rope_interleaved", "nope_layers", "sliding_window"} <= feats
     st = all_statuses(rows)
@@ -37,7 +37,7 @@ def test_the_dense_prefix_rotates_and_the_full_layers_do_not(policy, monkeypatch
     assert [lc.rope is not None for lc in fam.layer_configs(config)] == [True, True, False, True]
     # impl that treats the prefix as cohere2's NoPE full layer fails there, against both
     monkeypatch.setattr(fam, "uses_rope", fam.is_sliding)
-    st = all_statuses(run(policy, family="cohere2_moe", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="cohere2_moe", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q")] == "pass" and st[("impl", ref, 0, "q_rope")] == "fail"
 
@@ -49,7 +49,7 @@ def test_a_rotated_nope_layer_fails(policy):
 
 
 def test_unnormalised_softmax_routing_is_a_finding_between_the_references(policy):
-    st = all_statuses(run(policy, family="cohere2_moe", ref="all", kv="decode", overrides=UNNORMED))
+    st = all_statuses(run(policy, family="cohere2_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=UNNORMED))
     # teacher-forced impl sees each reference's own input: it agrees with both (attn_out: not exposed)
     assert all(s in ("pass", "not-exposed") for (c, _r, *_), s in st.items() if c == "impl")
     ref = {k[2:]: s for k, s in st.items() if k[:2] == ("llamacpp", "hf")}
@@ -69,7 +69,7 @@ def test_the_finding_needs_its_setting():
 
 def test_the_rms_norm_variant_passes_three_way(policy):
     # Cohere2MoeDecoderLayer: RMSNorm iff rms_norm_eps; cohere2moe.cpp: LLM_NORM_RMS iff the file has its eps
-    st = all_statuses(run(policy, family="cohere2_moe", ref="all", kv="decode", overrides=(("rms_norm_eps", 1e-6),)))
+    st = all_statuses(run(policy, family="cohere2_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=(("rms_norm_eps", 1e-6),)))
     assert st and all(s in ("pass", "not-exposed") for s in st.values())
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -19,7 +19,7 @@ THETA = (("attn_config.rope_theta", 500000.0),)
 
 def test_three_way_passes_and_the_clamp_is_active(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    rows = run(policy, family="dbrx", ref="all", kv="paged")
+    rows = run(policy, family="dbrx", ref=HF_AND_LLAMACPP, kv="paged")
     st = all_statuses(rows)
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert {"qkv_clamp", "gqa", "layernorm", "rope_neox"} <= set(rows[0]["features"].split(";"))
@@ -33,7 +33,7 @@ def test_three_way_passes_and_the_clamp_is_active(policy):
 
 
 def test_attn_config_rope_theta_is_a_finding_between_the_references(policy):
-    st = all_statuses(run(policy, family="dbrx", ref="all", kv="decode", overrides=THETA))
+    st = all_statuses(run(policy, family="dbrx", ref=HF_AND_LLAMACPP, kv="decode", overrides=THETA))
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     # impl computes HF's model: every row against HF passes
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
@@ -96,7 +96,7 @@ def test_the_file_carries_the_converter_s_layout():
 
 def test_a_broken_clamp_fails_against_both_references(policy):
     with applied(registry()["qkv-clamp-upper-bound"]):
-        st = all_statuses(run(policy, family="dbrx", ref="all", kv="decode"))
+        st = all_statuses(run(policy, family="dbrx", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "attn_in")] == "pass" and st[("impl", ref, 0, "q")] == "fail", ref
 
@@ -105,7 +105,7 @@ def test_a_p_norm_routing_is_a_bounded_finding(policy):
     from harness.policy import load_policy
 
     p2 = (("ffn_config.moe_normalize_expert_weights", 2.0),)
-    st = all_statuses(run(policy, family="dbrx", ref="all", kv="decode", overrides=p2))
+    st = all_statuses(run(policy, family="dbrx", ref=HF_AND_LLAMACPP, kv="decode", overrides=p2))
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, _r, *_), s in st.items() if c == "impl")
     assert st[("llamacpp", "hf", 0, "attn_out")] == "pass" and st[("llamacpp", "hf", 0, "layer_out")] == "finding"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import bad_rows, run
+from harness.testing import HF_AND_LLAMACPP, bad_rows, run
 
 FAMILY = "deepseek_v2"
 
@@ -17,7 +17,7 @@ def _passed(rows, cand="impl", ref="llamacpp"):
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_naive_form_meets_both_references(policy, need_llamacpp, kv):
-    rows = run(policy, family=FAMILY, ref="all", kv=kv, variant="naive")
+    rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv=kv, variant="naive")
     assert not bad_rows(rows)
     assert {r["variant"] for r in rows} == {"naive"}
     lc = _passed(rows)
@@ -28,7 +28,7 @@ def test_naive_form_meets_both_references(policy, need_llamacpp, kv):
 
 
 def test_absorbed_form_meets_llamacpp_in_latent_space(policy, need_llamacpp):
-    rows = run(policy, family=FAMILY, ref="all", kv="paged")
+    rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv="paged")
     assert not bad_rows(rows)
     lc = _passed(rows)
     assert {(i, p) for i in range(3) for p in ("q_absorbed", "q_pe", "k_pe", "q_latent", "attn_probs")} <= lc
@@ -38,7 +38,7 @@ def test_absorbed_form_meets_llamacpp_in_latent_space(policy, need_llamacpp):
 def test_yarn_mscale_unequal_is_a_finding(policy, need_llamacpp):
     """HF-only: mscale != mscale_all_dim. impl follows HF; llama.cpp's deepseek2
     rotates with magnitude 1 -- a known disagreement, reported as such."""
-    rows = run(policy, family=FAMILY, ref="all", overrides=(("rope_parameters.mscale", 1.0),))
+    rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, overrides=(("rope_parameters.mscale", 1.0),))
     assert not bad_rows(rows)
     hf = [r for r in rows if r["candidate"] == "impl" and r["reference"] == "hf"]
     assert hf and all(r["status"] in ("pass", "not-exposed") for r in hf)
@@ -50,7 +50,7 @@ def test_yarn_mscale_unequal_is_a_finding(policy, need_llamacpp):
 
 @pytest.mark.parametrize("variant", ["absorbed", "naive"])
 def test_direct_q(policy, need_llamacpp, variant):
-    rows = run(policy, family=FAMILY, ref="all", variant=variant, overrides=(("q_lora_rank", None),))
+    rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, variant=variant, overrides=(("q_lora_rank", None),))
     assert not bad_rows(rows)
     assert (0, "q") in _passed(rows) and not any(r["probe"] == "q_latent" for r in rows if r["candidate"] == "impl")
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, assert_dsa_indexer_active, assert_dsa_indexer_inert, bad_rows, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_dsa_indexer_active, assert_dsa_indexer_inert, bad_rows, run
 
 FAMILY = "deepseek_v32"
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_three_way_with_yarn(policy, need_llamacpp, kv):
-    rows = run(policy, family=FAMILY, ref="all", kv=kv)
+    rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv=kv)
     assert not bad_rows(rows) and not [r for r in rows if r["status"] == "finding"]
     assert {"mla_yarn", "mla_absorbed", "mla_low_rank_q"} <= set(rows[0]["features"].split(";"))
     st = all_statuses(rows)
@@ -35,7 +35,7 @@ def test_a_broken_yarn_fails_against_both_references(policy, need_llamacpp, name
     """deepseek32.cpp reads the YaRN log multiplier: a YaRN bug in impl fails
     against llama.cpp as it does against HF, at the probe it acts on."""
     with applied(registry()[name]):
-        st = all_statuses(run(policy, family=FAMILY, ref="all"))
+        st = all_statuses(run(policy, family=FAMILY, ref=HF_AND_LLAMACPP))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "kv_latent")] == "pass", (name, ref)
         assert st[("impl", ref, 0, probe)] == "fail", (name, ref)
@@ -82,7 +82,7 @@ def test_yarn_mscale_below_one_is_a_finding(policy, need_llamacpp):
     """mscale = mscale_all_dim = 0.707: HF's rope magnitude stays 1, llama.cpp's
     deepseek32 assumes mscale = 1 (llama-context.cpp special-cases deepseek2 only):
     a bounded finding from L0 q_pe on; impl (HF's model) passes against HF."""
-    rows = run(policy, family=FAMILY, ref="all", overrides=(("rope_parameters.mscale_all_dim", 0.707),
+    rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, overrides=(("rope_parameters.mscale_all_dim", 0.707),
                                                             ("rope_parameters.mscale", 0.707)))
     assert not bad_rows(rows)
     assert all(r["status"] in ("pass", "not-exposed") for r in rows if r["reference"] == "hf" and r["candidate"] == "impl")

@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -18,7 +18,7 @@ WINDOW_5 = (("max_window_layers", 1), ("sliding_window", 5))
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="dots1", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="dots1", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
@@ -30,7 +30,7 @@ def test_the_window_is_hf_s_max_window_layers():
 
 
 def test_a_window_the_sequence_reaches_is_a_finding_against_llamacpp(policy):
-    st = all_statuses(run(policy, family="dots1", ref="all", kv="decode", overrides=WINDOW_5))
+    st = all_statuses(run(policy, family="dots1", ref=HF_AND_LLAMACPP, kv="decode", overrides=WINDOW_5))
     assert all(s == "pass" for (c, r, *_), s in st.items() if (c, r) == ("impl", "hf"))  # impl is HF's
     assert st[("llamacpp", "hf", 0, "layer_out")] == "pass"  # layer 0 is full attention
     assert st[("llamacpp", "hf", 1, "q_rope")] == "pass"
@@ -80,7 +80,7 @@ def test_a_dropped_expert_bias_fails_between_the_references(policy, monkeypatch)
             yield n, (d * 0 if "e_score_correction" in n else d)
 
     monkeypatch.setattr(fam, "gguf_convert", zeroed)
-    st = all_statuses(run(policy, family="dots1", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="dots1", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "layer_out")] == "pass" and st[("llamacpp", "hf", 1, "layer_out")] == "fail"
 
 

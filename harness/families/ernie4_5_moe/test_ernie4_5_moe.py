@@ -10,14 +10,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="ernie4_5_moe", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="ernie4_5_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     # layer 0 is dense (the lead), layer 1 MoE: both layer outputs checked between the references
     assert st[("llamacpp", "hf", 0, "layer_out")] == st[("llamacpp", "hf", 1, "layer_out")] == "pass"
@@ -29,7 +29,7 @@ def test_the_selection_bias_must_reach_llamacpp(policy, monkeypatch):
     e_score_correction_bias (seeded here, 0.1 x N(0, 1)) before its top-k: the MoE
     layer's output differs -- the comparison of what follows the attention can fail."""
     monkeypatch.setattr(get("ernie4_5_moe"), "write_selection_bias", False)
-    st = all_statuses(run(policy, family="ernie4_5_moe", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="ernie4_5_moe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "layer_out")] == "pass"  # the dense lead
     assert st[("llamacpp", "hf", 1, "attn_out")] == "pass" and st[("llamacpp", "hf", 1, "layer_out")] == "fail"
 

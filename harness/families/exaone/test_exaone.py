@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.families import get
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -27,7 +27,7 @@ def test_a_permutation_breaks_q(policy, monkeypatch):
         return data
 
     monkeypatch.setattr(fam, "gguf_transform", permuted)
-    st = all_statuses(run(policy, family="exaone", ref="all"))
+    st = all_statuses(run(policy, family="exaone", ref=HF_AND_LLAMACPP))
     assert st[("impl", "hf", 0, "q")] == "pass" and st[("impl", "llamacpp", 0, "attn_in")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "fail"
 

@@ -10,7 +10,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -20,7 +20,7 @@ DEEP = (("num_hidden_layers", 64),)  # exaone4.cpp load_arch_hparams: `if (hpara
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="exaone4", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="exaone4", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s in ("pass", "not-exposed") for s in st.values()), \
         [k for k, s in st.items() if s not in ("pass", "not-exposed")][:4]
 
@@ -36,7 +36,7 @@ def test_window_and_nope_follow_hf_layer_types():
 
 
 def test_below_64_layers_llamacpp_ignores_the_window(policy):
-    st = all_statuses(run(policy, family="exaone4", ref="all", kv="decode", overrides=WINDOW_5))
+    st = all_statuses(run(policy, family="exaone4", ref=HF_AND_LLAMACPP, kv="decode", overrides=WINDOW_5))
     assert all(s in ("pass", "not-exposed") for (c, r, *_), s in st.items() if (c, r) == ("impl", "hf"))
     assert st[("llamacpp", "hf", 0, "q_rope")] == "pass" and st[("llamacpp", "hf", 0, "attn_probs")] == "finding"
     assert st[("impl", "llamacpp", 3, "q")] == "pass" and st[("impl", "llamacpp", 3, "q_rope")] == "finding"
@@ -54,7 +54,7 @@ def test_at_64_layers_llamacpp_windows_and_leaves_the_full_layers_unrotated(poli
 
 def test_at_64_layers_without_a_window_llamacpp_still_leaves_every_4th_layer_unrotated(policy):
     # ref all: impl's finding against llama.cpp holds only where HF passes impl (the guard)
-    st = all_statuses(run(policy, family="exaone4", ref="all", kv="decode", tokens=6, overrides=DEEP))
+    st = all_statuses(run(policy, family="exaone4", ref=HF_AND_LLAMACPP, kv="decode", tokens=6, overrides=DEEP))
     assert all(s in ("pass", "not-exposed") for (c, r, i, p), s in st.items() if c == "impl" and i >= 0 and i % 4 != 3)
     assert all(s in ("pass", "not-exposed") for (c, r, *_), s in st.items() if (c, r) == ("impl", "hf"))
     assert st[("impl", "llamacpp", 3, "q")] == "pass" and st[("impl", "llamacpp", 3, "q_rope")] == "finding"

@@ -11,7 +11,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -20,7 +20,7 @@ FULL = 3  # the tiny config's one full (NoPE) layer: sliding_window_pattern 4
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="exaone_moe", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="exaone_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert ("impl", "llamacpp", FULL, "q_rope") in st and ("impl", "llamacpp", FULL, "q") in st
 

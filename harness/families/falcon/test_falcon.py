@@ -10,7 +10,7 @@ import pytest
 
 from harness.families import get
 from harness.families.falcon import CONVERTER_CONTEXT
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -34,7 +34,7 @@ def _attention_passes(rows):
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_multi_query_three_way(policy, kv):
-    rows = run(policy, family="falcon", ref="all", kv=kv)
+    rows = run(policy, family="falcon", ref=HF_AND_LLAMACPP, kv=kv)
     assert {"mqa", "layernorm", "parallel_residual", "rope_neox"} <= set(rows[0]["features"].split(";"))
     _attention_passes(rows)
 
@@ -43,7 +43,7 @@ def test_multi_query_three_way(policy, kv):
 def test_other_qkv_forms_three_way(policy, overrides, kv_heads):
     r = case_run(policy, "falcon", ref="hf", overrides=overrides)
     assert r.layer_cfgs[0].n_kv_heads == kv_heads
-    _attention_passes(run(policy, family="falcon", ref="all", kv="paged", overrides=overrides))
+    _attention_passes(run(policy, family="falcon", ref=HF_AND_LLAMACPP, kv="paged", overrides=overrides))
 
 
 def test_the_saved_config_says_n_head_kv_heads_under_multi_query(policy, tmp_path, monkeypatch):
@@ -73,12 +73,12 @@ def test_the_converter_writes_context_2048(policy, max_pos):
     r = case_run(policy, "falcon", ref="hf", overrides=ov)
     rd = gguf.GGUFReader(str(gguf_export.export(r.family, r.base_model, r.config, "f32", 0, None)))
     assert int(rd.fields["falcon.context_length"].parts[-1][0]) == CONVERTER_CONTEXT
-    _attention_passes(run(policy, family="falcon", ref="all", kv="decode", overrides=ov))
+    _attention_passes(run(policy, family="falcon", ref=HF_AND_LLAMACPP, kv="decode", overrides=ov))
 
 
 @pytest.mark.parametrize("theta,expect", [(10000.0, "pass"), (100000.0, "finding")])
 def test_no_theta_key(policy, theta, expect):
-    st = all_statuses(run(policy, family="falcon", ref="all", kv="decode",
+    st = all_statuses(run(policy, family="falcon", ref=HF_AND_LLAMACPP, kv="decode",
                           overrides=(("rope_parameters.rope_theta", theta),)))
     assert st[("impl", "hf", 0, "q_rope")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "pass"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 PROBES = ("attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out",
           "ssm_out", "resid_mid")
@@ -24,7 +24,7 @@ def _bad(rows):
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
 def test_three_way_every_probe_of_both_branches(policy, kv, schedule):
-    rows = run(policy, family="falcon_h1", ref="all", kv=kv, schedule=schedule)
+    rows = run(policy, family="falcon_h1", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
     for layer in (0, 1):
@@ -47,7 +47,7 @@ NORM_FIRST = (("mamba_norm_before_gate", True),)
 def test_norm_before_gate_is_a_bounded_finding_on_both_sides(policy):
     """HF FalconH1RMSNormGated(norm_before_gate=True) norms, then gates; build_mamba2_layer
     gates, then norms: impl follows HF (pass), llama.cpp is the finding at ssm_out on."""
-    st = all_statuses(run(policy, family="falcon_h1", ref="all", schedule="5,1,10", overrides=NORM_FIRST))
+    st = all_statuses(run(policy, family="falcon_h1", ref=HF_AND_LLAMACPP, schedule="5,1,10", overrides=NORM_FIRST))
     for layer in (0, 1):
         assert st[("impl", "hf", layer, "ssm_out")] == "pass"
         assert st[("impl", "hf", layer, "attn_out")] == "pass"
@@ -55,7 +55,7 @@ def test_norm_before_gate_is_a_bounded_finding_on_both_sides(policy):
     assert st[("impl", "llamacpp", 0, "ssm_out")] == "finding"
     assert st[("llamacpp", "hf", 0, "ssm_out")] == "finding"
     # and the default order (gate then norm) has no finding: the tiny config sits where both agree
-    st = all_statuses(run(policy, family="falcon_h1", ref="all", schedule="5,1,10"))
+    st = all_statuses(run(policy, family="falcon_h1", ref=HF_AND_LLAMACPP, schedule="5,1,10"))
     assert st[("impl", "llamacpp", 0, "ssm_out")] == "pass"
     assert st[("llamacpp", "hf", 0, "ssm_out")] == "pass"
 
@@ -82,7 +82,7 @@ def test_planted_bugs_fail_where_they_act(policy, name, before):
     mutant = registry()[name]
     first = mutant.first_probe
     with applied(mutant):
-        st = all_statuses(run(policy, family="falcon_h1", ref="all", schedule="5,1,10"))
+        st = all_statuses(run(policy, family="falcon_h1", ref=HF_AND_LLAMACPP, schedule="5,1,10"))
     for ref in ("hf", "hf_cached", "llamacpp"):
         assert st[("impl", ref, 0, first)] == "fail", (ref, first)
         assert st[("impl", ref, 0, before)] == "pass", (ref, before)

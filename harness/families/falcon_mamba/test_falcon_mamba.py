@@ -10,7 +10,7 @@ import pytest
 
 from harness.families.mamba.test_mamba import check_three_way
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 
 @pytest.mark.usefixtures("need_llamacpp")
@@ -21,7 +21,7 @@ def test_falcon_mamba_three_way_with_its_states(policy, kv, schedule, dropped, e
     """At HF's default mixer_rms_eps (1e-6) llama.cpp's norms (at the file's 1e-5) are
     the eps finding; with the two equal nothing is excused but the schedule's."""
     overrides = (("mixer_rms_eps", 1e-5),) if eps else ()
-    rows = run(policy, family="falcon_mamba", ref="all", kv=kv, schedule=schedule, overrides=overrides)
+    rows = run(policy, family="falcon_mamba", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule, overrides=overrides)
     eps_rows = [r for r in rows if r["status"] == "finding" and "mixer_rms_eps" in r["reason"]]
     assert bool(eps_rows) != eps, eps_rows[:1]
     for r in eps_rows:  # where llama.cpp's norms show: its states and l_out, never inside HF's run
@@ -46,7 +46,7 @@ def test_the_eps_finding_needs_the_two_eps_to_differ(policy):
 @pytest.mark.usefixtures("need_llamacpp")
 def test_planted_dt_norm_bug_fails_where_it_acts(policy):
     with applied(registry()["mamba1-dt-norm-dropped"]):
-        st = all_statuses(run(policy, family="falcon_mamba", ref="all", schedule="mixed",
+        st = all_statuses(run(policy, family="falcon_mamba", ref=HF_AND_LLAMACPP, schedule="mixed",
                               overrides=(("mixer_rms_eps", 1e-5),)))
     assert st[("impl", "hf", 0, "rec_q")] == "pass"  # B and C are still normed
     assert st[("impl", "hf", 0, "rec_decay")] == "fail"

@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, llamacpp_statuses, run
 from harness.testing.ggml_gelu import assert_fp16_gelu_explains_layer_out
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
@@ -24,14 +24,14 @@ def test_the_one_in_one_plus_w_is_checked_against_llamacpp(policy):
 
 
 def test_theta_10000_agrees_and_another_is_a_finding(policy):
-    st = all_statuses(run(policy, family="gemma", ref="all", kv="paged", overrides=(("num_key_value_heads", 1),)))
+    st = all_statuses(run(policy, family="gemma", ref=HF_AND_LLAMACPP, kv="paged", overrides=(("num_key_value_heads", 1),)))
     assert all(s == "pass" for (c, _, _, _), s in st.items() if c == "impl")
-    lc = llamacpp_statuses(run(policy, family="gemma", ref="all", kv="paged", overrides=THETA_1E5))
+    lc = llamacpp_statuses(run(policy, family="gemma", ref=HF_AND_LLAMACPP, kv="paged", overrides=THETA_1E5))
     assert lc[(0, "q")] == "pass" and lc[(0, "q_rope")] == lc[(1, "attn_probs")] == "finding"
 
 
 def test_ffn_finding_is_the_fp16_gelu_table(policy):
-    r = case_run(policy, "gemma", ref="all", kv="decode")
+    r = case_run(policy, "gemma", ref=HF_AND_LLAMACPP, kv="decode")
     layer = get("gemma").decoder_layers(r.base_model)[0]
 
     def ffn_half(x, act):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from impl.config import softmax_scale
 import numpy as np
 
-from harness.testing import case_run, llamacpp_statuses, run, statuses
+from harness.testing import HF_AND_LLAMACPP, case_run, llamacpp_statuses, run, statuses
 from harness.families import get
 from harness.families.gemma2 import O_BIAS, QPAS_24, SWAPPED_LAYERS, THETA_1E5
 from harness.mutants import registry
@@ -47,7 +47,7 @@ def test_gguf_mirrors_the_converter(policy):
 
 
 def test_query_pre_attn_scalar_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need_llamacpp):
-    rows = run(policy, family="gemma2", ref="all", kv="decode", overrides=QPAS_24)
+    rows = run(policy, family="gemma2", ref=HF_AND_LLAMACPP, kv="decode", overrides=QPAS_24)
     assert "attn_scale" in rows[0]["features"].split(";")
     lc = llamacpp_statuses(rows)
     # q_rope is unscaled on both sides and agrees; the softmax does not
@@ -65,14 +65,14 @@ def test_ffn_finding_is_the_fp16_gelu_table(policy, need_llamacpp):
     """llama.cpp's layer_out differs from HF's by ~1e-3 (the [[finding]]); HF's own
     FFN half run with ggml's fp16 GELU table on llama.cpp's resid_mid reproduces
     llama.cpp's layer_out to float32 rounding, while the exact GELU does not."""
-    r = case_run(policy, "gemma2", ref="all", kv="decode")
+    r = case_run(policy, "gemma2", ref=HF_AND_LLAMACPP, kv="decode")
     layer = get("gemma2").decoder_layers(r.base_model)[0]
     assert_fp16_gelu_explains_layer_out(r.capture("llamacpp").probes, gemma_ffn_half(layer), layer.mlp.act_fn)
 
 
 def test_rope_theta_is_a_finding_against_llamacpp(policy, need_llamacpp):
     """The converter writes no rope.freq_base: llama.cpp rotates with 10000."""
-    rows = run(policy, family="gemma2", ref="all", kv="paged", overrides=THETA_1E5)
+    rows = run(policy, family="gemma2", ref=HF_AND_LLAMACPP, kv="paged", overrides=THETA_1E5)
     lc = llamacpp_statuses(rows)
     assert lc[(0, "q")] == "pass" and lc[(0, "q_rope")] == lc[(1, "attn_probs")] == "finding"
     # the L1 rows of llama.cpp vs HF are this finding's, not the (bounded) GELU one's
@@ -82,6 +82,6 @@ def test_rope_theta_is_a_finding_against_llamacpp(policy, need_llamacpp):
 
 def test_swapped_layer_pattern_is_a_finding_against_llamacpp(policy, need_llamacpp):
     """The converter writes no layer pattern; llama.cpp slides the even layers."""
-    rows = run(policy, family="gemma2", ref="all", kv="decode", overrides=SWAPPED_LAYERS)
+    rows = run(policy, family="gemma2", ref=HF_AND_LLAMACPP, kv="decode", overrides=SWAPPED_LAYERS)
     lc = llamacpp_statuses(rows)
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"

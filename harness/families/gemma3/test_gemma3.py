@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -20,7 +20,7 @@ def test_default_config_decorations_are_on(policy):
 def test_gelu_table_is_a_finding_not_a_failure(policy):
     """llama.cpp's fp16 GELU table makes layer_out differ from HF (the MLP half);
     impl, teacher-forced, still passes against both on every probe."""
-    rows = run(policy, family="gemma3", ref="all")
+    rows = run(policy, family="gemma3", ref=HF_AND_LLAMACPP)
     st = all_statuses(rows)
     assert st[("llamacpp", "hf", 0, "attn_out")] == "pass"  # layer 0's attention agrees
     assert st[("llamacpp", "hf", 0, "resid_mid")] == "pass"
@@ -30,7 +30,7 @@ def test_gelu_table_is_a_finding_not_a_failure(policy):
 
 def test_hf_only_query_pre_attn_scalar(policy):
     """HF scales by query_pre_attn_scalar ** -0.5; llama.cpp by 1/sqrt(head_dim)."""
-    rows = run(policy, family="gemma3", ref="all", overrides=(("query_pre_attn_scalar", 256),))
+    rows = run(policy, family="gemma3", ref=HF_AND_LLAMACPP, overrides=(("query_pre_attn_scalar", 256),))
     st = all_statuses(rows)
     assert "attn_scale" in rows[0]["features"].split(";")
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
@@ -72,6 +72,6 @@ def test_gelu_finding_is_the_fp16_table(policy):
     from harness.families import get
     from harness.testing.ggml_gelu import assert_fp16_gelu_explains_layer_out, gemma_ffn_half
 
-    r = case_run(policy, "gemma3", ref="all", kv="decode")
+    r = case_run(policy, "gemma3", ref=HF_AND_LLAMACPP, kv="decode")
     layer = get("gemma3").decoder_layers(r.base_model)[0]
     assert_fp16_gelu_explains_layer_out(r.capture("llamacpp").probes, gemma_ffn_half(layer), layer.mlp.act_fn)

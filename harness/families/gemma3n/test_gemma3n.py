@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 N_LAYERS = 21  # the tiny config: the fewest layers at which llama.cpp shares (from layer 20)
 READER = 20  # reads layer 18's K / V on both sides (HF: num_kv_shared_layers 1; llama.cpp: from 20)
@@ -23,7 +23,7 @@ OWN_KV = ("k", "v", "k_rope")
 @pytest.mark.usefixtures("need_llamacpp")
 def test_the_attention_half_is_judged_three_way(policy):
     # decode here; batched and paged three-way: tests/test_families.py test_family_three_way
-    rows = run(policy, family="gemma3n", ref="all", kv="decode")
+    rows = run(policy, family="gemma3n", ref=HF_AND_LLAMACPP, kv="decode")
     assert {"kv_shared", "v_norm", "qk_norm_head", "post_norm", "sliding_window", "per_layer_theta",
             "attn_scale"} <= set(rows[0]["features"].split(";"))
     st = all_statuses(rows)

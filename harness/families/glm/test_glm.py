@@ -12,7 +12,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -21,7 +21,7 @@ THETA = (("rope_parameters.rope_theta", 500000.0),)
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="glm", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="glm", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert ("impl", "llamacpp", 1, "q_rope") in st
 
@@ -42,7 +42,7 @@ def test_the_file_carries_the_converter_s_fixed_values(tmp_path):
 
 
 def test_another_theta_is_a_finding_between_the_references(policy):
-    st = all_statuses(run(policy, family="glm", ref="all", kv="decode", overrides=THETA))
+    st = all_statuses(run(policy, family="glm", ref=HF_AND_LLAMACPP, kv="decode", overrides=THETA))
     assert all(s == "pass" for (c, r, *_), s in st.items() if (c, r) == ("impl", "hf"))
     ref = {k[2:]: s for k, s in st.items() if k[:2] == ("llamacpp", "hf")}
     assert ref[(0, "q")] == "pass" and ref[(0, "q_rope")] == ref[(1, "layer_out")] == "finding"

@@ -8,14 +8,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="glm4_moe", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="glm4_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
@@ -31,7 +31,7 @@ def test_the_tiny_config_has_a_dense_layer_then_an_moe_layer(policy):
 def test_without_the_qk_norm_both_agree(policy):
     # use_qk_norm false: HF builds no q_norm / k_norm, the file has no attn_q_norm, and
     # glm4-moe.cpp skips the norm (TENSOR_NOT_REQUIRED)
-    rows = run(policy, family="glm4_moe", ref="all", kv="decode", overrides=(("use_qk_norm", False),))
+    rows = run(policy, family="glm4_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=(("use_qk_norm", False),))
     assert "qk_norm_head" not in rows[0]["features"].split(";")
     st = all_statuses(rows)
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
@@ -48,7 +48,7 @@ def test_a_dropped_expert_bias_fails_between_the_references(policy, monkeypatch)
             yield n, (d * 0 if "e_score_correction" in n else d)
 
     monkeypatch.setattr(fam, "gguf_convert", zeroed)
-    st = all_statuses(run(policy, family="glm4_moe", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="glm4_moe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 1, "attn_out")] == "pass"
     assert st[("llamacpp", "hf", 0, "layer_out")] == "pass"  # layer 0 is dense
     assert st[("llamacpp", "hf", 1, "layer_out")] == "fail"
@@ -56,7 +56,7 @@ def test_a_dropped_expert_bias_fails_between_the_references(policy, monkeypatch)
 
 def test_a_broken_qk_norm_fails(policy):
     with applied(registry()["k-norm-takes-q-weight"]):
-        st = all_statuses(run(policy, family="glm4_moe", ref="all", kv="decode"))
+        st = all_statuses(run(policy, family="glm4_moe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 0, "k_rope")] == "fail"
     assert st[("impl", "hf", 0, "k_rope")] == "fail"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, bad_rows, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, bad_rows, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -15,7 +15,7 @@ NO_SCORING = (("scoring_func", None),)
 
 
 def test_without_scoring_func_llamacpp_routes_by_softmax_at_this_depth(policy):
-    st = all_statuses(run(policy, family="glm4_moe_lite", ref="all", kv="decode", overrides=NO_SCORING))
+    st = all_statuses(run(policy, family="glm4_moe_lite", ref=HF_AND_LLAMACPP, kv="decode", overrides=NO_SCORING))
     assert all(s in ("pass", "not-exposed") for (c, _, _, _), s in st.items() if c == "impl")
     # the dense layer 0 agrees to its output; the first MoE layer's output differs
     assert st[("llamacpp", "hf", 0, "layer_out")] == "pass"
@@ -28,7 +28,7 @@ def test_at_glm_4_7_flash_depth_and_vocabulary_llamacpp_guesses_sigmoid(policy):
     """47 layers and 154880 tokens: deepseek2.cpp routes a file without a gating key
     by sigmoid, as HF does -- the same tiny widths agree to the logits."""
     over = NO_SCORING + (("num_hidden_layers", 47), ("vocab_size", 154880))
-    rows = run(policy, family="glm4_moe_lite", ref="all", kv="decode", tokens=6, overrides=over, layers="0,1,46,-1")
+    rows = run(policy, family="glm4_moe_lite", ref=HF_AND_LLAMACPP, kv="decode", tokens=6, overrides=over, layers="0,1,46,-1")
     assert not bad_rows(rows)
     st = all_statuses(rows)
     assert st[("llamacpp", "hf", 46, "layer_out")] == "pass" and st[("llamacpp", "hf", -1, "logits")] == "pass"
@@ -49,7 +49,7 @@ def test_latent_norm_eps_hf_fixes_at_1e6(policy):
     it, HF (and impl) with 1e-6 -- impl vs llama.cpp at the latents is ~1000x its
     eps-matched NMSE while impl vs HF is unchanged."""
     def latent(over):
-        rows = run(policy, family="glm4_moe_lite", ref="all", kv="decode", overrides=over)
+        rows = run(policy, family="glm4_moe_lite", ref=HF_AND_LLAMACPP, kv="decode", overrides=over)
         return {(r["reference"], r["layer"]): r["nmse"] for r in rows
                 if r["candidate"] == "impl" and r["probe"] == "q_latent" and r["status"] == "pass"}
 

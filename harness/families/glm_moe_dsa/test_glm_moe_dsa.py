@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import assert_dsa_indexer_active, assert_dsa_indexer_inert, bad_rows, run
+from harness.testing import HF_AND_LLAMACPP, assert_dsa_indexer_active, assert_dsa_indexer_inert, bad_rows, run
 
 FAMILY = "glm_moe_dsa"
 YARN = (("rope_parameters.rope_type", "yarn"), ("rope_parameters.factor", 4.0),
@@ -25,13 +25,13 @@ def test_default_indexer_is_inert(policy):
 
 
 def test_yarn_both_references(policy, need_llamacpp):
-    rows = run(policy, family=FAMILY, ref="all", overrides=YARN)
+    rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, overrides=YARN)
     assert not bad_rows(rows) and not [r for r in rows if r["status"] == "finding"]
     assert "mla_yarn" in rows[0]["features"]
 
 
 def test_yarn_with_mscale_is_a_finding(policy, need_llamacpp):
-    rows = run(policy, family=FAMILY, ref="all", overrides=YARN + (("rope_parameters.mscale", 1.0),))
+    rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, overrides=YARN + (("rope_parameters.mscale", 1.0),))
     assert not bad_rows(rows)
     assert all(r["status"] in ("pass", "not-exposed") for r in rows if r["reference"] == "hf" and r["candidate"] == "impl")
     assert ("impl", "llamacpp", 0, "q_pe") in {(r["candidate"], r["reference"], r["layer"], r["probe"])

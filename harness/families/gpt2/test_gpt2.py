@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from harness.families import get
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_three_way(policy, kv):
-    rows = run(policy, family="gpt2", ref="all", kv=kv)
+    rows = run(policy, family="gpt2", ref=HF_AND_LLAMACPP, kv=kv)
     feats = set(rows[0]["features"].split(";"))
     assert {"qkv_bias", "o_bias", "layernorm"} <= feats and not {"rope_neox", "nope_layers"} & feats
     assert not [r for r in rows if r["status"] not in ("pass", "not-exposed", "finding")]
@@ -31,7 +31,7 @@ def test_the_conv1d_weights_must_be_transposed(policy, monkeypatch):
     [out, in]); a file without it (square c_proj, so llama.cpp still loads the
     attention's weights read the wrong way) fails from q on, impl vs HF unchanged."""
     monkeypatch.setattr(get("gpt2"), "converter_transposes", False)
-    rows = run(policy, family="gpt2", ref="all", kv="decode")
+    rows = run(policy, family="gpt2", ref=HF_AND_LLAMACPP, kv="decode")
     st = all_statuses(rows)
     assert st[("impl", "hf", 0, "attn_out")] == "pass"
     assert st.get(("impl", "llamacpp", 0, "q")) != "pass"
@@ -41,7 +41,7 @@ def test_the_conv1d_weights_must_be_transposed(policy, monkeypatch):
 
 @pytest.mark.parametrize("on,expect", [(False, "pass"), (True, "finding")])
 def test_scale_by_inverse_layer_idx(policy, on, expect):
-    st = all_statuses(run(policy, family="gpt2", ref="all", kv="decode",
+    st = all_statuses(run(policy, family="gpt2", ref=HF_AND_LLAMACPP, kv="decode",
                           overrides=(("scale_attn_by_inverse_layer_idx", on),)))
     assert st[("impl", "hf", 1, "attn_probs")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_probs")] == "pass"  # layer 0: scale / 1

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from harness.families import get
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -22,7 +22,7 @@ def _attention_passes(rows):
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
 def test_three_way(policy, kv, parallel):
-    rows = run(policy, family="gpt_neox", ref="all", kv=kv, overrides=(("use_parallel_residual", parallel),))
+    rows = run(policy, family="gpt_neox", ref=HF_AND_LLAMACPP, kv=kv, overrides=(("use_parallel_residual", parallel),))
     feats = set(rows[0]["features"].split(";"))
     assert {"qkv_bias", "o_bias", "partial_rotary", "layernorm", "rope_neox"} <= feats
     assert ("parallel_residual" in feats) == parallel
@@ -65,7 +65,7 @@ def test_the_rotary_width_must_reach_llamacpp(policy, monkeypatch, from_config, 
 def test_no_theta_key(policy, theta, expect):
     """The converter writes no rope.freq_base: at HF's default 10000 the references
     agree; any other rope_theta is rotated at 10000 by llama.cpp (a finding)."""
-    st = all_statuses(run(policy, family="gpt_neox", ref="all", kv="decode",
+    st = all_statuses(run(policy, family="gpt_neox", ref=HF_AND_LLAMACPP, kv="decode",
                           overrides=(("rope_parameters.rope_theta", theta),)))
     assert st[("impl", "hf", 0, "q_rope")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "pass"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.testing import case_run, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, case_run, llamacpp_statuses, run
 from harness.families import get
 from harness.families.gpt_oss import ATTN_FACTOR, SWAPPED_LAYERS, TRUNCATE_OFF
 from harness.mutants import registry
@@ -47,7 +47,7 @@ def test_gguf_mirrors_the_converter(policy):
 
 
 def test_truncate_off_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need_llamacpp):
-    rows = run(policy, family="gpt_oss", ref="all", kv="decode", overrides=TRUNCATE_OFF)
+    rows = run(policy, family="gpt_oss", ref=HF_AND_LLAMACPP, kv="decode", overrides=TRUNCATE_OFF)
     lc = llamacpp_statuses(rows)
     # before RoPE everything agrees; from q_rope on the YaRN ramp differs
     assert lc[(0, "q")] == lc[(0, "v")] == "pass"
@@ -63,11 +63,11 @@ def test_truncate_flag_reaches_impl(policy):
 
 
 def test_explicit_attention_factor_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need_llamacpp):
-    rows = run(policy, family="gpt_oss", ref="all", kv="batched", overrides=ATTN_FACTOR)
+    rows = run(policy, family="gpt_oss", ref=HF_AND_LLAMACPP, kv="batched", overrides=ATTN_FACTOR)
     lc = llamacpp_statuses(rows)
     assert lc[(0, "k")] == "pass" and lc[(0, "q_rope")] == lc[(1, "attn_probs")] == "finding"
     # llama.cpp's q_rope is HF's times (0.1 ln 32 + 1) / 1.1, the factor it substitutes
-    r = case_run(policy, "gpt_oss", ref="all", kv="batched", overrides=ATTN_FACTOR)
+    r = case_run(policy, "gpt_oss", ref=HF_AND_LLAMACPP, kv="batched", overrides=ATTN_FACTOR)
     ratio = r.capture("llamacpp").probes["L0.q_rope"] / r.capture("hf").probes["L0.q_rope"]
     assert abs(np.median(ratio) - (0.1 * np.log(32) + 1) / 1.1) < 1e-4
 
@@ -75,6 +75,6 @@ def test_explicit_attention_factor_passes_against_hf_and_is_a_finding_against_ll
 def test_swapped_layer_pattern_is_a_finding_against_llamacpp(policy, need_llamacpp):
     """HF's layer_types reach impl (layer 1 slides now) but not the GGUF."""
     assert case_run(policy, "gpt_oss", ref="hf", overrides=SWAPPED_LAYERS).layer_cfgs[1].window is not None
-    rows = run(policy, family="gpt_oss", ref="all", kv="paged", overrides=SWAPPED_LAYERS)
+    rows = run(policy, family="gpt_oss", ref=HF_AND_LLAMACPP, kv="paged", overrides=SWAPPED_LAYERS)
     lc = llamacpp_statuses(rows)
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"

@@ -10,14 +10,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes_and_judges_attn_probs_where_both_sides_define_it(policy):
     # paged, mixed chunks here; decode and batched run in the default matrix (families = "*")
-    rows = run(policy, family="granite_swa", ref="all", kv="paged", schedule="mixed")
+    rows = run(policy, family="granite_swa", ref=HF_AND_LLAMACPP, kv="paged", schedule="mixed")
     st = all_statuses(rows)
     bad = [k for k, s in st.items() if s not in ("pass", "not-exposed")]
     assert st and not bad, bad[:4]
@@ -74,14 +74,14 @@ def test_a_dropped_sink_fails_against_both_references(policy):
     """impl without the sink: against llama.cpp at attn_probs, against HF (which
     defines no comparable probabilities) at attn_heads -- each side where it defines the probe."""
     with applied(registry()["sink-dropped"]):
-        st = all_statuses(run(policy, family="granite_swa", ref="all", kv="decode"))
+        st = all_statuses(run(policy, family="granite_swa", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "llamacpp", 1, "attn_probs")] == "fail"
     assert st[("impl", "hf", 1, "attn_heads")] == "fail" and st[("impl", "hf", 1, "attn_out")] == "fail"
 
 
 def test_a_window_off_by_one_fails(policy):
     with applied(registry()["window-off-by-one"]):
-        st = all_statuses(run(policy, family="granite_swa", ref="all", kv="batched"))
+        st = all_statuses(run(policy, family="granite_swa", ref=HF_AND_LLAMACPP, kv="batched"))
     assert st[("impl", "hf", 0, "attn_out")] == "pass"  # layer 0 is full
     assert st[("impl", "llamacpp", 1, "attn_probs")] == "fail" and st[("impl", "hf", 1, "attn_out")] == "fail"
 

@@ -9,14 +9,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="granitemoe", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="granitemoe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     # the MoE FFN is compared between the references, at every layer's output
     assert st[("llamacpp", "hf", 1, "layer_out")] == "pass"
@@ -41,7 +41,7 @@ def test_a_swapped_expert_split_fails_between_the_references(policy, monkeypatch
     # the converter's split of the fused gate_up_proj, gate first (GraniteMoeModel.modify_tensors):
     # swapped, llama.cpp computes silu(up) * gate -- the attention agrees, the layer output not
     monkeypatch.setattr(get("granitemoe"), "gate_first", False)
-    st = all_statuses(run(policy, family="granitemoe", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="granitemoe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "attn_out")] == "pass"
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"
 
@@ -55,7 +55,7 @@ def test_a_dropped_residual_multiplier_fails(policy):
 
 def test_a_squared_attention_multiplier_fails(policy):
     with applied(registry()["attn-multiplier-squared"]):
-        st = all_statuses(run(policy, family="granitemoe", ref="all", kv="decode"))
+        st = all_statuses(run(policy, family="granitemoe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "hf", 0, "attn_probs")] == "fail" and st[("impl", "llamacpp", 0, "attn_probs")] == "fail"
 
 

@@ -9,14 +9,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes(policy):
     # paged, mixed chunks here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="granitemoe_swa", ref="all", kv="paged", schedule="mixed"))
+    st = all_statuses(run(policy, family="granitemoe_swa", ref=HF_AND_LLAMACPP, kv="paged", schedule="mixed"))
     bad = [k for k, s in st.items() if s not in ("pass", "not-exposed")]
     assert st and not bad, bad[:4]
     assert {k for k, s in st.items() if s == "not-exposed"} == {
@@ -57,14 +57,14 @@ def test_a_swapped_fused_expert_fails_between_the_references(policy, monkeypatch
     """The fused gate_up written with its halves swapped: llama.cpp computes
     silu(up) * gate -- the attention agrees, the layer output does not."""
     monkeypatch.setattr(get("granitemoe_swa"), "gate_first", False)
-    st = all_statuses(run(policy, family="granitemoe_swa", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="granitemoe_swa", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "attn_out")] == "pass"
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"
 
 
 def test_a_sink_scaled_like_a_key_fails(policy):
     with applied(registry()["sink-scaled-like-a-key"]):
-        st = all_statuses(run(policy, family="granitemoe_swa", ref="all", kv="decode"))
+        st = all_statuses(run(policy, family="granitemoe_swa", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "llamacpp", 0, "attn_probs")] == "fail" and st[("impl", "hf", 0, "attn_out")] == "fail"
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from harness.kinds.mutant import Mutant
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 REC = (0, 2)
 HF_REC_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
@@ -27,7 +27,7 @@ def _bad(rows):
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
 def test_three_way_with_states_and_kv(policy, kv, schedule):
-    rows = run(policy, family="granitemoehybrid", ref="all", kv=kv, schedule=schedule)
+    rows = run(policy, family="granitemoehybrid", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
     assert {r["layer_kind"] for r in rows if r["layer"] == 1 and r["candidate"] == "impl"} == {"attention"}
@@ -67,7 +67,7 @@ D_SKIP = Mutant("mamba2-d-skip-dropped", "d_skip", "impl.recurrent",
 ])
 def test_planted_bugs_fail_where_they_act(policy, m, layer, first, before):
     with applied(m):
-        st = all_statuses(run(policy, family="granitemoehybrid", ref="all", schedule="5,1,10"))
+        st = all_statuses(run(policy, family="granitemoehybrid", ref=HF_AND_LLAMACPP, schedule="5,1,10"))
     for ref in ("hf", "hf_cached", "llamacpp"):
         assert st[("impl", ref, layer, first)] == "fail", (m.name, ref)
         assert st[("impl", ref, layer, before)] == "pass", (m.name, ref)
@@ -94,7 +94,7 @@ def test_no_mamba_layer_is_refused_by_llamacpp_with_the_converters_line(policy):
 
     fam = get("granitemoehybrid")
     only_attn = (("layer_types", ["attention"] * 3),)
-    rows = run(policy, family="granitemoehybrid", ref="all", overrides=only_attn)
+    rows = run(policy, family="granitemoehybrid", ref=HF_AND_LLAMACPP, overrides=only_attn)
     lc = [r for r in rows if r["reference"] == "llamacpp" or r["candidate"] == "llamacpp"]
     assert [r["status"] for r in lc] == ["not-implemented"], lc
     assert "conversion/granite.py" in lc[0]["reason"] and "GGML_ASSERT(buffer)" in lc[0]["reason"]

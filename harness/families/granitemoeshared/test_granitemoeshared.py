@@ -8,14 +8,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="granitemoeshared", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="granitemoeshared", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
@@ -29,7 +29,7 @@ def test_a_swapped_shared_split_fails_between_the_references(policy, monkeypatch
     # GraniteMoeModel.modify_tensors: shared_mlp.input_linear split gate first; swapped,
     # llama.cpp's shared expert is silu(up) * gate -- attention agrees, the layer output not
     monkeypatch.setattr(get("granitemoeshared"), "shared_gate_first", False)
-    st = all_statuses(run(policy, family="granitemoeshared", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="granitemoeshared", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "attn_out")] == "pass"
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"
 

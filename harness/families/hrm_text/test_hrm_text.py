@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -21,7 +21,7 @@ PROBES = ("q", "q_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out", 
 
 def test_every_invocation_is_judged_three_way(policy):
     # decode here; batched and paged three-way: tests/test_families.py test_family_three_way
-    rows = run(policy, family="hrm_text", ref="all", kv="decode")
+    rows = run(policy, family="hrm_text", ref=HF_AND_LLAMACPP, kv="decode")
     assert {"output_gate", "rope_neox"} <= set(rows[0]["features"].split(";"))
     st = all_statuses(rows)
     for layer in range(N_SLOTS):
@@ -93,7 +93,7 @@ def test_a_broken_gate_fails_against_both_references(policy):
     """The sigmoid gate squashed by tanh fails at the branch against HF and
     llama.cpp's ``attn_gated``, and nothing before the branch does."""
     with applied(registry()["output-gate-tanh-for-sigmoid"]):
-        st = all_statuses(run(policy, family="hrm_text", ref="all"))
+        st = all_statuses(run(policy, family="hrm_text", ref=HF_AND_LLAMACPP))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 1, "attn_heads")] == "pass"
         assert st[("impl", ref, 1, "attn_branch")] == "fail", ref

@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -37,5 +37,5 @@ def test_ntk_alpha_rope_three_way(policy, tmp_path):
     fam.gguf_params(w, config)
     kv = {k: v.value for d in w.kv_data for k, v in d.items()}
     assert np.isclose(kv["hunyuan-dense.rope.freq_base"], base) and kv["hunyuan-dense.context_length"] == 262144
-    st = all_statuses(run(policy, family="hunyuan_v1_dense", ref="all", kv="paged", overrides=NTK))
+    st = all_statuses(run(policy, family="hunyuan_v1_dense", ref=HF_AND_LLAMACPP, kv="paged", overrides=NTK))
     assert st[("impl", "llamacpp", 1, "q_rope")] == "pass" and all(s == "pass" for s in st.values())

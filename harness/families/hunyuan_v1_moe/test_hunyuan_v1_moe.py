@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -19,13 +19,13 @@ NTK = (("rope_parameters", {"rope_type": "dynamic", "alpha": 1000.0, "rope_theta
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="hunyuan_v1_moe", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="hunyuan_v1_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert st[("llamacpp", "hf", 1, "layer_out")] == "pass" and st[("impl", "llamacpp", 1, "attn_out")] == "pass"
 
 
 def test_ntk_alpha_rope_three_way(policy):
-    st = all_statuses(run(policy, family="hunyuan_v1_moe", ref="all", kv="batched", overrides=NTK))
+    st = all_statuses(run(policy, family="hunyuan_v1_moe", ref=HF_AND_LLAMACPP, kv="batched", overrides=NTK))
     assert st[("impl", "llamacpp", 1, "q_rope")] == "pass" and all(s == "pass" for s in st.values())
 
 

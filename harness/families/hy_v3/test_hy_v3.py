@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    rows = run(policy, family="hy_v3", ref="all", kv="paged")
+    rows = run(policy, family="hy_v3", ref=HF_AND_LLAMACPP, kv="paged")
     st = all_statuses(rows)
     bad = [k for k, s in st.items() if s != "pass" and not (s == "not-exposed" and k[3] in ("q_rope", "k_rope"))]
     assert st and not bad, bad[:4]
@@ -52,7 +52,7 @@ def test_the_routed_scale_must_reach_llamacpp(policy, monkeypatch):
         w.add_expert_weights_scale(1.0)  # the last write of a key wins in the GGUF writer's dict
 
     monkeypatch.setattr(fam, "gguf_params", unscaled)
-    st = all_statuses(run(policy, family="hy_v3", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="hy_v3", ref=HF_AND_LLAMACPP, kv="decode"))
     # the dense layer 0 agrees; the sparse layer 1's experts differ by the scale; impl,
     # teacher-forced on llama.cpp's own input, still agrees with its attention
     assert st[("llamacpp", "hf", 0, "layer_out")] == st[("llamacpp", "hf", 1, "resid_mid")] == "pass"
@@ -62,6 +62,6 @@ def test_the_routed_scale_must_reach_llamacpp(policy, monkeypatch):
 
 def test_a_broken_k_norm_fails_against_both_references(policy):
     with applied(registry()["k-norm-takes-q-weight"]):
-        st = all_statuses(run(policy, family="hy_v3", ref="all", kv="decode"))
+        st = all_statuses(run(policy, family="hy_v3", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "hf", 0, "q_rope")] == "pass" and st[("impl", "hf", 0, "k_rope")] == "fail"
     assert st[("impl", "llamacpp", 0, "k")] == "pass" and st[("impl", "llamacpp", 0, "attn_probs")] == "fail"

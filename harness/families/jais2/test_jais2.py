@@ -10,7 +10,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -19,7 +19,7 @@ NO_BIAS = (("attention_bias", False),)
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="jais2", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="jais2", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert ("impl", "llamacpp", 0, "q_rope") in st and ("impl", "llamacpp", 0, "attn_in") in st
 

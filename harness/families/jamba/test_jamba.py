@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 HF_REC = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
           "attn_branch", "attn_out", "resid_mid")
@@ -32,7 +32,7 @@ def _bad(rows):
 @pytest.mark.parametrize("kv,schedule,dropped", [("batched", "5,1,10", True), ("paged", "mixed", False),
                                                  ("decode", "prefill", False)])
 def test_jamba_three_way_with_its_states(policy, kv, schedule, dropped):
-    rows = run(policy, family="jamba", ref="all", kv=kv, schedule=schedule)
+    rows = run(policy, family="jamba", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
     kinds = {i: {r["layer_kind"] for r in rows if r["layer"] == i and r["candidate"] == "impl"} for i in (0, 1, 2)}
@@ -89,7 +89,7 @@ def test_the_dropped_state_finding_is_bounded_by_the_schedule(policy, chunks, ex
 @pytest.mark.usefixtures("need_llamacpp")
 def test_planted_b_norm_weight_bug_fails_where_it_acts(policy):
     with applied(registry()["mamba1-b-norm-weight-dropped"]):
-        st = all_statuses(run(policy, family="jamba", ref="all", schedule="mixed"))
+        st = all_statuses(run(policy, family="jamba", ref=HF_AND_LLAMACPP, schedule="mixed"))
     for ref in ("hf", "hf_cached"):
         assert st[("impl", ref, 0, "rec_q")] == "pass", ref  # C keeps its weight
         assert st[("impl", ref, 0, "rec_k")] == "fail", ref

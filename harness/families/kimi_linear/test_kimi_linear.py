@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 from harness.features import layer_features
 
 FAMILY = "kimi_linear"
 
 
 def test_kda_layers_three_way(policy, need_llamacpp):
-    rows = run(policy, family=FAMILY, ref="all", kv="batched")
+    rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv="batched")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)
     for layer in (0, 2):
@@ -82,7 +82,7 @@ def test_an_rms_eps_other_than_hf_s_fixed_one_is_two_findings_each_from_its_laye
     finding the KDA layers fail (measured: docs/measurements/2026-12-02-fuzz-gemma3n-hrm.md)."""
     from dataclasses import replace
 
-    case = {"family": FAMILY, "ref": "all", "tokens": 4, "overrides": (("rms_norm_eps", 1e-4),)}
+    case = {"family": FAMILY, "ref": HF_AND_LLAMACPP, "tokens": 4, "overrides": (("rms_norm_eps", 1e-4),)}
     rows = run(policy, **case)
     assert not [r for r in rows if r["status"] in ("fail", "error")]
     why = {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["reason"] for r in rows}

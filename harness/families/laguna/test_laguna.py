@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -16,7 +16,7 @@ PROBES = ("q_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out")
 
 def test_default_config_decorations_are_on_and_agree(policy):
     # decode here; batched and paged three-way: tests/test_families.py test_family_three_way
-    rows = run(policy, family="laguna", ref="all", kv="decode")
+    rows = run(policy, family="laguna", ref=HF_AND_LLAMACPP, kv="decode")
     feats = set(rows[0]["features"].split(";"))
     assert {"output_gate", "softplus_gate", "output_gate_per_head", "qk_norm_head", "per_layer_heads",
             "partial_rotary", "sliding_window", "rope_neox", "gqa"} <= feats, feats
@@ -33,7 +33,7 @@ def test_default_config_decorations_are_on_and_agree(policy):
 def test_per_element_gate_agrees(policy):
     """gating="per-element" (M.1): g_proj is n_heads * head_dim wide; llama.cpp reads
     the width off the tensor (laguna.cpp load_arch_tensors) and multiplies directly."""
-    rows = run(policy, family="laguna", ref="all", overrides=(("gating", "per-element"),))
+    rows = run(policy, family="laguna", ref=HF_AND_LLAMACPP, overrides=(("gating", "per-element"),))
     feats = set(rows[0]["features"].split(";"))
     assert "softplus_gate" in feats and "output_gate_per_head" not in feats
     assert all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"][:3]
@@ -44,7 +44,7 @@ def test_a_broken_gate_fails_against_both_references(policy, name):
     """A gate broken in impl fails at the branch against HF and llama.cpp's
     `attn_gated`, and nothing before the branch does."""
     with applied(registry()[name]):
-        st = all_statuses(run(policy, family="laguna", ref="all"))
+        st = all_statuses(run(policy, family="laguna", ref=HF_AND_LLAMACPP))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "attn_heads")] == "pass"
         assert st[("impl", ref, 0, "attn_branch")] == "fail", ref

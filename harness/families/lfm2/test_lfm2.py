@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv", ["decode", "paged"])
 def test_short_conv_three_way(policy, kv):
-    rows = run(policy, family="lfm2", ref="all", kv=kv, schedule="5,1,10")
+    rows = run(policy, family="lfm2", ref=HF_AND_LLAMACPP, kv=kv, schedule="5,1,10")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)
     for layer in (0, 2):

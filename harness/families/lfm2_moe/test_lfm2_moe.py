@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 
 @pytest.mark.usefixtures("need_llamacpp")
 def test_three_way(policy):
-    rows = run(policy, family="lfm2_moe", ref="all", kv="batched")
+    rows = run(policy, family="lfm2_moe", ref=HF_AND_LLAMACPP, kv="batched")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)
     for ref in ("hf", "hf_cached", "llamacpp"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 from harness.families import get
 from harness.families.llama import WO_SCALE
 from harness.mutants import applied, registry
@@ -31,7 +31,7 @@ def test_plain_is_the_default_variant(policy):
 @pytest.mark.parametrize("kv", ["decode", "paged"])
 @pytest.mark.parametrize("overrides", [(), BIAS], ids=["no-bias", "bias"])
 def test_wo_scale_three_way(policy, kv, overrides):
-    rows = run(policy, family="llama", variant="wo_scale", ref="all", kv=kv, overrides=overrides)
+    rows = run(policy, family="llama", variant="wo_scale", ref=HF_AND_LLAMACPP, kv=kv, overrides=overrides)
     feats = set(rows[0]["features"].split(";"))
     assert "o_scale" in feats and ("o_bias" in feats) == bool(overrides)
     assert {r["variant"] for r in rows} == {"wo_scale"}
@@ -63,7 +63,7 @@ def test_without_the_companion_llamacpp_computes_with_w_over_s(policy, monkeypat
     """The scale must reach llama.cpp: a file with W / s and no attn_output.scale
     differs from the first probe after wo, and only there."""
     monkeypatch.setattr(get("llama"), "write_wo_scale", False)
-    st = all_statuses(run(policy, family="llama", variant="wo_scale", ref="all"))
+    st = all_statuses(run(policy, family="llama", variant="wo_scale", ref=HF_AND_LLAMACPP))
     assert st[("impl", "llamacpp", 0, "attn_branch")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_out")] == "fail"
     assert st[("llamacpp", "hf", 0, "attn_out")] == "fail"

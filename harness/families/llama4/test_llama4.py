@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import all_statuses, assert_llamacpp_rotation_step_finding, case_run, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_rotation_step_finding, case_run, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -37,7 +37,7 @@ def test_default_config_maps_the_decorations():
 
 
 def test_default_config_three_way_on_every_probe(policy):
-    rows = run(policy, family="llama4", ref="all", kv="paged")
+    rows = run(policy, family="llama4", ref=HF_AND_LLAMACPP, kv="paged")
     assert not [r for r in rows if r["status"] not in ("pass",)], "the default config must agree everywhere"
     feats = set(rows[0]["features"].split(";"))
     assert {"chunked_window", "temperature", "qk_norm_post_rope", "nope_layers", "rope_interleaved"} <= feats
@@ -56,7 +56,7 @@ def test_hf_only_setting_against_hf(policy, overrides, kv):
 
 
 def test_hf_only_chunk_is_active_and_llamacpp_ignores_it(policy):
-    rows = run(policy, family="llama4", ref="all", kv="paged", overrides=CHUNK)
+    rows = run(policy, family="llama4", ref=HF_AND_LLAMACPP, kv="paged", overrides=CHUNK)
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     # impl and HF agree; llama.cpp (chunk 8192) disagrees from the first chunked attn_probs
@@ -75,7 +75,7 @@ def test_hf_only_chunk_is_active_and_llamacpp_ignores_it(policy):
 
 
 def test_hf_only_temperature_is_active_and_llamacpp_ignores_it(policy):
-    rows = run(policy, family="llama4", ref="all", kv="decode", overrides=TEMP)
+    rows = run(policy, family="llama4", ref=HF_AND_LLAMACPP, kv="decode", overrides=TEMP)
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, ref, layer, _), s in st.items() if c == "impl" and layer < 3)
@@ -94,7 +94,7 @@ def test_hf_only_temperature_is_active_and_llamacpp_ignores_it(policy):
 
 def test_hf_only_nope_interval(policy):
     """no_rope_layer_interval=2: HF leaves layer 1 unrotated, llama.cpp (step 4) rotates it."""
-    rows = run(policy, family="llama4", ref="all", overrides=(("no_rope_layer_interval", 2),))
+    rows = run(policy, family="llama4", ref=HF_AND_LLAMACPP, overrides=(("no_rope_layer_interval", 2),))
     assert_llamacpp_rotation_step_finding(rows, before="q", ref_vs_ref=False)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 HF_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
              "attn_branch", "attn_out", "resid_mid")
@@ -63,7 +63,7 @@ def check_three_way(rows, family, lc_where, state_finding):
 @pytest.mark.parametrize("kv,schedule,dropped", [("batched", "5,1,10", True), ("paged", "mixed", False),
                                                  ("decode", "prefill", False)])
 def test_mamba_three_way_with_its_states(policy, kv, schedule, dropped):
-    check_three_way(run(policy, family="mamba", ref="all", kv=kv, schedule=schedule), "mamba",
+    check_three_way(run(policy, family="mamba", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule), "mamba",
                     "build_mamba_layer", dropped)
 
 
@@ -101,7 +101,7 @@ def test_planted_bugs_fail_where_they_act(policy, name, hf_first, cached, lc_fir
     call, HF's cached path for the state between calls) and against llama.cpp, which
     names only the states and l_out inside the layer."""
     with applied(MUTANTS[name]):
-        st = all_statuses(run(policy, family="mamba", ref="all", schedule="mixed"))
+        st = all_statuses(run(policy, family="mamba", ref=HF_AND_LLAMACPP, schedule="mixed"))
     if hf_first:
         assert st[("impl", "hf", 0, hf_first)] == "fail", name
         assert st[("impl", "hf", 0, "attn_in")] == "pass"

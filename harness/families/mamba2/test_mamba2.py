@@ -10,7 +10,7 @@ import pytest
 
 from harness.kinds.mutant import Mutant
 from harness.mutants import applied
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 HF_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
              "attn_branch", "attn_out", "resid_mid")
@@ -25,7 +25,7 @@ def _bad(rows):
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
 def test_mamba2_three_way_with_its_states(policy, kv, schedule):
-    rows = run(policy, family="mamba2", ref="all", kv=kv, schedule=schedule)
+    rows = run(policy, family="mamba2", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
     for layer in (0, 1):
@@ -64,7 +64,7 @@ ONE_GROUP = Mutant("mamba2-norm-one-group", "out_norm_groups", "impl.recurrent",
                                                  (ONE_GROUP, "attn_branch", "attn_out")])
 def test_planted_bugs_fail_where_they_act(policy, m, hf_first, lc_first):
     with applied(m):
-        st = all_statuses(run(policy, family="mamba2", ref="all", schedule="5,1,10"))
+        st = all_statuses(run(policy, family="mamba2", ref=HF_AND_LLAMACPP, schedule="5,1,10"))
     for ref in ("hf", "hf_cached"):
         assert st[("impl", ref, 0, hf_first)] == "fail", (m.name, ref)
         assert st[("impl", ref, 0, "attn_in")] == "pass"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,14 +17,14 @@ FULL_5E5 = (("rope_parameters.full_attention", {"rope_type": "default", "rope_th
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    rows = run(policy, family="mellum", ref="all", kv="paged")
+    rows = run(policy, family="mellum", ref=HF_AND_LLAMACPP, kv="paged")
     st = all_statuses(rows)
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert {"sliding_window", "qk_norm_head", "gqa"} <= set(rows[0]["features"].split(";"))
 
 
 def test_the_sliding_theta_is_a_finding_on_the_sliding_layer(policy):
-    st = all_statuses(run(policy, family="mellum", ref="all", kv="decode", overrides=FULL_5E5))
+    st = all_statuses(run(policy, family="mellum", ref=HF_AND_LLAMACPP, kv="decode", overrides=FULL_5E5))
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
     # layer 0 slides (theta 1e4 in HF, 5e5 in llama.cpp), layer 1 is full (5e5 on both sides)
@@ -55,7 +55,7 @@ def test_dense_layers_are_refused_for_llamacpp_in_one_line():
 
 def test_a_broken_window_fails_against_both_references(policy):
     with applied(registry()["window-off-by-one"]):
-        st = all_statuses(run(policy, family="mellum", ref="all", kv="decode"))
+        st = all_statuses(run(policy, family="mellum", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q_rope")] == "pass" and st[("impl", ref, 0, "attn_probs")] == "fail", ref
 
@@ -64,7 +64,7 @@ def test_unnormalised_routing_is_a_bounded_finding(policy):
     from harness.policy import load_policy
 
     unnormed = {"norm_topk_prob": False}
-    st = all_statuses(run(policy, family="mellum", ref="all", kv="decode", overrides=tuple(unnormed.items())))
+    st = all_statuses(run(policy, family="mellum", ref=HF_AND_LLAMACPP, kv="decode", overrides=tuple(unnormed.items())))
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, _r, *_), s in st.items() if c == "impl")
     assert st[("llamacpp", "hf", 0, "attn_out")] == "pass" and st[("llamacpp", "hf", 1, "layer_out")] == "finding"

@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 
 def test_layer_shapes_follow_the_layer_type():
@@ -65,7 +65,7 @@ def test_sinks_and_window_act_on_the_sliding_layers(policy):
 
 @pytest.mark.usefixtures("need_llamacpp")
 def test_attention_bias_is_a_finding_against_llamacpp(policy):
-    rows = run(policy, family="mimo_v2_flash", ref="all", overrides=(("attention_bias", True),))
+    rows = run(policy, family="mimo_v2_flash", ref=HF_AND_LLAMACPP, overrides=(("attention_bias", True),))
     st = all_statuses(rows)
     assert "qkv_bias" in rows[0]["features"].split(";")
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")

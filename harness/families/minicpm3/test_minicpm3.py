@@ -13,14 +13,14 @@ from harness.families import get
 from harness.families.minicpm3 import LC_DIM_MODEL_BASE, LC_SCALE_DEPTH, LC_SCALE_EMB
 from harness.mutants import applied, registry
 from harness.policy import dataflow_position
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes_at_llamacpps_constants(policy):
     # paged, mixed chunks here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="minicpm3", ref="all", kv="paged", schedule="mixed"))
+    st = all_statuses(run(policy, family="minicpm3", ref=HF_AND_LLAMACPP, kv="paged", schedule="mixed"))
     bad = [k for k, s in st.items() if s not in ("pass", "not-exposed")]
     assert st and not bad, bad[:4]
     # llama.cpp vs HF agree end to end: the muP scales ARE llama.cpp's constants here
@@ -54,7 +54,7 @@ def test_a_scale_away_from_llamacpps_constant_is_a_bounded_finding(policy, key, 
     """The trap: llama.cpp hard-codes the muP scales (minicpm3.cpp:65-67). Away from
     them, impl passes against HF and llama.cpp's disagreement is a finding -- from
     the first probe the scale reaches on, nowhere before it."""
-    rows = run(policy, family="minicpm3", ref="all", kv="decode", overrides=((key, value),))
+    rows = run(policy, family="minicpm3", ref=HF_AND_LLAMACPP, kv="decode", overrides=((key, value),))
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded")]
     st = all_statuses(rows)
     assert all(s in ("pass", "not-exposed") for (c, ref, _, _), s in st.items() if (c, ref) == ("impl", "hf"))
@@ -74,14 +74,14 @@ def test_a_scale_away_from_llamacpps_constant_is_a_bounded_finding(policy, key, 
 
 def test_a_finding_is_bounded_by_its_measured_size(policy):
     """A scale further away than the one measured is not excused: scale_emb = 1 is a fail."""
-    rows = run(policy, family="minicpm3", ref="all", kv="decode", overrides=(("scale_emb", 1.0),))
+    rows = run(policy, family="minicpm3", ref=HF_AND_LLAMACPP, kv="decode", overrides=(("scale_emb", 1.0),))
     st = all_statuses(rows)
     assert st[("llamacpp", "hf", -1, "embeddings")] == "fail"
 
 
 def test_a_dropped_residual_multiplier_fails(policy):
     with applied(registry()["mla-residual-multiplier-dropped"]):
-        st = all_statuses(run(policy, family="minicpm3", ref="all", kv="decode"))
+        st = all_statuses(run(policy, family="minicpm3", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "hf", 0, "attn_out")] == st[("impl", "llamacpp", 0, "attn_heads")] == "pass"
     assert st[("impl", "hf", 0, "resid_mid")] == st[("impl", "llamacpp", 0, "resid_mid")] == "fail"
 
@@ -89,7 +89,7 @@ def test_a_dropped_residual_multiplier_fails(policy):
 @pytest.mark.parametrize("mutant", ["mla-rope-neox-as-pairs", "mla-longrope-factors-dropped"])
 def test_a_wrong_rotation_fails_against_both(policy, mutant):
     with applied(registry()[mutant]):
-        st = all_statuses(run(policy, family="minicpm3", ref="all", kv="batched"))
+        st = all_statuses(run(policy, family="minicpm3", ref=HF_AND_LLAMACPP, kv="batched"))
     assert st[("impl", "hf", 0, "q")] == "pass"
     assert st[("impl", "hf", 0, "q_rope")] == st[("impl", "llamacpp", 0, "q_rope")] == "fail"
     assert st[("impl", "llamacpp", 0, "k_pe")] == "fail"

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 LIGHTNING = range(7)  # the tiny config: layers 0-6 lightning, 7 softmax attention
 REC_PROBES = ("attn_in", "rec_z", "rec_q", "rec_k", "rec_v", "rec_out", "attn_out", "resid_mid")
@@ -21,7 +21,7 @@ BAD = ("fail", "error", "unguarded", "missing", "not-implemented")
 
 @pytest.mark.usefixtures("need_llamacpp")
 def test_lightning_layers_three_way_with_their_states(policy):
-    rows = run(policy, family="minimax", ref="all", kv="paged", schedule="mixed")
+    rows = run(policy, family="minimax", ref=HF_AND_LLAMACPP, kv="paged", schedule="mixed")
     assert not [r for r in rows if r["status"] in BAD]
     st = all_statuses(rows)
     for layer in LIGHTNING:
@@ -98,7 +98,7 @@ def test_hf_cached_sits_out_a_schedule_it_crashes_on(policy):
         assert fam.schedule_refusal(fam.make_config({"layer_types": types}), "hf_cached", (5, 1, 1, 9)) is None
     assert main(["run", "--family", "minimax", "--ref", "hf_cached", "--schedule", "5,1,1,9"]) == 2
 
-    rows = run(policy, family="minimax", ref="all", tokens=6, schedule="2,2,2")
+    rows = run(policy, family="minimax", ref=HF_AND_LLAMACPP, tokens=6, schedule="2,2,2")
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert len(skipped) == 1 and skipped[0]["reference"] == "hf_cached", skipped
     assert "modeling_minimax.py:663" in skipped[0]["reason"]
@@ -136,7 +136,7 @@ def test_reversed_slopes_fail_at_the_decay_and_the_state(policy):
     m = registry()["lightning-slopes-reversed"]
     case = dict(family="minimax", kv="paged", schedule="mixed")
     with applied(m):
-        rows = run(policy, ref="all", **case)
+        rows = run(policy, ref=HF_AND_LLAMACPP, **case)
     st = all_statuses(rows)
     assert st[("impl", "hf", 0, "rec_decay")] == "fail"
     assert st[("impl", "hf", 0, "rec_q")] == "pass"

@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv", ["paged", "batched"])
 def test_three_way_passes(policy, kv):
     # decode runs in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="minimax_m2", ref="all", kv=kv))
+    st = all_statuses(run(policy, family="minimax_m2", ref=HF_AND_LLAMACPP, kv=kv))
     assert {c for c, *_ in st} == {"impl", "hf_cached", "llamacpp"}
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
@@ -44,7 +44,7 @@ def test_a_dropped_expert_bias_fails_between_the_references(policy, monkeypatch)
             yield n, (d * 0 if "e_score_correction" in n else d)
 
     monkeypatch.setattr(fam, "gguf_convert", zeroed)
-    st = all_statuses(run(policy, family="minimax_m2", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="minimax_m2", ref=HF_AND_LLAMACPP, kv="decode"))
     # the attention agrees; the first MoE output (layer 0's) does not
     assert st[("llamacpp", "hf", 0, "resid_mid")] == "pass" and st[("llamacpp", "hf", 0, "layer_out")] == "fail"
 

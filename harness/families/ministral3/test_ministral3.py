@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from harness.families import get
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -21,7 +21,7 @@ def _bad(rows):
 
 @pytest.mark.parametrize("kv", ["decode", "batched"])
 def test_three_way(policy, kv):
-    rows = run(policy, family="ministral3", ref="all", kv=kv)
+    rows = run(policy, family="ministral3", ref=HF_AND_LLAMACPP, kv=kv)
     assert "temperature_no_offset" in rows[0]["features"].split(";")
     assert not _bad(rows), _bad(rows)[:5]
 
@@ -42,7 +42,7 @@ def test_llama4s_offset_fails_at_q_rope(policy, monkeypatch):
     orig = type(fam).temperature
     monkeypatch.setattr(fam, "temperature",
                         lambda config: dataclasses.replace(orig(fam, config), offset=1))
-    st = all_statuses(run(policy, family="ministral3", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="ministral3", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q")] == "pass"
         assert st[("impl", ref, 0, "k_rope")] == "pass"
@@ -54,7 +54,7 @@ def test_without_the_temperature_impl_fails(policy, monkeypatch):
     family's layer) fails at q_rope against both references, which apply it."""
     fam = get("ministral3")
     monkeypatch.setattr(fam, "temperature", lambda config: None)
-    st = all_statuses(run(policy, family="ministral3", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="ministral3", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q_rope")] == "fail"
 
@@ -63,7 +63,7 @@ def test_mscale_is_a_finding_against_llamacpp(policy):
     """llama.cpp assumes YaRN's mscale is 1 (llama-context.cpp): at mscale 2 HF's cos
     and sin are 1.257x llama.cpp's, a finding from q_rope on (within its bound);
     impl agrees with HF, and at mscale 1 (test_three_way) everything passes."""
-    st = all_statuses(run(policy, family="ministral3", ref="all", kv="decode",
+    st = all_statuses(run(policy, family="ministral3", ref=HF_AND_LLAMACPP, kv="decode",
                           overrides=(("rope_parameters.mscale", 2.0),)))
     assert st[("impl", "hf", 0, "q_rope")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "pass"

@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, llamacpp_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -27,14 +27,14 @@ def test_hf_default_window_is_4096_and_the_tiny_config_names_none():
 
 
 def test_a_window_the_sequence_never_reaches_agrees(policy):
-    rows = run(policy, family="mistral", ref="all", kv="paged", overrides=DEFAULT_WINDOW)
+    rows = run(policy, family="mistral", ref=HF_AND_LLAMACPP, kv="paged", overrides=DEFAULT_WINDOW)
     assert "sliding_window" in rows[0]["features"].split(";")
     st = all_statuses(rows)
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
 def test_a_window_the_sequence_reaches_is_a_finding_against_llamacpp(policy):
-    lc = llamacpp_statuses(run(policy, family="mistral", ref="all", kv="decode", overrides=WINDOW_5))
+    lc = llamacpp_statuses(run(policy, family="mistral", ref=HF_AND_LLAMACPP, kv="decode", overrides=WINDOW_5))
     assert lc[(0, "q_rope")] == "pass"  # nothing before the mask differs
     assert lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"
 

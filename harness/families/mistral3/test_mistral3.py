@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness.families import get
-from harness.testing import all_statuses, assert_llamacpp_fails_first_at_q, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_fails_first_at_q, llamacpp_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -26,13 +26,13 @@ def test_the_file_is_mistral3s(policy):
 
 
 def test_window_is_a_finding_against_llamacpp(policy):
-    lc = llamacpp_statuses(run(policy, family="mistral3", ref="all", kv="paged", overrides=(("sliding_window", 5),)))
+    lc = llamacpp_statuses(run(policy, family="mistral3", ref=HF_AND_LLAMACPP, kv="paged", overrides=(("sliding_window", 5),)))
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == "finding"
 
 
 def test_without_the_permutation_llamacpp_differs_at_q(policy, monkeypatch):
     monkeypatch.setattr(get("mistral3"), "permute_qk", False)
-    assert_llamacpp_fails_first_at_q(all_statuses(run(policy, family="mistral3", ref="all")))
+    assert_llamacpp_fails_first_at_q(all_statuses(run(policy, family="mistral3", ref=HF_AND_LLAMACPP)))
 
 
 def test_a_temperature_file_is_refused(policy, monkeypatch):

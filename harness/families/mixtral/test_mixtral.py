@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, llamacpp_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,12 +17,12 @@ WINDOW_5 = (("sliding_window", 5),)
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="mixtral", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="mixtral", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
 def test_a_window_the_sequence_reaches_is_a_finding_against_llamacpp(policy):
-    lc = llamacpp_statuses(run(policy, family="mixtral", ref="all", kv="decode", overrides=WINDOW_5))
+    lc = llamacpp_statuses(run(policy, family="mixtral", ref=HF_AND_LLAMACPP, kv="decode", overrides=WINDOW_5))
     assert lc[(0, "q_rope")] == "pass"
     assert lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"
 

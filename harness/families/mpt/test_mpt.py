@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import all_statuses, case_run, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -14,7 +14,7 @@ BIAS4 = (("attn_config.alibi_bias_max", 4),)
 
 
 def test_six_heads_and_clamp_three_way(policy):
-    rows = run(policy, family="mpt", ref="all", kv="decode")
+    rows = run(policy, family="mpt", ref=HF_AND_LLAMACPP, kv="decode")
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     feats = set(rows[0]["features"].split(";"))
@@ -43,7 +43,7 @@ def test_probes_come_from_the_forward_itself(policy):
 def test_hf_only_alibi_bias_max(policy):
     """HF keeps max bias 8 whatever attn_config.alibi_bias_max says; the converter
     writes it and llama.cpp uses it: a finding, impl (= HF) still passes against HF."""
-    rows = run(policy, family="mpt", ref="all", overrides=BIAS4)
+    rows = run(policy, family="mpt", ref=HF_AND_LLAMACPP, overrides=BIAS4)
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
@@ -59,7 +59,7 @@ def test_hf_only_alibi_bias_max(policy):
 def test_hf_only_alibi_off(policy):
     """attn_config.alibi=false: HF keeps ALiBi, the converter writes max_alibi_bias 0
     and llama.cpp attends with no position information."""
-    st = all_statuses(run(policy, family="mpt", ref="all", kv="paged", overrides=(("attn_config.alibi", False),)))
+    st = all_statuses(run(policy, family="mpt", ref=HF_AND_LLAMACPP, kv="paged", overrides=(("attn_config.alibi", False),)))
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
     assert st[("impl", "llamacpp", 1, "attn_probs")] == "finding"

@@ -10,7 +10,7 @@ import pytest
 
 from harness.kinds.mutant import Mutant
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 MAMBA, ATTN, MLP = (0, 3), 1, 2
 HF_REC = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
@@ -27,7 +27,7 @@ def _bad(rows):
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
 def test_nemotron_h_three_way_by_layer_kind(policy, kv, schedule):
-    rows = run(policy, family="nemotron_h", ref="all", kv=kv, schedule=schedule)
+    rows = run(policy, family="nemotron_h", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
     kinds = {r["layer"]: r["layer_kind"] for r in rows if r["candidate"] == "impl" and r["layer"] != "-"}
@@ -68,7 +68,7 @@ DT_FLOOR_DROPPED = Mutant("mamba2-dt-limit-dropped", "dt_limit", "impl.recurrent
     (registry()["nope-layer-rotated"], ATTN, "q_rope", (ATTN, "v"))])
 def test_planted_bugs_fail_where_they_act(policy, m, layer, first, before):
     with applied(m):
-        st = all_statuses(run(policy, family="nemotron_h", ref="all", schedule="5,1,10"))
+        st = all_statuses(run(policy, family="nemotron_h", ref=HF_AND_LLAMACPP, schedule="5,1,10"))
     for ref in ("hf", "hf_cached", "llamacpp"):
         # against HF's full forward a plain fail; against the cached path and llama.cpp a Mamba
         # layer's rows may fall inside the dt-floor finding's bound (findings.toml: it holds at
@@ -89,7 +89,7 @@ def test_the_dt_floor_is_hfs_chunked_scan_and_a_bounded_finding_elsewhere(policy
     full forward does, passes against it; against HF's cached path and llama.cpp the
     difference is the finding, guarded by HF's passing rows -- and without impl's clamp
     the comparison against HF's full forward fails at the decay."""
-    case = dict(family="nemotron_h", ref="all", schedule="5,1,10", overrides=(("time_step_min", 0.5),))
+    case = dict(family="nemotron_h", ref=HF_AND_LLAMACPP, schedule="5,1,10", overrides=(("time_step_min", 0.5),))
     rows = run(policy, **case)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -14,7 +14,7 @@ def test_clamp_is_active_and_agreed(policy):
     run_ = case_run(policy, "olmo", ref="hf")
     q = run_.capture("hf").probes["L0.q"]
     assert np.abs(q).max() == pytest.approx(1.0) and (np.abs(q) >= 1.0 - 1e-7).mean() > 0.1  # clamped, a lot
-    rows = run(policy, family="olmo", ref="all")
+    rows = run(policy, family="olmo", ref=HF_AND_LLAMACPP)
     assert "qkv_clamp" in rows[0]["features"].split(";")
     st = all_statuses(rows)
     for ref in ("hf", "llamacpp"):

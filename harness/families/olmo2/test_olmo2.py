@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_decorations_and_probes(policy):
-    rows = run(policy, family="olmo2", ref="all", kv="paged")
+    rows = run(policy, family="olmo2", ref=HF_AND_LLAMACPP, kv="paged")
     feats = set(rows[0]["features"].split(";"))
     assert {"qk_norm_row", "post_norm", "rope_neox", "gqa"} <= feats
     st = all_statuses(rows)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, llamacpp_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -16,7 +16,7 @@ SLIDING_THETA_1E4 = (("rope_parameters.sliding_attention", {"rope_type": "defaul
 
 
 def test_windows_on_three_of_four_layers_agree(policy):
-    rows = run(policy, family="olmo3", ref="all", kv="batched")
+    rows = run(policy, family="olmo3", ref=HF_AND_LLAMACPP, kv="batched")
     assert {"sliding_window", "qk_norm_row", "post_norm"} <= set(rows[0]["features"].split(";"))
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s not in ("pass", "not-exposed")]
@@ -25,7 +25,7 @@ def test_windows_on_three_of_four_layers_agree(policy):
 
 
 def test_a_sliding_theta_of_its_own_is_a_finding_on_the_sliding_layers(policy):
-    lc = llamacpp_statuses(run(policy, family="olmo3", ref="all", kv="paged", overrides=SLIDING_THETA_1E4))
+    lc = llamacpp_statuses(run(policy, family="olmo3", ref=HF_AND_LLAMACPP, kv="paged", overrides=SLIDING_THETA_1E4))
     for layer in (0, 1, 2):
         assert lc[(layer, "k")] == "pass" and lc[(layer, "q_rope")] == "finding"
     assert lc[(3, "q_rope")] == "pass"  # the full layer rotates with the base both read
@@ -41,6 +41,6 @@ def test_the_finding_needs_its_setting():
 
 def test_a_broken_window_fails_against_both(policy):
     with applied(registry()["window-off-by-one"]):
-        st = all_statuses(run(policy, family="olmo3", ref="all", kv="decode"))
+        st = all_statuses(run(policy, family="olmo3", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q_rope")] == "pass" and st[("impl", ref, 0, "attn_probs")] == "fail"

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="olmoe", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="olmoe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 

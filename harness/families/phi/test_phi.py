@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -16,7 +16,7 @@ QK = (("qk_layernorm", True),)
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_three_way(policy, kv):
-    rows = run(policy, family="phi", ref="all", kv=kv)
+    rows = run(policy, family="phi", ref=HF_AND_LLAMACPP, kv=kv)
     feats = set(rows[0]["features"].split(";"))
     assert {"qkv_bias", "o_bias", "partial_rotary", "layernorm", "parallel_residual"} <= feats
     assert not [r for r in rows if r["status"] not in ("pass", "not-exposed", "finding")]
@@ -53,7 +53,7 @@ def test_a_dropped_qk_norm_bias_fails_against_hf(policy):
 
 @pytest.mark.parametrize("theta,expect", [(10000.0, "pass"), (100000.0, "finding")])
 def test_no_theta_key(policy, theta, expect):
-    st = all_statuses(run(policy, family="phi", ref="all", kv="decode",
+    st = all_statuses(run(policy, family="phi", ref=HF_AND_LLAMACPP, kv="decode",
                           overrides=(("rope_parameters.rope_theta", theta),)))
     assert st[("impl", "hf", 0, "q_rope")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "pass"
@@ -67,7 +67,7 @@ def test_the_converter_writes_mha_and_a_4x_ffn(policy, overrides):
     """Phi2Model writes head_count_kv = n_head and feed_forward_length = 4 * n_embd
     whatever the config says: a GQA or a non-4x checkpoint is a file llama.cpp
     refuses (error rows), while impl is held to HF."""
-    rows = run(policy, family="phi", ref="all", kv="decode", overrides=overrides)
+    rows = run(policy, family="phi", ref=HF_AND_LLAMACPP, kv="decode", overrides=overrides)
     st = all_statuses(rows)
     assert st[("impl", "hf", 1, "attn_out")] == "pass"
     assert [r for r in rows if r["status"] == "error"]

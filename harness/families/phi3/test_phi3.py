@@ -8,7 +8,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -24,7 +24,7 @@ def _passes(rows):
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 def test_short_factors_three_way(policy, kv):
-    rows = run(policy, family="phi3", ref="all", kv=kv)
+    rows = run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv=kv)
     feats = set(rows[0]["features"].split(";"))
     assert {"longrope", "partial_rotary", "rope_attn_factor", "rope_neox"} <= feats
     _passes(rows)
@@ -51,7 +51,7 @@ def test_long_factors_three_way(policy):
     """impl, HF's forward and llama.cpp take the long set for the whole sequence and
     agree; HF's cached path re-picks the set per call (its first calls short), a
     finding against each of the others (findings.toml), judged at L0 q_rope."""
-    rows = run(policy, family="phi3", ref="all", kv="paged", overrides=LONG)
+    rows = run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv="paged", overrides=LONG)
     _passes([r for r in rows if "hf_cached" not in (r["candidate"], r["reference"])])
     cached = [r for r in rows if "hf_cached" in (r["candidate"], r["reference"])]
     assert {r["status"] for r in cached} <= {"pass", "finding", "not-exposed"}
@@ -64,7 +64,7 @@ def test_the_factor_set_is_compared(policy, monkeypatch):
     """Both sides of the switch: with the long set on both references, impl told
     the short set fails against each of them from q_rope on."""
     monkeypatch.setattr(get("phi3"), "rope_set", lambda config: "short")
-    st = all_statuses(run(policy, family="phi3", ref="all", kv="decode", overrides=LONG))
+    st = all_statuses(run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv="decode", overrides=LONG))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q")] == "pass"
         assert st[("impl", ref, 0, "q_rope")] == "fail"
@@ -76,7 +76,7 @@ def test_hf_takes_the_short_set_where_llamacpp_takes_the_long_one(policy):
     HF rotates with short_factor, llama.cpp (and impl) with long_factor -- a finding,
     bounded; impl vs HF is excused only where impl vs llama.cpp passes, and impl's wo
     (not exposed by llama.cpp) is reported unguarded, never passed."""
-    rows = run(policy, family="phi3", ref="all", kv="decode", overrides=BETWEEN)
+    rows = run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv="decode", overrides=BETWEEN)
     st = all_statuses(rows)
     assert st[("llamacpp", "hf", 0, "q")] == "pass"
     assert st[("llamacpp", "hf", 0, "q_rope")] == "finding"
@@ -90,7 +90,7 @@ def test_hf_takes_the_short_set_where_llamacpp_takes_the_long_one(policy):
 def test_llamacpp_drops_the_window(policy, overrides, expect):
     """phi3.cpp disables SWA whatever the file says: with sliding_window set impl
     (= HF) passes against HF and differs from llama.cpp from attn_probs on."""
-    st = all_statuses(run(policy, family="phi3", ref="all", kv="batched", overrides=overrides))
+    st = all_statuses(run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv="batched", overrides=overrides))
     assert st[("impl", "hf", 0, "attn_probs")] == "pass"
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_probs")] == expect
@@ -120,7 +120,7 @@ def test_gguf_is_the_converters(policy):
 def test_broken_factors_fail_against_both_references(policy, name):
     m = registry()[name]
     with applied(m):
-        st = all_statuses(run(policy, family="phi3", ref="all", kv="paged", overrides=dict(m.case).get("overrides", ())))
+        st = all_statuses(run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv="paged", overrides=dict(m.case).get("overrides", ())))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q")] == "pass"
         assert st[("impl", ref, 0, "q_rope")] == "fail"

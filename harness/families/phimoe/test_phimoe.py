@@ -11,13 +11,13 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_three_way_with_the_norm_and_router_finding(policy):
-    st = all_statuses(run(policy, family="phimoe", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="phimoe", ref=HF_AND_LLAMACPP, kv="paged"))
     # impl computes HF's model: every row against HF passes
     assert all(s == "pass" for (c, r, *_), s in st.items() if c == "impl" and r in ("hf", "hf_cached"))
     ref = {k[2:]: s for k, s in st.items() if k[:2] == ("llamacpp", "hf")}
@@ -32,7 +32,7 @@ def test_llamacpp_s_norm_is_an_rms_norm_plus_bias(policy, monkeypatch):
     """impl switched to phi3.cpp's build_norm(..., LLM_NORM_RMS) with the bias: every
     probe passes against llama.cpp and attn_in fails against HF's LayerNorm."""
     monkeypatch.setattr(type(get("phimoe")), "input_norm_kind", "rms")
-    st = all_statuses(run(policy, family="phimoe", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="phimoe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert all(s in ("pass", "not-exposed") for (c, r, *_), s in st.items() if (c, r) == ("impl", "llamacpp"))
     assert st[("impl", "hf", 0, "attn_in")] == "fail"
 

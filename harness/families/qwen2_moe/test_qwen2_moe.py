@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, llamacpp_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -19,12 +19,12 @@ WINDOW_5 = (("use_sliding_window", True), ("sliding_window", 5))
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="qwen2_moe", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="qwen2_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
 def test_renormalised_routing_is_a_finding_between_the_references(policy):
-    st = all_statuses(run(policy, family="qwen2_moe", ref="all", kv="decode", overrides=NORMED))
+    st = all_statuses(run(policy, family="qwen2_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=NORMED))
     assert all(s == "pass" for (c, *_), s in st.items() if c == "impl")
     ref = {k[2:]: s for k, s in st.items() if k[:2] == ("llamacpp", "hf")}
     assert ref[(0, "attn_out")] == "pass" and ref[(0, "layer_out")] == ref[(1, "layer_out")] == "finding"
@@ -48,7 +48,7 @@ def test_the_window_is_hf_s_layer_types():
 
 
 def test_a_window_the_sequence_reaches_is_a_finding_against_llamacpp(policy):
-    lc = llamacpp_statuses(run(policy, family="qwen2_moe", ref="all", kv="decode", overrides=WINDOW_5))
+    lc = llamacpp_statuses(run(policy, family="qwen2_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=WINDOW_5))
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == "finding"
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv", ["paged", "batched"])
 def test_three_way_passes(policy, kv):
     # decode runs in the default matrix (families = "*")
-    rows = run(policy, family="qwen3_5_moe", ref="all", kv=kv)
+    rows = run(policy, family="qwen3_5_moe", ref=HF_AND_LLAMACPP, kv=kv)
     assert not [r for r in rows if r["status"] not in ("pass", "not-exposed")]
     st = all_statuses(rows)
     assert {c for c, *_ in st} == {"impl", "hf_cached", "llamacpp"}
@@ -46,5 +46,5 @@ def test_a_dropped_shared_expert_gate_fails_between_the_references(policy, monke
             yield n, (d * 0 if n.endswith("shared_expert_gate.weight") else d)
 
     monkeypatch.setattr(fam, "gguf_convert", gate_open)
-    st = all_statuses(run(policy, family="qwen3_5_moe", ref="all", kv="decode"))
+    st = all_statuses(run(policy, family="qwen3_5_moe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "resid_mid")] == "pass" and st[("llamacpp", "hf", 0, "layer_out")] == "fail"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -16,7 +16,7 @@ def test_export_without_the_v_head_reorder_is_caught_at_the_delta_net_output(pol
     from harness.families import get
 
     monkeypatch.setattr(get("qwen3_5_text"), "reorder_v_heads", False)
-    st = all_statuses(run(policy, family="qwen3_5_text", ref="all"))
+    st = all_statuses(run(policy, family="qwen3_5_text", ref=HF_AND_LLAMACPP))
     assert st[("llamacpp", "hf", 0, "attn_in")] == "pass"
     assert st[("llamacpp", "hf", 0, "rec_v")] == "pass"  # v before the recurrence: the heads' order only
     assert st[("llamacpp", "hf", 0, "rec_out")] == "fail"  # layer 0 is a delta-net layer
@@ -29,7 +29,7 @@ def test_export_without_the_v_head_reorder_is_caught_at_the_delta_net_output(pol
 def test_default_mrope_sections_abort_llamacpp_at_this_head_dim(policy):
     """HF's default mrope_section [11, 11, 10] sums past head_dim 16: ggml's CPU rope
     asserts sum(sections) <= head_dim; HF ignores the sections for text."""
-    rows = run(policy, family="qwen3_5_text", ref="all", overrides=(("rope_parameters.mrope_section", [11, 11, 10]),))
+    rows = run(policy, family="qwen3_5_text", ref=HF_AND_LLAMACPP, overrides=(("rope_parameters.mrope_section", [11, 11, 10]),))
     impl_hf = [r for r in rows if r["candidate"] == "impl" and r["reference"] == "hf"]
     assert {r["status"] for r in impl_hf} == {"pass", "not-exposed"}  # not-exposed: the states (HF's full forward)
     err = [r for r in rows if r["status"] == "error"]
@@ -37,7 +37,7 @@ def test_default_mrope_sections_abort_llamacpp_at_this_head_dim(policy):
 
 
 def test_delta_net_three_way_with_tiled_heads_put_back(policy):
-    rows = run(policy, family="qwen3_5_text", ref="all", kv="paged")
+    rows = run(policy, family="qwen3_5_text", ref=HF_AND_LLAMACPP, kv="paged")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)
     for ref in ("hf", "hf_cached", "llamacpp"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,12 +17,12 @@ UNNORMED = (("norm_topk_prob", False),)
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="qwen3_moe", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="qwen3_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
 def test_unnormalised_routing_is_a_finding_between_the_references(policy):
-    rows = run(policy, family="qwen3_moe", ref="all", kv="decode", overrides=UNNORMED)
+    rows = run(policy, family="qwen3_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=UNNORMED)
     st = all_statuses(rows)
     # teacher-forced impl sees each reference's own input: it agrees with both
     assert all(s == "pass" for (c, _r, *_), s in st.items() if c == "impl")

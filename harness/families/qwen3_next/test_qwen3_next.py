@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 REC_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
               "attn_branch", "attn_out", "resid_mid")
@@ -19,7 +19,7 @@ REC_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "
 
 @pytest.mark.usefixtures("need_llamacpp")
 def test_delta_net_layers_three_way_with_their_states(policy):
-    rows = run(policy, family="qwen3_next", ref="all", kv="batched")
+    rows = run(policy, family="qwen3_next", ref=HF_AND_LLAMACPP, kv="batched")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)
     for layer in (0, 2):
@@ -51,7 +51,7 @@ def test_a_conv_state_that_drops_a_row_fails_at_the_first_boundary(policy):
     agrees -- and the second call's conv output then differs too."""
     m = registry()["recurrent-conv-state-shifted"]
     case = dict(family="qwen3_next", kv="batched", schedule="5,1,10")
-    clean = all_statuses(run(policy, ref="all", **case))
+    clean = all_statuses(run(policy, ref=HF_AND_LLAMACPP, **case))
     assert clean[("impl", "hf_cached", 0, "state_conv")] == "pass"
     with applied(m):
         for ref in ("hf_cached", "llamacpp"):
@@ -64,7 +64,7 @@ def test_a_conv_state_that_drops_a_row_fails_at_the_first_boundary(policy):
             # the first call's rows are right: the bug acts between calls
             rows = np.abs(cap.probes["L0.rec_conv"] - rc.probes["L0.rec_conv"]).max(axis=(0, 2))
             assert rows[:5].max() < 1e-5 and rows[5] > 1e-2, (ref, rows)
-        st = all_statuses(run(policy, ref="all", **case))
+        st = all_statuses(run(policy, ref=HF_AND_LLAMACPP, **case))
     for ref in ("hf_cached", "llamacpp"):
         assert st[("impl", ref, 0, "state_conv")] == "fail"
     assert st[("impl", "hf", 0, "rec_conv")] == "fail"  # the full forward sees the rows it breaks
@@ -75,7 +75,7 @@ def test_export_without_the_norm_offset_is_caught_at_attn_in(policy, monkeypatch
     from harness.families import get
 
     monkeypatch.setattr(get("qwen3_next"), "norm_plus_one", False)
-    st = all_statuses(run(policy, family="qwen3_next", ref="all"))
+    st = all_statuses(run(policy, family="qwen3_next", ref=HF_AND_LLAMACPP))
     assert st[("llamacpp", "hf", 0, "layer_in")] == "pass"
     assert st[("llamacpp", "hf", 0, "attn_in")] == "fail"  # the first (1 + w) norm
     assert st[("impl", "hf", 1, "attn_in")] == "pass"

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_a_dropped_qkv_bias_fails_against_both(policy):
     with applied(registry()["qkv-bias-dropped"]):
-        st = all_statuses(run(policy, family="seed_oss", ref="all"))
+        st = all_statuses(run(policy, family="seed_oss", ref=HF_AND_LLAMACPP))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "attn_in")] == "pass" and st[("impl", ref, 0, "q")] == "fail"
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import (all_statuses, assert_llamacpp_fails_first_at_q, assert_llamacpp_rotation_step_finding,
-                      finding, run)
+from harness.testing import (HF_AND_LLAMACPP, all_statuses, assert_llamacpp_fails_first_at_q,
+                             assert_llamacpp_rotation_step_finding, finding, run)
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_nope_layer_is_compared_on_both_sides(policy):
-    rows = run(policy, family="smollm3", ref="all")
+    rows = run(policy, family="smollm3", ref=HF_AND_LLAMACPP)
     assert "nope_layers" in rows[0]["features"].split(";")
     st = all_statuses(rows)
     # layer 3 is NoPE: llama.cpp has no ROPE node there, its q_rope is the reshaped Qcur
@@ -25,14 +25,14 @@ def test_broken_qk_permutation_fails_at_q(policy, monkeypatch):
     from harness.families import get
 
     monkeypatch.setattr(get("smollm3"), "permute_qk", False)
-    st = all_statuses(run(policy, family="smollm3", ref="all"))
+    st = all_statuses(run(policy, family="smollm3", ref=HF_AND_LLAMACPP))
     assert_llamacpp_fails_first_at_q(st)
     assert st[("impl", "llamacpp", 0, "v")] == "pass"
 
 
 def test_hf_only_nope_interval(policy):
     """no_rope_layer_interval=2: HF leaves layer 1 unrotated, llama.cpp (step 4) rotates it."""
-    assert_llamacpp_rotation_step_finding(run(policy, family="smollm3", ref="all",
+    assert_llamacpp_rotation_step_finding(run(policy, family="smollm3", ref=HF_AND_LLAMACPP,
                                               overrides=(("no_rope_layer_interval", 2),)))
 
 
@@ -53,7 +53,7 @@ def test_a_nope_list_runs_three_way_with_its_finding(policy):
     """no_rope_layers=[1, 0, 1, 1]: layer 1 unrotated in HF and rotated in llama.cpp, layer 3
     the other way round; impl passes HF everywhere, and both layers' q_rope against
     llama.cpp are the finding (before issue 39: fails, the finding keyed on the interval)."""
-    st = all_statuses(run(policy, family="smollm3", ref="all", overrides=(("no_rope_layers", [1, 0, 1, 1]),)))
+    st = all_statuses(run(policy, family="smollm3", ref=HF_AND_LLAMACPP, overrides=(("no_rope_layers", [1, 0, 1, 1]),)))
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
     assert st[("impl", "llamacpp", 1, "q_rope")] == "finding" and st[("impl", "llamacpp", 3, "q_rope")] == "finding"
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 2, "q_rope")] == "pass"
@@ -61,7 +61,7 @@ def test_a_nope_list_runs_three_way_with_its_finding(policy):
 
 
 def test_hf_only_sliding_window(policy):
-    rows = run(policy, family="smollm3", ref="all",
+    rows = run(policy, family="smollm3", ref=HF_AND_LLAMACPP,
                overrides=(("use_sliding_window", True), ("sliding_window", 4)))
     st = all_statuses(rows)
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")

@@ -10,7 +10,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -19,7 +19,7 @@ UNNAMED = (("rope_parameters.partial_rotary_factor", None),)  # the key left out
 
 def test_three_way_passes(policy):
     # paged here; decode and batched run in the default matrix (families = "*")
-    st = all_statuses(run(policy, family="solar_open", ref="all", kv="paged"))
+    st = all_statuses(run(policy, family="solar_open", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert ("impl", "llamacpp", 1, "q_rope") in st
 
@@ -43,7 +43,7 @@ def test_the_converter_s_default_factor_is_half(tmp_path):
 
 
 def test_an_unnamed_factor_is_a_finding_between_the_references(policy):
-    st = all_statuses(run(policy, family="solar_open", ref="all", kv="decode", overrides=UNNAMED))
+    st = all_statuses(run(policy, family="solar_open", ref=HF_AND_LLAMACPP, kv="decode", overrides=UNNAMED))
     assert all(s == "pass" for (c, r, *_), s in st.items() if (c, r) == ("impl", "hf"))
     ref = {k[2:]: s for k, s in st.items() if k[:2] == ("llamacpp", "hf")}
     assert ref[(0, "q")] == ref[(0, "k")] == "pass"  # the projections agree, the rotation does not

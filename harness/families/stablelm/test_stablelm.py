@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -18,7 +18,7 @@ PARALLEL = (("use_parallel_residual", True),)
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 @pytest.mark.parametrize("overrides", [(), PARALLEL], ids=["sequential", "parallel"])
 def test_three_way(policy, kv, overrides):
-    rows = run(policy, family="stablelm", ref="all", kv=kv, overrides=overrides)
+    rows = run(policy, family="stablelm", ref=HF_AND_LLAMACPP, kv=kv, overrides=overrides)
     feats = set(rows[0]["features"].split(";"))
     assert {"qk_norm_head", "qk_norm_per_head_weight", "qkv_bias", "partial_rotary", "layernorm"} <= feats
     assert ("parallel_residual" in feats) == bool(overrides)
@@ -30,7 +30,7 @@ def test_three_way(policy, kv, overrides):
 
 def test_without_qk_norms_or_biases(policy):
     ov = (("qk_layernorm", False), ("use_qkv_bias", False))
-    rows = run(policy, family="stablelm", ref="all", kv="paged", overrides=ov)
+    rows = run(policy, family="stablelm", ref=HF_AND_LLAMACPP, kv="paged", overrides=ov)
     assert "qk_norm_head" not in rows[0]["features"] and "qkv_bias" not in rows[0]["features"]
     assert not [r for r in rows if r["status"] not in ("pass", "not-exposed")]
 
@@ -50,7 +50,7 @@ def test_the_file_stacks_the_per_head_norms(policy):
 def test_a_broken_per_head_weight_fails_against_both(policy, name):
     m = registry()[name]
     with applied(m):
-        st = all_statuses(run(policy, family="stablelm", ref="all", kv="paged"))
+        st = all_statuses(run(policy, family="stablelm", ref=HF_AND_LLAMACPP, kv="paged"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q")] == "pass"
         assert st[("impl", ref, 0, m.first_probe)] == "fail"
@@ -69,5 +69,5 @@ def test_llamacpp_reads_the_block_form_from_the_tensors_not_the_key(policy, monk
     r = case_run(policy, "stablelm", ref="hf", overrides=PARALLEL)
     rd = gguf.GGUFReader(str(gguf_export.export(r.family, r.base_model, r.config, "f32", 0, None)))
     assert not bool(rd.fields["stablelm.use_parallel_residual"].parts[-1][0])  # the key says sequential
-    rows = run(policy, family="stablelm", ref="all", kv="paged", overrides=PARALLEL)
+    rows = run(policy, family="stablelm", ref=HF_AND_LLAMACPP, kv="paged", overrides=PARALLEL)
     assert not [r for r in rows if r["status"] not in ("pass", "not-exposed")]

@@ -4,7 +4,7 @@ llama.cpp); the ref-vs-ref FFN finding pinned on ggml's fp16 GELU table."""
 
 from __future__ import annotations
 
-from harness.testing import case_run, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, case_run, llamacpp_statuses, run
 from harness.families import get
 from harness.families.starcoder2 import WINDOW_4
 from harness.mutants import registry
@@ -27,7 +27,7 @@ def test_every_decoration_has_a_mutant(policy):
 
 
 def test_window_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need_llamacpp):
-    rows = run(policy, family="starcoder2", ref="all", kv="decode", overrides=WINDOW_4)
+    rows = run(policy, family="starcoder2", ref=HF_AND_LLAMACPP, kv="decode", overrides=WINDOW_4)
     lc = llamacpp_statuses(rows)
     # every layer is windowed in HF; llama.cpp attends causally over everything
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"
@@ -42,7 +42,7 @@ def test_window_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need
 def test_ffn_finding_is_the_fp16_gelu_table(policy, need_llamacpp):
     """HF's FFN half with ggml's fp16 GELU table, on llama.cpp's resid_mid,
     reproduces llama.cpp's layer_out; with HF's exact GELU it does not."""
-    r = case_run(policy, "starcoder2", ref="all", kv="decode")
+    r = case_run(policy, "starcoder2", ref=HF_AND_LLAMACPP, kv="decode")
     layer = get("starcoder2").decoder_layers(r.base_model)[0]
 
     def ffn_half(x, act):

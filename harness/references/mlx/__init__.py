@@ -24,12 +24,11 @@ class Mlx(Reference):
     requires = "mlx"
     cached = True  # it runs the case's schedule through its own caches
     forced_oracle = True  # HF's model from HF's checkpoint: HF's float64 on its layer inputs is its twin
-    # named, not in --ref all yet: every family it implements has a verdict against it (a pass,
-    # a finding with its lines, or a refusal with the reason: families.py), and where it follows
-    # one side of an HF-vs-llama.cpp finding the case measures so itself (Judge.witnesses); but
-    # with it in `all`, 128 of 2,743 tests failed (2026-12-06: docs/measurements/2026-12-06-mlx.md,
-    # `--ref all`): most of them three-reference tests meeting its not-implemented rows
-    in_all = False
+    # in --ref all: every family it implements has a verdict against it (a pass, a finding with
+    # its lines, or a refusal with the reason: families.py), and where it follows one side of an
+    # HF-vs-llama.cpp finding the case measures so itself (Judge.witnesses). The inherited
+    # in_all = True; the tests written about HF and llama.cpp name those references
+    # (harness.testing.HF_AND_LLAMACPP), so a witness joining `all` changes none of them
 
     def available(self) -> bool:
         from importlib.util import find_spec
