@@ -285,7 +285,7 @@ class Policy:
             via = next((s for s in (candidate, reference) if len(_names_for(s, f, measured)) > len(_names(s))), None)
             if via is not None:
                 where = ("in this case: it passes against that reference at this probe, and the finding's "
-                         "pair was excused here" if (via, finding_label(f)) in (measured or {})
+                         "pair was excused at this probe or in front of it" if (via, finding_label(f)) in (measured or {})
                          else f"on this finding (fixtures/triangulation/{via}.json)")
                 return (f"finding {f['_n']}: {f['reason']} -- held for {via}, measured to compute "
                         f"{_names_for(via, f, measured)[-1]}'s model {where}")

@@ -343,15 +343,27 @@ class Judge:
                 if label:
                     excused.setdefault((r["layer"], r["probe"]), set()).add((label, r["candidate"], r["reference"]))
         req = self.req
+
+        def upstream(key):
+            # the findings that excused the pair at this probe or anywhere in front of it: past
+            # the first probe a finding excuses, the pair's distance is that finding diluted (a
+            # residual add), and may sit either side of the float32 bound -- the pair just under
+            # it, the witness that follows one side just over (the CI fuzz's gpt_oss YaRN case:
+            # llama.cpp vs HF L1 resid_mid 0.96 of the bound, mlx vs llama.cpp 1.007); the
+            # finding, asked with the witness's own numbers, still decides whether it holds here
+            pos = dataflow_position(key[0], key[1])
+            return set().union(*(v for k, v in excused.items() if dataflow_position(*k) <= pos))
+
         out = []
         for r in rows:
             w = next((x for x in (r["candidate"], r["reference"]) if x in wit), None)
             key = (r["layer"], r["probe"])
-            if r["status"] != "fail" or w is None or key not in excused or "'s own rounding" in str(r["reason"]):
+            labels = upstream(key) if r["status"] == "fail" and w is not None else set()
+            if not labels or "'s own rounding" in str(r["reason"]):
                 out.append(r)
                 continue
             measured = {}
-            for label, a, b in excused[key]:
+            for label, a, b in labels:
                 sa, sb = status(w, a, *key), status(w, b, *key)
                 for side, mine, other in ((a, sa, sb), (b, sb, sa)):
                     if mine == "pass" and other not in (None, "pass"):
