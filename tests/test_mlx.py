@@ -335,6 +335,24 @@ def test_a_files_rope_freqs_are_out_of_mlx_reach(need_mlx):
     assert "rope_freqs" in ref("mlx").refusal(fam, cfg)
 
 
+def test_deepseek_v2_without_rope_scaling_is_out_of_mlx_reach(policy, need_mlx):
+    """mlx_lm/models/deepseek_v2.py always builds its YaRN rotation from rope_scaling['factor']:
+    the fuzz's deepseek_v2 with rope_type default was an error row in mlx-lm's words
+    ('NoneType' object has no attribute 'get'); it is not-implemented with that line, the
+    case judged against the others. The default (YaRN) config is built and passes."""
+    from harness.families import get
+    from harness.references import get as ref
+
+    fam = get("deepseek_v2")
+    assert ref("mlx").refusal(fam, fam.make_config()) is None
+    over = (("rope_parameters.rope_type", "default"),)
+    assert "DeepseekV2YarnRotaryEmbedding" in ref("mlx").refusal(fam, fam.make_config(dict(over)))
+    rows = run(policy, family="deepseek_v2", ref="hf,mlx", tokens=4, overrides=over)
+    mine = [r for r in rows if "mlx" in (r["candidate"], r["reference"])]
+    assert [r["status"] for r in mine] == ["not-implemented"], mine
+    assert {s for (r, _, _), s in statuses(rows).items() if r == "hf"} <= {"pass", "not-exposed"}
+
+
 def test_a_layer_pattern_mlx_cannot_say_is_refused(need_mlx):
     """mlx-lm's gemma3_text reads the pattern as one period (sliding_window_pattern) and
     takes the global mask from the cache of layer p - 1: a layer_types list that is no such

@@ -77,12 +77,15 @@ class Mlx(Reference):
         why = self.module_refusal(mt)
         if why:
             return f"mlx-lm {_version()}: {why}"
-        from .checkpoint import config_for, layer_pattern_refusal, missing_fields
-        from .families import UNSUPPORTED
+        from .checkpoint import bridged, config_for, layer_pattern_refusal, missing_fields
+        from .families import CONFIG_REFUSALS, UNSUPPORTED
 
         written = config_for(family.name, config.to_dict())
         why = layer_pattern_refusal(written, mt)
         if why:
+            return f"mlx-lm {_version()}: {why}"
+        test, why = CONFIG_REFUSALS.get(mt, (None, None))
+        if test is not None and test(bridged(written)):
             return f"mlx-lm {_version()}: {why}"
         lost = missing_fields(written, mt)
         if lost:

@@ -28,6 +28,16 @@ UNSUPPORTED: dict[str, str] = {
                         "('Unknown layer type: linear_attention')",
 }
 
+# A configuration mlx-lm's module for a model type cannot build, by that model type: a test on
+# the config mlx-lm reads (checkpoint.bridged: the hub's keys) and why. Each met by the fuzz.
+CONFIG_REFUSALS: dict[str, tuple] = {
+    "deepseek_v2": (lambda c: c.get("rope_scaling") is None,
+                    "mlx_lm/models/deepseek_v2.py DeepseekV2Attention.__init__ reads rope_scaling['factor'] and "
+                    "always builds its YaRN rotation (DeepseekV2YarnRotaryEmbedding); a model without rope scaling "
+                    "(rope_type default) fails there: 'NoneType' object has no attribute 'get' (conformance fuzz "
+                    "--seed 5, deepseek_v2 absorbed)"),
+}
+
 # Probes a family's ``hf_canonical`` completes with the product HF's next line makes (no HF
 # module returns it), where mlx-lm's module output already is its own value -- a multiplier
 # its sanitize() folded into the weight, or one it never applies. Completing those would
