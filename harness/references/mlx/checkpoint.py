@@ -45,6 +45,13 @@ ALIASES = {
 }
 
 
+def periodic_layer_types(period: int, n_layers: int) -> list[str]:
+    """The hub's layer pattern as transformers 5's ``layer_types``: every ``period``-th layer
+    global, the rest sliding (Cohere2, Gemma3: ``sliding_window_pattern``) -- what mlx-lm's
+    modules that read a period compute (mlx_lm/models/gemma3_text.py, cohere2.py)."""
+    return ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(n_layers)]
+
+
 def bridged(cfg: dict) -> dict:
     """``cfg`` (a config.json's dict, as transformers 5 writes it) with the hub's keys beside."""
     cfg = json.loads(json.dumps(cfg))
@@ -76,7 +83,7 @@ def bridged(cfg: dict) -> dict:
     lt = cfg.get("layer_types")
     if isinstance(lt, list) and lt and "sliding_window_pattern" not in cfg and "full_attention" in lt:
         p = lt.index("full_attention") + 1
-        if all(t == ("full_attention" if (i + 1) % p == 0 else "sliding_attention") for i, t in enumerate(lt)):
+        if lt == periodic_layer_types(p, len(lt)):
             cfg["sliding_window_pattern"] = p
     for field, sources in ALIASES.items():
         if field in cfg:
@@ -220,9 +227,8 @@ def layer_pattern_refusal(cfg: dict, model_type: str) -> str | None:
     if not isinstance(lt, list) or not lt:
         return None
     p = int(b.get("sliding_window_pattern") or c.get("sliding_window_pattern") or field.default)
-    want = ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(len(lt))]
     where = f"mlx_lm/models/{model_type}.py"
-    if list(lt) != want:
+    if list(lt) != periodic_layer_types(p, len(lt)):
         return (f"{where} reads the layer pattern as one period (sliding_window_pattern = {p}: every {p}-th layer "
                 f"global); this config's layer_types {lt} is not that")
     if p > len(lt):
