@@ -119,6 +119,26 @@ def test_a_moved_probe_point_is_refused(capsys, tmp_path, monkeypatch):
     assert rc == 2 and "LlamaDecoderLayer has no `self_attn.query_proj`" in err[0], err
 
 
+def test_a_renamed_default_rope_method_is_refused():
+    """hf_default_rope_reads reads the source of compute_default_rope_parameters to learn
+    whether HF's default RoPE reads partial_rotary_factor; a release that renamed it would
+    have every key taken as read -- refused at start-up instead (one line, exit 2)."""
+    import types
+
+    import transformers.models.llama.modeling_llama as ml
+
+    hook_points._check_default_rope(ml)  # the pinned release: there
+    mod = types.ModuleType("transformers.models.newmodel.modeling_newmodel")
+    renamed = type("NewModelRotaryEmbedding", (), {"__module__": mod.__name__,
+                                                   "default_rope_parameters": staticmethod(lambda c: None)})
+    mod.NewModelRotaryEmbedding = renamed
+    with pytest.raises(hook_points.HookPointMissing, match="NewModelRotaryEmbedding .modeling_newmodel. defines no "
+                                                          "compute_default_rope_parameters"):
+        hook_points._check_default_rope(mod)
+    renamed.compute_default_rope_parameters = staticmethod(lambda c: None)
+    hook_points._check_default_rope(mod)
+
+
 def test_a_wrapper_the_float64_oracle_cannot_read_is_refused(capsys, tmp_path, monkeypatch):
     import transformers.models.mamba.modeling_mamba as mm
 

@@ -24,7 +24,9 @@ What is checked, per family (on its model built on the meta device: no weights):
   and the mixer's ``forward`` reaches each (directly or through the module's own
   functions: 5.25.0's ``causal_conv1d_forward`` calls ``causal_conv1d_fn``);
 - every function of those modeling modules is one whose source the float64 oracle
-  can read (a wrapper it cannot see into would leave a float32 path in a "float64" run).
+  can read (a wrapper it cannot see into would leave a float32 path in a "float64" run);
+- a modeling module with RoPE classes keeps its default RoPE where
+  ``hf_default_rope_reads`` reads it (``compute_default_rope_parameters``).
 """
 
 from __future__ import annotations
@@ -121,6 +123,19 @@ def _check_function(mod, name: str, params: tuple[str, ...], caller_cls, what: s
         _refuse(f"{short}.{name} no longer takes {', '.join(f'`{p}`' for p in lost)} ({what})")
     if caller_cls is not None and not internals.reaches(caller_cls.forward, name):
         _refuse(f"the {caller_cls.__name__} no longer calls `{name}` ({what})")
+
+
+def _check_default_rope(mod) -> None:
+    """A modeling module with RoPE classes keeps its default RoPE in a method
+    ``compute_default_rope_parameters`` that families/base.py ``hf_default_rope_reads``
+    reads the source of (does it read ``partial_rotary_factor``? llama's does not, phi's
+    does): renamed, that helper would take every key as read, and llama's partial
+    rotary factor would silently rotate part of the head where HF rotates all of it."""
+    rots = [c for c in vars(mod).values()
+            if isinstance(c, type) and c.__module__ == mod.__name__ and c.__name__.endswith("RotaryEmbedding")]
+    if rots and not any("compute_default_rope_parameters" in vars(c) for c in rots):
+        _refuse(f"{rots[0].__name__} ({mod.__name__.rpartition('.')[2]}) defines no compute_default_rope_parameters, "
+                "whose source says which keys HF's default RoPE reads (families/base.py hf_default_rope_reads)")
 
 
 def _check_float64_sources(mod) -> None:
@@ -237,3 +252,4 @@ def _check(family, config, cached: bool = False) -> None:
             modules.add(sys.modules[type(m).__module__])
     for mod in modules:
         _check_float64_sources(mod)
+        _check_default_rope(mod)
