@@ -41,6 +41,7 @@ class Key:
     default: object = None  # the family's tiny config's value
     varied: dict[str, set] = field(default_factory=dict)  # where -> the values it takes there
     reason: str | None = None
+    ffn_only: list[str] = field(default_factory=list)  # the feed-forward classes that alone read it
 
     @property
     def status(self) -> str:
@@ -64,9 +65,31 @@ def _source(module: str) -> str:
         return ""
 
 
-def _reads(src: str, key: str) -> bool:
-    return bool(re.search(rf"config\.{re.escape(key)}\b|getattr\(\s*(?:self\.)?config\s*,\s*[\"']{re.escape(key)}[\"']"
-                          rf"|\bself\.{re.escape(key)}\b", src))
+def _reads(src: str, key: str, own: bool = False) -> bool:
+    """Whether ``src`` reads config key ``key`` (``config.key``, ``getattr(config, "key"``);
+    ``own``: also as ``self.key`` -- the configuration class reading its own field."""
+    k = re.escape(key)
+    return bool(re.search(rf"config\.{k}\b|getattr\(\s*(?:self\.)?config\s*,\s*[\"']{k}[\"']"
+                          + (rf"|\bself\.{k}\b" if own else ""), src))
+
+
+# the modeling file's classes of the feed-forward half (after resid_mid): a key only they read
+# cannot change the attention half
+_FFN = re.compile(r"(MLP|Mlp|MoE|Moe|Experts?|Router|Gate|FeedForward|SharedExpert)$")
+
+
+def _readers(mod, key: str) -> list[str]:
+    """The classes and functions of the modeling module ``mod`` whose source reads ``key``."""
+    out = []
+    for name, obj in vars(mod).items():
+        if getattr(obj, "__module__", None) != mod.__name__ or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        try:
+            if _reads(inspect.getsource(obj), key):
+                out.append(name)
+        except (OSError, TypeError):
+            continue
+    return out
 
 
 def hf_keys(fam) -> dict[str, Key]:
@@ -85,14 +108,17 @@ def hf_keys(fam) -> dict[str, Key]:
     for name in field_types(cls):
         if name in generic or name.startswith("_"):
             continue
-        read = [f for f, src in ((model_mod.rpartition(".")[2] + ".py", model_src),
-                                 (conf_mod.rpartition(".")[2] + ".py", conf_src)) if _reads(src, name)]
+        read = [f for f, src, own in ((model_mod.rpartition(".")[2] + ".py", model_src, False),
+                                      (conf_mod.rpartition(".")[2] + ".py", conf_src, True)) if _reads(src, name, own)]
         value = getattr(cfg, name, None)
         if name == ROPE and isinstance(value, dict):
             for k, v in value.items():
                 out[f"{ROPE}.{k}"] = Key(f"{ROPE}.{k}", read, v)
             continue
-        out[name] = Key(name, read, value)
+        key = out[name] = Key(name, read, value)
+        readers = _readers(importlib.import_module(model_mod), name) if model_src else []
+        if readers and not read[1:] and all(_FFN.search(r) for r in readers):
+            key.ffn_only = readers
     return out
 
 
@@ -115,7 +141,7 @@ def _spec_cases() -> tuple:
 
     out = []
     for p in sorted(SPECS.glob("*.toml")):
-        spec = load_spec(p)
+        spec = load_spec(p, check=False)  # what it varies, whatever extras are installed here
         out += [(p.stem, c) for c in spec.cases]
     return tuple(out)
 
@@ -166,6 +192,9 @@ def table(fam, fuzz: bool = True) -> dict[str, Key]:
         if k.reason is None and not k.read_by:
             k.reason = ("read by neither the modeling file nor the configuration file beyond its declaration: "
                         "it cannot reach the forward")
+        if k.reason is None and k.ffn_only:
+            k.reason = (f"read only by the feed-forward half ({', '.join(k.ffn_only)}), after resid_mid: the attention "
+                        "half does not read it (layer_out compares the feed-forward at the tiny config's value)")
     return keys
 
 
