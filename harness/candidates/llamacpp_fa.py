@@ -55,9 +55,10 @@ class FlashAttn(Candidate):
 
         from .. import references
 
-        if case.ref not in references.choices():
-            raise UsageError(f"candidate {self.name} is judged against {', '.join(references.choices())}, "
-                             f"not {case.ref!r}")
+        bad = [r for r in case.ref.split(",") if r not in references.choices()]
+        if bad:
+            raise UsageError(f"candidate {self.name} is judged against {', '.join(references.choices())} "
+                             f"(several comma-separated), not {bad[0]!r}")
         if not available():
             raise UsageError(f"candidate {self.name} runs llama.cpp: pip install -e '.[llamacpp]'")
 
