@@ -232,13 +232,13 @@ def test_hf_s_two_paths_are_bounded_by_hf_s_own_float32_drift(policy, monkeypatc
 
     honest = Judge.compare_refs
 
-    def planted(self, cand, ref, drift=None):
+    def planted(self, cand, ref, drift=None, **kw):
         if cand.name == "hf_cached":
             probes = {k: cand.probes[k] for k in cand.probes}
             x = np.asarray(probes["L10.attn_out"])
             probes["L10.attn_out"] = x * (1 + 1e-4 * np.sign(np.sin(np.arange(x.size))).reshape(x.shape))
             cand = dataclasses.replace(cand, probes=probes)
-        return honest(self, cand, ref, drift)
+        return honest(self, cand, ref, drift, **kw)
 
     monkeypatch.setattr(Judge, "compare_refs", planted)
     rows = run(policy, family="gemma3n", ref="hf,hf_cached", kv="decode", seed=1)
