@@ -27,8 +27,12 @@ NOISE = ("Traceback", "Exception ignored", "KeyboardInterrupt", "_Abandon", "Err
 
 
 def _interrupt(argv: list[str], after: float, cache: Path, cwd: Path, times: int = 1) -> tuple[int, str, float]:
+    # SIGINT as a terminal's foreground command has it: a suite started in the background by a
+    # shell without job control (`bash .ci/run &` from a script) hands its children SIGINT
+    # ignored, which Python then leaves ignored -- every interrupt test would see exit 0
     p = subprocess.Popen([sys.executable, "-m", "harness", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True, cwd=cwd,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                          env={**os.environ, "CONFORMANCE_CACHE": str(cache), "PYTHONPATH": str(ROOT)})
     time.sleep(after)
     if p.poll() is not None:
