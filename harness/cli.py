@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None, *, process: bool = False) -> int:
     """Run one command; its exit status. ``process``: main is the whole process (``entry``),
     so an interrupt may take over SIGINT for the way out; an in-process caller (a test, a
     user's script) keeps its own handler."""
-    from . import interrupt
+    from . import interrupt, plugins
 
     interrupt.install()
     try:
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None, *, process: bool = False) -> int:
     except BrokenPipeError:  # the reader went away (| head): not an error of ours
         sys.stderr.close()
         return 0
-    except UsageError as e:
+    except (UsageError, plugins.PluginError) as e:  # a plug-in that does not load is bad input too
         print(f"conformance: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into one

@@ -102,8 +102,12 @@ def load(group: str, name: str, ep=None):
     try:
         return ep.load()
     except Exception as e:
-        raise PluginError(f"{group[:-1]} {name!r} ({getattr(ep, 'value', '?')}) failed to load: "
-                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+        raise PluginError(f"{_singular(group)} {name!r} ({getattr(ep, 'value', '?')}) failed to load: "
+                          f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+
+
+def _singular(group: str) -> str:
+    return "family" if group == "families" else group[:-1]
 
 
 class PluginError(RuntimeError):

@@ -49,7 +49,11 @@ def registry() -> dict[str, Family]:
     found: dict[str, Family] = {}
     for name, ep in plugins.entry_points(GROUP).items():
         obj = plugins.load(GROUP, name, ep)
-        got = obj() if callable(obj) and not isinstance(obj, Family) else obj
+        try:
+            got = obj() if callable(obj) and not isinstance(obj, Family) else obj
+        except Exception as e:  # a family module that does not import (a misspelt hook: hookspec.check)
+            raise plugins.PluginError(f"family entry point {name!r} failed to load: {type(e).__name__}: "
+                                      f"{' '.join(str(e).split())[:300]}") from None
         fams = got if isinstance(got, dict) else {getattr(got, "name", name): got}
         for fname, fam in fams.items():
             if not isinstance(fam, Family):
