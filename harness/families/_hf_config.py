@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import json
 
-from impl.config import ConfigError, divisors
+from contract.layers import ConfigError, divisors
 
 from ..errors import UsageError, suggest
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from impl import LayerConfig
+from contract.layers import LayerConfig
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,10 @@ import math
 
 import numpy as np
 
-from impl import NormSpec, make_rope
-from impl.config import ConfigError
-from impl.mla import MlaConfig, MlaYarn
+from contract.layers import NormSpec
+from impl import make_rope
+from contract.layers import ConfigError
+from contract.layers import MlaConfig, MlaYarn
 from impl.mla import mla_yarn as yarn_from_params
 
 from ..errors import UsageError

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from contract.layers import Unimplemented
-from impl import LayerConfig, NormSpec, QkNormSpec, WindowSpec, make_rope
+from contract.layers import LayerConfig, NormSpec, QkNormSpec, WindowSpec
+from impl import make_rope
 
 from ._gguf_export import (YARN_KEYS, GGUFExport, gguf_moe_convert, gguf_size_params,  # noqa: F401 (re-exported)
                            gguf_yarn_params, text_model_gguf_params)

@@ -54,7 +54,7 @@ Configs:
 
 from __future__ import annotations
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, one_theta, read_hparams, swa_pattern
 from ..base import (LcPoint, LlamaLike, gguf_moe_convert, lc_unrotated, post_norm_points,

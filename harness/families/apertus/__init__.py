@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import trace_import
 from ..base import LcPoint, LlamaLike, Point, tensor

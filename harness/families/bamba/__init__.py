@@ -38,7 +38,7 @@ of 16 (rotary 8), Mamba-2 of 8 heads x 16, 2 groups, state 16, conv 4, HF chunk 
 from __future__ import annotations
 
 from contract.recurrent import RecurrentConfig
-from impl import NormSpec
+from contract.layers import NormSpec
 
 from .._gguf_export import NegExpALog, gguf_moe_convert, text_model_gguf_params
 from .._mamba2 import (LC_NOT_EXPOSED, LC_POINTS, Mamba2Sizes, mamba2_config, mamba2_convert, validate_ssd_shapes,

@@ -38,7 +38,7 @@ has no ``output`` tensor; the logits use ``tok_embd``).
 
 from __future__ import annotations
 
-from impl import NormSpec
+from contract.layers import NormSpec
 
 from ..base import LcPoint, LlamaLike, gguf_size_params
 

@@ -48,8 +48,8 @@ import re
 
 import numpy as np
 
-from impl import LayerConfig, NormSpec
-from impl.config import ConfigError
+from contract.layers import LayerConfig, NormSpec
+from contract.layers import ConfigError
 
 from .._convert import per_head_qkv_to_blocks
 from .._gguf_import import alibi_config, read_hparams

@@ -31,7 +31,7 @@ GGUF (``CommandR2Model``): ``TextModel.set_gguf_parameters`` (the generic keys,
 
 from __future__ import annotations
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, LcPoint, text_model_gguf_params

@@ -54,7 +54,7 @@ expert, softmax routing renormalised, logit scale 0.25, tied head.
 
 from __future__ import annotations
 
-from impl import NormSpec
+from contract.layers import NormSpec
 
 from .._gguf_export import tensor_name_map
 from .._gguf_import import experts, hf_rope, llama_like_config, one_per_layer, read_hparams, swa_pattern

@@ -47,7 +47,7 @@ import contextlib
 
 import numpy as np
 
-from impl import LayerConfig
+from contract.layers import LayerConfig
 
 from .._gguf_import import experts, full_rotary, one_head_dim, read_hparams, special_tokens, vocab_of
 from ..base import LlamaLike, Point, tensor

@@ -36,7 +36,7 @@ Tiny config: EXAONE-4.0-1.2B's shape -- no window, every layer full and rotated
 
 from __future__ import annotations
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import hf_rope, llama_like_config, one_theta, read_hparams, swa_pattern
 from ..base import LcPoint, LlamaLike, lc_unrotated, post_norm_points

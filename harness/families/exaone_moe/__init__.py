@@ -37,7 +37,7 @@ dense, 4 experts of 32 (2 used), one shared expert, scale 2.5 (the config's).
 
 from __future__ import annotations
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams, swa_pattern
 from ..base import LcPoint, LlamaLike, gguf_moe_convert, text_model_gguf_params

@@ -46,8 +46,8 @@ import contextlib
 
 import numpy as np
 
-from impl import LayerConfig, NormSpec
-from impl.config import ConfigError
+from contract.layers import LayerConfig, NormSpec
+from contract.layers import ConfigError
 
 from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 from ..base import Family, LcCapture, LcPoint, Point, rope_from_config, tensor

@@ -65,7 +65,7 @@ from .._gguf_export import NegExpALog
 from .._mamba2 import (Mamba2Sizes, mamba2_config, mamba2_convert, mamba2_weights, refuse_short_conv,
                       validate_ssd_shapes)
 from ..base import LcPoint, LlamaLike, Point
-from impl import NormSpec
+from contract.layers import NormSpec
 
 MULTIPLIERS = ("attention_in_multiplier", "key_multiplier", "attention_out_multiplier", "ssm_in_multiplier",
                "ssm_out_multiplier", "embedding_multiplier", "lm_head_multiplier")

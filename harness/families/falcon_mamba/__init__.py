@@ -18,7 +18,7 @@ own is that default.
 
 from __future__ import annotations
 
-from impl import NormSpec
+from contract.layers import NormSpec
 
 from ..mamba import Mamba
 

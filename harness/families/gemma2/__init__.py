@@ -44,7 +44,7 @@ Configs:
 
 from __future__ import annotations
 
-from impl import LayerConfig
+from contract.layers import LayerConfig
 
 from .._gguf_export import NormPlusOne
 from .._gguf_import import llama_like_config, one_theta, read_hparams, swa_pattern

@@ -47,7 +47,7 @@ Configs:
 
 from __future__ import annotations
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_export import NormPlusOne
 from .._gguf_import import llama_like_config, read_hparams, swa_pattern

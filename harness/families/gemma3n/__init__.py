@@ -111,7 +111,7 @@ import re
 
 import numpy as np
 
-from impl import LayerConfig, NormSpec, QkNormSpec
+from contract.layers import LayerConfig, NormSpec, QkNormSpec
 
 from .._gguf_import import llama_like_config, read_hparams, swa_pattern
 from ..base import LcPoint, LlamaLike, Point, text_model_gguf_params

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams
 from ..base import LlamaLike, gguf_moe_convert, text_model_gguf_params

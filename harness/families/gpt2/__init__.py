@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from impl import LayerConfig, NormSpec
+from contract.layers import LayerConfig, NormSpec
 
 from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 from ..base import FUSED_QKV_NOPE_LC_POINTS, Family, LcCapture, LcPoint, Point, tensor

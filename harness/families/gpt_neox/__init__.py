@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from impl import LayerConfig, NormSpec
+from contract.layers import LayerConfig, NormSpec
 
 from .._convert import per_head_qkv_split, per_head_qkv_to_blocks
 from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of

@@ -32,7 +32,7 @@ each only when truthy. Both references agree on the default tiny config
 
 from __future__ import annotations
 
-from impl import LayerConfig
+from contract.layers import LayerConfig
 
 from ..base import LlamaLike, text_model_gguf_params
 from ..llama import PermutedQK

@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import re
 
-from impl import LayerConfig, NormSpec
+from contract.layers import LayerConfig, NormSpec
 
 from .._gguf_export import tensor_name_map
 from .._gguf_import import llama_like_config, read_hparams

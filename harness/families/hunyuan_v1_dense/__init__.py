@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LcPoint, LlamaLike, rope_from_config, text_model_gguf_params

@@ -30,7 +30,7 @@ Tiny config: 2 layers (dense, sparse), 4 heads / 2 KV heads of 16, 4 experts of 
 
 from __future__ import annotations
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams
 from ..base import LlamaLike, gguf_moe_convert, text_model_gguf_params

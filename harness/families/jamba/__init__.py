@@ -42,7 +42,7 @@ attention layer's dense; hidden 64, 4 heads / 2 KV heads of 16, Mamba expand 2 (
 from __future__ import annotations
 
 from contract.recurrent import RecurrentConfig
-from impl import NormSpec
+from contract.layers import NormSpec
 
 from ...errors import UsageError
 from .._gguf_export import NegExpALog, gguf_moe_convert

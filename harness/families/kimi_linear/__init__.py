@@ -56,8 +56,8 @@ from __future__ import annotations
 import numpy as np
 
 from contract.recurrent import RecurrentConfig
-from impl import NormSpec
-from impl.mla import MlaConfig
+from contract.layers import NormSpec
+from contract.layers import MlaConfig
 
 from .._gguf_export import NegExpALog
 from .._mla import MlaFamily

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams, swa_pattern
 from ..base import LlamaLike, LcPoint, gguf_moe_convert, text_model_gguf_params

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 
 from contract.recurrent import RecurrentConfig
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from ...errors import UsageError
 from .._gguf_export import text_model_gguf_params

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from impl import LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec
+from contract.layers import LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, one_theta, read_hparams, swa_pattern
 from ..base import LcPoint, LlamaLike

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.recurrent import RecurrentConfig
-from impl import NormSpec
+from contract.layers import NormSpec
 
 from ...errors import UsageError
 from ..base import LcPoint

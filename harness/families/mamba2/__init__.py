@@ -30,7 +30,7 @@ from __future__ import annotations
 
 
 from contract.recurrent import RecurrentConfig
-from impl import NormSpec
+from contract.layers import NormSpec
 
 from ...errors import UsageError
 from .._gguf_export import NegExpALog

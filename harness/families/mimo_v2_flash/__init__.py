@@ -40,7 +40,7 @@ measured llama.cpp disagreement is a ``[[finding]]``.
 
 from __future__ import annotations
 
-from impl import LayerConfig, WindowSpec
+from contract.layers import LayerConfig, WindowSpec
 
 from .._gguf_import import experts, hf_rope, one_per_layer, read_hparams, special_tokens, vocab_of
 from ..base import LcPoint, LlamaLike, gguf_moe_convert, gguf_size_params

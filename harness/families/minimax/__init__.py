@@ -62,7 +62,8 @@ import re
 import numpy as np
 
 from contract.recurrent import RecurrentConfig
-from impl import NormSpec, lightning_slopes
+from contract.layers import NormSpec
+from impl import lightning_slopes
 
 from .._recurrent import RecurrentProbes, _np
 from ...errors import UsageError

@@ -43,7 +43,7 @@ seeded expert bias.
 
 from __future__ import annotations
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import experts, llama_like_config, read_hparams
 from ..base import LcPoint, LlamaLike, gguf_moe_convert, text_model_gguf_params

@@ -43,7 +43,7 @@ of the slow band: with 4 positions and head_dim 128 HF's
 
 from __future__ import annotations
 
-from impl import TemperatureSpec
+from contract.layers import TemperatureSpec
 
 from ..mistral3 import Mistral3
 

@@ -28,7 +28,7 @@ tokens.
 
 from __future__ import annotations
 
-from impl import WindowSpec
+from contract.layers import WindowSpec
 
 from ..llama import Llama
 

@@ -41,7 +41,7 @@ import contextlib
 
 import numpy as np
 
-from impl import LayerConfig, NormSpec
+from contract.layers import LayerConfig, NormSpec
 
 from .._gguf_import import alibi_config, read_hparams
 from ..base import FUSED_QKV_NOPE_LC_POINTS, Family, Point, tensor

@@ -47,7 +47,7 @@ state 16, conv 4, HF's chunk 128 (the model's own: the breadth matrix's
 from __future__ import annotations
 
 from contract.recurrent import RecurrentConfig
-from impl import LayerConfig, NormSpec
+from contract.layers import LayerConfig, NormSpec
 
 from ...errors import UsageError
 from .._gguf_export import NegExpALog

@@ -26,7 +26,7 @@ Default config: 2 layers, 4 query / 2 KV heads, head_dim 16.
 
 from __future__ import annotations
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from ..base import LcPoint, LlamaLike, post_norm_points
 

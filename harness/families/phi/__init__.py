@@ -28,7 +28,7 @@ no ``rope.freq_base`` (llama.cpp rotates at 10000: a finding for another theta).
 
 from __future__ import annotations
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, Point

@@ -4,7 +4,7 @@ llama.cpp ``src/models/qwen3.cpp``: ``attn_q_norm`` / ``attn_k_norm`` before
 ``ggml_rope_ext``). HF's Qwen3Config defaults head_dim to 128, so the tiny
 config names it."""
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from ..base import LlamaLike
 

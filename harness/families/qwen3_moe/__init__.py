@@ -26,7 +26,7 @@ the released checkpoints' model, the one both references compute. The attention
 
 from __future__ import annotations
 
-from impl import WindowSpec
+from contract.layers import WindowSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams
 from ..base import gguf_moe_convert, text_model_gguf_params

@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from contract.recurrent import RecurrentConfig
-from impl import LayerConfig, NormSpec, QkNormSpec
+from contract.layers import LayerConfig, NormSpec, QkNormSpec
 
 from .._gguf_export import NegExpALog, NormPlusOne
 from .._gguf_import import llama_like_config

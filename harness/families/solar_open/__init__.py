@@ -35,7 +35,7 @@ expert, one group, norm_topk_prob true (the config default).
 
 from __future__ import annotations
 
-from impl.config import ConfigError
+from contract.layers import ConfigError
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams
 from ..base import LlamaLike, gguf_moe_convert, text_model_gguf_params

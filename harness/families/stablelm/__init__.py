@@ -35,7 +35,7 @@ import re
 
 import numpy as np
 
-from impl import NormSpec, QkNormSpec
+from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, LcCapture, LcPoint, tensor

@@ -26,7 +26,7 @@ Configs:
 
 from __future__ import annotations
 
-from impl import WindowSpec
+from contract.layers import WindowSpec
 
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, text_model_gguf_params
