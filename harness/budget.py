@@ -84,21 +84,21 @@ def check(run) -> None:
                          f"tokens, or --set {key}=N")
     from . import references
 
-    for ref in case.refs:  # a setting a reference's graph asserts against (Family.reference_refusal)
+    for ref in case.refs:  # a setting a reference's source asserts against (Reference.config_refusal)
         if getattr(run, "source", None) is not None and references.get(ref).file_weights:
             # a user's file (--gguf) IS what the reference that reads it runs: HF's model is its
             # reverse, the tensors that graph never reads dropped (_gguf_import.unused_tensors),
             # so a setting the export could not give it (falcon_h1's attention_bias: llama.cpp
             # drops attn_output.bias) is no refusal here -- and a crash of it is its error row
             continue
-        why = run.family.reference_refusal(run.config, ref)
+        why = references.get(ref).config_refusal(run.family, run.config)
         if why:
             raise UsageError(why)
     if len(case.refs) == 1:  # the one reference named does not implement the family (Reference.refusal)
         for ref, why in run.reference_refusals.items():
             raise UsageError(f"--ref {ref}: {why}; named beside others (--ref hf,{ref}) the case runs them and "
                              f"records {ref} as not-implemented")
-    if len(case.refs) == 1:  # the one reference named cannot run the schedule (Family.schedule_refusal)
+    if len(case.refs) == 1:  # the one reference named cannot run the schedule (Reference.schedule_refusal)
         for ref, why in run.schedule_refusals.items():
             raise UsageError(f"--ref {ref} --schedule {case.schedule}: {why}; named beside others (--ref all, "
                              f"--ref hf,{ref}) the case runs them and says {ref} is skipped")

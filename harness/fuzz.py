@@ -127,7 +127,7 @@ def case_strategy(family_names: list[str], ref: str = "all"):
         seqs = 1 if kv == "decode" else draw(st.integers(1, 3))
         # a family may keep to the named schedules (``fuzz_space["schedules"]``): where a
         # chunked schedule cannot run at all (a reference's crash the family predicts is not
-        # this: ``Family.schedule_refusal`` leaves that reference out of the case instead)
+        # this: ``Reference.schedule_refusal`` leaves that reference out of the case instead)
         named = space.get("schedules")
         schedule = draw(st.sampled_from(tuple(named)) if named else _schedule(st, tokens))
         variant = draw(st.sampled_from(fam.variants)) if fam.variants else None

@@ -88,7 +88,7 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
     out = list(rows)
     if any(r["status"] == "error" or (r["status"] == "skipped" and r["reference"] == "-") for r in mine):
         return out  # a crash (or a device absent) already decides the case and says why
-    # (a reference left out of the case -- Family.schedule_refusal -- decides nothing: the others guard it)
+    # (a reference left out of the case -- Reference.schedule_refusal -- decides nothing: the others guard it)
     chosen = set(range(len(layer_cfgs))) if layers is None else set(layers)
     layers = [(i, guard_probe(lc)) for i, lc in enumerate(layer_cfgs) if i in chosen]
     layers = [(i, p) for i, p in layers if p is not None]

@@ -126,7 +126,7 @@ def _drawn_schedules(name: str) -> list[str]:
 def test_a_family_may_keep_the_fuzz_to_named_schedules(monkeypatch):
     """``fuzz_space["schedules"]`` keeps a family's draws to the named schedules; without
     it chunks are drawn -- minimax's again, since HF's cached path, which crashes on a
-    multi-row call after the first, sits out of such a case (MiniMax.schedule_refusal)."""
+    multi-row call after the first, sits out of such a case (MiniMax.hf_cached_schedule_refusal)."""
     fam = families.get("minimax")
     assert "schedules" not in fam.fuzz_space
     assert any("," in s for s in _drawn_schedules("minimax"))

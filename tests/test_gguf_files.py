@@ -94,12 +94,12 @@ def test_own_export_reads_back(family):
         src = gguf_import.load(path, family)
     assert src.family.name == family and src.variant == variant and src.weight_type == "f32"
     want = model.state_dict()
-    if hasattr(fam, "gguf_fold"):
+    if hasattr(fam, "_gguf_fold"):
         # the converter folds the family's multipliers into the weights and writes no key for
         # them (conversion/falcon_h1.py modify_tensors): the file IS the model with every
         # multiplier 1 and the folded weights, and reads back as that
-        want = {k: torch.from_numpy(np.asarray(fam.gguf_fold(k, w.float().numpy(), config))) for k, w in want.items()}
-        config = fam.make_config(dict(fam.gguf_unit_multipliers))
+        want = {k: torch.from_numpy(np.asarray(fam._gguf_fold(k, w.float().numpy(), config))) for k, w in want.items()}
+        config = fam.make_config(dict(fam._gguf_unit_multipliers))
     got = src.model.state_dict()
     assert got.keys() == want.keys()
     for k, w in want.items():
@@ -677,11 +677,11 @@ def test_converter_files_read_back(converted_all):
         assert src.family.name == fam
         want, got = model.state_dict(), src.model.state_dict()
         f = families.get(fam)
-        if hasattr(f, "gguf_fold"):
+        if hasattr(f, "_gguf_fold"):
             # the converter folds the multipliers into the weights, as test_own_export_reads_back
             # says (conversion/falcon_h1.py modify_tensors): the unit-multiplier model comes back
-            want = {k: torch.from_numpy(np.asarray(f.gguf_fold(k, w.float().numpy(), config))) for k, w in want.items()}
-            config = f.make_config(dict(f.gguf_unit_multipliers))
+            want = {k: torch.from_numpy(np.asarray(f._gguf_fold(k, w.float().numpy(), config))) for k, w in want.items()}
+            config = f.make_config(dict(f._gguf_unit_multipliers))
         for k, w in want.items():
             assert torch.allclose(got[k], w.float(), rtol=0, atol=float(np.spacing(np.float32(w.abs().max() + 1)))), \
                 (fam, k)
@@ -811,7 +811,7 @@ def test_export_writes_key_and_value_length_where_the_converter_does(family):
         fam.layer_configs(config, fam.variants[0] if fam.variants else None)
     except Exception as e:  # noqa: BLE001 -- a family whose layout ties head_dim to something else
         pytest.skip(f"{family}: head_dim {hd + 8} is refused ({type(e).__name__})")
-    refusal = fam.reference_refusal(config, "llamacpp")
+    refusal = fam.lc_refusal(config)
     if refusal:
         # glm: conversion/chatglm.py writes no key_length whatever head_dim is, and
         # chatglm.cpp loads wo as {n_embd, n_embd}: such a file is refused before export

@@ -341,7 +341,7 @@ def test_qwen3next_delta_net_qkv_scale_is_unused(archs_dir):
     scale = float(gguf_import.dequantize(t["blk.0.attn_qkv.scale"].data, t["blk.0.attn_qkv.scale"].tensor_type)[0])
     assert abs(scale) < 0.5  # a random scale far from 1: the check can fail
     qkv = gguf_import.dequantize(t["blk.0.attn_qkv.weight"].data, t["blk.0.attn_qkv.weight"].tensor_type)
-    w = src.family.recurrent_weights(src.family.decoder_layers(src.model)[0], src.config)["w_in"]
+    w = src.family._recurrent_weights(src.family.decoder_layers(src.model)[0], src.config)["w_in"]
     assert np.array_equal(w, qkv.reshape(w.shape))
 
 
@@ -358,5 +358,5 @@ def test_a_file_is_not_refused_for_what_only_the_export_cannot_give_llamacpp(arc
     except _Unwritten as e:
         pytest.fail(e.proc.stderr[-1000:])
     run = CaseRun(Case(family="", gguf=str(path), ref=HF_AND_LLAMACPP, tokens=8), None)
-    assert run.config.attention_bias and "attention_bias" in run.family.reference_refusal(run.config, "llamacpp")
+    assert run.config.attention_bias and "attention_bias" in run.family.lc_refusal(run.config)
     budget.check(run)  # no UsageError: the seeded model would be refused, the file is not

@@ -60,7 +60,7 @@ def test_broken_qk_permutation_fails_at_q(policy, monkeypatch):
     from harness.families import get
 
     llama = get("llama")
-    monkeypatch.setattr(llama, "permute_qk", False)
+    monkeypatch.setattr(llama, "_permute_qk", False)
     rows = run(policy, family="llama", ref=HF_AND_LLAMACPP)
     st = all_statuses(rows)
     assert_llamacpp_fails_first_at_q(st)

@@ -167,7 +167,7 @@ def test_guard_is_per_candidate_and_reference_rows_guard_nothing():
     assert out[-1]["status"] == "unguarded"
     out = guard([row("impl", "hf", "attn_out", "pass")], [lc], "impl", lambda *a: pytest.fail("guarded"))
     assert len(out) == 1
-    # a reference that sat the case out (Family.schedule_refusal: a skipped row of its own)
+    # a reference that sat the case out (Reference.schedule_refusal: a skipped row of its own)
     # decides nothing: the layer still needs a passing attn_out against another reference;
     # a case skipped as a whole (a device absent: reference "-") already says why
     sat_out = [row("impl", "hf_cached", "*", "skipped"), row("impl", "hf", "attn_out", "fail")]

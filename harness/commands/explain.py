@@ -15,16 +15,8 @@ import inspect
 from pathlib import Path
 
 from ..errors import UsageError
-
-# The family hooks a reader looks for first, in the order data flows (Family's interface)
-HOOKS = (
-    "make_config", "config_kwargs", "validate_config", "build_model", "init_value", "layer_configs",
-    "layer_config", "layer_weights", "variant_weights", "decoder_layers", "invocation_order", "hf_points_for", "hf_taps",
-    "hf_derived", "hf_canonical", "hf_products", "lc_points_for", "lc_layer_input", "lc_input_sum", "lc_canonical", "gguf_params",
-    "gguf_transform", "gguf_convert", "gguf_tensors", "config_from_gguf", "gguf_import_tensors",
-    "gguf_import_unsupported", "feature_switches", "model_switches",
-)
-
+from ..families import hookspec
+from ..families.base import Family
 
 def register(sub) -> None:
     p = sub.add_parser("explain", help="one family, flat: its resolved hooks, layers, probe maps and findings")
@@ -66,12 +58,20 @@ def explain(fam, overrides: dict, variant: str | None) -> str:
            f"- folder: `{_rel(families.folder(fam))}`",
            f"- class chain: {' -> '.join(f'{c.__name__} ({c.__module__})' for c in cls.__mro__ if c is not object)}",
            f"- variants: {', '.join(fam.variants) or '(none)'}", ""]
-    out += ["## Hooks, resolved", "", "| hook | answered by | where |", "|---|---|---|"]
-    for h in HOOKS:
-        owner = _owner(cls, h)
-        if owner is None:
-            continue
-        out.append(f"| `{h}` | {owner.__name__} | `{_where(getattr(cls, h))}` |")
+    # every hook the family's chain answers beyond Family's own defaults, grouped by who calls
+    # it, in the hook spec's order (harness/families/hookspec.py)
+    out += ["## Hooks, resolved", "", f"Beyond `Family`'s defaults; `{_rel(Path(hookspec.__file__))}` declares every hook.", "",
+            "| called by | hook | answered by | where |", "|---|---|---|---|"]
+    defaults = set(Family.__mro__)
+    for group, hooks in hookspec.by_group().items():
+        for h in hooks:
+            owner = _owner(cls, h.name)
+            if owner is None or owner in defaults:
+                continue
+            value = cls.__dict__.get(h.name) if owner is cls else owner.__dict__.get(h.name)
+            fn = getattr(value, "__func__", value)
+            where = f"`{_where(fn)}`" if callable(fn) else f"`{_where(owner)}` (data: {type(value).__name__})"
+            out.append(f"| {group} | `{h.name}` | {owner.__name__} | {where} |")
     config = fam.make_config(overrides)
     lcs = fam.layer_configs(config, variant or (fam.variants[0] if fam.variants else None))
     out += ["", "## Tiny config", "", "```", ", ".join(f"{k}={v!r}" for k, v in sorted({**fam.tiny, **overrides}.items())),

@@ -75,6 +75,15 @@ class HFCapture:
         """The dotted path of decoder-layer module ``m`` from the model root."""
         return f"{self.layers_path}.{m}"
 
+    def hf_refusal(self, config) -> str | None:
+        """Why HF cannot compute ``config`` at all (hookspec.py), or None (default)."""
+        return None
+
+    def hf_cached_schedule_refusal(self, config, chunks: tuple[int, ...]) -> str | None:
+        """Why HF's cached path cannot run ``config`` on calls of ``chunks`` rows
+        (hookspec.py), or None (default)."""
+        return None
+
     def hf_force(self, layer, forced):
         """Teacher-force decoder-layer module ``layer``: ``forced()`` gives the running
         layer's ``layer_in`` (a torch tensor in the compute dtype) or None (its own

@@ -56,6 +56,10 @@ class LcCapture:
     # reason; default: none given)
     lc_not_exposed: dict[str, str] = {}
 
+    def lc_refusal(self, config) -> str | None:
+        """Why llama.cpp cannot hold ``config`` at all (hookspec.py), or None (default)."""
+        return None
+
     def lc_points_for(self, config, i: int) -> dict[str, LcPoint]:
         return self.lc_points
 

@@ -138,10 +138,10 @@ def mamba2_convert(name: str, data, s: Mamba2Sizes):
     return None
 
 
-def refuse_short_conv(s: Mamba2Sizes, reference: str, key: str) -> str | None:
-    """build_mamba2_layer: ``ssm_conv`` needs ``d_conv - 1 >= 1`` rows of state
+def refuse_short_conv(s: Mamba2Sizes, key: str) -> str | None:
+    """llama.cpp's build_mamba2_layer: ``ssm_conv`` needs ``d_conv - 1 >= 1`` rows of state
     (mamba-base.cpp ``ggml_reshape_3d(conv, d_conv - 1, ...)`` of a zero-sized state)."""
-    if reference == "llamacpp" and s.conv < 2:
+    if s.conv < 2:
         return (f"{key}={s.conv}: llama.cpp's Mamba-2 keeps {key} - 1 rows of conv state and asserts at least one; "
                 f"valid for --ref llamacpp: >= 2 (HF computes 1: --ref hf or hf_cached)")
     return None
@@ -179,8 +179,8 @@ class Mamba2Mixer:
     def mamba2_validate(self, ints: dict, heads: str, groups: str) -> None:
         validate_ssd_shapes(ints, heads, groups)
 
-    def mamba2_refusal(self, config, reference: str, key: str = "conv_kernel") -> str | None:
-        return refuse_short_conv(self.mamba2_sizes(config), reference, key)
+    def mamba2_refusal(self, config, key: str = "conv_kernel") -> str | None:
+        return refuse_short_conv(self.mamba2_sizes(config), key)
 
     def lc_state_canonical(self, r_row, s_row, lc, config) -> dict:
         return mamba2_state_canonical(r_row, s_row, lc)

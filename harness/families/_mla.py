@@ -127,7 +127,7 @@ class MlaFamily(Family):
     def is_mla(self, config, i: int) -> bool:
         return True
 
-    def rope_layout(self, config) -> str:
+    def mla_rope_layout(self, config) -> str:
         return "interleaved"
 
     def mla_rope(self, config):
@@ -147,7 +147,7 @@ class MlaFamily(Family):
                               "valid with rope_type yarn")
         params = {} if kind == "yarn" else rp
         return make_rope("default" if kind == "yarn" else kind, rp["rope_theta"], config.qk_rope_head_dim,
-                         self.rope_layout(config), params)
+                         self.mla_rope_layout(config), params)
 
     def mla_yarn(self, config, rope) -> MlaYarn | None:
         """The ONE YaRN setting of the layer (spec ``yarn`` argument): YaRN's per-band

@@ -39,6 +39,7 @@ from ._hf_capture import HFCapture, Point
 from ._hf_config import HFConfig, _divisors, _one_line  # noqa: F401 (re-exported)
 from ._lc_capture import FUSED_QKV_NOPE_LC_POINTS, LcCapture, LcPoint, lc_unrotated  # noqa: F401 (re-exported)
 from ._switches import ModelSwitch, Switches, rope_identity_overrides  # noqa: F401 (re-exported)
+from .hookspec import check as _check_hooks
 
 
 # A layer no description covers (a linear-attention / delta-net layer): the report
@@ -79,6 +80,12 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
     # layer reads and writes only its own cache layer; tests/test_layer_major.py holds
     # every family that declares it to the call-by-call capture, bit for bit.
     layer_major: bool = False
+
+    def __init_subclass__(cls, **kw):
+        # a family class defines declared hooks only (hookspec.py): a misspelt one is refused
+        # here, where it would otherwise be silently ignored
+        super().__init_subclass__(**kw)
+        _check_hooks(cls)
 
     # ------------------------------------------------------------------ model
     def build_model(self, config, seed: int, dtype: str = "float32", weights: str = "random"):
@@ -239,22 +246,6 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         harness/policy.py config_value): gemma3n's KV sharing and activation sparsity as
         llama.cpp's fixed rules make them. Default: none."""
         return {}
-
-    def reference_refusal(self, config, reference: str) -> str | None:
-        """Why ``reference`` cannot run this config at all (a setting its graph asserts
-        against: one line, exit 2 before any work), or None (default)."""
-        return None
-
-    def schedule_refusal(self, config, reference: str, chunks: tuple[int, ...]) -> str | None:
-        """Why ``reference`` cannot run this config on a schedule whose calls carry
-        ``chunks`` rows (each sequence's, in order: ``harness.schedule.chunk_sizes`` of the
-        case's ``--schedule``) -- a crash the reference's own source predicts, said in one
-        line with its lines and what is valid -- or None (default). A reference the case
-        names is refused for it (exit 2, before any work: harness/budget.py); under
-        ``--ref all`` it is left out in a ``skipped`` row that says why, and the other
-        references run the case (``Build.schedule_refusals``, harness/case.py): a known
-        crash is neither an error row nor a pass."""
-        return None
 
     def variant_weights(self, weights: dict, config, i: int, variant: str | None) -> dict:
         """Layer ``i``'s impl weights (``layer_weights``' dict) as a named variant

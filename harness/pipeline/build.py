@@ -388,7 +388,7 @@ class Build:
     @cached_property
     def schedule_refusals(self) -> dict[str, str]:
         """The case's references that cannot run its schedule, each with why
-        (``Family.schedule_refusal``: a crash their source predicts), decided from the
+        (``Reference.schedule_refusal``: a crash their source predicts, as the family declares it), decided from the
         config before any work. A ``--prompt`` sets the length later, but only on the
         named schedules, whose shape (one call; one row per call; one call then one row
         per call) does not depend on it."""
@@ -397,7 +397,7 @@ class Build:
         chunks = tuple(chunk_sizes(self.case.schedule, self.case.tokens))
         out = {}
         for ref in self.case.refs:
-            why = self.family.schedule_refusal(self.config, ref, chunks)
+            why = references.get(ref).schedule_refusal(self.family, self.config, chunks)
             if why:
                 out[ref] = why
         return out

@@ -115,6 +115,21 @@ class Reference(ABC):
         alone (``--ref NAME``), it is refused in one line, exit 2."""
         return None
 
+    def config_refusal(self, family, config) -> str | None:
+        """Why this reference cannot hold ``config`` of ``family`` at all -- a setting its
+        source crashes or asserts on, which the family declares (``hf_refusal``,
+        ``lc_refusal``: harness/families/hookspec.py) -- or None (default). A case naming
+        this reference is refused in one line, exit 2, before any work (harness/budget.py)."""
+        return None
+
+    def schedule_refusal(self, family, config, chunks: tuple[int, ...]) -> str | None:
+        """Why this reference cannot run ``config`` of ``family`` on a schedule whose calls
+        carry ``chunks`` rows (each sequence's, in order) -- a crash its source predicts,
+        which the family declares -- or None (default). Named alone it is refused for it
+        (exit 2); beside others it sits the case out in a ``skipped`` row that says why
+        (``Build.schedule_refusals``): a known crash is neither an error row nor a pass."""
+        return None
+
     def preflight(self, family, config) -> None:
         """Refuse (a ``UsageError``: one line, exit 2) before any work when the installed
         release of this reference lacks what its adapter reads for ``family`` on

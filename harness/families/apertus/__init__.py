@@ -67,7 +67,7 @@ class Apertus(LlamaLike):
     lc_points = {**LlamaLike.lc_points, "v": LcPoint("Vcur_pos", "last", "heads"),
                  "q_rope": LcPoint("Qcur_pos", "last", "heads"), "k_rope": LcPoint("Kcur_pos", "last", "heads")}
 
-    write_xielu_from_weights = True  # what the converter does; a test writes HF's init instead
+    _write_xielu_from_weights = True  # what the converter does; a test writes HF's init instead
 
     def init_value(self, name, p, r):
         if name.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):
@@ -81,7 +81,7 @@ class Apertus(LlamaLike):
         for key in _ACT:
             vals = [float(np.float32(tensor(layer, f"mlp.act_fn.{key}").reshape(-1)[0]))
                     for layer in self.decoder_layers(model)]
-            if not self.write_xielu_from_weights:  # XIELUActivation.__init__'s values, every layer
+            if not self._write_xielu_from_weights:  # XIELUActivation.__init__'s values, every layer
                 from transformers.activations import XIELUActivation
 
                 vals = [float(np.float32(tensor(XIELUActivation(dtype=__import__("torch").float32), key)

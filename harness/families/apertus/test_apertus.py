@@ -23,7 +23,7 @@ def test_three_way_passes(policy):
 
 
 def test_the_xielu_parameters_must_reach_llamacpp(policy, monkeypatch):
-    monkeypatch.setattr(get("apertus"), "write_xielu_from_weights", False)
+    monkeypatch.setattr(get("apertus"), "_write_xielu_from_weights", False)
     st = all_statuses(run(policy, family="apertus", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "resid_mid")] == "pass" and st[("llamacpp", "hf", 0, "layer_out")] == "fail"
     # impl, teacher-forced, is judged on the attention alone

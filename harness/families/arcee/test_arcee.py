@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 def test_without_the_permutation_llamacpp_differs_at_q(policy, monkeypatch):
-    monkeypatch.setattr(get("arcee"), "permute_qk", False)
+    monkeypatch.setattr(get("arcee"), "_permute_qk", False)
     assert_llamacpp_fails_first_at_q(all_statuses(run(policy, family="arcee", ref=HF_AND_LLAMACPP)))
 
 

@@ -55,7 +55,7 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
     hf_rec_module = "mamba"
     hf_rec_gate_norm = "norm"
     # the decoder layer's norm after the residual (bamba: pre_ff_layernorm)
-    hf_ffn_norm = "post_attention_layernorm"
+    _hf_ffn_norm = "post_attention_layernorm"
     lc_not_exposed = LC_NOT_EXPOSED
     # what the converter reads the Mamba sizes by (find_hparam with the "mamba" prefix)
     size_keys = {"hidden": "hidden_size", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
@@ -65,7 +65,7 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
         # BambaConfig.layers_block_type (from attn_layer_indices) / GraniteMoeHybridConfig.layer_types
         return config.layers_block_type[i] == "linear_attention"
 
-    def ssm_sizes(self, config) -> Mamba2Sizes:
+    def _ssm_sizes(self, config) -> Mamba2Sizes:
         """The mixer's sizes by the hybrid configs' ``mamba_*`` names (BambaMixer /
         GraniteMoeHybridMambaLayer ``__init__``: the gated norm's eps is ``rms_norm_eps``)."""
         return Mamba2Sizes(heads=config.mamba_n_heads, head_dim=config.mamba_d_head, groups=config.mamba_n_groups,
@@ -74,7 +74,7 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
                            eps=float(config.rms_norm_eps), chunk=int(config.mamba_chunk_size),
                            limit=None if config.time_step_limit is None else tuple(config.time_step_limit))
 
-    def residual_multiplier(self, config) -> float:
+    def _residual_multiplier(self, config) -> float:
         return 1.0
 
     def validate(self, kw: dict) -> None:
@@ -85,25 +85,25 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
                                                    "mamba_chunk_size", "mamba_expand")},
                             "mamba_n_heads", "mamba_n_groups")
 
-    def reference_refusal(self, config, reference: str) -> str | None:
+    def lc_refusal(self, config) -> str | None:
         """granite-hybrid.cpp load_arch_tensors ``GGML_ASSERT(2 * n_embd == d_inner)``
         (an expansion of 2 only) and build_mamba2_layer's conv state of K - 1 rows."""
-        s = self.ssm_sizes(config)
-        if reference == "llamacpp" and s.inner != 2 * config.hidden_size:
+        s = self._ssm_sizes(config)
+        if s.inner != 2 * config.hidden_size:
             return (f"mamba_expand={config.mamba_expand} (d_inner {s.inner}): llama.cpp's granitehybrid asserts "
                     f"d_inner == 2 * hidden_size (granite-hybrid.cpp load_arch_tensors); valid for --ref llamacpp: "
                     f"mamba_expand=2 (HF computes any: --ref hf or hf_cached)")
-        return refuse_short_conv(s, reference, "mamba_d_conv")
+        return refuse_short_conv(s, "mamba_d_conv")
 
     def layer_config(self, config, i: int):
         if self.is_recurrent(config, i):
-            return mamba2_config(self.ssm_sizes(config), config.hidden_size, NormSpec("rms", float(config.rms_norm_eps)),
-                                 residual_beta=self.residual_multiplier(config))
+            return mamba2_config(self._ssm_sizes(config), config.hidden_size, NormSpec("rms", float(config.rms_norm_eps)),
+                                 residual_beta=self._residual_multiplier(config))
         return super().layer_config(config, i)
 
     def layer_weights(self, model, config, i: int):
         if self.is_recurrent(config, i):
-            return mamba2_weights(self.decoder_layers(model)[i], "mamba", "input_layernorm", self.ssm_sizes(config))
+            return mamba2_weights(self.decoder_layers(model)[i], "mamba", "input_layernorm", self._ssm_sizes(config))
         return super().layer_weights(model, config, i)
 
     # ------------------------------------------------------------------ probes
@@ -112,8 +112,8 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
             # *DecoderLayer.forward: input_layernorm -> mamba -> residual (+ multiplier) -> ffn norm
             return {"layer_in": Point("", "in"), "attn_in": Point("mamba", "in"),
                     "attn_branch": Point("mamba.out_proj", "in"), "attn_out": Point("mamba", "out"),
-                    "resid_mid": Point(self.hf_ffn_norm, "in"), "layer_out": Point("", "out")}
-        return {**LlamaLike.hf_points, "resid_mid": Point(self.hf_ffn_norm, "in")}
+                    "resid_mid": Point(self._hf_ffn_norm, "in"), "layer_out": Point("", "out")}
+        return {**LlamaLike.hf_points, "resid_mid": Point(self._hf_ffn_norm, "in")}
 
     def lc_points_for(self, config, i: int):
         if self.is_recurrent(config, i):
@@ -129,7 +129,7 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
         return mamba2_state_canonical(r_row, s_row, lc)
 
     # ------------------------------------------------------------------ GGUF
-    def uses_rope_in_gguf(self, config) -> bool:
+    def _uses_rope_in_gguf(self, config) -> bool:
         """GraniteHybridModel.set_gguf_parameters: ``use_rope = "BambaForCausalLM" in
         architectures or not self._ssm_layers``."""
         raise NotImplementedError
@@ -137,8 +137,8 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
     def gguf_params(self, w, config, variant=None):
         """GraniteHybridModel.set_gguf_parameters, key for key (a key written twice keeps
         the later value: gguf-py's GGUFWriter overwrites a duplicated key)."""
-        s = self.ssm_sizes(config)
-        use_rope = self.uses_rope_in_gguf(config)
+        s = self._ssm_sizes(config)
+        use_rope = self._uses_rope_in_gguf(config)
         # GraniteMoeModel -> GraniteModel (head_dim popped) -> LlamaModel -> TextModel, with the
         # keys this method writes again later given their final values here (one write each)
         text_model_gguf_params(w, _Overridden(config, num_key_value_heads=[
@@ -165,7 +165,7 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
         w.add_rope_dimension_count(getattr(config, "attn_rotary_emb", None) or rope_dim)
         w.add_rope_scaling_finetuned(use_rope)
 
-    def hybrid_gguf_config(self, meta, shapes) -> tuple[dict, object]:
+    def _hybrid_gguf_config(self, meta, shapes) -> tuple[dict, object]:
         """What granite-hybrid.cpp load_arch_hparams reads for either family: the RMS eps,
         the SSM keys (inner size = expand x hidden; time-step rank = the Mamba heads), a
         layer with no KV head is a Mamba layer (``is_recr_impl[i] = n_head_kv(i) == 0``),
@@ -215,7 +215,7 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
         """GraniteHybridModel.modify_tensors: a Mamba layer's tensors by Mamba2Model's
         steps, the rest by GraniteMoeModel's (the experts' and the shared MLP's fused
         input_linear split gate | up on dim -2) down to LlamaModel's Q / K permutation."""
-        out = mamba2_convert(name, data, self.ssm_sizes(config)) if ".mamba." in name else None
+        out = mamba2_convert(name, data, self._ssm_sizes(config)) if ".mamba." in name else None
         if out is not None:
             yield from out
             return
@@ -278,10 +278,10 @@ class Bamba(GraniteHybrid):
         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     extra_settable = ("attn_rotary_emb",)
-    hf_ffn_norm = "pre_ff_layernorm"
+    _hf_ffn_norm = "pre_ff_layernorm"
     hf_model_points = {"embeddings": ("model.embed_tokens", "out"), "final_norm": ("model.final_layernorm", "out")}
 
-    def uses_rope_in_gguf(self, config) -> bool:
+    def _uses_rope_in_gguf(self, config) -> bool:
         return True  # "BambaForCausalLM" in architectures
 
     def config_from_gguf(self, meta, shapes, tensors):
@@ -290,7 +290,7 @@ class Bamba(GraniteHybrid):
         has none: each key absent or 0, which the graph reads as none), a dense FFN."""
         from .._gguf_import import refuse_experts
 
-        kw, hp = self.hybrid_gguf_config(meta, shapes)
+        kw, hp = self._hybrid_gguf_config(meta, shapes)
         refuse_experts(meta, hp, self.name)
         if not kw.pop("_rope"):
             meta.refuse("rope.scaling.finetuned", False, "no RoPE (a Granite 4.0-H file: family granitemoehybrid); "

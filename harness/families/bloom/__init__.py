@@ -68,7 +68,7 @@ class Bloom(Family):
     tiny = dict(vocab_size=128, hidden_size=64, n_layer=2, n_head=4, layer_norm_epsilon=1e-5)
     gguf_arch = "bloom"
     eager_name = "-"  # BloomAttention computes inline (no eager function): hf_taps reads the probes
-    reorder_qkv = True  # what the converter does; a test switches it off to show the capture notices
+    _reorder_qkv = True  # what the converter does; a test switches it off to show the capture notices
     layers_path = "transformer.h"
     size_keys = {"hidden": "hidden_size", "heads": "n_head", "layers": "n_layer"}
     hf_model_points = {"embeddings": ("transformer.word_embeddings_layernorm", "out"),
@@ -174,7 +174,7 @@ class Bloom(Family):
 
     def gguf_convert(self, name, data, config, variant=None):
         name = re.sub(r"transformer\.", "", name)  # BloomModel.modify_tensors
-        if self.reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.(weight|bias)", name):
+        if self._reorder_qkv and re.match(r"h\.\d+\.self_attention\.query_key_value\.(weight|bias)", name):
             # "Map bloom-style qkv_linear to gpt-style qkv_linear": (head, 3, d, h) -> [Q; K; V]
             data = per_head_qkv_to_blocks(data, config.n_head)
         yield name, np.ascontiguousarray(data)

@@ -68,7 +68,7 @@ def test_qkv_reorder_is_needed(policy, monkeypatch):
     wrong columns: the capture notices at q."""
     from harness.families import get
 
-    monkeypatch.setattr(get("bloom"), "reorder_qkv", False)
+    monkeypatch.setattr(get("bloom"), "_reorder_qkv", False)
     st = all_statuses(run(policy, family="bloom", ref=HF_AND_LLAMACPP))
     assert_llamacpp_fails_first_at_q(st)
     assert st[("llamacpp", "hf", 0, "q")] == "fail"

@@ -55,7 +55,7 @@ class Cohere2(LlamaLike):
         pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     gguf_arch = "cohere2"
-    write_swa_pattern = True  # beyond the converter (module docstring); a test switches it off
+    _write_swa_pattern = True  # beyond the converter (module docstring); a test switches it off
     extra_settable = ("sliding_window_pattern",)  # Cohere2Config.__post_init__ BC kwarg
 
     # no resid_mid: residual + attn + mlp is one expression (parallel block)
@@ -70,12 +70,12 @@ class Cohere2(LlamaLike):
     def norm_eps(self, config) -> float:
         return config.layer_norm_eps
 
-    def is_sliding(self, config, i: int) -> bool:
+    def _is_sliding(self, config, i: int) -> bool:
         return config.layer_types[i] == "sliding_attention"
 
     def uses_rope(self, config, i: int) -> bool:
         # Cohere2Attention.forward: RoPE only where sliding_window is set
-        return self.is_sliding(config, i)
+        return self._is_sliding(config, i)
 
     def layer_config(self, config, i: int):
         # Cohere2DecoderLayer: residual + attn(h) + mlp(h)
@@ -99,7 +99,7 @@ class Cohere2(LlamaLike):
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
         # not written by the converter (see the module docstring): the per-layer
         # is_swa array cohere2.cpp's load_swa_pattern reads with get_arr
-        if self.write_swa_pattern:
+        if self._write_swa_pattern:
             w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
 
     def gguf_transform(self, name, data, config):

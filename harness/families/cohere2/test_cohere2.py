@@ -32,7 +32,7 @@ def test_swa_pattern_must_reach_llamacpp(policy, monkeypatch):
     makes layer 1 -- full and NoPE in HF with pattern 2 -- sliding AND rotated."""
     from harness.families import get
 
-    monkeypatch.setattr(get("cohere2"), "write_swa_pattern", False)
+    monkeypatch.setattr(get("cohere2"), "_write_swa_pattern", False)
     st = all_statuses(run(policy, family="cohere2", ref="llamacpp"))
     assert st[("impl", "llamacpp", 0, "attn_probs")] == "pass"
     assert st[("impl", "llamacpp", 1, "q")] == "pass"

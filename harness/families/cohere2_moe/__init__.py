@@ -92,23 +92,22 @@ class Cohere2Moe(Cohere2):
     def uses_rope(self, config, i: int) -> bool:
         # Cohere2MoeAttention.forward: sliding_window is not None or force_rope
         force = config.mlp_layer_types[i] == "dense" and config.prefix_dense_sliding_window_pattern == 1
-        return self.is_sliding(config, i) or force
+        return self._is_sliding(config, i) or force
 
     def layer_config(self, config, i: int):
         lc = super().layer_config(config, i)
         # Cohere2MoeDecoderLayer.input_layernorm: RMS iff rms_norm_eps is set
         return lc if config.rms_norm_eps is None else lc.replace(input_norm=NormSpec("rms", config.rms_norm_eps))
 
-    def reference_refusal(self, config, reference):
-        if reference == "llamacpp":
-            n_dense = config.mlp_layer_types.count("dense")
-            if config.mlp_layer_types != ["dense"] * n_dense + ["sparse"] * (config.num_hidden_layers - n_dense):
-                return (f"mlp_layer_types {config.mlp_layer_types}: llama.cpp's cohere2moe graph has dense layers "
-                        "only as a prefix (leading_dense_block_count); run it against --ref hf")
-            if config.num_shared_experts and config.shared_expert_combination_strategy != "average":
-                return (f"shared_expert_combination_strategy {config.shared_expert_combination_strategy!r}: the "
-                        "converter accepts only 'average' (cohere2moe.cpp scales by 0.5); run it against --ref hf")
-        return super().reference_refusal(config, reference)
+    def lc_refusal(self, config) -> str | None:
+        n_dense = config.mlp_layer_types.count("dense")
+        if config.mlp_layer_types != ["dense"] * n_dense + ["sparse"] * (config.num_hidden_layers - n_dense):
+            return (f"mlp_layer_types {config.mlp_layer_types}: llama.cpp's cohere2moe graph has dense layers "
+                    "only as a prefix (leading_dense_block_count); run it against --ref hf")
+        if config.num_shared_experts and config.shared_expert_combination_strategy != "average":
+            return (f"shared_expert_combination_strategy {config.shared_expert_combination_strategy!r}: the "
+                    "converter accepts only 'average' (cohere2moe.cpp scales by 0.5); run it against --ref hf")
+        return super().lc_refusal(config)
 
     def gguf_tensor_map(self, config):
         return tensor_name_map(_TENSORS, config.num_hidden_layers)

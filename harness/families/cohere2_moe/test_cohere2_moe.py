@@ -36,7 +36,7 @@ def test_the_dense_prefix_rotates_and_the_full_layers_do_not(policy, monkeypatch
     assert config.layer_types[:3] == ["full_attention", "sliding_attention", "full_attention"]
     assert [lc.rope is not None for lc in fam.layer_configs(config)] == [True, True, False, True]
     # impl that treats the prefix as cohere2's NoPE full layer fails there, against both
-    monkeypatch.setattr(fam, "uses_rope", fam.is_sliding)
+    monkeypatch.setattr(fam, "uses_rope", fam._is_sliding)
     st = all_statuses(run(policy, family="cohere2_moe", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q")] == "pass" and st[("impl", ref, 0, "q_rope")] == "fail"

@@ -114,15 +114,18 @@ class Dbrx(LlamaLike):
     # No feature switch for the clamp: HF cannot run without one (reference_refusal), so
     # bisection has no clamp-free reference to compare with.
 
-    def reference_refusal(self, config, reference):
+    def lc_refusal(self, config) -> str | None:
         if config.attn_config.clip_qkv is None:
-            if reference == "llamacpp":
-                return ("attn_config.clip_qkv is None: the converter writes clamp_kqv from it unconditionally "
-                        "(conversion/dbrx.py set_gguf_parameters) and dbrx.cpp requires the key; set a clamp")
+            return ("attn_config.clip_qkv is None: the converter writes clamp_kqv from it unconditionally "
+                    "(conversion/dbrx.py set_gguf_parameters) and dbrx.cpp requires the key; set a clamp")
+        return super().lc_refusal(config)
+
+    def hf_refusal(self, config) -> str | None:
+        if config.attn_config.clip_qkv is None:
             # modeling_dbrx.py:206 DbrxAttention.forward: qkv_states.clamp(min=None, max=None)
             return ("attn_config.clip_qkv is None: HF DbrxAttention.forward calls qkv_states.clamp(min=None, "
                     "max=None), which torch refuses; set a clamp")
-        return super().reference_refusal(config, reference)
+        return super().hf_refusal(config)
 
     # ------------------------------------------------------------------ HF probes
     def hf_taps(self, model, config, sink: dict):

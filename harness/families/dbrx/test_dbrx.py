@@ -58,12 +58,17 @@ def test_no_clamp_is_refused_in_one_line():
 
     fam = get("dbrx")
     no_clamp = fam.make_config({"attn_config.clip_qkv": None})
-    why = fam.reference_refusal(no_clamp, "llamacpp")
+    why = fam.lc_refusal(no_clamp)
     assert why and "clamp_kqv" in why and "\n" not in why
-    why = fam.reference_refusal(no_clamp, "hf")
+    why = fam.hf_refusal(no_clamp)
     assert why and "clamp(min=None" in why and "\n" not in why
-    for ref in ("hf", "llamacpp"):
-        assert fam.reference_refusal(fam.make_config({}), ref) is None
+    assert fam.lc_refusal(fam.make_config({})) is None and fam.hf_refusal(fam.make_config({})) is None
+    # each reference asks the family for its own side's
+    from harness import references
+
+    assert references.get("llamacpp").config_refusal(fam, no_clamp) == fam.lc_refusal(no_clamp)
+    for ref in ("hf", "hf_cached"):
+        assert references.get(ref).config_refusal(fam, no_clamp) == fam.hf_refusal(no_clamp)
     # what the HF refusal is about: HF's own forward fails without a clamp
     model = fam.build_model(no_clamp, 0)
     with pytest.raises(RuntimeError, match="clamp"):

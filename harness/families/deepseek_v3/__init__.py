@@ -58,17 +58,17 @@ class DeepseekV3(MlaFamily):
     # rope_interleave=False the slice is rotate-half'd in place: layout neox, no reorder)
     hf_rope_deinterleaves = True
 
-    def rope_layout(self, config) -> str:
+    def mla_rope_layout(self, config) -> str:
         # modeling_deepseek_v3.py DeepseekV3Attention.forward: apply_rotary_pos_emb_interleave
         # if config.rope_interleave else apply_rotary_pos_emb (rotate-half on the raw slice)
         return "interleaved" if getattr(config, "rope_interleave", True) else "neox"
 
-    def reference_refusal(self, config, reference: str) -> str | None:
-        if reference == "llamacpp" and not getattr(config, "rope_interleave", True):
+    def lc_refusal(self, config) -> str | None:
+        if not getattr(config, "rope_interleave", True):
             return ("rope_interleave=false: HF rotates the rope slice with rotate-half, llama.cpp's deepseek2 "
                     "always rotates interleaved pairs (LLAMA_ROPE_TYPE_NORM; the converter neither permutes nor "
                     "writes a layout key): run it against --ref hf, or keep rope_interleave=true")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     def lc_points_for(self, config, i):
         return self.lc_points

@@ -46,7 +46,7 @@ def test_rope_interleave_false_meets_hf_and_is_refused_for_llamacpp(policy):
     assert not bad_rows(rows)
     assert any(r["probe"] == "q_rope" and r["status"] == "pass" for r in rows)
     fam = get(FAMILY)
-    why = fam.reference_refusal(fam.make_config({"rope_interleave": False}), "llamacpp")
+    why = fam.lc_refusal(fam.make_config({"rope_interleave": False}))
     assert why and "interleaved pairs" in why and "--ref hf" in why
-    assert fam.reference_refusal(fam.make_config({"rope_interleave": False}), "hf") is None
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.hf_refusal(fam.make_config({"rope_interleave": False})) is None
+    assert fam.lc_refusal(fam.make_config({})) is None

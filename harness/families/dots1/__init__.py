@@ -69,17 +69,16 @@ class Dots1(SeededExpertBias, LlamaLike):
     # Dots1Attention: q_norm / k_norm over the head, before RoPE
     qk_norm = QkNormSpec(NormSpec("rms"), over="head", where="pre_rope")
 
-    def reference_refusal(self, config, reference):
-        if reference == "llamacpp":
-            if config.num_key_value_heads != config.num_attention_heads:
-                return (f"num_key_value_heads {config.num_key_value_heads} != num_attention_heads "
-                        f"{config.num_attention_heads}: llama.cpp's dots1 graph loads K and V as n_head heads "
-                        "(MHA only); run it against --ref hf")
-            if getattr(config, "scoring_func", None) != "sigmoid":
-                return (f"scoring_func {getattr(config, 'scoring_func', None)!r}: the converter writes "
-                        "expert_gating_func only from scoring_func 'sigmoid' (HF Dots1 routes by sigmoid), "
-                        "and llama.cpp's dots1 graph aborts without it; run it against --ref hf")
-        return super().reference_refusal(config, reference)
+    def lc_refusal(self, config) -> str | None:
+        if config.num_key_value_heads != config.num_attention_heads:
+            return (f"num_key_value_heads {config.num_key_value_heads} != num_attention_heads "
+                    f"{config.num_attention_heads}: llama.cpp's dots1 graph loads K and V as n_head heads "
+                    "(MHA only); run it against --ref hf")
+        if getattr(config, "scoring_func", None) != "sigmoid":
+            return (f"scoring_func {getattr(config, 'scoring_func', None)!r}: the converter writes "
+                    "expert_gating_func only from scoring_func 'sigmoid' (HF Dots1 routes by sigmoid), "
+                    "and llama.cpp's dots1 graph aborts without it; run it against --ref hf")
+        return super().lc_refusal(config)
 
     def gguf_params(self, w, config, variant=None):
         # conversion/dots1.py Dots1Model.set_gguf_parameters: Qwen2MoeModel's (TextModel's keys

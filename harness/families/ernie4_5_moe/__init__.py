@@ -64,7 +64,7 @@ class Ernie45Moe(Ernie45):
     experts_implementation = "eager"
     # ernie4-5-moe.cpp: cb(cur, "attn_out", il) after build_attn
     lc_points = LlamaLike.lc_points
-    write_selection_bias = True  # what the converter does; a test switches it off
+    _write_selection_bias = True  # what the converter does; a test switches it off
 
     def init_value(self, name, p, r):
         if name.endswith("e_score_correction_bias"):
@@ -73,18 +73,17 @@ class Ernie45Moe(Ernie45):
             return 0.1 * r
         return super().init_value(name, p, r)
 
-    def reference_refusal(self, config, reference):
-        if reference == "llamacpp":
-            shared = config.moe_intermediate_size * config.moe_num_shared_experts
-            if shared and config.intermediate_size // config.num_key_value_heads != shared:
-                return (f"intermediate_size // num_key_value_heads = {config.intermediate_size // config.num_key_value_heads}"
-                        f" is the shared experts' width the converter writes (conversion/ernie.py), HF's is "
-                        f"moe_intermediate_size * moe_num_shared_experts = {shared}: llama.cpp refuses the file; "
-                        "run it against --ref hf")
-            if config.moe_layer_interval != 1 or config.moe_layer_end_index != config.num_hidden_layers - 1:
-                return ("moe_layer_interval 1 and moe_layer_end_index -1 only: ernie4-5.cpp load_arch_tensors "
-                        "loads MoE tensors on every layer past the dense lead; run it against --ref hf")
-        return super().reference_refusal(config, reference)
+    def lc_refusal(self, config) -> str | None:
+        shared = config.moe_intermediate_size * config.moe_num_shared_experts
+        if shared and config.intermediate_size // config.num_key_value_heads != shared:
+            return (f"intermediate_size // num_key_value_heads = {config.intermediate_size // config.num_key_value_heads}"
+                    f" is the shared experts' width the converter writes (conversion/ernie.py), HF's is "
+                    f"moe_intermediate_size * moe_num_shared_experts = {shared}: llama.cpp refuses the file; "
+                    "run it against --ref hf")
+        if config.moe_layer_interval != 1 or config.moe_layer_end_index != config.num_hidden_layers - 1:
+            return ("moe_layer_interval 1 and moe_layer_end_index -1 only: ernie4-5.cpp load_arch_tensors "
+                    "loads MoE tensors on every layer past the dense lead; run it against --ref hf")
+        return super().lc_refusal(config)
 
     def gguf_params(self, w, config, variant=None):
         # conversion/ernie.py Ernie4_5MoeModel.set_gguf_parameters: Ernie4_5Model's (TextModel's)
@@ -103,7 +102,7 @@ class Ernie45Moe(Ernie45):
         # "mlp.gate.moe_statics..."; save_pretrained writes it back), which
         # ModelBase.filter_tensors renames to e_score_correction.bias -> blk.N.exp_probs_b
         if name.endswith("mlp.gate.moe_statics.e_score_correction_bias"):
-            if not self.write_selection_bias:
+            if not self._write_selection_bias:
                 return
             yield name.replace("mlp.gate.moe_statics.e_score_correction_bias",
                                "mlp.moe_statics.e_score_correction.bias"), data

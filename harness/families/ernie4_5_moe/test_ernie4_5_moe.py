@@ -28,7 +28,7 @@ def test_the_selection_bias_must_reach_llamacpp(policy, monkeypatch):
     """Without exp_probs_b in the file llama.cpp selects by the plain softmax; HF adds
     e_score_correction_bias (seeded here, 0.1 x N(0, 1)) before its top-k: the MoE
     layer's output differs -- the comparison of what follows the attention can fail."""
-    monkeypatch.setattr(get("ernie4_5_moe"), "write_selection_bias", False)
+    monkeypatch.setattr(get("ernie4_5_moe"), "_write_selection_bias", False)
     st = all_statuses(run(policy, family="ernie4_5_moe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "layer_out")] == "pass"  # the dense lead
     assert st[("llamacpp", "hf", 1, "attn_out")] == "pass" and st[("llamacpp", "hf", 1, "layer_out")] == "fail"
@@ -58,8 +58,8 @@ def test_the_file_says_the_moe_layout(tmp_path):
 
 def test_what_llamacpp_cannot_load_is_refused_in_one_line():
     fam = get("ernie4_5_moe")
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     for over in ({"intermediate_size": 128}, {"moe_layer_interval": 2}):
-        why = fam.reference_refusal(fam.make_config(over), "llamacpp")
+        why = fam.lc_refusal(fam.make_config(over))
         assert why and "\n" not in why and "--ref hf" in why, over
-        assert fam.reference_refusal(fam.make_config(over), "hf") is None
+        assert fam.hf_refusal(fam.make_config(over)) is None

@@ -9,7 +9,7 @@ HF:
   ``residual + post_attention_layernorm(attn)``; the MLP likewise with
   ``post_feedforward_layernorm``;
 - ``Exaone4Attention.forward``: ``q_norm`` / ``k_norm`` (RMS over ``head_dim``)
-  before RoPE; RoPE ``if self.sliding_window is None or self.is_sliding`` (with a
+  before RoPE; RoPE ``if self.sliding_window is None or self._is_sliding`` (with a
   window, the full layers are NoPE); the window on ``sliding_attention`` layers;
 - ``Exaone4Config.__post_init__``: ``sliding_window`` 4096 and pattern 4 by
   default (``LLLG``); ``sliding_window=None`` (EXAONE-4.0-1.2B) needs
@@ -91,10 +91,10 @@ class Exaone4(LlamaLike):
         return super().layer_config(config, i).replace(input_norm=NormSpec("none"))
 
     def uses_rope(self, config, i: int) -> bool:
-        # Exaone4Attention.forward: `if self.sliding_window is None or self.is_sliding`
+        # Exaone4Attention.forward: `if self.sliding_window is None or self._is_sliding`
         return config.sliding_window is None or config.layer_types[i] == "sliding_attention"
 
-    def lc_sliding(self, config) -> list[bool] | None:
+    def _lc_sliding(self, config) -> list[bool] | None:
         """The layers llama.cpp slides (None: no window at all, every layer rotated):
         only at 64 layers, from the file's pattern or load_swa_pattern's default."""
         n = config.num_hidden_layers
@@ -105,7 +105,7 @@ class Exaone4(LlamaLike):
         return [il % LC_PATTERN < LC_PATTERN - 1 for il in range(n)]
 
     def lc_points_for(self, config, i: int):
-        swa = self.lc_sliding(config)
+        swa = self._lc_sliding(config)
         if swa is None or swa[i]:
             return self.lc_points
         # exaone4.cpp: no ggml_rope_ext where !use_rope -- q_rope / k_rope are the normed

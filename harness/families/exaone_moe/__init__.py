@@ -5,7 +5,7 @@ llama.cpp arch ``exaone-moe``, src/models/exaone-moe.cpp; converter
 conversion/exaone.py ``ExaoneMoEModel(Exaone4Model)``).
 
 HF: ``ExaoneMoeAttention`` is ``Exaone4Attention``: ``q_norm`` / ``k_norm`` over
-the head before RoPE, ``if self.sliding_window is None or self.is_sliding:
+the head before RoPE, ``if self.sliding_window is None or self._is_sliding:
 apply_rotary_pos_emb`` (neox, the whole head) -- with a window, the full layers
 are NoPE --, the window only on sliding layers; ``layer_types`` from
 ``sliding_window_pattern`` (``Exaone4Config.__post_init__``: sliding iff ``(i +
@@ -80,14 +80,14 @@ class ExaoneMoe(LlamaLike):
         return {**self.lc_points, "q": LcPoint("Qcur", "first", "rows"), "k": LcPoint("Kcur", "first", "rows"),
                 "q_rope": LcPoint("Qcur", "last", "heads"), "k_rope": LcPoint("Kcur", "last", "heads")}
 
-    def reference_refusal(self, config, reference):
+    def lc_refusal(self, config) -> str | None:
         # exaone-moe.cpp load_arch_hparams: expert_gating_func is a required key, which the
         # converter writes only from scoring_func (the window, also required, is an int in
         # ExaoneMoeConfig: HF refuses None)
-        if reference == "llamacpp" and getattr(config, "scoring_func", None) is None:
+        if getattr(config, "scoring_func", None) is None:
             return ("scoring_func unset: the converter writes expert_gating_func only from it and llama.cpp's "
                     "exaone-moe graph requires the key; set scoring_func=sigmoid or run it against --ref hf")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     def gguf_params(self, w, config, variant=None):
         # conversion/exaone.py ExaoneMoEModel.set_gguf_parameters -> Exaone4Model's ->

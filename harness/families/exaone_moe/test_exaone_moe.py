@@ -37,12 +37,12 @@ def test_a_broken_decoration_fails_against_llamacpp(policy, mutant, layer, probe
 def test_no_scoring_func_is_refused_on_both_sides(policy, monkeypatch):
     fam = get("exaone_moe")
     over = (("scoring_func", None),)
-    msg = fam.reference_refusal(fam.make_config(dict(over)), "llamacpp")
+    msg = fam.lc_refusal(fam.make_config(dict(over)))
     assert msg and msg.startswith("scoring_func unset") and "\n" not in msg
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     rows = run(policy, family="exaone_moe", ref="hf", kv="decode", overrides=over)
     assert rows and all(r["status"] == "pass" for r in rows)
     # the refusal is llama.cpp's own: without it, exaone-moe.cpp does not load the file
-    monkeypatch.setattr(fam, "reference_refusal", lambda config, reference: None)
+    monkeypatch.setattr(fam, "lc_refusal", lambda config: None)
     rows = run(policy, family="exaone_moe", ref="llamacpp", kv="decode", overrides=over)
     assert [r["status"] for r in rows] == ["error"], [r["status"] for r in rows][:4]

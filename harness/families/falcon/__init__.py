@@ -87,8 +87,8 @@ class Falcon(Family):
     layers_path = "transformer.h"
     size_keys = {"hidden": "hidden_size", "heads": "num_attention_heads", "layers": "num_hidden_layers"}
     hf_model_points = {"embeddings": ("transformer.word_embeddings", "out"), "final_norm": ("transformer.ln_f", "out")}
-    reorder_qkv = True  # what the converter does; a test switches it off
-    kv_heads_from_saved_config = False  # True: the converter's reading of a saved config (module docstring)
+    _reorder_qkv = True  # what the converter does; a test switches it off
+    _kv_heads_from_saved_config = False  # True: the converter's reading of a saved config (module docstring)
     eager_name = "-"  # FalconAttention has no eager function: hf_taps reads the probes
     _qkv = Point("self_attention.query_key_value", "out")
     hf_points = {
@@ -101,14 +101,14 @@ class Falcon(Family):
     }
     switch_params = {"qkv_bias": ("query_key_value.bias",), "o_bias": ("self_attention.dense.bias",)}
 
-    def two_norms(self, config) -> bool:
+    def _two_norms(self, config) -> bool:
         # FalconDecoderLayer.__init__: num_ln_in_parallel_attn defaults to 2 with the new architecture
         n = config.num_ln_in_parallel_attn
         return bool(config.new_decoder_architecture) and (n is None or n == 2)
 
     def lc_points_for(self, config, i: int):
         pts = {k: v for k, v in LcCapture.lc_points.items() if k not in ("attn_out", "resid_mid")}
-        if self.two_norms(config):  # falcon.cpp: the attention reads attn_norm_2 (ln_attn)
+        if self._two_norms(config):  # falcon.cpp: the attention reads attn_norm_2 (ln_attn)
             pts["attn_in"] = LcPoint("attn_norm_2")
         return pts
 
@@ -137,7 +137,7 @@ class Falcon(Family):
     def layer_weights(self, model, config, i: int) -> dict[str, np.ndarray]:
         layer = self.decoder_layers(model)[i]
         nh, nkv = config.num_attention_heads, kv_heads(config)
-        norm = "ln_attn" if self.two_norms(config) else "input_layernorm"
+        norm = "ln_attn" if self._two_norms(config) else "input_layernorm"
         w = {"attn_norm": tensor(layer, f"{norm}.weight"), "attn_norm_b": tensor(layer, f"{norm}.bias"),
              "wo": tensor(layer, "self_attention.dense.weight")}
         blocks = group_qkv_to_blocks(tensor(layer, "self_attention.query_key_value.weight"), nh, nkv)
@@ -217,9 +217,9 @@ class Falcon(Family):
         return arr
 
     # ------------------------------------------------------------------ GGUF
-    def gguf_head_count_kv(self, config) -> int:
+    def _gguf_head_count_kv(self, config) -> int:
         # FalconModel.set_gguf_parameters: hparams.get("num_kv_heads") or n_head_kv or 1
-        return int(config.num_kv_heads) if self.kv_heads_from_saved_config else kv_heads(config)
+        return int(config.num_kv_heads) if self._kv_heads_from_saved_config else kv_heads(config)
 
     def gguf_params(self, w, config, variant=None) -> None:
         # conversion/falcon.py FalconModel.set_gguf_parameters (no TextModel super call)
@@ -229,12 +229,12 @@ class Falcon(Family):
         w.add_feed_forward_length(4 * config.hidden_size)
         w.add_block_count(config.num_hidden_layers)
         w.add_head_count(config.num_attention_heads)
-        w.add_head_count_kv(self.gguf_head_count_kv(config))
+        w.add_head_count_kv(self._gguf_head_count_kv(config))
         w.add_layer_norm_eps(config.layer_norm_epsilon)
 
     def gguf_convert(self, name, data, config, variant=None):
-        if self.reorder_qkv and "query_key_value" in name:
-            data = group_qkv_to_blocks(data, config.num_attention_heads, self.gguf_head_count_kv(config))
+        if self._reorder_qkv and "query_key_value" in name:
+            data = group_qkv_to_blocks(data, config.num_attention_heads, self._gguf_head_count_kv(config))
         yield name, np.ascontiguousarray(data)
 
     def config_from_gguf(self, meta, shapes, tensors):

@@ -56,7 +56,7 @@ def test_the_saved_config_says_n_head_kv_heads_under_multi_query(policy, tmp_pat
     r.config.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["multi_query"] and saved["num_kv_heads"] == saved["num_attention_heads"] == 4
-    monkeypatch.setattr(get("falcon"), "kv_heads_from_saved_config", True)
+    monkeypatch.setattr(get("falcon"), "_kv_heads_from_saved_config", True)
     rows = run(policy, family="falcon", ref="llamacpp", kv="decode")
     assert {r["status"] for r in rows} == {"error"} and "llama.cpp" in rows[0]["reason"]
 
@@ -87,7 +87,7 @@ def test_no_theta_key(policy, theta, expect):
 
 
 def test_qkv_reorder_must_reach_llamacpp(policy, monkeypatch):
-    monkeypatch.setattr(get("falcon"), "reorder_qkv", False)
+    monkeypatch.setattr(get("falcon"), "_reorder_qkv", False)
     st = all_statuses(run(policy, family="falcon", ref="llamacpp", kv="decode", overrides=NEW_ARCH))
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "fail"

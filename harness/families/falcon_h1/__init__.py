@@ -137,7 +137,7 @@ class FalconH1(NegExpALog, LlamaLike):
                     isinstance(m, (int, float)) and not isinstance(m, bool) and np.isfinite(m) for m in v):
                 raise UsageError(f"{key}={v!r}: must be a list of {n} finite numbers")
 
-    def ssm_sizes(self, config) -> Mamba2Sizes:
+    def _ssm_sizes(self, config) -> Mamba2Sizes:
         """FalconH1Mixer.__init__'s sizes (intermediate = mamba_d_ssm; the gated norm's eps is
         rms_norm_eps)."""
         return Mamba2Sizes(heads=config.mamba_n_heads, head_dim=config.mamba_d_head, groups=config.mamba_n_groups,
@@ -146,47 +146,46 @@ class FalconH1(NegExpALog, LlamaLike):
                            eps=float(config.rms_norm_eps), chunk=int(config.mamba_chunk_size),
                            limit=None if config.time_step_limit is None else tuple(config.time_step_limit))
 
-    def reference_refusal(self, config, reference: str) -> str | None:
-        if reference == "llamacpp":
-            for key in ("mamba_proj_bias", "projectors_bias"):
-                if getattr(config, key, False):
-                    return (f"{key}=true: falcon-h1.cpp load_arch_tensors loads no ssm_in / ssm_out bias; valid for "
-                            f"--ref llamacpp: false (HF computes it: --ref hf or hf_cached)")
-            # falcon-h1.cpp:91 loads attn_output.bias (wo_b, not required), and :152-154
-            # build_attn(..., model.layers[il].wo, NULL, ...) passes NULL for it: o_proj's bias
-            # (HF FalconH1Attention: o_proj bias=config.attention_bias) is never added. (The
-            # converter also scales the q/k/v biases by attention_in_multiplier, which HF applies
-            # to the input only: conversion/falcon_h1.py:68-73 match "q_proj" in the bias's name.)
-            if getattr(config, "attention_bias", False):
-                return ("attention_bias=true: falcon-h1.cpp loads attn_output.bias (:91) and never adds it "
-                        "(build_attn(..., wo, NULL, ...) at :152-154), where HF biases o_proj; valid for "
-                        "--ref llamacpp: false (HF computes it: --ref hf or hf_cached)")
-            # conversion/falcon_h1.py modify_tensors scales the WEIGHT, where HF scales the biased
-            # output: the same model only where the multiplier on that output is 1
-            for key, mults in (("mlp_bias", (("mlp_multipliers", config.mlp_multipliers[0]),
-                                             ("mlp_multipliers", config.mlp_multipliers[1]))),):
-                bad = [m for m, v in mults if v != 1.0]
-                if getattr(config, key, False) and bad:
-                    return (f"{key}=true with {bad[0]} != 1: the converter folds the multiplier into the weight "
-                            f"only (conversion/falcon_h1.py modify_tensors), HF scales the biased output; valid for "
-                            f"--ref llamacpp: {key}=false or those multipliers 1 (HF computes it: --ref hf)")
-            if config.tie_word_embeddings:
-                return ("tie_word_embeddings=true: the converter folds embedding_multiplier into token_embd, which "
-                        "llama.cpp's tied head reuses, where HF's head is lm_head_multiplier times the unscaled "
-                        "table; valid for --ref llamacpp: false")
-        return refuse_short_conv(self.ssm_sizes(config), reference, "mamba_d_conv")
+    def lc_refusal(self, config) -> str | None:
+        for key in ("mamba_proj_bias", "projectors_bias"):
+            if getattr(config, key, False):
+                return (f"{key}=true: falcon-h1.cpp load_arch_tensors loads no ssm_in / ssm_out bias; valid for "
+                        f"--ref llamacpp: false (HF computes it: --ref hf or hf_cached)")
+        # falcon-h1.cpp:91 loads attn_output.bias (wo_b, not required), and :152-154
+        # build_attn(..., model.layers[il].wo, NULL, ...) passes NULL for it: o_proj's bias
+        # (HF FalconH1Attention: o_proj bias=config.attention_bias) is never added. (The
+        # converter also scales the q/k/v biases by attention_in_multiplier, which HF applies
+        # to the input only: conversion/falcon_h1.py:68-73 match "q_proj" in the bias's name.)
+        if getattr(config, "attention_bias", False):
+            return ("attention_bias=true: falcon-h1.cpp loads attn_output.bias (:91) and never adds it "
+                    "(build_attn(..., wo, NULL, ...) at :152-154), where HF biases o_proj; valid for "
+                    "--ref llamacpp: false (HF computes it: --ref hf or hf_cached)")
+        # conversion/falcon_h1.py modify_tensors scales the WEIGHT, where HF scales the biased
+        # output: the same model only where the multiplier on that output is 1
+        for key, mults in (("mlp_bias", (("mlp_multipliers", config.mlp_multipliers[0]),
+                                         ("mlp_multipliers", config.mlp_multipliers[1]))),):
+            bad = [m for m, v in mults if v != 1.0]
+            if getattr(config, key, False) and bad:
+                return (f"{key}=true with {bad[0]} != 1: the converter folds the multiplier into the weight "
+                        f"only (conversion/falcon_h1.py modify_tensors), HF scales the biased output; valid for "
+                        f"--ref llamacpp: {key}=false or those multipliers 1 (HF computes it: --ref hf)")
+        if config.tie_word_embeddings:
+            return ("tie_word_embeddings=true: the converter folds embedding_multiplier into token_embd, which "
+                    "llama.cpp's tied head reuses, where HF's head is lm_head_multiplier times the unscaled "
+                    "table; valid for --ref llamacpp: false")
+        return refuse_short_conv(self._ssm_sizes(config), "mamba_d_conv")
 
     def _gate(self, config) -> dict:
         """FalconH1Mixer's output stage: ``FalconH1RMSNormGated(norm_before_gate=...)`` over
         ``n_groups`` groups when ``mamba_rms_norm``, else ``scan_output * silu(gate)``."""
-        s = self.ssm_sizes(config)
+        s = self._ssm_sizes(config)
         if not config.mamba_rms_norm:
             return dict(out_norm_groups=0, gate_order="gate_only")
         return dict(out_norm_groups=s.groups,
                     gate_order="norm_then_gate" if config.mamba_norm_before_gate else "gate_then_norm")
 
     def layer_config(self, config, i: int):
-        s = self.ssm_sizes(config)
+        s = self._ssm_sizes(config)
         ssm = mamba2_config(s, config.hidden_size, NormSpec("none", float(config.rms_norm_eps))).replace(
             out_bias=bool(config.projectors_bias), proj_multipliers=tuple(float(m) for m in config.ssm_multipliers),
             **self._gate(config))
@@ -197,7 +196,7 @@ class FalconH1(NegExpALog, LlamaLike):
 
     def layer_weights(self, model, config, i: int) -> dict:
         w = super().layer_weights(model, config, i)
-        s = self.ssm_sizes(config)
+        s = self._ssm_sizes(config)
         m = mamba2_weights(self.decoder_layers(model)[i], "mamba", None, s)
         if not config.mamba_rms_norm:
             m.pop("out_norm", None)  # nn.Identity: no weight
@@ -223,7 +222,7 @@ class FalconH1(NegExpALog, LlamaLike):
         length and head count). No rope.dimension_count: neither writes one (llama.cpp rotates
         the whole key_length head, as HF does). Mamba2's find_hparam reads the ``mamba_``
         names (FalconH1Model.hparam_prefixes)."""
-        s = self.ssm_sizes(config)
+        s = self._ssm_sizes(config)
         d_inner = config.mamba_d_ssm
         w.add_context_length(config.max_position_embeddings)
         w.add_embedding_length(config.hidden_size)
@@ -272,10 +271,10 @@ class FalconH1(NegExpALog, LlamaLike):
 
     # what a falcon-h1 file reads back as (config_from_gguf): every multiplier 1, the weights
     # folded -- the overrides that make the HF config of that model (tests/test_gguf_files.py)
-    gguf_unit_multipliers = tuple((k, 1.0) for k in MULTIPLIERS) + (("ssm_multipliers", [1.0] * 5),
+    _gguf_unit_multipliers = tuple((k, 1.0) for k in MULTIPLIERS) + (("ssm_multipliers", [1.0] * 5),
                                                                      ("mlp_multipliers", [1.0, 1.0]))
 
-    def gguf_fold(self, name, data, config):
+    def _gguf_fold(self, name, data, config):
         """HF tensor ``name`` with its multiplier folded in, as the converter writes it
         (``_fold``; float32, the converter's torch product: one rounding)."""
         f = self._fold(name, config)
@@ -287,7 +286,7 @@ class FalconH1(NegExpALog, LlamaLike):
         return (t * torch.as_tensor(np.asarray(f, dtype=np.float32))).numpy() if np.ndim(f) else (t * f).numpy()
 
     def gguf_value_map(self, name, data, config):
-        return self.gguf_fold(name, super().gguf_value_map(name, data, config), config)
+        return self._gguf_fold(name, super().gguf_value_map(name, data, config), config)
 
     def gguf_value_unmap(self, name, data, config):
         f = self._fold(name, config)
@@ -337,7 +336,7 @@ class FalconH1(NegExpALog, LlamaLike):
     def gguf_convert(self, name, data, config, variant=None):
         """Mamba2Model.modify_tensors' layout steps (harness/families/_mamba2.py mamba2_convert:
         conv squeezed, A / D unsqueezed, the gated norm ``(n_groups, d_ssm / n_groups)``)."""
-        out = mamba2_convert(name, data, self.ssm_sizes(config)) if ".mamba." in name else None
+        out = mamba2_convert(name, data, self._ssm_sizes(config)) if ".mamba." in name else None
         yield from out if out is not None else [(name, data)]
 
 

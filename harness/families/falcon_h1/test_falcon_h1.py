@@ -103,13 +103,13 @@ def test_attention_bias_is_hf_only(policy, monkeypatch):
     # conversion/falcon_h1.py:68-75): the dropped o_proj bias is the only difference left
     over = (("attention_bias", True), ("attention_in_multiplier", 1.0), ("key_multiplier", 1.0),
             ("attention_out_multiplier", 1.0))
-    why = fam.reference_refusal(fam.make_config(dict(over)), "llamacpp")
+    why = fam.lc_refusal(fam.make_config(dict(over)))
     assert why and "attention_bias=true" in why and "falcon-h1.cpp" in why and "\n" not in why
-    assert fam.reference_refusal(fam.make_config(dict(over)), "hf") is None
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.hf_refusal(fam.make_config(dict(over))) is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     rows = run(policy, family="falcon_h1", ref="hf", overrides=over)
     assert "qkv_bias" in rows[0]["features"].split(";") and not _bad(rows), _bad(rows)[:3]
-    monkeypatch.setattr(fam, "reference_refusal", lambda config, reference: None)
+    monkeypatch.setattr(fam, "lc_refusal", lambda config: None)
     st = all_statuses(run(policy, family="falcon_h1", ref="llamacpp", overrides=over))
     for probe in ("q", "k", "v", "attn_probs", "attn_branch"):  # o_proj's input agrees ...
         assert st[("impl", "llamacpp", 0, probe)] == "pass", probe

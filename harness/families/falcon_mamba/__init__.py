@@ -28,9 +28,9 @@ class FalconMamba(Mamba):
     hf_model_type = "falcon_mamba"
     description = "Mamba-1 with weightless RMS norms on dt / B / C (FalconMambaMixer, ssm.dt_b_c_rms)"
     tiny = {**Mamba.tiny, "mixer_rms_eps": 1e-6}
-    bc_norm = True
+    _bc_norm = True
 
-    def bc_norm_spec(self, config) -> NormSpec:
+    def _bc_norm_spec(self, config) -> NormSpec:
         """FalconMambaMixer.__init__: ``FalconMambaWeightlessRMSNorm(..., eps=config.mixer_rms_eps)``."""
         return NormSpec("rms", float(config.mixer_rms_eps))
 

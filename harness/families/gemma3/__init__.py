@@ -71,8 +71,8 @@ class Gemma3(NormPlusOne, LlamaLike):
     layer_major = True  # Gemma3DecoderLayer: its own cache layer only (tests/test_layer_major.py)
     # what the export writes beyond the converter / what it relies on (tests switch
     # them off to show llama.cpp then disagrees)
-    write_swa_pattern = True
-    write_freq_base_swa = True
+    _write_swa_pattern = True
+    _write_freq_base_swa = True
     # Gemma3TextConfig BC kwargs: the int layer pattern and the local theta
     # (popped into rope_parameters["sliding_attention"]) -- both read at construction.
     extra_settable = ("sliding_window_pattern", "rope_local_base_freq", "rope_theta")
@@ -112,7 +112,7 @@ class Gemma3(NormPlusOne, LlamaLike):
         super().gguf_params(w, config, variant)  # freq_base = full_attention theta, key/value length
         rp = config.rope_parameters
         # conversion/base.py TextModel.set_gguf_parameters: rope.freq_base_swa
-        if self.write_freq_base_swa:
+        if self._write_freq_base_swa:
             w.add_rope_freq_base_swa(rp["sliding_attention"]["rope_theta"])
         # conversion/gemma.py Gemma3Model.set_gguf_parameters
         if config.final_logit_softcapping:
@@ -120,7 +120,7 @@ class Gemma3(NormPlusOne, LlamaLike):
         w.add_sliding_window(config.sliding_window)
         # not written by the converter (see the module docstring): the per-layer
         # is_swa array gemma3.cpp's load_swa_pattern(ml, 6) reads with get_arr
-        if self.write_swa_pattern:
+        if self._write_swa_pattern:
             w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
 
     # conversion/gemma.py Gemma3Model.modify_tensors / norm_shift: "*norm.weight" + 1

@@ -45,7 +45,7 @@ def test_swa_pattern_must_reach_llamacpp(policy, monkeypatch):
     to il % 6 < 5: layer 1, full in HF, becomes sliding."""
     from harness.families import get
 
-    monkeypatch.setattr(get("gemma3"), "write_swa_pattern", False)
+    monkeypatch.setattr(get("gemma3"), "_write_swa_pattern", False)
     st = all_statuses(run(policy, family="gemma3", ref="llamacpp"))
     assert st[("impl", "llamacpp", 0, "attn_probs")] == "pass"
     assert st[("impl", "llamacpp", 1, "q_rope")] == "fail"  # llama.cpp also rotates layer 1 with the local theta
@@ -58,7 +58,7 @@ def test_local_theta_must_reach_llamacpp(policy, monkeypatch):
     over = (("rope_local_base_freq", 500.0),)
     st = all_statuses(run(policy, family="gemma3", ref="llamacpp", overrides=over))
     assert all(s == "pass" for (_, _, _, p), s in st.items() if p != "*")
-    monkeypatch.setattr(get("gemma3"), "write_freq_base_swa", False)
+    monkeypatch.setattr(get("gemma3"), "_write_freq_base_swa", False)
     st = all_statuses(run(policy, family="gemma3", ref="llamacpp", overrides=over))
     assert st[("impl", "llamacpp", 0, "k")] == "pass"
     assert st[("impl", "llamacpp", 0, "q_rope")] == "fail"

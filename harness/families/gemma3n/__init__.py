@@ -352,18 +352,17 @@ class Gemma3n(LlamaLike):
                                          "rope_theta": rp["sliding_attention"]["rope_theta"]}}}
         return sw
 
-    def reference_refusal(self, config, reference):
-        if reference == "llamacpp":
-            bad = [f"{k}={getattr(config, k)!r}" for k, v in LC_FIXED.items() if getattr(config, k) != v]
-            if bad:
-                return (f"{', '.join(bad)}: gemma3n.cpp takes n_altup 4, i_altup_act 0, laurel_rank 64 and "
-                        "n_embd_altup 256 as given (llama-hparams.h:264-267, read from no key); run it against "
-                        "--ref hf")
-            if config.vocab_size_per_layer_input != config.vocab_size:
-                return (f"vocab_size_per_layer_input={config.vocab_size_per_layer_input} != vocab_size="
-                        f"{config.vocab_size}: gemma3n.cpp loads per_layer_token_embd with n_vocab rows "
-                        "(gemma3n.cpp:39); run it against --ref hf")
-        return super().reference_refusal(config, reference)
+    def lc_refusal(self, config) -> str | None:
+        bad = [f"{k}={getattr(config, k)!r}" for k, v in LC_FIXED.items() if getattr(config, k) != v]
+        if bad:
+            return (f"{', '.join(bad)}: gemma3n.cpp takes n_altup 4, i_altup_act 0, laurel_rank 64 and "
+                    "n_embd_altup 256 as given (llama-hparams.h:264-267, read from no key); run it against "
+                    "--ref hf")
+        if config.vocab_size_per_layer_input != config.vocab_size:
+            return (f"vocab_size_per_layer_input={config.vocab_size_per_layer_input} != vocab_size="
+                    f"{config.vocab_size}: gemma3n.cpp loads per_layer_token_embd with n_vocab rows "
+                    "(gemma3n.cpp:39); run it against --ref hf")
+        return super().lc_refusal(config)
 
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):

@@ -135,13 +135,13 @@ def test_llama_cpp_fixed_sizes_are_refused_in_one_line():
     from harness.families import get
 
     fam = get("gemma3n")
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     for key, value in (("laurel_rank", 32), ("hidden_size_per_layer_input", 128), ("altup_active_idx", 1),
                        ("vocab_size_per_layer_input", 64)):
         config = fam.make_config({key: value})
-        why = fam.reference_refusal(config, "llamacpp")
+        why = fam.lc_refusal(config)
         assert why and key in why and "\n" not in why and "--ref hf" in why, (key, why)
-        assert fam.reference_refusal(config, "hf") is None
+        assert fam.hf_refusal(config) is None
 
 
 @pytest.mark.usefixtures("need_llamacpp")

@@ -67,13 +67,13 @@ class Glm(LlamaLike):
     # chatglm.cpp: build_attn's wo output carries no name
     lc_points = {k: v for k, v in LlamaLike.lc_points.items() if k != "attn_out"}
 
-    def reference_refusal(self, config, reference):
+    def lc_refusal(self, config) -> str | None:
         # chatglm.cpp load_arch_tensors: wo is {n_embd, n_embd}
-        if reference == "llamacpp" and self.head_dim(config) * config.num_attention_heads != config.hidden_size:
+        if self.head_dim(config) * config.num_attention_heads != config.hidden_size:
             return (f"head_dim={self.head_dim(config)} x {config.num_attention_heads} heads != hidden_size="
                     f"{config.hidden_size}: llama.cpp's chatglm graph loads attn_output as {{n_embd, n_embd}}; "
                     "use head_dim = hidden / heads or run it against --ref hf")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     def gguf_params(self, w, config, variant=None):
         # conversion/chatglm.py:134-157 ChatGLMModel.set_gguf_parameters, key for key (NOT

@@ -66,13 +66,13 @@ def test_the_findings_need_their_settings():
 def test_a_head_width_other_than_hidden_over_heads_is_hf_only(policy, monkeypatch):
     fam = get("glm")
     over = (("head_dim", 8),)
-    why = fam.reference_refusal(fam.make_config(dict(over)), "llamacpp")
+    why = fam.lc_refusal(fam.make_config(dict(over)))
     assert why and why.startswith("head_dim=8 x 4 heads != hidden_size=64") and "\n" not in why
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     rows = run(policy, family="glm", ref="hf", kv="decode", overrides=over)
     assert rows and all(r["status"] == "pass" for r in rows)
     # the refusal is llama.cpp's own: without it, chatglm.cpp does not load the file
-    monkeypatch.setattr(fam, "reference_refusal", lambda config, reference: None)
+    monkeypatch.setattr(fam, "lc_refusal", lambda config: None)
     rows = run(policy, family="glm", ref="llamacpp", kv="decode", overrides=over)
     assert [r["status"] for r in rows] == ["error"] and "wrong shape" in rows[0]["reason"]
 

@@ -59,7 +59,7 @@ class SeededExpertBias:
     does, and a reference that drops it shows. Mixed in before the family's base."""
 
     # sigmoid scores lie in (0, 1): a bias of this std changes some tokens' choice
-    expert_bias_std = 0.3
+    _expert_bias_std = 0.3
 
     def init_weights(self, model, seed: int) -> None:
         import torch
@@ -69,7 +69,7 @@ class SeededExpertBias:
         with torch.no_grad():
             for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
                 if name.endswith("e_score_correction_bias"):
-                    b.copy_(self.expert_bias_std * torch.randn(b.shape, generator=gen, dtype=torch.float64))
+                    b.copy_(self._expert_bias_std * torch.randn(b.shape, generator=gen, dtype=torch.float64))
 
 
 class Glm4Moe(SeededExpertBias, LlamaLike):
@@ -118,12 +118,12 @@ class Glm4Moe(SeededExpertBias, LlamaLike):
         # rest by gguf's tensor map (post_attention_layernorm -> post_attention_norm), unpermuted
         yield from gguf_moe_convert(name, data) or super().gguf_convert(name, data, config, variant)
 
-    def reference_refusal(self, config, reference):
-        if reference == "llamacpp" and int(getattr(config, "n_group", 1) or 1) > 1:
+    def lc_refusal(self, config) -> str | None:
+        if int(getattr(config, "n_group", 1) or 1) > 1:
             # glm4-moe.cpp load_arch_hparams reads no expert_group_count: grouped top-k has no key
             return (f"n_group {config.n_group}: llama.cpp's glm4moe graph routes without expert groups "
                     "(load_arch_hparams reads no expert_group_count); run it against --ref hf")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     def config_from_gguf(self, meta, shapes, tensors):
         """glm4-moe.cpp load_arch_hparams: the experts' width, the RMS eps, the shared

@@ -78,11 +78,11 @@ class GlmMoeDsa(MlaFamily):
         rope_parameters=dict(rope_type="default", rope_theta=10000.0),
     )
 
-    def indexer_inert(self, config) -> bool:
+    def _indexer_inert(self, config) -> bool:
         return config.index_topk >= config.max_position_embeddings
 
     def layer_config(self, config, i, variant="absorbed"):
-        if not self.indexer_inert(config):
+        if not self._indexer_inert(config):
             return NotInImpl("mla_dsa", DSA_REASON)
         return super().layer_config(config, i, variant)
 
@@ -97,13 +97,13 @@ class GlmMoeDsa(MlaFamily):
         return super().hf_canonical(probe, arr, lc)
 
     def layer_weights(self, model, config, i):
-        return super().layer_weights(model, config, i) if self.indexer_inert(config) else {}
+        return super().layer_weights(model, config, i) if self._indexer_inert(config) else {}
 
     def lc_points_for(self, config, i):
         # glm-dsa.cpp: the Q latent is `qr` (q_a, then its norm); `q` is q_b's product
         pts = mla_lc_points(q_latent=LcPoint("qr", "last"))
         pts["q"] = LcPoint("q", "last", "rows")  # [T, H * (nope + rope)], never reshaped under that name
-        if not self.indexer_inert(config):
+        if not self._indexer_inert(config):
             # the layer is not in impl, so neither side is put into the MLA canonical
             # layouts: keep the probes whose raw layouts already agree with HF's
             pts = {k: pts[k] for k in ("attn_in", "q_latent", "q", "kv_latent", "attn_probs", "attn_branch",

@@ -50,8 +50,8 @@ class GPT2(Family):
     # the sum of the token and position embeddings: layer 0's input in both references
     hf_model_points = {"embeddings": ("transformer.drop", "out"), "final_norm": ("transformer.ln_f", "out")}
     lc_model_points = {**LcCapture.lc_model_points, "embeddings": LcPoint("inpL")}
-    conv1d = True  # HF stores c_attn / c_proj / c_fc as Conv1D [in, out]
-    converter_transposes = True  # GPT2Model.modify_tensors transposes them; a test switches it off
+    _conv1d = True  # HF stores c_attn / c_proj / c_fc as Conv1D [in, out]
+    _converter_transposes = True  # GPT2Model.modify_tensors transposes them; a test switches it off
     _qkv = Point("attn.c_attn", "out")
     hf_points = {
         "layer_in": Point("", "in"),
@@ -66,10 +66,10 @@ class GPT2(Family):
     switch_modules = {"input_norm": ("ln_1",)}
     switch_params = {"qkv_bias": ("c_attn.bias",), "o_bias": ("attn.c_proj.bias",)}
 
-    def hidden(self, config) -> int:
+    def _hidden(self, config) -> int:
         return config.n_embd
 
-    def kv_heads(self, config) -> int:
+    def _kv_heads(self, config) -> int:
         return config.n_head
 
     def lc_layer_input(self, config, i: int):
@@ -78,7 +78,7 @@ class GPT2(Family):
         return super().lc_layer_input(config, i)
 
     def layer_config(self, config, i: int) -> LayerConfig:
-        h, nh = self.hidden(config), config.n_head
+        h, nh = self._hidden(config), config.n_head
         d = h // nh
         scale = None
         if getattr(config, "scale_attn_by_inverse_layer_idx", False):
@@ -86,22 +86,22 @@ class GPT2(Family):
             scale = d ** -0.5 / float(i + 1)
         if not getattr(config, "scale_attn_weights", True):
             scale = 1.0 if scale is None else scale * d ** 0.5
-        return LayerConfig(hidden_size=h, n_heads=nh, n_kv_heads=self.kv_heads(config), head_dim=d,
+        return LayerConfig(hidden_size=h, n_heads=nh, n_kv_heads=self._kv_heads(config), head_dim=d,
                            input_norm=NormSpec("layer", config.layer_norm_epsilon), rope=None, scale=scale)
 
-    def weight(self, layer, name: str) -> np.ndarray | None:
+    def _weight(self, layer, name: str) -> np.ndarray | None:
         t = tensor(layer, name)
-        return t.T if t is not None and self.conv1d and ("." + name).endswith(_CONV1D) else t
+        return t.T if t is not None and self._conv1d and ("." + name).endswith(_CONV1D) else t
 
     def layer_weights(self, model, config, i: int) -> dict[str, np.ndarray]:
         layer = self.decoder_layers(model)[i]
-        h, nh = self.hidden(config), config.n_head
-        kv = self.kv_heads(config) * (h // nh)
-        w = self.weight(layer, "attn.c_attn.weight")  # rows [Q; K; V] (c_attn(x).split)
+        h, nh = self._hidden(config), config.n_head
+        kv = self._kv_heads(config) * (h // nh)
+        w = self._weight(layer, "attn.c_attn.weight")  # rows [Q; K; V] (c_attn(x).split)
         b = tensor(layer, "attn.c_attn.bias")
         return {"attn_norm": tensor(layer, "ln_1.weight"), "attn_norm_b": tensor(layer, "ln_1.bias"),
                 "wq": w[:h], "wk": w[h:h + kv], "wv": w[h + kv:], "bq": b[:h], "bk": b[h:h + kv], "bv": b[h + kv:],
-                "wo": self.weight(layer, "attn.c_proj.weight"), "bo": tensor(layer, "attn.c_proj.bias")}
+                "wo": self._weight(layer, "attn.c_proj.weight"), "bo": tensor(layer, "attn.c_proj.bias")}
 
     def hf_canonical(self, probe, arr, lc):
         if probe in ("q", "k", "v") and arr.ndim == 3:
@@ -121,7 +121,7 @@ class GPT2(Family):
         w.add_layer_norm_eps(config.layer_norm_epsilon)
 
     def gguf_transform(self, name, data, config):
-        if self.conv1d and self.converter_transposes and name.endswith(_CONV1D):
+        if self._conv1d and self._converter_transposes and name.endswith(_CONV1D):
             return np.ascontiguousarray(data.T)  # GPT2Model.modify_tensors: transpose(1, 0)
         return data
 

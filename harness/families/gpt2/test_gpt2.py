@@ -30,7 +30,7 @@ def test_the_conv1d_weights_must_be_transposed(policy, monkeypatch):
     """GPT2Model.modify_tensors transposes c_attn / c_proj / c_fc (Conv1D [in, out] ->
     [out, in]); a file without it (square c_proj, so llama.cpp still loads the
     attention's weights read the wrong way) fails from q on, impl vs HF unchanged."""
-    monkeypatch.setattr(get("gpt2"), "converter_transposes", False)
+    monkeypatch.setattr(get("gpt2"), "_converter_transposes", False)
     rows = run(policy, family="gpt2", ref=HF_AND_LLAMACPP, kv="decode")
     st = all_statuses(rows)
     assert st[("impl", "hf", 0, "attn_out")] == "pass"

@@ -38,9 +38,9 @@ class GPTBigCode(GPT2):
     tiny = dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=256, layer_norm_epsilon=1e-5,
                 bos_token_id=1, eos_token_id=2)
     gguf_arch = "starcoder"
-    conv1d = False  # GPTBigCodeAttention / MLP: nn.Linear
+    _conv1d = False  # GPTBigCodeAttention / MLP: nn.Linear
 
-    def kv_heads(self, config) -> int:
+    def _kv_heads(self, config) -> int:
         return 1 if config.multi_query else config.n_head  # GPTBigCodeAttention.kv_heads
 
     def layer_weights(self, model, config, i: int) -> dict[str, np.ndarray]:

@@ -56,10 +56,10 @@ class GPTNeoX(Family):
     layers_path = "gpt_neox.layers"
     size_keys = {"hidden": "hidden_size", "heads": "num_attention_heads", "layers": "num_hidden_layers"}
     hf_model_points = {"embeddings": ("gpt_neox.embed_in", "out"), "final_norm": ("gpt_neox.final_layer_norm", "out")}
-    reorder_qkv = True  # what the converter does; a test switches it off
+    _reorder_qkv = True  # what the converter does; a test switches it off
     # the converter's rope.dimension_count: from partial_rotary_factor (what its rotary_pct
     # meant); a test writes the whole head instead to show llama.cpp reads the key
-    rotary_from_config = True
+    _rotary_from_config = True
     _qkv = Point("attention.query_key_value", "out")
     _points = {
         "layer_in": Point("", "in"),
@@ -71,18 +71,18 @@ class GPTNeoX(Family):
     }
     switch_modules = {"input_norm": ("input_layernorm",)}
 
-    def parallel(self, config) -> bool:
+    def _parallel(self, config) -> bool:
         return bool(config.use_parallel_residual)
 
     def hf_points_for(self, config, i: int):
-        if self.parallel(config):  # x + attn + mlp in one expression: no residual between
+        if self._parallel(config):  # x + attn + mlp in one expression: no residual between
             return self._points
         return {**self._points, "resid_mid": Point("post_attention_layernorm", "in")}
 
     def lc_points_for(self, config, i: int):
         # gptneox.cpp: build_attn's wo product carries no name; ffn_inp only when sequential
         pts = {k: v for k, v in LcCapture.lc_points.items() if k not in ("attn_out", "resid_mid")}
-        if not self.parallel(config):
+        if not self._parallel(config):
             pts["resid_mid"] = LcCapture.lc_points["resid_mid"]
         return pts
 
@@ -93,7 +93,7 @@ class GPTNeoX(Family):
             hidden_size=h, n_heads=nh, n_kv_heads=nh, head_dim=d,
             input_norm=NormSpec("layer", config.layer_norm_eps),  # GPTNeoXLayer.input_layernorm
             rope=rope_from_config(config, layout="neox", head_dim=d),
-            residual="parallel" if self.parallel(config) else "sequential",
+            residual="parallel" if self._parallel(config) else "sequential",
         )
 
     def layer_weights(self, model, config, i: int) -> dict[str, np.ndarray]:
@@ -125,14 +125,14 @@ class GPTNeoX(Family):
         w.add_embedding_length(h)
         w.add_block_count(config.num_hidden_layers)
         w.add_feed_forward_length(config.intermediate_size)
-        prf = config.rope_parameters.get("partial_rotary_factor", 1.0) if self.rotary_from_config else 1.0
+        prf = config.rope_parameters.get("partial_rotary_factor", 1.0) if self._rotary_from_config else 1.0
         w.add_rope_dimension_count(int(prf * (h // nh)))  # int(rotary_pct * head_size)
         w.add_head_count(nh)
         w.add_parallel_residual(bool(config.use_parallel_residual))
         w.add_layer_norm_eps(config.layer_norm_eps)
 
     def gguf_convert(self, name, data, config, variant=None):
-        if self.reorder_qkv and name.endswith(("attention.query_key_value.weight", "attention.query_key_value.bias")):
+        if self._reorder_qkv and name.endswith(("attention.query_key_value.weight", "attention.query_key_value.bias")):
             data = per_head_qkv_to_blocks(data, config.num_attention_heads)
         yield name, np.ascontiguousarray(data)
 

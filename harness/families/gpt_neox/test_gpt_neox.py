@@ -55,7 +55,7 @@ def test_the_converter_reads_rotary_pct_which_transformers5_no_longer_saves(poli
 def test_the_rotary_width_must_reach_llamacpp(policy, monkeypatch, from_config, expect):
     """Both sides: rope.dimension_count from partial_rotary_factor passes; the whole head
     (what a converter falling back to 1.0 would write) rotates channels HF leaves alone."""
-    monkeypatch.setattr(get("gpt_neox"), "rotary_from_config", from_config)
+    monkeypatch.setattr(get("gpt_neox"), "_rotary_from_config", from_config)
     st = all_statuses(run(policy, family="gpt_neox", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q")] == "pass"
     assert st[("impl", "llamacpp", 0, "q_rope")] == expect
@@ -76,7 +76,7 @@ def test_no_theta_key(policy, theta, expect):
 def test_qkv_reorder_must_reach_llamacpp(policy, monkeypatch):
     """Without the converter's per-head -> [Q; K; V] reorder llama.cpp reads the
     wrong rows: q fails at once."""
-    monkeypatch.setattr(get("gpt_neox"), "reorder_qkv", False)
+    monkeypatch.setattr(get("gpt_neox"), "_reorder_qkv", False)
     st = all_statuses(run(policy, family="gpt_neox", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "fail"

@@ -8,7 +8,7 @@ norm, neox RoPE, optional q/k/v/o biases via ``attention_bias``), except
   ``self.scaling = config.attention_multiplier``; it replaces ``head_dim**-0.5``,
   and HF's default of 1.0 is not ``1/sqrt(d)``);
 - the residual adds the branch times ``residual_multiplier``
-  (``hidden_states = residual + hidden_states * self.residual_multiplier``);
+  (``hidden_states = residual + hidden_states * self._residual_multiplier``);
 - the embedding is multiplied by ``embedding_multiplier`` in
   ``GraniteModel.forward``, outside ``embed_tokens``; the logits are divided by
   ``logits_scaling``.

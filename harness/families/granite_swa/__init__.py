@@ -88,7 +88,7 @@ class GraniteSWA(Granite):
         pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     gguf_arch = "granite_swa"
-    tensor_map_arch = "granite"  # the arch whose gguf tensor map names the rest (_WithSinks)
+    _tensor_map_arch = "granite"  # the arch whose gguf tensor map names the rest (_WithSinks)
     # GraniteSWAAttention.sinks: nn.Parameter([num_attention_heads])
     weight_map = {**Granite.weight_map, "self_attn.sinks": "sinks"}
     hf_not_exposed = {"attn_probs": HF_PROBS}
@@ -119,7 +119,7 @@ class GraniteSWA(Granite):
     def gguf_tensor_map(self, config):
         import gguf
 
-        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self.tensor_map_arch]
+        arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self._tensor_map_arch]
         return _WithSinks(gguf.get_tensor_name_map(arch, config.num_hidden_layers))
 
     def gguf_convert(self, name, data, config, variant=None):
@@ -139,7 +139,7 @@ class GraniteSWA(Granite):
                         "granite-swa.cpp reads a per-layer array (ml.get_arr, required)")
         # granite-swa.cpp reads no rope.freq_base_swa: the sliding layers rotate at the main base
         theta = hp.rope_freq_base
-        kw = llama_like_config(self, meta, shapes, hp, swa=any(swa), moe=self.moe)
+        kw = llama_like_config(self, meta, shapes, hp, swa=any(swa), moe=self._moe)
         hd = kw["hidden_size"] // kw["num_attention_heads"]
         rope_on = meta.get("attention.rope_pattern", None) or [True] * hp.n_layer
         kw.update(rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
@@ -153,12 +153,12 @@ class GraniteSWA(Granite):
         mapping = meta.get("deepstack_mapping", None) or []
         if any(int(v) >= 0 for v in mapping):
             meta.refuse("deepstack_mapping", mapping, "vision deepstack inputs (Granite 4 Vision) are not compared here")
-        kw.update(self.experts_from_gguf(meta, hp))
+        kw.update(self._experts_from_gguf(meta, hp))
         return kw
 
-    moe = False
+    _moe = False
 
-    def experts_from_gguf(self, meta, hp) -> dict:
+    def _experts_from_gguf(self, meta, hp) -> dict:
         # granite_swa's HF model is dense (llama_like_config refused experts); a shared expert too
         n = int(meta.get("expert_shared_feed_forward_length", 0) or 0)
         if n:

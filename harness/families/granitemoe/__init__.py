@@ -44,10 +44,10 @@ class GraniteMoe(Granite):
     experts_implementation = "eager"
     # the converter's split of the fused gate/up (gate rows first); a test swaps it to show
     # the references' comparison of the FFN notices (instance state: part of the export's key)
-    gate_first = True
+    _gate_first = True
 
     @staticmethod
-    def split_gate_up(data, gate_first: bool = True):
+    def _split_gate_up(data, gate_first: bool = True):
         f = data.shape[-2] // 2
         gate, up = data[..., :f, :], data[..., f:, :]
         return (gate, up) if gate_first else (up, gate)
@@ -57,7 +57,7 @@ class GraniteMoe(Granite):
         # experts.gate_up_proj, [E, 2F, H]) split on dim -2, gate first; output_linear
         # (experts.down_proj) and router.layer (router.weight) as gguf's tensor map names them
         if name.endswith("block_sparse_moe.experts.gate_up_proj"):
-            gate, up = self.split_gate_up(data, self.gate_first)
+            gate, up = self._split_gate_up(data, self._gate_first)
             base = name.removesuffix("block_sparse_moe.experts.gate_up_proj") + "mlp.experts."
             yield base + "gate_proj.weight", gate
             yield base + "up_proj.weight", up
@@ -83,10 +83,10 @@ class GraniteMoe(Granite):
                   embedding_multiplier=meta.get_f32("embedding_scale", 0.0) or 1.0,
                   attention_multiplier=meta.get_f32("attention.scale", 0.0) or float(hd) ** -0.5,
                   num_local_experts=n_exp, num_experts_per_tok=n_used)
-        kw.update(self.shared_from_gguf(meta))
+        kw.update(self._shared_from_gguf(meta))
         return kw
 
-    def shared_from_gguf(self, meta) -> dict:
+    def _shared_from_gguf(self, meta) -> dict:
         # granitemoe's HF config has no shared expert: a file with one is granitemoeshared's
         n = int(meta.get("expert_shared_feed_forward_length", 0) or 0)
         if n:

@@ -40,7 +40,7 @@ def test_the_routing_is_top_k_of_the_logits_then_softmax(policy):
 def test_a_swapped_expert_split_fails_between_the_references(policy, monkeypatch):
     # the converter's split of the fused gate_up_proj, gate first (GraniteMoeModel.modify_tensors):
     # swapped, llama.cpp computes silu(up) * gate -- the attention agrees, the layer output not
-    monkeypatch.setattr(get("granitemoe"), "gate_first", False)
+    monkeypatch.setattr(get("granitemoe"), "_gate_first", False)
     st = all_statuses(run(policy, family="granitemoe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "attn_out")] == "pass"
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"

@@ -35,14 +35,14 @@ class GraniteMoeSWA(GraniteSWA):
     description = "granite_swa's sinks and windows with top-k-softmax experts and a shared expert"
     tiny = dict(GraniteSWA.tiny, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                 shared_intermediate_size=48)
-    tensor_map_arch = "granitemoe"  # ffn_gate_inp, ffn_down_exps, ffn_{up,down}_shexp
+    _tensor_map_arch = "granitemoe"  # ffn_gate_inp, ffn_down_exps, ffn_{up,down}_shexp
     # GraniteMoeSWAExperts.forward's own loop; the default grouped_mm kernel refuses float64
     experts_implementation = "eager"
-    moe = True
+    _moe = True
     # the fused gate_up's halves, gate first (build_moe_ffn's merged path views the first F
     # rows as the gate); a test swaps them to show the references' comparison of the FFN
     # notices (instance state: part of the export's key)
-    gate_first = True
+    _gate_first = True
 
     def gguf_params(self, w, config, variant=None):
         # GraniteMoeSWAModel.set_gguf_parameters: granite_swa's keys, then the shared width
@@ -56,7 +56,7 @@ class GraniteMoeSWA(GraniteSWA):
         # (FFN_GATE_UP_EXP), down_proj as FFN_DOWN_EXP, the shared input_linear fused as
         # FFN_UP_SHEXP, output_linear as FFN_DOWN_SHEXP; the rest (router, sinks) granite_swa's
         if name.endswith("block_sparse_moe.experts.gate_up_proj"):
-            gate, up = GraniteMoe.split_gate_up(data, self.gate_first)
+            gate, up = GraniteMoe._split_gate_up(data, self._gate_first)
             yield name + ".weight", np.concatenate([gate, up], axis=-2)  # _WithSinks: ffn_gate_up_exps
         elif name.endswith("block_sparse_moe.experts.down_proj"):
             yield name.removesuffix("block_sparse_moe.experts.down_proj") + "mlp.experts.down_proj.weight", data
@@ -67,7 +67,7 @@ class GraniteMoeSWA(GraniteSWA):
         else:
             yield from super().gguf_convert(name, data, config, variant)
 
-    def experts_from_gguf(self, meta, hp) -> dict:
+    def _experts_from_gguf(self, meta, hp) -> dict:
         # granite-swa.cpp load_arch_hparams: expert_count / expert_used_count (optional there;
         # HF's model has experts, so required here), the shared width (optional, 0: none)
         n_exp, n_used = experts(meta, hp, self.name)

@@ -56,7 +56,7 @@ def test_gguf_keeps_the_fused_experts(policy, tmp_path):
 def test_a_swapped_fused_expert_fails_between_the_references(policy, monkeypatch):
     """The fused gate_up written with its halves swapped: llama.cpp computes
     silu(up) * gate -- the attention agrees, the layer output does not."""
-    monkeypatch.setattr(get("granitemoe_swa"), "gate_first", False)
+    monkeypatch.setattr(get("granitemoe_swa"), "_gate_first", False)
     st = all_statuses(run(policy, family="granitemoe_swa", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "attn_out")] == "pass"
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"

@@ -64,19 +64,19 @@ class GraniteMoeHybrid(GraniteHybrid):
         # GraniteMoeHybridModel.__init__: rotary_emb only for position_embedding_type == "rope"
         return config.position_embedding_type == "rope"
 
-    def uses_rope_in_gguf(self, config) -> bool:
+    def _uses_rope_in_gguf(self, config) -> bool:
         return not any(self.is_recurrent(config, i) for i in range(config.num_hidden_layers))
 
-    def residual_multiplier(self, config) -> float:
+    def _residual_multiplier(self, config) -> float:
         return float(config.residual_multiplier)
 
-    def reference_refusal(self, config, reference: str) -> str | None:
-        if reference == "llamacpp" and self.uses_rope(config, 0) and not self.uses_rope_in_gguf(config):
+    def lc_refusal(self, config) -> str | None:
+        if self.uses_rope(config, 0) and not self._uses_rope_in_gguf(config):
             return ("position_embedding_type='rope': the converter writes rope.scaling.finetuned=false for every "
                     "hybrid but Bamba (conversion/granite.py GraniteHybridModel.set_gguf_parameters use_rope), so "
                     "llama.cpp's granitehybrid rotates nothing; valid for --ref llamacpp: position_embedding_type "
                     "unset (HF computes RoPE: --ref hf or hf_cached)")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     def config_from_gguf(self, meta, shapes, tensors):
         """granite-hybrid.cpp load_arch_hparams, as HF GraniteMoeHybrid can hold it: the
@@ -86,7 +86,7 @@ class GraniteMoeHybrid(GraniteHybrid):
         file: the converter writes rope.scaling.finetuned=false; on, it is a Bamba file)."""
         from .._gguf_import import experts, one_per_layer
 
-        kw, hp = self.hybrid_gguf_config(meta, shapes)
+        kw, hp = self._hybrid_gguf_config(meta, shapes)
         if kw.pop("_rope"):
             meta.refuse("rope.scaling.finetuned", True, "RoPE on a hybrid's attention: the converter writes it only "
                                                         "for Bamba (family bamba)")

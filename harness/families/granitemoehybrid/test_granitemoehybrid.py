@@ -79,10 +79,10 @@ def test_rope_is_refused_for_llamacpp_only():
 
     fam = get("granitemoehybrid")
     config = fam.make_config({"position_embedding_type": "rope"})
-    why = fam.reference_refusal(config, "llamacpp")
+    why = fam.lc_refusal(config)
     assert why and "use_rope" in why and "position_embedding_type" in why
-    assert fam.reference_refusal(config, "hf") is None
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.hf_refusal(config) is None
+    assert fam.lc_refusal(fam.make_config({})) is None
 
 
 def test_no_mamba_layer_is_refused_by_llamacpp_with_the_converters_line(policy):

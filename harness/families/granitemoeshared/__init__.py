@@ -29,9 +29,9 @@ class GraniteMoeShared(GraniteMoe):
     hf_model_type = "granitemoeshared"
     description = "granitemoe with an ungated shared expert (the same llama.cpp arch)"
     tiny = dict(GraniteMoe.tiny, shared_intermediate_size=48)
-    shared_gate_first = True  # the shared expert's split (gate rows first); a test swaps it alone
+    _shared_gate_first = True  # the shared expert's split (gate rows first); a test swaps it alone
     # a file of arch granitemoe is granitemoe's unless it holds a shared expert, which
-    # granitemoe's reverse refuses (GraniteMoe.shared_from_gguf): then it is this family's
+    # granitemoe's reverse refuses (GraniteMoe._shared_from_gguf): then it is this family's
 
     def gguf_params(self, w, config, variant=None):
         # GraniteMoeModel.set_gguf_parameters: granite's keys, then the shared expert's
@@ -44,14 +44,14 @@ class GraniteMoeShared(GraniteMoe):
         # GraniteMoeModel.modify_tensors: shared_mlp.input_linear split on dim -2 (gate, up)
         # into ffn_{gate,up}_shexp (has_experts); output_linear is gguf's ffn_down_shexp
         if name.endswith("shared_mlp.input_linear.weight"):
-            gate, up = self.split_gate_up(data, self.shared_gate_first)
+            gate, up = self._split_gate_up(data, self._shared_gate_first)
             base = name.removesuffix("shared_mlp.input_linear.weight") + "mlp.shared_expert."
             yield base + "gate_proj.weight", gate
             yield base + "up_proj.weight", up
         else:
             yield from super().gguf_convert(name, data, config, variant)
 
-    def shared_from_gguf(self, meta) -> dict:
+    def _shared_from_gguf(self, meta) -> dict:
         # granite-moe.cpp load_arch_hparams: n_ff_shexp (optional, 0: none; HF's
         # shared_intermediate_size 0 builds no shared_mlp either)
         return {"shared_intermediate_size": int(meta.get("expert_shared_feed_forward_length", 0) or 0)}

@@ -28,7 +28,7 @@ def test_the_shared_expert_is_there(policy):
 def test_a_swapped_shared_split_fails_between_the_references(policy, monkeypatch):
     # GraniteMoeModel.modify_tensors: shared_mlp.input_linear split gate first; swapped,
     # llama.cpp's shared expert is silu(up) * gate -- attention agrees, the layer output not
-    monkeypatch.setattr(get("granitemoeshared"), "shared_gate_first", False)
+    monkeypatch.setattr(get("granitemoeshared"), "_shared_gate_first", False)
     st = all_statuses(run(policy, family="granitemoeshared", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "attn_out")] == "pass"
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"

@@ -177,12 +177,12 @@ class HrmText(LlamaLike):
             return None
         return (LcPoint(z_h), LcPoint(f"stack_norm-{last_l * n}"))
 
-    def reference_refusal(self, config, reference):
-        if reference == "llamacpp" and config.attention_bias:
+    def lc_refusal(self, config) -> str | None:
+        if config.attention_bias:
             # hrm-text.cpp load_arch_tensors: wqkv_gate and wo without bias tensors
             return ("attention_bias=true: HF biases gate_proj and o_proj too, and hrm-text.cpp loads no "
                     "attn_gate / attn_output bias; run it against --ref hf")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     # ------------------------------------------------------------------ impl
     def layer_config(self, config, i: int) -> LayerConfig:

@@ -135,9 +135,9 @@ def test_attention_bias_is_hf_only(policy):
     from harness.families import get
 
     fam = get("hrm_text")
-    why = fam.reference_refusal(fam.make_config({"attention_bias": True}), "llamacpp")
+    why = fam.lc_refusal(fam.make_config({"attention_bias": True}))
     assert why and "attn_gate" in why and "\n" not in why
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     rows = run(policy, family="hrm_text", ref="hf", overrides=(("attention_bias", True),))
     assert "qkv_bias" in rows[0]["features"].split(";")
     assert all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"][:3]

@@ -32,5 +32,5 @@ def test_unequal_bias_switches_are_bad_input(policy):
 
 
 def test_without_the_permutation_llamacpp_differs_at_q(policy, monkeypatch):
-    monkeypatch.setattr(get("internlm3"), "permute_qk", False)
+    monkeypatch.setattr(get("internlm3"), "_permute_qk", False)
     assert_llamacpp_fails_first_at_q(all_statuses(run(policy, family="internlm3", ref=HF_AND_LLAMACPP)))

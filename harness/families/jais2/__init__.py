@@ -60,10 +60,10 @@ class Jais2(LlamaLike):
         text_model_gguf_params(w, config)
         w.add_rope_dimension_count(self.head_dim(config))
 
-    def reference_refusal(self, config, reference):
+    def lc_refusal(self, config) -> str | None:
         # jais2.cpp load_arch_tensors: wo_b and the FFN's up / down biases are created with
         # flags 0 (required): a bias-free checkpoint's file does not load
-        if reference == "llamacpp" and not (config.attention_bias and config.mlp_bias):
+        if not (config.attention_bias and config.mlp_bias):
             return (f"attention_bias={config.attention_bias} mlp_bias={config.mlp_bias}: llama.cpp's jais2 graph "
                     "requires attn_output.bias and the FFN biases (both true); run it against --ref hf")
         return None

@@ -34,12 +34,12 @@ def test_a_broken_decoration_fails_against_llamacpp(policy, mutant, probe):
 
 def test_a_bias_free_config_is_hf_only(policy, monkeypatch):
     fam = get("jais2")
-    why = fam.reference_refusal(fam.make_config(dict(NO_BIAS)), "llamacpp")
+    why = fam.lc_refusal(fam.make_config(dict(NO_BIAS)))
     assert why and "attention_bias=False" in why and "\n" not in why
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     rows = run(policy, family="jais2", ref="hf", kv="decode", overrides=NO_BIAS)
     assert rows and all(r["status"] == "pass" for r in rows)
     # the refusal is llama.cpp's own: without it, jais2.cpp does not load the file
-    monkeypatch.setattr(fam, "reference_refusal", lambda config, reference: None)
+    monkeypatch.setattr(fam, "lc_refusal", lambda config: None)
     rows = run(policy, family="jais2", ref="llamacpp", kv="decode", overrides=NO_BIAS)
     assert [r["status"] for r in rows] == ["error"] and "attn_output.bias" in rows[0]["reason"]

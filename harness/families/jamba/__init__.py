@@ -87,8 +87,8 @@ class Jamba(RecurrentProbes, NegExpALog, LlamaLike):
                       "resid_mid": _RESID_UNNAMED}
     # jamba.cpp: build_qkv's Qcur / Kcur / Vcur enter build_attn unrotated; build_attn's
     # kq_soft_max and kqv_out; the wo product named ffn_inp by jamba.cpp; l_out
-    lc_attention_points = lc_nope_points(attn_out=LcPoint("ffn_inp"), resid_mid=None)
-    lc_mamba_points = {"attn_in": LcPoint("attn_norm"), "attn_out": LcPoint("ffn_inp"), "layer_out": LcPoint("l_out")}
+    _lc_attention_points = lc_nope_points(attn_out=LcPoint("ffn_inp"), resid_mid=None)
+    _lc_mamba_points = {"attn_in": LcPoint("attn_norm"), "attn_out": LcPoint("ffn_inp"), "layer_out": LcPoint("l_out")}
 
     def is_recurrent(self, config, i: int) -> bool:
         return config.layers_block_type[i] == "mamba"
@@ -96,7 +96,7 @@ class Jamba(RecurrentProbes, NegExpALog, LlamaLike):
     def uses_rope(self, config, i: int) -> bool:
         return False  # JambaAttention.forward rotates nothing (no rotary_emb in JambaModel)
 
-    def mamba1_sizes(self, config) -> Mamba1Sizes:
+    def _mamba1_sizes(self, config) -> Mamba1Sizes:
         """JambaMambaMixer.__init__'s names: d_inner = ``mamba_expand * hidden_size``,
         ``mamba_d_state``, ``mamba_dt_rank`` (JambaConfig.__post_init__ resolves "auto" to
         ceil(hidden / 16)), ``mamba_d_conv``."""
@@ -121,14 +121,14 @@ class Jamba(RecurrentProbes, NegExpALog, LlamaLike):
             raise UsageError(f"num_experts_per_tok={g['num_experts_per_tok']} > num_experts={g['num_experts']}; "
                              f"valid: 1 to {g['num_experts']}")
 
-    def reference_refusal(self, config, reference: str) -> str | None:
+    def lc_refusal(self, config) -> str | None:
         """jamba.cpp load_arch_tensors ``GGML_ASSERT(2 * n_embd == d_inner)``, and
         build_mamba_layer's conv state of K - 1 rows."""
-        if reference == "llamacpp" and config.mamba_expand != 2:
+        if config.mamba_expand != 2:
             return (f"mamba_expand={config.mamba_expand}: llama.cpp's jamba loads only an expansion factor of 2 "
                     f"(jamba.cpp load_arch_tensors); valid for --ref llamacpp: 2 (HF computes any: --ref hf or "
                     f"hf_cached)")
-        if reference == "llamacpp" and config.mamba_d_conv < 2:
+        if config.mamba_d_conv < 2:
             return (f"mamba_d_conv={config.mamba_d_conv}: llama.cpp's Mamba keeps d_conv - 1 rows of conv state "
                     f"and asserts at least one; valid for --ref llamacpp: >= 2 (HF computes 1: --ref hf or hf_cached)")
         return None
@@ -137,13 +137,13 @@ class Jamba(RecurrentProbes, NegExpALog, LlamaLike):
         if self.is_recurrent(config, i):
             eps = float(config.rms_norm_eps)
             # JambaMambaMixer.__init__: dt / b / c_layernorm = JambaRMSNorm(..., eps=config.rms_norm_eps)
-            return mamba1_config(self.mamba1_sizes(config), config.hidden_size, NormSpec("rms", eps),
+            return mamba1_config(self._mamba1_sizes(config), config.hidden_size, NormSpec("rms", eps),
                                  NormSpec("rms", eps))
         return super().layer_config(config, i)
 
     def layer_weights(self, model, config, i: int):
         if self.is_recurrent(config, i):
-            return mamba1_weights(self.decoder_layers(model)[i], "mamba", "input_layernorm", self.mamba1_sizes(config),
+            return mamba1_weights(self.decoder_layers(model)[i], "mamba", "input_layernorm", self._mamba1_sizes(config),
                                   bc_weights=True)
         return super().layer_weights(model, config, i)
 
@@ -158,7 +158,7 @@ class Jamba(RecurrentProbes, NegExpALog, LlamaLike):
         return {**LlamaLike.hf_points, "resid_mid": Point("pre_ff_layernorm", "in")}
 
     def lc_points_for(self, config, i: int):
-        return self.lc_mamba_points if self.is_recurrent(config, i) else self.lc_attention_points
+        return self._lc_mamba_points if self.is_recurrent(config, i) else self._lc_attention_points
 
     def lc_canonical(self, probe, arr, lc, config):
         if isinstance(lc, RecurrentConfig):
@@ -175,7 +175,7 @@ class Jamba(RecurrentProbes, NegExpALog, LlamaLike):
         (``n_kv_vec``: jamba.cpp ``is_recr_impl[i] = n_head_kv(i) == 0``), the SSM keys,
         the RMS eps from ``rms_norm_eps``, the expert counts; no ``vocab_size`` (it writes
         none: the vocabulary is token_embd's rows)."""
-        s = self.mamba1_sizes(config)
+        s = self._mamba1_sizes(config)
         if s.proj_bias:
             raise ValueError(f"{self.name} export: mamba_proj_bias=true is not exported (jamba.cpp load_arch_tensors "
                              f"loads no ssm_in / ssm_out bias); valid: false")

@@ -103,7 +103,7 @@ class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
         "final_norm": LcPoint("result_norm"),
         "logits": LcPoint("result_output"),
     }
-    hf_kda_points = {
+    _hf_kda_points = {
         "layer_in": Point("", "in"),
         "attn_in": Point("self_attn", "in"),
         "attn_branch": Point("self_attn.o_proj", "in"),
@@ -116,7 +116,7 @@ class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
     hf_rec_gate_norm = "o_norm"
     # kimi-linear.cpp's KDA arm: what it names (the conv outputs, q / k / v, beta after its
     # sigmoid and the gated branch are not)
-    lc_kda_points = {
+    _lc_kda_points = {
         "attn_in": LcPoint("attn_norm"),
         "rec_z": LcPoint("g2 g_b(g_a(cur_2d))"),
         "rec_decay": LcPoint("kda_g1", "last", "heads"),
@@ -128,7 +128,7 @@ class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
     # kimi-linear.cpp's MLA arm names neither the wq product, nor kv_cmpr_pe, nor the
     # normed kv_cmpr: the latent and the shared rope slice are read out of `Kcur`
     # ([c | k_pe], one head), the Q rope slice from the `q_pe` view
-    lc_mla_points = {
+    _lc_mla_points = {
         "attn_in": LcPoint("attn_norm"),
         "kv_latent": LcPoint("Kcur", "last", "heads"),
         "q_pe": LcPoint("q_pe", "last", "heads"),
@@ -154,12 +154,12 @@ class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
     def is_recurrent(self, config, i: int) -> bool:
         return not self.is_mla(config, i)
 
-    def qk_l2_eps(self, config, reference: str = "hf") -> float:
-        """The q/k L2 norm's epsilon per reference: HF fixes 1e-6 (modeling_kimi_linear.py
+    def _qk_l2_eps(self, config) -> float:
+        """The q/k L2 norm's epsilon impl computes, HF's: HF fixes 1e-6 (modeling_kimi_linear.py
         ``l2norm(query, dim=-1, eps=1e-6)`` in both scans), llama.cpp reads
         ``rms_norm_eps`` (kimi-linear.cpp ``build_gdn_l2_norm(ctx0, Qcur, eps_norm)``,
         ``eps_norm = hparams.f_norm_rms_eps``). impl computes HF's model."""
-        return float(config.rms_norm_eps) if reference == "llamacpp" else HF_QK_L2_EPS
+        return HF_QK_L2_EPS
 
     def layer_config(self, config, i, variant="absorbed"):
         if not self.is_mla(config, i):
@@ -169,7 +169,7 @@ class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
             eps = float(config.rms_norm_eps)
             return RecurrentConfig.of("kimi_delta", hidden_size=config.hidden_size, n_k_heads=h, n_v_heads=h,
                                       k_dim=d, v_dim=d, conv_kernel=config.linear_conv_kernel_dim, decay_rank=d,
-                                      z_rank=d, qk_norm_eps=self.qk_l2_eps(config), out_norm_eps=eps,
+                                      z_rank=d, qk_norm_eps=self._qk_l2_eps(config), out_norm_eps=eps,
                                       input_norm=NormSpec("rms", eps))
         return super().layer_config(config, i, variant)
 
@@ -191,10 +191,10 @@ class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
 
     # ------------------------------------------------------------------ probes
     def hf_points_for(self, config, i):
-        return super().hf_points_for(config, i) if self.is_mla(config, i) else self.hf_kda_points
+        return super().hf_points_for(config, i) if self.is_mla(config, i) else self._hf_kda_points
 
     def lc_points_for(self, config, i):
-        return self.lc_mla_points if self.is_mla(config, i) else self.lc_kda_points
+        return self._lc_mla_points if self.is_mla(config, i) else self._lc_kda_points
 
     def lc_canonical(self, probe, arr, lc, config):
         if isinstance(lc, RecurrentConfig):

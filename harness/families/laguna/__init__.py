@@ -117,7 +117,7 @@ class Laguna(LlamaLike):
     weight_map = {**LlamaLike.weight_map, "self_attn.g_proj.weight": "wg"}
 
     @staticmethod
-    def per_head_gate(config) -> bool:
+    def _per_head_gate(config) -> bool:
         # LagunaAttention.__init__: gate_per_head = config.gating is True or config.gating == "per-head"
         return config.gating is True or config.gating == "per-head"
 
@@ -126,17 +126,16 @@ class Laguna(LlamaLike):
         # num_heads = num_attention_heads_per_layer[layer_idx]
         return super().layer_config(config, i).replace(
             n_heads=config.num_attention_heads_per_layer[i], output_gate=True, output_gate_fn="softplus",
-            output_gate_per_head=self.per_head_gate(config))
+            output_gate_per_head=self._per_head_gate(config))
 
-    def reference_refusal(self, config, reference: str) -> str | None:
-        if reference == "llamacpp":
-            # laguna.cpp load_swa_pattern(ml, 4, dense_first=true) and no pattern key from the converter
-            want = [il % 4 == 0 for il in range(config.num_hidden_layers)]
-            got = [t == _F for t in config.layer_types]
-            if config.sliding_window and got != want:
-                return (f"layer_types {['full' if g else 'sliding' for g in got]}: llama.cpp's laguna fixes the "
-                        "window pattern (laguna.cpp load_swa_pattern(ml, 4, dense_first): full at il % 4 == 0; "
-                        "the converter writes no pattern key); use that pattern or run it against --ref hf")
+    def lc_refusal(self, config) -> str | None:
+        # laguna.cpp load_swa_pattern(ml, 4, dense_first=true) and no pattern key from the converter
+        want = [il % 4 == 0 for il in range(config.num_hidden_layers)]
+        got = [t == _F for t in config.layer_types]
+        if config.sliding_window and got != want:
+            return (f"layer_types {['full' if g else 'sliding' for g in got]}: llama.cpp's laguna fixes the "
+                    "window pattern (laguna.cpp load_swa_pattern(ml, 4, dense_first): full at il % 4 == 0; "
+                    "the converter writes no pattern key); use that pattern or run it against --ref hf")
         return None
 
     # ------------------------------------------------------------------ GGUF

@@ -59,10 +59,10 @@ def test_a_window_pattern_other_than_llamacpps_is_hf_only(policy, monkeypatch):
 
     fam = get("laguna")
     over = (("layer_types", ["sliding_attention"] * 4),)
-    why = fam.reference_refusal(fam.make_config(dict(over)), "llamacpp")
+    why = fam.lc_refusal(fam.make_config(dict(over)))
     assert why and "load_swa_pattern" in why and "\n" not in why
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     assert all(r["status"] == "pass" for r in run(policy, family="laguna", ref="hf", overrides=over))
-    monkeypatch.setattr(fam, "reference_refusal", lambda config, reference: None)
+    monkeypatch.setattr(fam, "lc_refusal", lambda config: None)
     st = all_statuses(run(policy, family="laguna", ref="llamacpp", overrides=over))
     assert st[("impl", "llamacpp", 0, "q")] == "pass" and st[("impl", "llamacpp", 0, "q_rope")] == "fail"

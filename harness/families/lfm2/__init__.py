@@ -65,7 +65,7 @@ class Lfm2(RecurrentProbes, LlamaLike):
     # the conv module and its HF probe points (the conv itself is a function: recurrent_taps)
     hf_rec_module = "conv"
     hf_rec_gate_norm = None
-    hf_conv_points = {
+    _hf_conv_points = {
         "layer_in": Point("", "in"),
         "attn_in": Point("conv", "in"),
         "rec_z": Point("conv.in_proj", "out"),  # B | C | x: C is the middle third (hf_canonical)
@@ -79,7 +79,7 @@ class Lfm2(RecurrentProbes, LlamaLike):
                  "resid_mid": Point("ffn_norm", "in")}
     hf_model_points = {"embeddings": ("model.embed_tokens", "out"), "final_norm": ("model.embedding_norm", "out")}
 
-    lc_conv_points = {
+    _lc_conv_points = {
         "attn_in": LcPoint(L + "operator_norm"),
         "rec_z": LcPoint(L + "conv.in_proj"),
         "rec_conv": LcPoint(L + "conv.conv"),
@@ -132,10 +132,10 @@ class Lfm2(RecurrentProbes, LlamaLike):
             raise UsageError(f"conv_L_cache={k!r}: the short conv needs a kernel of at least 1 row; "
                              f"valid: an integer >= 1")
 
-    def reference_refusal(self, config, reference: str) -> str | None:
+    def lc_refusal(self, config) -> str | None:
         """lfm2.cpp's short conv keeps L - 1 rows of state: ``build_shortconv_block``
         ``GGML_ASSERT(hparams.n_shortconv_l_cache > 1)`` aborts on a kernel of one row."""
-        if reference == "llamacpp" and config.conv_L_cache < 2:
+        if config.conv_L_cache < 2:
             return (f"conv_L_cache={config.conv_L_cache}: llama.cpp's short conv asserts a kernel of at least 2 rows "
                     f"(lfm2.cpp GGML_ASSERT(hparams.n_shortconv_l_cache > 1)); valid for --ref llamacpp: >= 2 "
                     f"(HF computes a kernel of 1: --ref hf or hf_cached)")
@@ -165,7 +165,7 @@ class Lfm2(RecurrentProbes, LlamaLike):
 
     # ------------------------------------------------------------------ probes
     def hf_points_for(self, config, i: int):
-        return self.hf_conv_points if self.is_recurrent(config, i) else self.hf_points
+        return self._hf_conv_points if self.is_recurrent(config, i) else self.hf_points
 
     def hf_canonical(self, probe, arr, lc):
         if isinstance(lc, RecurrentConfig) and probe == "rec_z" and arr.shape[-1] == 3 * lc.hidden_size:
@@ -174,7 +174,7 @@ class Lfm2(RecurrentProbes, LlamaLike):
         return super().hf_canonical(probe, arr, lc)
 
     def lc_points_for(self, config, i: int):
-        return self.lc_conv_points if self.is_recurrent(config, i) else self.lc_points
+        return self._lc_conv_points if self.is_recurrent(config, i) else self.lc_points
 
     def lc_canonical(self, probe, arr, lc, config):
         if isinstance(lc, RecurrentConfig):
@@ -212,11 +212,11 @@ class Lfm2(RecurrentProbes, LlamaLike):
         from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
-        kw = self.hybrid_gguf_config(meta, shapes, hp)
+        kw = self._hybrid_gguf_config(meta, shapes, hp)
         meta.skip("attention.sliding_window", "HF's Lfm2 has no sliding window (lfm2.cpp reads it only when > 0)")
         return kw
 
-    def hybrid_gguf_config(self, meta, shapes, hp, moe: bool = False) -> dict:
+    def _hybrid_gguf_config(self, meta, shapes, hp, moe: bool = False) -> dict:
         """What lfm2.cpp reads alike for lfm2 and lfm2moe: the sizes (one head_dim, the
         whole head rotated), the RoPE, the per-layer KV heads (0: a conv layer, one
         count for the attention layers), ``shortconv.l_cache``, the RMS eps."""

@@ -109,7 +109,7 @@ class Lfm2Moe(Lfm2):
         from .._gguf_import import experts, one_per_layer, read_hparams
 
         hp = read_hparams(meta)
-        kw = self.hybrid_gguf_config(meta, shapes, hp, moe=True)
+        kw = self._hybrid_gguf_config(meta, shapes, hp, moe=True)
         n_exp, n_used = experts(meta, hp, self.name)
         if int(meta.get("expert_gating_func")) != 2:
             meta.refuse("expert_gating_func", meta.get("expert_gating_func"), "HF Lfm2Moe routes by sigmoid (2)")

@@ -45,13 +45,13 @@ class PermutedQK(LlamaLike):
     the GGUF holds ``permute_rows``'d Q/K rows and biases, and the capture undoes
     the permutation on llama.cpp's Q and K (see the module docstring)."""
 
-    permute_qk = True  # what the converter does; tests break it to show the capture notices
+    _permute_qk = True  # what the converter does; tests break it to show the capture notices
     converter_rope_freqs = True  # LlamaModel.generate_extra_tensors
 
     def gguf_transform(self, name, data, config):
         # conversion/llama.py LlamaModel.modify_tensors (undo_permute): q rows by
         # n_head, k rows by n_kv_head, weights and biases alike
-        if self.permute_qk:
+        if self._permute_qk:
             if name.endswith(("q_proj.weight", "q_proj.bias")):
                 return permute_rows(data, config.num_attention_heads)
             if name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -92,7 +92,7 @@ class LlamaFamily(Llama):
     fuzz_space = {"knobs": ("heads", "head_dim", "bias", "rope", "theta"), "rope": ("default", "linear", "yarn", "llama3")}
     # the wo_scale export writes the companion (a test switches it off to show
     # llama.cpp then computes with W / s alone)
-    write_wo_scale = True
+    _write_wo_scale = True
 
     def layer_configs(self, config, variant=None):
         lcs = super().layer_configs(config, variant)
@@ -112,7 +112,7 @@ class LlamaFamily(Llama):
                 # a per-tensor-scaled checkpoint: W / s and its {1} companion s, the
                 # tensor llama-model.cpp's generic pass loads as layer.wo_s
                 yield gname, out / np.float32(WO_SCALE)
-                if self.write_wo_scale:
+                if self._write_wo_scale:
                     yield gname.removesuffix(".weight") + ".scale", np.array([WO_SCALE], dtype=np.float32)
             else:
                 yield gname, out

@@ -62,7 +62,7 @@ def test_the_file_holds_w_over_s_and_its_companion():
 def test_without_the_companion_llamacpp_computes_with_w_over_s(policy, monkeypatch):
     """The scale must reach llama.cpp: a file with W / s and no attn_output.scale
     differs from the first probe after wo, and only there."""
-    monkeypatch.setattr(get("llama"), "write_wo_scale", False)
+    monkeypatch.setattr(get("llama"), "_write_wo_scale", False)
     st = all_statuses(run(policy, family="llama", variant="wo_scale", ref=HF_AND_LLAMACPP))
     assert st[("impl", "llamacpp", 0, "attn_branch")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_out")] == "fail"

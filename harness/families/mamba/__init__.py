@@ -126,7 +126,7 @@ class Mamba(Mamba2):
                       for p in ("rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
                                 "attn_branch", "attn_out")}
     # falcon_mamba / the file's ssm.dt_b_c_rms: RMS norms on dt / B / C after x_proj
-    bc_norm = False
+    _bc_norm = False
 
     def validate(self, kw: dict) -> None:
         """The sizes by their HF names (HFConfig.validate's head checks have no heads to read)."""
@@ -140,33 +140,33 @@ class Mamba(Mamba2):
             raise UsageError(f"time_step_rank={r!r}: must be a positive integer or \"auto\" (HF MambaConfig: "
                              f"ceil(hidden_size / 16))")
 
-    def reference_refusal(self, config, reference: str) -> str | None:
+    def lc_refusal(self, config) -> str | None:
         """mamba.cpp load_arch_tensors: ``2 * n_embd != d_inner`` throws."""
-        if reference == "llamacpp" and config.intermediate_size != 2 * config.hidden_size:
+        if config.intermediate_size != 2 * config.hidden_size:
             return (f"expand={config.expand}: llama.cpp's mamba loads only an expansion factor of 2 (mamba.cpp "
                     f"load_arch_tensors); valid for --ref llamacpp: 2 (HF computes any: --ref hf or hf_cached)")
         # build_mamba_layer keeps d_conv - 1 rows of conv state as build_mamba2_layer does
-        if reference == "llamacpp" and config.conv_kernel < 2:
+        if config.conv_kernel < 2:
             return (f"conv_kernel={config.conv_kernel}: llama.cpp's Mamba keeps conv_kernel - 1 rows of conv state "
                     f"and asserts at least one; valid for --ref llamacpp: >= 2 (HF computes 1: --ref hf or hf_cached)")
         return None
 
-    def bc_norm_spec(self, config) -> NormSpec | None:
+    def _bc_norm_spec(self, config) -> NormSpec | None:
         """The dt / B / C norms' spec (None: plain Mamba-1)."""
         return None
 
-    def mamba1_sizes(self, config) -> Mamba1Sizes:
+    def _mamba1_sizes(self, config) -> Mamba1Sizes:
         """MambaConfig's names for the mixer's sizes (MambaMixer.__init__)."""
         return Mamba1Sizes(inner=config.intermediate_size, state=config.state_size,
                            dt_rank=int(config.time_step_rank), conv=config.conv_kernel,
                            conv_bias=bool(config.use_conv_bias), proj_bias=bool(config.use_bias))
 
     def layer_config(self, config, i: int) -> RecurrentConfig:
-        return mamba1_config(self.mamba1_sizes(config), config.hidden_size,
-                             NormSpec("rms", float(config.layer_norm_epsilon)), self.bc_norm_spec(config))
+        return mamba1_config(self._mamba1_sizes(config), config.hidden_size,
+                             NormSpec("rms", float(config.layer_norm_epsilon)), self._bc_norm_spec(config))
 
     def layer_weights(self, model, config, i: int) -> dict:
-        return mamba1_weights(self.decoder_layers(model)[i], "mixer", "norm", self.mamba1_sizes(config))
+        return mamba1_weights(self.decoder_layers(model)[i], "mixer", "norm", self._mamba1_sizes(config))
 
     def lc_state_canonical(self, r_row, s_row, lc, config) -> dict:
         return mamba1_state_canonical(r_row, s_row, lc)
@@ -192,7 +192,7 @@ class Mamba(Mamba2):
         w.add_ssm_state_size(config.state_size)
         w.add_ssm_time_step_rank(int(config.time_step_rank))
         w.add_layer_norm_rms_eps(config.layer_norm_epsilon)
-        w.add_ssm_dt_b_c_rms(self.bc_norm)
+        w.add_ssm_dt_b_c_rms(self._bc_norm)
         w.add_vocab_size(config.vocab_size)
 
     def config_from_gguf(self, meta, shapes, tensors):
@@ -209,10 +209,10 @@ class Mamba(Mamba2):
         if inner % hp.n_embd:
             meta.refuse("ssm.inner_size", inner, f"not a multiple of embedding_length {hp.n_embd} (HF's expand)")
         rms = bool(meta.get("ssm.dt_b_c_rms", False))
-        if rms != self.bc_norm:
-            meta.refuse("ssm.dt_b_c_rms", rms, f"family {self.name} has {'the' if self.bc_norm else 'no'} dt / B / C "
-                                               f"RMS norms (valid: {str(self.bc_norm).lower()}; the other value is "
-                                               f"family {'mamba' if self.bc_norm else 'falcon_mamba'}'s)")
+        if rms != self._bc_norm:
+            meta.refuse("ssm.dt_b_c_rms", rms, f"family {self.name} has {'the' if self._bc_norm else 'no'} dt / B / C "
+                                               f"RMS norms (valid: {str(self._bc_norm).lower()}; the other value is "
+                                               f"family {'mamba' if self._bc_norm else 'falcon_mamba'}'s)")
         eps = meta.get_f32("attention.layer_norm_rms_epsilon")
         return {"vocab_size": vocab, "hidden_size": hp.n_embd, "num_hidden_layers": hp.n_layer,
                 "expand": inner // hp.n_embd,

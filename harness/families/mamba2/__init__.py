@@ -92,23 +92,23 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
             raise UsageError(f"hidden_size * expand = {g['hidden_size'] * g['expand']} != num_heads * head_dim = "
                              f"{g['num_heads'] * g['head_dim']}; valid: equal (HF Mamba2Config.validate_architecture)")
 
-    def ssm_sizes(self, config) -> Mamba2Sizes:
+    def _ssm_sizes(self, config) -> Mamba2Sizes:
         """Mamba2Config's names for the mixer's sizes (Mamba2Mixer.__init__)."""
         return Mamba2Sizes(heads=config.num_heads, head_dim=config.head_dim, groups=config.n_groups,
                            state=config.state_size, conv=config.conv_kernel, conv_bias=bool(config.use_conv_bias),
                            proj_bias=bool(config.use_bias), eps=float(config.layer_norm_epsilon),
                            chunk=int(config.chunk_size), limit=tuple(config.time_step_limit))
 
-    def reference_refusal(self, config, reference: str) -> str | None:
-        return refuse_short_conv(self.ssm_sizes(config), reference, "conv_kernel")
+    def lc_refusal(self, config) -> str | None:
+        return refuse_short_conv(self._ssm_sizes(config), "conv_kernel")
 
     def layer_config(self, config, i: int) -> RecurrentConfig:
         """Mamba2Mixer.__init__ (harness/families/_mamba2.py mamba2_config)."""
-        return mamba2_config(self.ssm_sizes(config), config.hidden_size,
+        return mamba2_config(self._ssm_sizes(config), config.hidden_size,
                              NormSpec("rms", float(config.layer_norm_epsilon)))
 
     def layer_weights(self, model, config, i: int) -> dict:
-        return mamba2_weights(self.decoder_layers(model)[i], "mixer", "norm", self.ssm_sizes(config))
+        return mamba2_weights(self.decoder_layers(model)[i], "mixer", "norm", self._ssm_sizes(config))
 
     # ------------------------------------------------------------------ llama.cpp
     def lc_canonical(self, probe, arr, lc, config):
@@ -165,7 +165,7 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
 
     def gguf_convert(self, name, data, config, variant=None):
         """Mamba2Model's tensor steps (harness/families/_mamba2.py mamba2_convert)."""
-        yield from mamba2_convert(name, data, self.ssm_sizes(config)) or [(name, data)]
+        yield from mamba2_convert(name, data, self._ssm_sizes(config)) or [(name, data)]
 
 
 FAMILY = Mamba2()

@@ -66,12 +66,12 @@ class Mellum(Qwen3Moe):
     rope_per_layer_type = True
     # window: LlamaLike's (layer_types[i] == "sliding_attention" -> config.sliding_window)
 
-    def reference_refusal(self, config, reference):
+    def lc_refusal(self, config) -> str | None:
         dense = [i for i, t in enumerate(config.mlp_layer_types) if t != "sparse"]
-        if reference == "llamacpp" and dense:
+        if dense:
             return (f"mlp_layer_types has dense layers {dense}: llama.cpp's mellum graph makes every layer MoE "
                     "(mellum.cpp load_arch_tensors: ffn_gate_inp required); run it against --ref hf")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     def gguf_params(self, w, config, variant=None):
         # conversion/mellum.py MellumModel.set_gguf_parameters: TextModel's keys, the experts'

@@ -47,10 +47,10 @@ def test_dense_layers_are_refused_for_llamacpp_in_one_line():
 
     fam = get("mellum")
     cfg = fam.make_config({"mlp_layer_types": ["dense", "sparse"]})
-    why = fam.reference_refusal(cfg, "llamacpp")
+    why = fam.lc_refusal(cfg)
     assert why and "ffn_gate_inp" in why and "[0]" in why and "\n" not in why
-    assert fam.reference_refusal(cfg, "hf") is None
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.hf_refusal(cfg) is None
+    assert fam.lc_refusal(fam.make_config({})) is None
 
 
 def test_a_broken_window_fails_against_both_references(policy):

@@ -73,24 +73,24 @@ class MiMoV2Flash(LlamaLike):
     rope_per_layer_type = True
 
     @staticmethod
-    def is_swa(config, i: int) -> bool:
+    def _is_swa(config, i: int) -> bool:
         return config.layer_types[i] == "sliding_attention"
 
     @staticmethod
-    def value_scale(config) -> float | None:
+    def _value_scale(config) -> float | None:
         # MiMoV2FlashAttention: v_scale = attention_value_scale, 1.0 when None
         vs = config.attention_value_scale
         return None if vs is None or vs == 1.0 else float(vs)
 
     def window(self, config, i: int):
-        return WindowSpec("sliding", int(config.sliding_window)) if self.is_swa(config, i) else None
+        return WindowSpec("sliding", int(config.sliding_window)) if self._is_swa(config, i) else None
 
     def layer_config(self, config, i: int) -> LayerConfig:
         return super().layer_config(config, i).replace(
             # MiMoV2FlashAttention.__init__: num_key_value_heads * 2 on sliding layers
-            n_kv_heads=config.num_key_value_heads * (2 if self.is_swa(config, i) else 1),
+            n_kv_heads=config.num_key_value_heads * (2 if self._is_swa(config, i) else 1),
             v_head_dim=config.v_head_dim,
-            value_scale=self.value_scale(config),
+            value_scale=self._value_scale(config),
         )
 
     def feature_switches(self, config, features):
@@ -121,7 +121,7 @@ class MiMoV2Flash(LlamaLike):
         pts["q"] = LcPoint("Qcur", "pre_rope", "rows")
         pts["k"] = LcPoint("Kcur", "pre_rope", "rows")
         pts["resid_mid"] = LcPoint("ffn_inp")
-        pts["attn_out"] = LcPoint("attn_out_scaled" if self.value_scale(config) is not None else "attn_out")
+        pts["attn_out"] = LcPoint("attn_out_scaled" if self._value_scale(config) is not None else "attn_out")
         return pts
 
     # ------------------------------------------------------------------ GGUF
@@ -133,7 +133,7 @@ class MiMoV2Flash(LlamaLike):
         (``--no-mtp``: ``_n_nextn = 0``). Keys the two write twice (head_count_kv,
         value_length, the rms eps) are written once, with the value that wins."""
         rp = config.rope_parameters
-        hybrid = [1 if self.is_swa(config, i) else 0 for i in range(config.num_hidden_layers)]
+        hybrid = [1 if self._is_swa(config, i) else 0 for i in range(config.num_hidden_layers)]
         gguf_size_params(w, config, head_count_kv=False)
         # MimoV2Model: per-layer KV heads (swa_num_key_value_heads on sliding layers)
         w.add_head_count_kv([config.num_key_value_heads * (2 if s else 1) for s in hybrid])

@@ -103,10 +103,10 @@ class MiniCPM3(MlaFamily):
     def lc_points_for(self, config, i):
         return self.lc_points
 
-    def rope_layout(self, config) -> str:
+    def mla_rope_layout(self, config) -> str:
         return "neox"  # MiniCPM3Attention: apply_rotary_pos_emb (rotate-half); minicpm3.cpp NEOX
 
-    def rope_set(self, config) -> str:
+    def _rope_set(self, config) -> str:
         """The LongRoPE factor set this case runs: HF takes ``long`` for a sequence
         longer than ``original_max_position_embeddings``; llama.cpp for a context
         (LONGROPE_CONTEXT) longer than ``context_length`` -- the tiny default (256,
@@ -119,7 +119,7 @@ class MiniCPM3(MlaFamily):
         if rp.get("rope_type") != "longrope":
             return super().mla_rope(config)
         # HF _compute_longrope_parameters at dim = head_dim = qk_rope_head_dim
-        rp.update(max_position_embeddings=config.max_position_embeddings, which=self.rope_set(config))
+        rp.update(max_position_embeddings=config.max_position_embeddings, which=self._rope_set(config))
         return make_rope("longrope", rp["rope_theta"], config.qk_rope_head_dim, "neox", rp)
 
     def layer_config(self, config, i: int, variant: str = "naive"):

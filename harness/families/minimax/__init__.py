@@ -107,7 +107,7 @@ class MiniMax(RecurrentProbes, LlamaLike):
     hf_rec_module = "self_attn"
     hf_rec_gate_norm = None  # the gate is a projection of x (output_gate), read by a hook
     # the lightning layers: module hooks (HF computes the recurrence inline)
-    hf_linear_points = {
+    _hf_linear_points = {
         "layer_in": Point("", "in"),
         "attn_in": Point("self_attn", "in"),
         "rec_z": Point("self_attn.output_gate", "out"),
@@ -123,7 +123,7 @@ class MiniMax(RecurrentProbes, LlamaLike):
     # minimax-01.cpp, the lightning arm: `QKVcur_silu` (q | k | v per head), `g` (the gate
     # before its sigmoid), `qkv_permuted` (y, [D, H, T]), `attn_out` (out_proj's output,
     # named twice: the last is the 2-D reshape), `ffn_inp` (the scaled residual + branch)
-    lc_linear_points = {
+    _lc_linear_points = {
         "attn_in": LcPoint("attn_norm"),
         "rec_z": LcPoint("g"),
         "rec_q": LcPoint("QKVcur_silu"),
@@ -141,11 +141,11 @@ class MiniMax(RecurrentProbes, LlamaLike):
                        "(the attention layer's is kqv_out)",
     }
 
-    def is_linear(self, config, i: int) -> bool:
+    def _is_linear(self, config, i: int) -> bool:
         return config.layer_types[i] == "linear_attention"
 
     def is_recurrent(self, config, i: int) -> bool:
-        return self.is_linear(config, i)
+        return self._is_linear(config, i)
 
     # ------------------------------------------------------------------ config checks
     def validate(self, kw: dict) -> None:
@@ -162,15 +162,13 @@ class MiniMax(RecurrentProbes, LlamaLike):
             if bad:
                 raise UsageError(f"layer_types {bad}: unknown; valid: linear_attention, full_attention")
 
-    def reference_refusal(self, config, reference: str) -> str | None:
+    def lc_refusal(self, config) -> str | None:
         """What the converter cannot write and llama.cpp's minimax-01 cannot run:
         unequal alphas or a beta other than 1 (MiniMaxText01Model.set_gguf_parameters
         asserts both, then writes one residual_scale); a layer layout other than
         every 8th layer softmax attention (the converter writes no layout, and
         minimax-01.cpp load_arch_hparams defaults to full_attn_interval = 8); a
         1-layer model (minimax-01.cpp ``slope_scale`` divides by n_layer - 1)."""
-        if reference != "llamacpp":
-            return None
         a = (config.full_attn_alpha_factor, config.linear_attn_alpha_factor, config.mlp_alpha_factor)
         b = (config.full_attn_beta_factor, config.linear_attn_beta_factor, config.mlp_beta_factor)
         if len(set(a)) != 1 or set(b) != {1}:
@@ -188,7 +186,7 @@ class MiniMax(RecurrentProbes, LlamaLike):
                     "valid for --ref llamacpp: >= 2 layers")
         return None
 
-    def schedule_refusal(self, config, reference: str, chunks) -> str | None:
+    def hf_cached_schedule_refusal(self, config, chunks: tuple[int, ...]) -> str | None:
         """HF's cached path crashes on a call after the first with more than one row when
         layer 0 is a lightning layer and some layer is softmax attention: MiniMaxCache
         keeps the lightning state outside ``self.layers`` (modeling_minimax.py:73), so
@@ -198,7 +196,7 @@ class MiniMax(RecurrentProbes, LlamaLike):
         the size of tensor b (9)`` at 5,1,1,9. A later call of one row builds no mask and
         runs (its positions are finding minimax#1's); with layer 0 softmax attention, or
         no softmax layer, every schedule runs (tests/test_minimax.py)."""
-        if reference != "hf_cached" or not any(n > 1 for n in chunks[1:]):
+        if not any(n > 1 for n in chunks[1:]):
             return None
         types = list(config.layer_types)
         if types[0] != "linear_attention" or "full_attention" not in types:
@@ -211,9 +209,9 @@ class MiniMax(RecurrentProbes, LlamaLike):
     # ------------------------------------------------------------------ descriptions
     # the rule impl's slopes follow: HF's (impl computes HF's model; llama.cpp's differs by
     # the 1e-5 term, a finding)
-    slope_rule = "hf"
+    _slope_rule = "hf"
 
-    def slopes(self, h: int, i: int, n_layers: int) -> tuple[float, ...]:
+    def _slopes(self, h: int, i: int, n_layers: int) -> tuple[float, ...]:
         """Layer ``i``'s slopes as HF's model holds them: HF ``get_slope_rate`` computes
         ``base ** (arange(H) + 1) * factor`` in torch's default float32 (a python float
         to the power of an int64 tensor), so even a float64 HF model carries float32
@@ -222,20 +220,20 @@ class MiniMax(RecurrentProbes, LlamaLike):
         differs by the 1e-5 term) is impl's ``lightning_slopes``, checked against these."""
         import torch
 
-        if self.slope_rule != "hf":
-            return lightning_slopes(h, i, n_layers, self.slope_rule)
+        if self._slope_rule != "hf":
+            return lightning_slopes(h, i, n_layers, self._slope_rule)
         base = 1 / (2 ** (8 / h))
         factor = 1 - i / (n_layers - 1 + 1e-5) + 1e-5
         rate = (base ** (torch.arange(h) + 1)) * factor  # float32, as HF's buffer
         return tuple(float(v) for v in rate)
 
-    def recurrent_config(self, config, i: int) -> RecurrentConfig:
+    def _recurrent_config(self, config, i: int) -> RecurrentConfig:
         """Layer ``i``'s lightning attention (HF MiniMaxLightningAttention.__init__ /
         forward, MiniMaxDecoderLayer's linear_attn alpha / beta)."""
         h, d = config.num_attention_heads, self.head_dim(config)
         return RecurrentConfig.of(
             "lightning", hidden_size=config.hidden_size, n_k_heads=h, n_v_heads=h, k_dim=d, v_dim=d,
-            decay_slopes=self.slopes(h, i, config.num_hidden_layers),
+            decay_slopes=self._slopes(h, i, config.num_hidden_layers),
             out_norm_eps=HF_LIGHTNING_NORM_EPS, input_norm=NormSpec("rms", float(config.rms_norm_eps)),
             residual="normed", residual_alpha=float(config.linear_attn_alpha_factor),
             residual_beta=float(config.linear_attn_beta_factor),
@@ -246,8 +244,8 @@ class MiniMax(RecurrentProbes, LlamaLike):
             scan="chunked", chunk_size=int(config.block_size))
 
     def layer_config(self, config, i: int):
-        if self.is_linear(config, i):
-            return self.recurrent_config(config, i)
+        if self._is_linear(config, i):
+            return self._recurrent_config(config, i)
         # MiniMaxAttention is llama's (full neox RoPE over head_dim: MiniMaxRotaryEmbedding's
         # default parameters read no partial factor); the residual is the normed input x alpha
         return super().layer_config(config, i).replace(
@@ -255,7 +253,7 @@ class MiniMax(RecurrentProbes, LlamaLike):
             residual_multiplier=float(config.full_attn_beta_factor))
 
     def layer_weights(self, model, config, i: int):
-        if not self.is_linear(config, i):
+        if not self._is_linear(config, i):
             return super().layer_weights(model, config, i)
         layer = self.decoder_layers(model)[i]
         h, d, hid = config.num_attention_heads, self.head_dim(config), config.hidden_size
@@ -269,7 +267,7 @@ class MiniMax(RecurrentProbes, LlamaLike):
 
     # ------------------------------------------------------------------ HF probes
     def hf_points_for(self, config, i: int):
-        return self.hf_linear_points if self.is_linear(config, i) else self.hf_points
+        return self._hf_linear_points if self._is_linear(config, i) else self.hf_points
 
     def hf_canonical(self, probe, arr, lc):
         if isinstance(lc, RecurrentConfig):
@@ -294,7 +292,7 @@ class MiniMax(RecurrentProbes, LlamaLike):
         def taps():
             handles = []
             for i, layer in enumerate(self.decoder_layers(model)):
-                if not self.is_linear(config, i):
+                if not self._is_linear(config, i):
                     continue
 
                 def pre(mod, args, kwargs, i=i):
@@ -325,7 +323,7 @@ class MiniMax(RecurrentProbes, LlamaLike):
 
     # ------------------------------------------------------------------ llama.cpp probes
     def lc_points_for(self, config, i: int):
-        return self.lc_linear_points if self.is_linear(config, i) else self.lc_points
+        return self._lc_linear_points if self._is_linear(config, i) else self.lc_points
 
     def lc_canonical(self, probe, arr, lc, config):
         if isinstance(lc, RecurrentConfig):

@@ -59,7 +59,7 @@ def test_hf_cached_positions_are_right_when_layer_0_is_attention(policy):
     """The finding's condition is the cause: with layer 0 softmax attention (HF-only: the
     file cannot carry that layout) HF's cache counts the rows, and its cached path agrees
     with its forward on every probe -- on a multi-row call after the first too, which it
-    then runs (not refused: schedule_refusal's other side). Also HF-only: betas != 1 and
+    then runs (not refused: hf_cached_schedule_refusal's other side). Also HF-only: betas != 1 and
     unequal alphas."""
     types = ["full_attention"] + ["linear_attention"] * 6 + ["full_attention"]
     rows = run(policy, family="minimax", ref="hf_cached", kv="batched", schedule="5,1,1,9",
@@ -87,15 +87,18 @@ def test_hf_cached_sits_out_a_schedule_it_crashes_on(policy):
     fam = get("minimax")
     cfg = fam.make_config({})
     for chunks in ((5, 1, 1, 9), (1, 2), (1, 1, 3), (3, 3)):
-        why = fam.schedule_refusal(cfg, "hf_cached", chunks)
+        why = fam.hf_cached_schedule_refusal(cfg, chunks)
         assert why and "modeling_minimax.py:663" in why and "\n" not in why, chunks
     for chunks in ((16,), (1,) * 16, (8,) + (1,) * 8, (5, 1, 1)):  # a later call of one row runs
-        assert fam.schedule_refusal(cfg, "hf_cached", chunks) is None, chunks
+        assert fam.hf_cached_schedule_refusal(cfg, chunks) is None, chunks
+    from harness import references
+
+    assert references.get("hf_cached").schedule_refusal(fam, cfg, (5, 1, 1, 9))  # the reference asks the family
     for ref in ("hf", "llamacpp"):
-        assert fam.schedule_refusal(cfg, ref, (5, 1, 1, 9)) is None
+        assert references.get(ref).schedule_refusal(fam, cfg, (5, 1, 1, 9)) is None
     lin, full = "linear_attention", "full_attention"
     for types in ([full] + [lin] * 6 + [full], [lin] * 8):  # layer 0 attention; no attention layer
-        assert fam.schedule_refusal(fam.make_config({"layer_types": types}), "hf_cached", (5, 1, 1, 9)) is None
+        assert fam.hf_cached_schedule_refusal(fam.make_config({"layer_types": types}), (5, 1, 1, 9)) is None
     assert main(["run", "--family", "minimax", "--ref", "hf_cached", "--schedule", "5,1,1,9"]) == 2
 
     rows = run(policy, family="minimax", ref=HF_AND_LLAMACPP, tokens=6, schedule="2,2,2")
@@ -118,13 +121,13 @@ def test_llamacpp_refuses_what_the_converter_cannot_write():
     from harness.families import get
 
     fam = get("minimax")
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     types = ["full_attention"] + ["linear_attention"] * 6 + ["full_attention"]
     for kw, word in (({"full_attn_beta_factor": 0.5}, "betas"), ({"mlp_alpha_factor": 2.0}, "alphas"),
                      ({"layer_types": types}, "every 8th")):
-        why = fam.reference_refusal(fam.make_config(kw), "llamacpp")
+        why = fam.lc_refusal(fam.make_config(kw))
         assert why and word in why and "\n" not in why, (kw, why)
-        assert fam.reference_refusal(fam.make_config(kw), "hf") is None
+        assert fam.hf_refusal(fam.make_config(kw)) is None
 
 
 @pytest.mark.usefixtures("need_llamacpp")

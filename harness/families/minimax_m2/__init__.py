@@ -79,12 +79,12 @@ class MiniMaxM2(SeededExpertBias, LlamaLike):
         "k": LcPoint("Kcur", "pre_rope", "rows"),
     }
 
-    def reference_refusal(self, config, reference):
-        if reference == "llamacpp" and getattr(config, "scoring_func", None) != "sigmoid":
+    def lc_refusal(self, config) -> str | None:
+        if getattr(config, "scoring_func", None) != "sigmoid":
             return (f"scoring_func {getattr(config, 'scoring_func', None)!r}: the converter writes "
                     "expert_gating_func only from scoring_func 'sigmoid' (HF MiniMaxM2 routes by sigmoid), "
                     "and llama.cpp's minimax-m2 graph aborts without it; run it against --ref hf")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     def gguf_params(self, w, config, variant=None):
         # conversion/minimax.py MiniMaxM2Model.set_gguf_parameters: TextModel's keys (the

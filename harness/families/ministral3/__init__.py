@@ -66,7 +66,7 @@ class Ministral3(Mistral3):
     # llama.cpp's mistral3.cpp: Q after RoPE, then the temperature multiply
     lc_points = {**Mistral3.lc_points}
 
-    def temperature(self, config) -> TemperatureSpec | None:
+    def _temperature(self, config) -> TemperatureSpec | None:
         rp = config.rope_parameters or {}
         beta = rp.get("llama_4_scaling_beta")
         if not beta:
@@ -76,7 +76,7 @@ class Ministral3(Mistral3):
         return TemperatureSpec(float(rp["original_max_position_embeddings"]), float(beta), offset=0)
 
     def layer_config(self, config, i: int):
-        return super().layer_config(config, i).replace(temperature=self.temperature(config))
+        return super().layer_config(config, i).replace(temperature=self._temperature(config))
 
     def lc_points_for(self, config, i: int):
         pts = dict(super().lc_points_for(config, i))

@@ -39,8 +39,8 @@ def test_llama4s_offset_fails_at_q_rope(policy, monkeypatch):
     """The planted bug: impl with llama4's floor((pos + 1) / s) -- one position early
     at 7 and 15 -- fails from q_rope on against HF and llama.cpp; q and k_rope pass."""
     fam = get("ministral3")
-    orig = type(fam).temperature
-    monkeypatch.setattr(fam, "temperature",
+    orig = type(fam)._temperature
+    monkeypatch.setattr(fam, "_temperature",
                         lambda config: dataclasses.replace(orig(fam, config), offset=1))
     st = all_statuses(run(policy, family="ministral3", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
@@ -53,7 +53,7 @@ def test_without_the_temperature_impl_fails(policy, monkeypatch):
     """The other side of the switch: impl without the temperature (the mistral3
     family's layer) fails at q_rope against both references, which apply it."""
     fam = get("ministral3")
-    monkeypatch.setattr(fam, "temperature", lambda config: None)
+    monkeypatch.setattr(fam, "_temperature", lambda config: None)
     st = all_statuses(run(policy, family="ministral3", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q_rope")] == "fail"

@@ -31,7 +31,7 @@ def test_window_is_a_finding_against_llamacpp(policy):
 
 
 def test_without_the_permutation_llamacpp_differs_at_q(policy, monkeypatch):
-    monkeypatch.setattr(get("mistral3"), "permute_qk", False)
+    monkeypatch.setattr(get("mistral3"), "_permute_qk", False)
     assert_llamacpp_fails_first_at_q(all_statuses(run(policy, family="mistral3", ref=HF_AND_LLAMACPP)))
 
 

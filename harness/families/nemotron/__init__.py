@@ -60,7 +60,7 @@ class Nemotron(NormPlusOne, LlamaLike):
 
     def layer_weights(self, model, config, i: int):
         w = super().layer_weights(model, config, i)
-        # NemotronLayerNorm1P.forward: F.layer_norm(..., self.weight + 1.0, self.bias)
+        # NemotronLayerNorm1P.forward: F.layer_norm(..., self._weight + 1.0, self.bias)
         w["attn_norm"] = w["attn_norm"] + 1.0
         return w
 

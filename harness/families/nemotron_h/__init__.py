@@ -89,7 +89,7 @@ class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
 
     # NemotronHBlock.forward: norm -> mixer -> residual + mixer out (one residual, no FFN
     # half: the block's output is the residual after the branch)
-    hf_mamba_points = HF_BLOCK_POINTS
+    _hf_mamba_points = HF_BLOCK_POINTS
     hf_points = {
         "layer_in": Point("", "in"),
         "attn_in": Point("mixer", "in"),
@@ -103,9 +103,9 @@ class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
     }
     # an MLP layer: no attention, so the residual after the (absent) attention half is the
     # block's input; the block's output adds the MLP's
-    hf_mlp_points = {"layer_in": Point("", "in"), "resid_mid": Point("", "in"), "layer_out": Point("", "out")}
+    _hf_mlp_points = {"layer_in": Point("", "in"), "resid_mid": Point("", "in"), "layer_out": Point("", "out")}
 
-    lc_mamba_points = {
+    _lc_mamba_points = {
         "attn_in": LcPoint("attn_norm"),
         "rec_out": LcPoint("mamba2_y_add_d", "last", "heads"),
         "attn_out": LcPoint("mamba_out"),
@@ -116,18 +116,18 @@ class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
     lc_points = lc_nope_points(resid_mid=BLOCK_OUT, layer_out=BLOCK_OUT)
     # build_ffn_layer's input is attn_norm and the residual is the block's input (the
     # capture's layer_in: resid_mid of an absent layer is read there)
-    lc_mlp_points = {"layer_out": BLOCK_OUT}
+    _lc_mlp_points = {"layer_out": BLOCK_OUT}
     lc_not_exposed = {p: "mamba-base.cpp build_mamba2_layer names no tensor inside the layer but mamba2_y_add_d and "
                          "mamba_out (the in-projection, conv, x / B / C, dt and the gated norm are unnamed views and "
                          "ops); the conv and SSM states are read from llama_state_seq_get_data instead"
                       for p in ("rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay",
                                 "attn_branch")}
 
-    def layer_type(self, config, i: int) -> str:
+    def _layer_type(self, config, i: int) -> str:
         return config.layers_block_type[i]
 
     def is_recurrent(self, config, i: int) -> bool:
-        return self.layer_type(config, i) == "linear_attention"
+        return self._layer_type(config, i) == "linear_attention"
 
     def norm_eps(self, config) -> float:
         return float(config.layer_norm_epsilon)
@@ -162,11 +162,11 @@ class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
                                                     "ssm_state_size", "conv_kernel", "chunk_size")},
                              "mamba_num_heads", "n_groups")
 
-    def reference_refusal(self, config, reference: str) -> str | None:
-        return self.mamba2_refusal(config, reference)
+    def lc_refusal(self, config) -> str | None:
+        return self.mamba2_refusal(config)
 
     def layer_config(self, config, i: int):
-        t = self.layer_type(config, i)
+        t = self._layer_type(config, i)
         if t == "linear_attention":
             # NemotronHBlock.norm: NemotronHRMSNorm(hidden_size, eps=layer_norm_epsilon)
             return self.mamba2_config(config, NormSpec("rms", self.norm_eps(config)))
@@ -178,7 +178,7 @@ class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
                   "mixer.v_proj.weight": "wv", "mixer.o_proj.weight": "wo"}
 
     def layer_weights(self, model, config, i: int) -> dict:
-        t = self.layer_type(config, i)
+        t = self._layer_type(config, i)
         if t == "mlp":
             return {}
         if t == "linear_attention":
@@ -188,12 +188,12 @@ class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
 
     # ------------------------------------------------------------------ probes
     def hf_points_for(self, config, i: int):
-        t = self.layer_type(config, i)
-        return {"linear_attention": self.hf_mamba_points, "mlp": self.hf_mlp_points}.get(t, self.hf_points)
+        t = self._layer_type(config, i)
+        return {"linear_attention": self._hf_mamba_points, "mlp": self._hf_mlp_points}.get(t, self.hf_points)
 
     def lc_points_for(self, config, i: int):
-        t = self.layer_type(config, i)
-        return {"linear_attention": self.lc_mamba_points, "mlp": self.lc_mlp_points}.get(t, self.lc_points)
+        t = self._layer_type(config, i)
+        return {"linear_attention": self._lc_mamba_points, "mlp": self._lc_mlp_points}.get(t, self.lc_points)
 
     def lc_layer_input(self, config, i: int):
         if i == 0:

@@ -54,7 +54,7 @@ class Olmo(Llama):
         pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     gguf_arch = "olmo"
-    write_clamp = True  # what the converter does; a test switches it off
+    _write_clamp = True  # what the converter does; a test switches it off
     # conversion/olmo.py OlmoModel is a TextModel: llama's permute, but no rope_freqs
     converter_rope_freqs = False
     # olmo.cpp sizes wq / wo as n_embd x n_embd: head_dim is hidden // heads
@@ -133,7 +133,7 @@ class Olmo(Llama):
         super().gguf_params(w, config, variant)
         # conversion/olmo.py OlmoModel.set_gguf_parameters
         w.add_layer_norm_eps(1e-5)
-        if config.clip_qkv is not None and self.write_clamp:
+        if config.clip_qkv is not None and self._write_clamp:
             w.add_clamp_kqv(config.clip_qkv)
 
 

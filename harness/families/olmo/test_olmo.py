@@ -25,7 +25,7 @@ def test_clamp_is_active_and_agreed(policy):
 def test_clamp_must_reach_llamacpp(policy, monkeypatch):
     from harness.families import get
 
-    monkeypatch.setattr(get("olmo"), "write_clamp", False)
+    monkeypatch.setattr(get("olmo"), "_write_clamp", False)
     st = all_statuses(run(policy, family="olmo", ref="llamacpp"))
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "fail"

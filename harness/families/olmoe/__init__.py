@@ -66,14 +66,14 @@ class Olmoe(LlamaLike):
     # OlmoeAttention: q_norm / k_norm over the whole projected row, before RoPE
     qk_norm = QkNormSpec(NormSpec("rms"), over="row", where="pre_rope")
 
-    def reference_refusal(self, config, reference):
+    def lc_refusal(self, config) -> str | None:
         # olmoe.cpp loads attn_k_norm as {n_embd}: a GQA k_norm of (hidden // heads) * kv_heads
         # has no slot, and the converted file would not load
-        if reference == "llamacpp" and config.num_key_value_heads != config.num_attention_heads:
+        if config.num_key_value_heads != config.num_attention_heads:
             return (f"num_key_value_heads {config.num_key_value_heads} != num_attention_heads "
                     f"{config.num_attention_heads}: llama.cpp's olmoe graph loads attn_k_norm as {{n_embd}} "
                     "(MHA only); run it against --ref hf")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     def gguf_params(self, w, config, variant=None):
         # conversion/olmo.py OlmoeModel(TextModel).set_gguf_parameters: TextModel's keys,

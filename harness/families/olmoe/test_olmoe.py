@@ -41,10 +41,10 @@ def test_gqa_is_refused_against_llamacpp_in_one_line(policy):
     from harness.families import get
 
     fam = get("olmoe")
-    why = fam.reference_refusal(fam.make_config({"num_key_value_heads": 2}), "llamacpp")
+    why = fam.lc_refusal(fam.make_config({"num_key_value_heads": 2}))
     assert why and "attn_k_norm" in why and "\n" not in why
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
-    assert fam.reference_refusal(fam.make_config({"num_key_value_heads": 2}), "hf") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
+    assert fam.hf_refusal(fam.make_config({"num_key_value_heads": 2})) is None
 
 
 def test_a_broken_qk_norm_fails_against_llamacpp(policy):

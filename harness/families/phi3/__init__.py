@@ -87,7 +87,7 @@ class Phi3(LlamaLike):
     # phi3.cpp names neither wo's product nor the residual after attention
     lc_points = {k: v for k, v in LlamaLike.lc_points.items() if k not in ("attn_out", "resid_mid")}
     switch_params = {**LlamaLike.switch_params}
-    has_experts = False  # phimoe reads phi3's RoPE keys with its experts (config_from_gguf)
+    _has_experts = False  # phimoe reads phi3's RoPE keys with its experts (config_from_gguf)
 
     def config_kwargs(self, overrides: dict) -> dict:
         """The tiny config with the overrides; where they change the rotated width
@@ -111,7 +111,7 @@ class Phi3(LlamaLike):
         # Phi3Attention: getattr(config, "head_dim", hidden // heads)
         return config.hidden_size // config.num_attention_heads
 
-    def rope_set(self, config) -> str:
+    def _rope_set(self, config) -> str:
         """The LongRoPE factor set this case runs (module docstring)."""
         orig = config.rope_parameters["original_max_position_embeddings"]
         return "long" if orig < LONGROPE_CONTEXT else "short"
@@ -121,11 +121,11 @@ class Phi3(LlamaLike):
         rot = int(head_dim * rp.get("partial_rotary_factor", 1.0))
         if rp.get("rope_type") != "longrope":
             return make_rope(rp.get("rope_type", "default"), rp["rope_theta"], rot, "neox", rp)
-        rp.update(max_position_embeddings=config.max_position_embeddings, which=self.rope_set(config))
+        rp.update(max_position_embeddings=config.max_position_embeddings, which=self._rope_set(config))
         return make_rope("longrope", rp["rope_theta"], rot, "neox", rp)
 
     def window(self, config, i: int):
-        from impl import WindowSpec
+        from contract.layers import WindowSpec
 
         # Phi3Model: a sliding-window mask on every layer where config.sliding_window is set
         return WindowSpec("sliding", int(config.sliding_window)) if config.sliding_window else None
@@ -146,7 +146,7 @@ class Phi3(LlamaLike):
         return super().hf_canonical(probe, arr, lc)
 
     # ------------------------------------------------------------------ GGUF
-    def rope_dims(self, config) -> int:
+    def _rope_dims(self, config) -> int:
         # Phi3MiniModel: int(rot_pct * n_embd) // n_head (hidden // heads, not head_dim)
         rp = config.rope_parameters
         return int(rp.get("partial_rotary_factor", 1.0) * config.hidden_size) // config.num_attention_heads
@@ -165,7 +165,7 @@ class Phi3(LlamaLike):
         w.add_head_count(config.num_attention_heads)
         w.add_head_count_kv(config.num_key_value_heads)
         w.add_layer_norm_rms_eps(config.rms_norm_eps)
-        w.add_rope_dimension_count(self.rope_dims(config))
+        w.add_rope_dimension_count(self._rope_dims(config))
         w.add_rope_freq_base(rp["rope_theta"])
         # "use zero value of sliding_window to distinguish Phi-4 from other PHI3 models"
         w.add_sliding_window(config.sliding_window or 0)
@@ -203,9 +203,9 @@ class Phi3(LlamaLike):
         elif hp.rope_attn_factor != 1.0:
             meta.refuse("rope.scaling.attn_factor", hp.rope_attn_factor, "an attention factor without LongRoPE "
                         "factor tensors; HF's phi3 default RoPE has none")
-        kw = llama_like_config(self, meta, shapes, hp, rotary=False, rope=rp, moe=self.has_experts)
+        kw = llama_like_config(self, meta, shapes, hp, rotary=False, rope=rp, moe=self._has_experts)
         # phimoe.cpp load_arch_hparams reads no window at all (phi3.cpp reads it, then drops it)
-        swa = int(meta.get("attention.sliding_window", 0)) if not self.has_experts else 0
+        swa = int(meta.get("attention.sliding_window", 0)) if not self._has_experts else 0
         kw.update(original_max_position_embeddings=hp.n_ctx_orig_yarn,
                   rms_norm_eps=meta.get_f32("attention.layer_norm_rms_epsilon"),
                   # phi3.cpp disables SWA whatever the key says: the model llama.cpp runs has none

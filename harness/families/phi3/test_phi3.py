@@ -63,7 +63,7 @@ def test_long_factors_three_way(policy):
 def test_the_factor_set_is_compared(policy, monkeypatch):
     """Both sides of the switch: with the long set on both references, impl told
     the short set fails against each of them from q_rope on."""
-    monkeypatch.setattr(get("phi3"), "rope_set", lambda config: "short")
+    monkeypatch.setattr(get("phi3"), "_rope_set", lambda config: "short")
     st = all_statuses(run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv="decode", overrides=LONG))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q")] == "pass"

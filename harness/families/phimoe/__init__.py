@@ -68,7 +68,7 @@ class Phimoe(Phi3):
     input_norm_kind = "layer"  # PhimoeDecoderLayer: nn.LayerNorm, weight and bias
     weight_map = {**LlamaLike.weight_map, "input_layernorm.bias": "attn_norm_b"}
     layer_weights = LlamaLike.layer_weights
-    has_experts = True
+    _has_experts = True
     # PhimoeConfig has no head_dim field (PhimoeAttention reads it with getattr); phimoe.cpp
     # shapes wq as {n_embd, n_embd} (head_dim = hidden / heads): not offered
     extra_settable = ()
@@ -80,12 +80,12 @@ class Phimoe(Phi3):
     def hf_canonical(self, probe, arr, lc):
         return LlamaLike.hf_canonical(self, probe, arr, lc)
 
-    def reference_refusal(self, config, reference):
+    def lc_refusal(self, config) -> str | None:
         # phimoe.cpp load_arch_tensors: attn_output.bias and output.bias are required
-        if reference == "llamacpp" and not (config.attention_bias and config.lm_head_bias):
+        if not (config.attention_bias and config.lm_head_bias):
             return ("attention_bias and lm_head_bias must be true against llama.cpp: phimoe.cpp loads "
                     "attn_output.bias and output.bias as required tensors; run it against --ref hf")
-        return super().reference_refusal(config, reference)
+        return super().lc_refusal(config)
 
     def gguf_params(self, w, config, variant=None):
         # conversion/phi.py PhiMoeModel.set_gguf_parameters: Phi3MiniModel's, then the experts

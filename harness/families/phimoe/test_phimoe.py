@@ -60,8 +60,8 @@ def test_a_dropped_qkv_bias_fails_against_hf(policy):
 
 def test_llamacpp_s_required_biases_are_refused_in_one_line():
     fam = get("phimoe")
-    assert fam.reference_refusal(fam.make_config({}), "llamacpp") is None
+    assert fam.lc_refusal(fam.make_config({})) is None
     for over in ({"attention_bias": False}, {"lm_head_bias": False}):
-        why = fam.reference_refusal(fam.make_config(over), "llamacpp")
+        why = fam.lc_refusal(fam.make_config(over))
         assert why and "\n" not in why and "--ref hf" in why
-        assert fam.reference_refusal(fam.make_config(over), "hf") is None
+        assert fam.hf_refusal(fam.make_config(over)) is None

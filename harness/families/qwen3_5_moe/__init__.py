@@ -49,7 +49,7 @@ class Qwen35Moe(Qwen35Text):
         from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
-        kw = self.experts_config(meta, hp, self.with_mrope(meta, self.hybrid_config(meta, shapes, hp, moe=True)))
+        kw = self._experts_config(meta, hp, self._with_mrope(meta, self._hybrid_config(meta, shapes, hp, moe=True)))
         kw.pop("intermediate_size", None)  # Qwen3_5MoeTextConfig has no dense FFN width (the file no n_ff)
         return kw
 

@@ -56,12 +56,12 @@ class Qwen35Text(GatedHybrid):
         tie_word_embeddings=False,
     )
     gguf_arch = "qwen35"
-    lc_q_view = "Qcur_reshaped"  # qwen35.cpp build_layer_attn
-    reorder_v_heads = True  # what the converter does; a test switches it off
+    _lc_q_view = "Qcur_reshaped"  # qwen35.cpp build_layer_attn
+    _reorder_v_heads = True  # what the converter does; a test switches it off
     # qwen35.cpp names beta after its sigmoid (qwen3next.cpp only the pre-sigmoid `b`)
-    lc_linear_points = {**GatedHybrid.lc_linear_points, "rec_beta": LcPoint("beta_sigmoid", "last", "heads")}
+    _lc_linear_points = {**GatedHybrid._lc_linear_points, "rec_beta": LcPoint("beta_sigmoid", "last", "heads")}
 
-    def recurrent_weights(self, layer, config) -> dict:
+    def _recurrent_weights(self, layer, config) -> dict:
         """Qwen3_5GatedDeltaNet's split projections, each one role already."""
         return {"w_in": tensor(layer, "linear_attn.in_proj_qkv.weight"),
                 "w_z": tensor(layer, "linear_attn.in_proj_z.weight"),
@@ -74,7 +74,7 @@ class Qwen35Text(GatedHybrid):
         is impl's (g r + i) Dv + d -- ggml rounds ``final_output`` in that order."""
         from contract.recurrent import RecurrentConfig
 
-        if not isinstance(desc, RecurrentConfig) or not self.reorder_v_heads or desc.n_k_heads == desc.n_v_heads:
+        if not isinstance(desc, RecurrentConfig) or not self._reorder_v_heads or desc.n_k_heads == desc.n_v_heads:
             return {}
         nk, r, dv = desc.n_k_heads, desc.n_v_heads // desc.n_k_heads, desc.v_dim
         grouped = np.arange(desc.n_v_heads * dv).reshape(nk, r, dv)
@@ -85,7 +85,7 @@ class Qwen35Text(GatedHybrid):
         heads differ (conversion/qwen.py ``_LinearAttentionVReorderBase``), and
         qwen35.cpp / ggml's ``gated_delta_net`` read them tiled (``iv1 % neq1``)."""
         nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
-        return "tiled" if self.reorder_v_heads and nk != nv else "grouped"
+        return "tiled" if self._reorder_v_heads and nk != nv else "grouped"
     # qwen35.cpp graph(): the embeddings are renamed `model.input_embed`
     lc_model_points = {
         "embeddings": LcPoint("model.input_embed"),
@@ -108,9 +108,9 @@ class Qwen35Text(GatedHybrid):
         from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
-        return self.with_mrope(meta, self.hybrid_config(meta, shapes, hp, moe=False))
+        return self._with_mrope(meta, self._hybrid_config(meta, shapes, hp, moe=False))
 
-    def with_mrope(self, meta, kw: dict) -> dict:
+    def _with_mrope(self, meta, kw: dict) -> dict:
         """``kw`` (the hybrid's config) with a qwen35 / qwen35moe file's (required)
         ``rope.dimension_sections`` as HF's interleaved mrope_section."""
         sections = [int(s) for s in meta.get_per_layer("rope.dimension_sections", 4)]
@@ -121,7 +121,7 @@ class Qwen35Text(GatedHybrid):
         """_LinearAttentionVReorderBase.modify_tensors (V heads to tiled order), then
         Qwen3NextModel.modify_tensors (A_log, dt_bias, conv1d, norm + 1)."""
         nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
-        if self.reorder_v_heads and nk != nv and "linear_attn." in name:
+        if self._reorder_v_heads and nk != nv and "linear_attn." in name:
             hk, hv, r = config.linear_key_head_dim, config.linear_value_head_dim, nv // nk
             if ".in_proj_qkv." in name:
                 qk = 2 * hk * nk

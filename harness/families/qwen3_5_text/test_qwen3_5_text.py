@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("need_llamacpp")
 def test_export_without_the_v_head_reorder_is_caught_at_the_delta_net_output(policy, monkeypatch):
     from harness.families import get
 
-    monkeypatch.setattr(get("qwen3_5_text"), "reorder_v_heads", False)
+    monkeypatch.setattr(get("qwen3_5_text"), "_reorder_v_heads", False)
     st = all_statuses(run(policy, family="qwen3_5_text", ref=HF_AND_LLAMACPP))
     assert st[("llamacpp", "hf", 0, "attn_in")] == "pass"
     assert st[("llamacpp", "hf", 0, "rec_v")] == "pass"  # v before the recurrence: the heads' order only

@@ -65,11 +65,11 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
 
     extra_settable = ("head_dim", "full_attention_interval")  # popped by the config's __post_init__
     # llama.cpp names the pre-norm Q view differently in the two graphs
-    lc_q_view = "Qcur_view"
+    _lc_q_view = "Qcur_view"
 
     # the delta-net layers: what HF exposes around the token mixer (module hooks); the
     # recurrence's own probes come from the functional calls (RecurrentProbes.recurrent_taps)
-    hf_linear_points = {
+    _hf_linear_points = {
         "layer_in": Point("", "in"),
         "attn_in": Point("linear_attn", "in"),
         "attn_branch": Point("linear_attn.out_proj", "in"),
@@ -84,7 +84,7 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
     # log-decay `gate`, the recurrence's `attn_output`, the normed and gated `final_output`,
     # the `linear_attn_out` matmul, the `attn_residual` add, `l_out`. beta after its sigmoid
     # is named in qwen35.cpp only (`beta_sigmoid`; qwen3next.cpp names the pre-sigmoid `b`).
-    lc_linear_points = {
+    _lc_linear_points = {
         "attn_in": LcPoint("attn_norm"),
         "rec_conv_in": LcPoint("linear_attn_qkv_mixed"),
         "rec_conv": LcPoint("conv_output_silu"),
@@ -100,7 +100,7 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
         "layer_out": LcPoint("l_out"),
     }
 
-    def is_linear(self, config, i: int) -> bool:
+    def _is_linear(self, config, i: int) -> bool:
         return config.layer_types[i] == "linear_attention"
 
     def validate(self, kw: dict) -> None:
@@ -118,40 +118,40 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
             raise UsageError(f"linear_num_key_heads={nk} does not divide linear_num_value_heads={nv}; valid: a "
                              f"divisor of {nv} ({', '.join(str(d) for d in range(1, nv + 1) if nv % d == 0)})")
 
-    def reference_refusal(self, config, reference: str) -> str | None:
+    def lc_refusal(self, config) -> str | None:
         """llama.cpp's delta net needs key and value heads of one width:
         delta-net-base.cpp ``GGML_ASSERT(S_k == S_v)`` (build_delta_net_chunking,
         _autoregressive, _fused) aborts the process otherwise; HF computes either."""
         dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
-        if reference == "llamacpp" and dk != dv:
+        if dk != dv:
             return (f"linear_key_head_dim={dk} != linear_value_head_dim={dv}: llama.cpp's delta net asserts equal "
                     f"widths (delta-net-base.cpp GGML_ASSERT(S_k == S_v)); valid for --ref llamacpp: equal widths "
                     f"(HF computes either: --ref hf or hf_cached)")
         return None
 
     def is_recurrent(self, config, i: int) -> bool:
-        return self.is_linear(config, i)
+        return self._is_linear(config, i)
 
-    def qk_l2_eps(self, config, reference: str = "hf") -> float:
-        """The q/k L2 norm's epsilon as each reference computes it: HF fixes 1e-6
+    def _qk_l2_eps(self, config) -> float:
+        """The q/k L2 norm's epsilon impl computes, HF's: HF fixes 1e-6
         (modeling_qwen3_next.py / modeling_qwen3_5.py ``l2norm(..., eps=1e-6)`` in both
         scans), llama.cpp reads ``rms_norm_eps`` (qwen3next.cpp / qwen35.cpp
         ``build_gdn_l2_norm(ctx0, q_conv, hparams.f_norm_rms_eps)``). impl computes HF's
         model; where they differ (a file whose rms_norm_eps is not 1e-6) it is a finding
         (fixtures/tolerance.toml, "the delta net's q/k L2 norm epsilon")."""
-        return float(config.rms_norm_eps) if reference == "llamacpp" else HF_QK_L2_EPS
+        return HF_QK_L2_EPS
 
-    def recurrent_config(self, config, i: int) -> RecurrentConfig:
+    def _recurrent_config(self, config, i: int) -> RecurrentConfig:
         """Layer ``i``'s gated delta-net (HF Qwen3NextGatedDeltaNet.__init__ / forward)."""
         return RecurrentConfig.of(
             "gated_delta_net", hidden_size=config.hidden_size, n_k_heads=config.linear_num_key_heads,
             n_v_heads=config.linear_num_value_heads, k_dim=config.linear_key_head_dim,
             v_dim=config.linear_value_head_dim, conv_kernel=config.linear_conv_kernel_dim,
-            qk_norm_eps=self.qk_l2_eps(config), out_norm_eps=float(config.rms_norm_eps),
+            qk_norm_eps=self._qk_l2_eps(config), out_norm_eps=float(config.rms_norm_eps),
             # the decoder layer's input_layernorm: Qwen3NextRMSNorm, (1 + w)
             input_norm=NormSpec("rms1p", float(config.rms_norm_eps)))
 
-    def recurrent_weights(self, layer, config) -> dict:
+    def _recurrent_weights(self, layer, config) -> dict:
         """The delta-net's projections per role (impl.recurrent.RECURRENT_WEIGHTS):
         ``in_proj_qkvz`` / ``in_proj_ba`` split as HF's ``fix_query_key_value_ordering``
         reads them -- per key head ``[q (Dk) | k (Dk) | v (r Dv) | z (r Dv)]`` and
@@ -171,22 +171,22 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
     qk_norm = QkNormSpec(NormSpec("rms1p"), over="head", where="pre_rope")
 
     def layer_config(self, config, i: int):
-        if self.is_linear(config, i):
-            return self.recurrent_config(config, i)
+        if self._is_linear(config, i):
+            return self._recurrent_config(config, i)
         # RoPE: partial rotary, int(head_dim * partial_rotary_factor) leading channels, neox
         return super().layer_config(config, i).replace(q_gate_interleaved=True)
 
     def layer_weights(self, model, config, i: int):
-        if self.is_linear(config, i):
+        if self._is_linear(config, i):
             layer = self.decoder_layers(model)[i]
-            w = {"attn_norm": tensor(layer, "input_layernorm.weight"), **self.recurrent_weights(layer, config)}
+            w = {"attn_norm": tensor(layer, "input_layernorm.weight"), **self._recurrent_weights(layer, config)}
             for hf, ours in (("conv1d.weight", "conv"), ("dt_bias", "dt_bias"), ("A_log", "A_log"),
                              ("norm.weight", "out_norm"), ("out_proj.weight", "wo")):
                 w[ours] = tensor(layer, f"linear_attn.{hf}")
             w["conv"] = w["conv"][:, 0]  # [C, 1, K] -> [C, K]
             return w
         w = super().layer_weights(model, config, i)
-        if "bq" in w and not self.is_linear(config, i):
+        if "bq" in w and not self._is_linear(config, i):
             # HF q_proj's bias is as wide as q_proj: per head [q(D) | gate(D)]. impl (the
             # spec) biases Q at the Q width after the split; the gate halves are the
             # gate's own bias (added to the gate after the split, as HF's chunk does).
@@ -197,7 +197,7 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
 
     # ------------------------------------------------------------------ probes
     def hf_points_for(self, config, i: int):
-        return self.hf_linear_points if self.is_linear(config, i) else self.hf_points
+        return self._hf_linear_points if self._is_linear(config, i) else self.hf_points
 
     def hf_canonical(self, probe, arr, lc):
         if probe == "q" and isinstance(lc, LayerConfig) and lc.q_gate_interleaved:
@@ -213,15 +213,15 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
         return super().lc_canonical(probe, arr, lc, config)
 
     def lc_points_for(self, config, i: int):
-        if self.is_linear(config, i):
-            return self.lc_linear_points
+        if self._is_linear(config, i):
+            return self._lc_linear_points
         # build_layer_attn: Qcur_full (q + gate) -> the query view -> Qcur_normed -> Qcur
         # (ROPE); Kcur (MUL_MAT) -> Kcur_normed -> Kcur (ROPE); Vcur (reshape, last);
         # build_attn's kqv_out is renamed `attn_pregate`, then `attn_gated` (x sigmoid
         # gate) enters wo, whose output is `attn_output`.
         return {
             "attn_in": LcPoint("attn_norm"),
-            "q": LcPoint(self.lc_q_view, "last", "heads"),
+            "q": LcPoint(self._lc_q_view, "last", "heads"),
             "k": LcPoint("Kcur", "pre_rope", "rows"),
             "v": LcPoint("Vcur", "last", "heads"),
             "q_rope": LcPoint("Qcur", "rope", "heads"),
@@ -235,7 +235,7 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
         }
 
     # ------------------------------------------------------------------ GGUF import
-    def hybrid_config(self, meta, shapes, hp, moe: bool) -> dict:
+    def _hybrid_config(self, meta, shapes, hp, moe: bool) -> dict:
         """What qwen3next.cpp and qwen35.cpp load_arch_hparams read alike: the RMS
         eps, the delta-net sizes (conv kernel, inner size = value head dim x
         value heads, state size = key head dim, time-step rank = value heads,
@@ -301,7 +301,7 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
         w.add_expert_feed_forward_length(config.moe_intermediate_size)
         w.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
 
-    def experts_config(self, meta, hp, kw: dict) -> dict:
+    def _experts_config(self, meta, hp, kw: dict) -> dict:
         """qwen3next.cpp / qwen35moe.cpp load_arch_hparams: the experts' width
         (default ``n_ff / n_expert_used``) and the shared expert's (default
         ``n_ff``); the graphs route by softmax and always renormalise
@@ -365,7 +365,7 @@ class Qwen3Next(GatedHybrid):
         tie_word_embeddings=False,
     )
     gguf_arch = "qwen3next"
-    lc_q_view = "Qcur_view"
+    _lc_q_view = "Qcur_view"
     # qwen3next.cpp graph(): the embeddings are renamed `model.embed_tokens`
     lc_model_points = {
         "embeddings": LcPoint("model.embed_tokens"),
@@ -385,7 +385,7 @@ class Qwen3Next(GatedHybrid):
         from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
-        return self.experts_config(meta, hp, self.hybrid_config(meta, shapes, hp, moe=True))
+        return self._experts_config(meta, hp, self._hybrid_config(meta, shapes, hp, moe=True))
 
 
 FAMILY = Qwen3Next()

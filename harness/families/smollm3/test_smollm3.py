@@ -24,7 +24,7 @@ def test_nope_layer_is_compared_on_both_sides(policy):
 def test_broken_qk_permutation_fails_at_q(policy, monkeypatch):
     from harness.families import get
 
-    monkeypatch.setattr(get("smollm3"), "permute_qk", False)
+    monkeypatch.setattr(get("smollm3"), "_permute_qk", False)
     st = all_statuses(run(policy, family="smollm3", ref=HF_AND_LLAMACPP))
     assert_llamacpp_fails_first_at_q(st)
     assert st[("impl", "llamacpp", 0, "v")] == "pass"

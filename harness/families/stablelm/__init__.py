@@ -82,7 +82,7 @@ class StableLm(LlamaLike):
     switch_modules = {**LlamaLike.switch_modules, "qk_norm": ("self_attn.q_layernorm", "self_attn.k_layernorm")}
     qk_norm_names = LlamaLike.qk_norm_names + ("q_layernorm.norms", "k_layernorm.norms")
     # a test writes the use_parallel_residual key inverted, to show llama.cpp never reads it
-    invert_parallel_residual_key = False
+    _invert_parallel_residual_key = False
 
     def norm_eps(self, config) -> float:
         return config.layer_norm_eps
@@ -90,21 +90,21 @@ class StableLm(LlamaLike):
     def head_dim(self, config) -> int:
         return config.hidden_size // config.num_attention_heads
 
-    def parallel(self, config) -> bool:
+    def _parallel(self, config) -> bool:
         return bool(config.use_parallel_residual)
 
     def hf_points_for(self, config, i: int):
-        if self.parallel(config):
+        if self._parallel(config):
             return {k: v for k, v in self.hf_points.items() if k != "resid_mid"}
         return self.hf_points
 
     def lc_points_for(self, config, i: int):
-        if self.parallel(config):  # HF has no residual between: ffn_inp is llama.cpp's alone
+        if self._parallel(config):  # HF has no residual between: ffn_inp is llama.cpp's alone
             return {k: v for k, v in self.lc_points.items() if k != "resid_mid"}
         return {**self.lc_points, "resid_mid": LcCapture.lc_points["resid_mid"]}
 
     def layer_config(self, config, i: int):
-        lc = super().layer_config(config, i).replace(residual="parallel" if self.parallel(config) else "sequential")
+        lc = super().layer_config(config, i).replace(residual="parallel" if self._parallel(config) else "sequential")
         if config.qk_layernorm:
             # StableLmLayerNormPerHead: nn.LayerNorm(head_dim, bias=False) per head
             lc = lc.replace(qk_norm=QkNormSpec(NormSpec("layer", config.layer_norm_eps), "head", "pre_rope",
@@ -132,7 +132,7 @@ class StableLm(LlamaLike):
         w.add_rope_dimension_count(int(config.rope_parameters["partial_rotary_factor"] * (h // nh)))
         w.add_head_count(nh)
         w.add_head_count_kv(config.num_key_value_heads)
-        w.add_parallel_residual(bool(config.use_parallel_residual) != self.invert_parallel_residual_key)
+        w.add_parallel_residual(bool(config.use_parallel_residual) != self._invert_parallel_residual_key)
         w.add_layer_norm_eps(config.layer_norm_eps)
 
     def gguf_tensor_map(self, config):

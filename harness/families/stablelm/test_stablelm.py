@@ -65,7 +65,7 @@ def test_llamacpp_reads_the_block_form_from_the_tensors_not_the_key(policy, monk
     from harness.families import get
     from harness.gguf import export as gguf_export
 
-    monkeypatch.setattr(get("stablelm"), "invert_parallel_residual_key", True)
+    monkeypatch.setattr(get("stablelm"), "_invert_parallel_residual_key", True)
     r = case_run(policy, "stablelm", ref="hf", overrides=PARALLEL)
     rd = gguf.GGUFReader(str(gguf_export.export(r.family, r.base_model, r.config, "f32", 0, None)))
     assert not bool(rd.fields["stablelm.use_parallel_residual"].parts[-1][0])  # the key says sequential

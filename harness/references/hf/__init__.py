@@ -29,6 +29,10 @@ class HF(Reference):
     # on the case's schedule (harness/references/hf_cached)
     cached = False
 
+    def config_refusal(self, family, config) -> str | None:
+        """What HF's modeling file crashes on, as the family declares it (``hf_refusal``)."""
+        return family.hf_refusal(config)
+
     def preflight(self, family, config) -> None:
         """The hook points this adapter reads in transformers (hook_points.py)."""
         from .hook_points import check

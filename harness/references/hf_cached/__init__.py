@@ -61,6 +61,11 @@ class HFCached(HF):
     cached = True
     model_of = "hf"  # HF's model, computed call by call: HF's findings against llama.cpp hold for it too
 
+    def schedule_refusal(self, family, config, chunks: tuple[int, ...]) -> str | None:
+        """Where HF's cached path crashes on the schedule, as the family declares it
+        (``hf_cached_schedule_refusal``)."""
+        return family.hf_cached_schedule_refusal(config, chunks)
+
     def calls(self, req) -> list[int]:
         """The case's schedule: the same chunk sizes impl's runner and llama.cpp are handed."""
         from ...schedule import chunk_sizes

@@ -47,6 +47,11 @@ class LlamaCpp(Reference):
         llama.cpp cannot run it (``Family.gguf_export_refusal``)."""
         return family.gguf_export_refusal(config)
 
+    def config_refusal(self, family, config) -> str | None:
+        """What llama.cpp's graph, loader or converter cannot hold, as the family declares
+        it (``lc_refusal``)."""
+        return family.lc_refusal(config)
+
     def preflight(self, family, config) -> None:
         """The ``ggml_tensor`` layout the eval callback reads (ggml_ctypes.py) checked
         against the library being loaded: a release that moved a field is refused in
