@@ -111,6 +111,25 @@ def families_page() -> str:
                       statuses.rstrip(), "", "## What `--gguf` reads, per family", "", gguf.rstrip(), ""])
 
 
+def hooks_page() -> str:
+    from harness.families import hookspec
+
+    out = [HEADER.format(src="harness/families/hookspec.py"), "# Family hooks", "",
+           "Every hook a family may define, grouped by who calls it, with its signature (a method) or type "
+           "(a class attribute). A family class defines these and nothing else in public -- its own helpers "
+           "are `_underscored` -- so a misspelt hook is refused when the class is defined, naming the nearest "
+           "hook. `conformance explain FAMILY` shows which class answers each ([add a family](../how-to/add-a-family.md)).", ""]
+    for group, hooks in hookspec.by_group().items():
+        out += [f"## {group}", "", f"Called by {hookspec.GROUPS[group]}.", "", "| hook | signature / type | what it answers |",
+                "|---|---|---|"]
+        for h in hooks:
+            sig = h.signature.replace("|", "\\|")
+            doc = " ".join(h.doc.split("\n\n")[0].split()).replace("|", "\\|")
+            out.append(f"| `{h.name}` | `{sig}` | {doc} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def divergences_page() -> str:
     from harness.commands.divergences import DEFAULT_RUN, divergences
 
@@ -124,6 +143,7 @@ PAGES = {
     "docs/reference/kinds.md": kinds_page,
     "docs/reference/families.md": families_page,
     "docs/reference/divergences.md": divergences_page,
+    "docs/reference/family-hooks.md": hooks_page,
 }
 
 
