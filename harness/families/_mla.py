@@ -526,7 +526,10 @@ class MlaFamily(Family):
         else:
             w.add_key_length(nope + rope)
             w.add_value_length(v)
-        w.add_expert_feed_forward_length(config.moe_intermediate_size)
+        # find_hparam(["moe_intermediate_size", "intermediate_size"]): the first config.json
+        # has -- a dense model's (youtu) is its dense width, "required by C++ code"
+        ffn = getattr(config, "moe_intermediate_size", None)
+        w.add_expert_feed_forward_length(config.intermediate_size if ffn is None else ffn)
         w.add_expert_shared_count(getattr(config, "n_shared_experts", 0) or 0)
         if (s := getattr(config, "routed_scaling_factor", None)) is not None:
             w.add_expert_weights_scale(s)

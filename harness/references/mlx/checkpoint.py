@@ -168,8 +168,15 @@ def _llama4(cfg: dict, w: dict) -> tuple[dict, dict]:
     return wrapped, {f"language_model.{k}": v for k, v in w.items()}
 
 
+def _youtu(cfg: dict, w: dict) -> tuple[dict, dict]:
+    """Youtu-LLM as the hub holds it: its remote code's model type ``youtu_llm``
+    (mlx_lm/models/youtu_llm.py), which transformers 5 names ``youtu``; the weights keep
+    their names."""
+    return {**cfg, "model_type": "youtu_llm"}, w
+
+
 # family -> (the mlx-lm model type its rewritten checkpoint loads as, the rewrite)
-LAYOUTS = {"gpt_oss": ("gpt_oss", _gpt_oss), "llama4": ("llama4", _llama4)}
+LAYOUTS = {"gpt_oss": ("gpt_oss", _gpt_oss), "llama4": ("llama4", _llama4), "youtu": ("youtu_llm", _youtu)}
 
 
 def model_type(family: str) -> str | None:
