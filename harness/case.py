@@ -74,8 +74,9 @@ class Case:
     evict: bool = False
     # the engine judged (harness/candidates: an entry point's name, or dump:DIR)
     candidate: str = "impl"
-    # the seeded model's weights: "random" (O(1) activations) or "realistic" (a trained
+    # the seeded model's weights: "random" (O(1) activations), "realistic" (a trained
     # model's statistics: outlier channels, scores that span tens; Family.realistic_weights)
+    # or "trained" (realistic, and recurrent decays with long memory; Family.trained_apply)
     weights: str = "random"
     # the sequences of a batched / paged case differ in length, first-call size and
     # arrival (continuous batching, drawn from the seed: harness/schedule.py ragged_plan)

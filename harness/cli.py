@@ -92,9 +92,11 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probes", metavar="P,Q,...", help="capture and compare only these probes (q_rope,attn_probs; "
                    "layer_in, attn_out and resid_mid always come too: a pass needs them)")
     p.add_argument("--weights", default="random", metavar="KIND",
-                   help="the seeded model's weights: random (default: O(1) activations) or realistic (a trained "
+                   help="the seeded model's weights: random (default: O(1) activations), realistic (a trained "
                         "model's statistics: outlier channels 20-100x in the embeddings and norms, Q/K so the "
-                        "scores span tens)")
+                        "scores span tens) or trained (realistic, and recurrent decays -- A_log, dt_bias -- spread "
+                        "as the references' initialisers spread them, so some channels remember for hundreds of "
+                        "rows)")
     p.add_argument("--candidate", default="impl", metavar="NAME",
                    help="the engine judged (default impl; `conformance list` names the installed ones; dump:DIR)")
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")

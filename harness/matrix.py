@@ -76,7 +76,7 @@ AXES = {
     "ragged": ("ragged", [False]),
     "references": ("ref", ["hf"]),
     "candidates": ("candidate", ["impl"]),  # the engines judged (harness/candidates)
-    "weights": ("weights", ["random"]),  # the seeded model's weights (random, realistic)
+    "weights": ("weights", ["random"]),  # the seeded model's weights (random, realistic, trained)
     "gguf_types": ("gguf_type", ["f32"]),
     "backends": ("backend", ["numpy"]),
     "devices": ("device", ["cpu"]),

@@ -50,7 +50,14 @@ NotInImpl = Unimplemented
 
 INIT_FLOAT64_MAX = 1 << 24  # parameters; above it, seeded weights are drawn in float32 (Family.init_weights)
 # the seeded weights a case's model is built with (Family.build_model; Case.weights)
-WEIGHT_KINDS = ("random", "realistic")
+WEIGHT_KINDS = ("random", "realistic", "trained")
+# what ``trained`` draws for a recurrent layer's decay (Family.trained_apply): the
+# references' own initialisers of the time step and A -- HF Mamba2Mixer / MambaMixer
+# (time_step_min 1e-3, time_step_max 1e-1) and KimiLinearPreTrainedModel._init_weights
+# (dt log-uniform in [1e-3, 1e-1], A uniform in [1, 16]), the ranges mamba_ssm's
+# A_init_range and FLA's GatedDeltaNet use
+TRAINED_DT = (1e-3, 1e-1)
+TRAINED_A = (1.0, 16.0)
 # the mean of a realistic outlier channel over its spread (Family.realistic_weights)
 COHERENT = 2.0
 
@@ -90,8 +97,9 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
     # ------------------------------------------------------------------ model
     def build_model(self, config, seed: int, dtype: str = "float32", weights: str = "random"):
         """The HF model of ``config`` with seeded weights: ``random`` (O(1) activations,
-        ``init_weights``) or ``realistic`` (the same, then a trained model's statistics:
-        ``realistic_weights``)."""
+        ``init_weights``), ``realistic`` (the same, then a trained model's statistics:
+        ``realistic_weights``) or ``trained`` (realistic, and the recurrent layers' decays
+        as trained checkpoints spread them: ``trained_apply``)."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -103,8 +111,8 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         kw = {} if self.experts_implementation is None else {"experts_implementation": self.experts_implementation}
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32, **kw)
         self.init_weights(model, seed)
-        if weights == "realistic":
-            self.realistic_weights(model, config, seed)
+        if weights in ("realistic", "trained"):
+            self.realistic_weights(model, config, seed, weights)
         return model.to(dtype=getattr(torch, dtype)).eval()
 
     # The names (endings) of the projections whose product is the attention score: scaled
@@ -113,7 +121,7 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
     # ... and of the QK norms' weights, which a QK-norm family's scores scale with instead
     qk_norm_names: tuple[str, ...] = ("q_norm.weight", "k_norm.weight", "q_layernorm.weight", "k_layernorm.weight")
 
-    def realistic_weights(self, model, config, seed: int) -> None:
+    def realistic_weights(self, model, config, seed: int, weights: str = "realistic") -> None:
         """A trained model's statistics on top of the random weights, where random
         N(0, 1/in) weights have none (issue 27 / 28: bounds fitted on those raised
         false alarms on real checkpoints, and low-precision bugs hid behind O(1)
@@ -143,17 +151,19 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
           do. ``qk_weight_names`` are the projections a family may scale (1x here).
 
         A norm in the ``(1 + w)`` convention (``input_norm_kind == "rms1p"``) is scaled
-        in its effective weight: ``w' = f (1 + w) - 1``."""
+        in its effective weight: ``w' = f (1 + w) - 1``.
+
+        ``weights="trained"`` also gives the recurrent layers long memory (``trained_apply``)."""
         import torch
 
-        plan = self.realistic_plan(config, seed)
+        plan = self.realistic_plan(config, seed, weights)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 self.realistic_apply(name, p, plan)
 
-    def realistic_plan(self, config, seed: int) -> dict:
+    def realistic_plan(self, config, seed: int, weights: str = "realistic") -> dict:
         """What ``realistic_weights`` draws once for a model (its own generator): the
-        outlier channels, their factors and signs."""
+        outlier channels, their factors and signs; ``trained``: the seed of the decays."""
         import torch
 
         hidden = int(config.hidden_size if hasattr(config, "hidden_size") else getattr(config, "d_model"))
@@ -165,13 +175,15 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         sign = torch.where(torch.rand(k, generator=gen) < 0.5, -1.0, 1.0).double()
         offset = 1.0 if getattr(self, "input_norm_kind", "rms") == "rms1p" else 0.0
         return {"hidden": hidden, "chans": chans, "emb_f": emb_f, "norm_f": norm_f, "sign": sign, "offset": offset,
-                "qk_f": 1.0, "qk_norm_f": 2.5}
+                "qk_f": 1.0, "qk_norm_f": 2.5, "trained": None if weights != "trained" else 20_011 + seed}
 
     def realistic_apply(self, name: str, p, plan: dict) -> None:
         """``realistic_weights``' step for ONE parameter (its tensor changed in place,
         under no_grad): each parameter's own, so a model written tensor by tensor as it
         is drawn (gguf/stream.py ``export_streamed``) takes the same values."""
         hidden, chans, offset = plan["hidden"], plan["chans"], plan["offset"]
+        if plan.get("trained") is not None and self.trained_apply(name, p, plan["trained"]):
+            return
         if p.ndim == 2 and p.shape[-1] == hidden and ("embed" in name or name.endswith(("wte.weight",
                                                                                        "word_embeddings.weight"))):
             p[:, chans] = ((p[:, chans].double() + COHERENT * plan["sign"]) * plan["emb_f"]).to(p.dtype)
@@ -183,6 +195,60 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
             # a QK norm erases the projections' scale: its weight carries it (trained
             # qwen3 / gemma3 q_norm and k_norm weights sit well above 1)
             p.copy_(((p.double() + offset) * plan["qk_norm_f"] - offset).to(p.dtype))
+
+    def trained_apply(self, name: str, p, seed: int) -> bool:
+        """``weights="trained"``: a recurrent layer's decay parameters as a trained
+        checkpoint spreads them, so that some channels remember for hundreds of rows
+        (issue 40: on ``random`` weights every channel forgets in a few rows, and a
+        state kept in bfloat16 never accumulates its rounding). True where ``p`` was
+        one of them (changed in place).
+
+        The decay per row is ``exp(-A * dt)``, ``dt = softplus(dt_bias + input term)``
+        (HF Qwen3NextGatedDeltaNet ``g = -A_log.exp() * softplus(a + dt_bias)``,
+        KimiDeltaAttention's forget gate, Mamba2Mixer / MambaMixer ``dA = exp(dt * A)``),
+        so a channel's memory is ``~1 / (A dt)`` rows:
+
+        - ``dt_bias`` / ``dt_proj.bias``: the inverse softplus of ``dt`` log-uniform in
+          ``TRAINED_DT`` (HF Mamba2Mixer and MambaMixer init, KimiLinear's
+          ``_init_weights``; mamba_ssm's and FLA's GatedDeltaNet's ``dt_min`` / ``dt_max``);
+        - ``A_log`` of one value per head or channel: ``log(A)``, A uniform in
+          ``TRAINED_A`` (KimiLinear's init, mamba_ssm's ``A_init_range``; Qwen3Next's
+          is (0.01, 16)); Mamba-1's ``[d_inner, N]`` A_log: S4D-real, ``log(1..N)`` along
+          the state (HF MambaMixer.__init__), which trained Mamba checkpoints keep close to.
+
+        The draws are stratified, not i.i.d.: element i of n takes the quantile
+        ``(rank_i + u_i) / n`` of its range, the ranks a seeded permutation drawn from the
+        layer's module path, which A_log and dt_bias of the SAME module share -- so at any
+        head count the heads span the time scales, and the head with the smallest dt also
+        has the smallest A: its memory is ~1 / (1 * 1e-3) = 1000 rows (at 4 heads the
+        slowest head remembers >= 1 / (4.75 * 3.2e-3) ~ 65 rows, typically hundreds), where
+        seeded O(1) weights give every head a memory of one to a few rows."""
+        import math
+        import zlib
+
+        import torch
+
+        prefix, _, leaf = name.rpartition(".")
+        if leaf == "bias" and prefix.endswith("dt_proj"):
+            leaf, prefix = "dt_bias", prefix.rpartition(".")[0]
+        if leaf not in ("A_log", "dt_bias"):
+            return False
+        n = p.numel()
+        if leaf == "A_log" and p.ndim == 2:  # Mamba-1 [d_inner, N]: S4D-real
+            a = torch.arange(1, p.shape[-1] + 1, dtype=torch.float64).expand(p.shape[0], -1)
+            p.copy_(a.log().to(p.dtype))
+            return True
+        gen = torch.Generator().manual_seed(seed + zlib.crc32(prefix.encode()))
+        q = (torch.randperm(n, generator=gen).double() + torch.rand(n, generator=gen, dtype=torch.float64)) / n
+        if leaf == "A_log":
+            lo, hi = TRAINED_A
+            value = (lo + (hi - lo) * q).log()
+        else:
+            lo, hi = TRAINED_DT
+            dt = (math.log(lo) + (math.log(hi) - math.log(lo)) * q).exp()
+            value = dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt), as the references' init writes it
+        p.copy_(value.reshape(p.shape).to(p.dtype))
+        return True
 
     def init_weights(self, model, seed: int) -> None:
         """Seeded weights with O(1) activations: HF's own init (std 0.02) leaves the

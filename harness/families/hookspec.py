@@ -141,8 +141,9 @@ data('build', 'experts_implementation', 'str | None',
 
 @hook('build')
 def build_model(self, config, seed: int, dtype: str='float32', weights: str='random'):
-    """The HF model of ``config`` with seeded weights: ``random`` (O(1) activations, ``init_weights``) or
-    ``realistic`` (the same, then a trained model's statistics: ``realistic_weights``)."""
+    """The HF model of ``config`` with seeded weights: ``random`` (O(1) activations, ``init_weights``), ``realistic``
+    (the same, then a trained model's statistics: ``realistic_weights``) or ``trained`` (realistic, and the
+    recurrent layers' decays as trained checkpoints spread them: ``trained_apply``)."""
 data('build', 'qk_weight_names', 'tuple[str, ...]',
      """The names (endings) of the projections whose product is the attention score: scaled by
      ``realistic_weights`` so the pre-softmax scores span tens, as a trained model's do.""")
@@ -150,21 +151,27 @@ data('build', 'qk_norm_names', 'tuple[str, ...]',
      """... and of the QK norms' weights, which a QK-norm family's scores scale with instead""")
 
 @hook('build')
-def realistic_weights(self, model, config, seed: int) -> None:
+def realistic_weights(self, model, config, seed: int, weights: str='realistic') -> None:
     """A trained model's statistics on top of the random weights, where random N(0, 1/in) weights have none (issue
     27 / 28: bounds fitted on those raised false alarms on real checkpoints, and low-precision bugs hid behind
     O(1) scores):"""
 
 @hook('build')
-def realistic_plan(self, config, seed: int) -> dict:
+def realistic_plan(self, config, seed: int, weights: str='realistic') -> dict:
     """What ``realistic_weights`` draws once for a model (its own generator): the outlier channels, their factors
-    and signs."""
+    and signs; ``trained``: the seed of the decays."""
 
 @hook('build')
 def realistic_apply(self, name: str, p, plan: dict) -> None:
     """``realistic_weights``' step for ONE parameter (its tensor changed in place, under no_grad): each
     parameter's own, so a model written tensor by tensor as it is drawn (gguf/stream.py ``export_streamed``) takes
     the same values."""
+
+@hook('build')
+def trained_apply(self, name: str, p, seed: int) -> bool:
+    """``weights="trained"``: a recurrent layer's decay parameters (``A_log``, ``dt_bias``, ``dt_proj.bias``) as a
+    trained checkpoint spreads them, so that some channels remember for hundreds of rows; True where ``p`` was one
+    of them (changed in place)."""
 
 @hook('build')
 def init_weights(self, model, seed: int) -> None:

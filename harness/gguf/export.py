@@ -198,7 +198,7 @@ def export_streamed(family, config, seed: int, weight_type: str, out: Path, weig
         model._init_weights(twin)  # HF's own initialisation of that module (PreTrainedModel._init_weights)
         return getattr(twin, name.rpartition(".")[2])
 
-    plan = family.realistic_plan(config, seed) if weights == "realistic" else None
+    plan = family.realistic_plan(config, seed, weights) if weights in ("realistic", "trained") else None
     tmap = family.gguf_tensor_map(config)
 
     def tensors():

@@ -17,6 +17,11 @@ NOTE = ("no switch turns a recurrent layer's {what} off in the seeded model (nei
 
 QWEN3_NEXT = {"family": "qwen3_next", "schedule": "mixed", "tokens": 16}
 MINIMAX = {"family": "minimax"}
+# a delta rule with long memory at bfloat16 (issue 40): the decays of a trained checkpoint
+# (--weights trained, Family.trained_apply), two calls past HF's 64-row chunk, the state
+# compared at the call boundary against HF's cached path
+TRAINED_BF16 = {"family": "kimi_linear", "backend": "torch", "dtype": "bfloat16", "weights": "trained",
+                "kv": "paged", "tokens": 128, "schedule": "64,64", "ref": "hf_cached"}
 
 MUTANTS = [
     Mutant("recurrent-decay-sign", "log_decay", "impl.recurrent",
@@ -120,6 +125,17 @@ MUTANTS = [
            doc="the normed input the branch is added to is not scaled by alpha (HF MiniMaxDecoderLayer "
                "`residual * linear_attn_alpha_factor`; minimax-01.cpp `ggml_scale(residual, f_residual_scale)`)",
            bisect_note=NOTE.format(what="residual alpha")),
+    Mutant("recurrent-state-in-compute-dtype", "recurrent_state", "impl.recurrent_scan",
+           "        s = s + kt[:, :, None] * u[:, None, :]\n        ys.append",
+           "        s = s + kt[:, :, None] * u[:, None, :]\n        s = xp.astype(xp.astype(s, be.native_dtype), s.dtype)\n"
+           "        ys.append",
+           TRAINED_BF16, "state_rec", dtypes=("bfloat16", "float16"),
+           doc="the recurrent state rounded to the compute dtype after every row (the bf16 / f16 SSM and "
+               "delta-net state serving engines offer): HF keeps it in float32 (torch_recurrent_gated_delta_rule "
+               "`.to(torch.float32)`, KimiDeltaAttention's fp32 recurrent_state), llama.cpp in its f32 s_l; on "
+               "seeded O(1) decays every row forgets within a few rows and the rounding never accumulates "
+               "(issue 40: 1.1-1.3x impl's error), on a trained checkpoint's decays (--weights trained) it does",
+           bisect_note=NOTE.format(what="state precision")),
     Mutant("recurrent-state-on-the-pool", "kv_paged", "impl.kv",
            "case Decode(holder) | Batched(holder) | Paged(holder, _):\n            if holder.recurrent is None:",
            'case Decode(holder) | Batched(holder) | Paged(_, holder):\n'
