@@ -23,7 +23,7 @@ import numpy as np
 from contract.probes import LAYER_PROBES
 
 from .. import kinds, references, scaling, verdict
-from ..compare import absmax, all_finite, judge, judge_against_oracle, metrics
+from ..compare import absmax, all_finite, head_nmse, judge, judge_against_oracle, metrics, worst_head
 from ..errors import UsageError
 from ..policy import comparison_dtype, dataflow_position, pair_sides
 from ..references import RefCapture
@@ -274,9 +274,12 @@ class Judge:
                                    drift_what)
         if oracle is not None:
             cm, rm = metrics(a, oracle, probe), metrics(b, oracle, probe)
-            status, reason, allowed = judge_against_oracle(cm, rm, tol, all_finite(oracle))
+            ch, rh = head_nmse(a, oracle, probe), head_nmse(b, oracle, probe)
+            heads = None if ch is None or rh is None else (ch, rh)
+            status, reason, allowed = judge_against_oracle(cm, rm, tol, all_finite(oracle), heads)
             extra = {"nmse_cand_oracle": cm["nmse"], "nmse_ref_oracle": rm["nmse"],
-                     "err_ratio": max(_over(cm["nmse"], allowed), _over(cm["max_abs"], tol["atol"]))}
+                     "err_ratio": max(_over(cm["nmse"], allowed), _over(cm["max_abs"], tol["atol"]),
+                                      0.0 if heads is None else _over(*worst_head(heads, tol)[1:]))}
             tol = dict(tol, nmse=allowed)  # the bound actually applied is what the row reports
         else:
             status, reason = judge(m, tol)

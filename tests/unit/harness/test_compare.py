@@ -53,3 +53,38 @@ def test_metrics_measure_what_the_rules_read():
     assert m["nmse"] == pytest.approx(0.01 / np.sum(ref ** 2), rel=1e-9)
     assert m["finite"]
     assert not compare.metrics(np.array([np.nan, 1.0]), np.array([1.0, 1.0]))["finite"]
+
+
+def _state(rng, scales):
+    """A state probe [S, calls, Hv, Dk, Dv] whose heads have the given magnitudes."""
+    x = rng.standard_normal((1, 2, len(scales), 4, 4))
+    return x * np.asarray(scales)[None, None, :, None, None]
+
+
+def test_a_small_slow_heads_error_fails_head_by_head_though_the_tensor_passes():
+    """issue 40: a slow head holds a small state; its rounding is invisible in the
+    whole tensor's NMSE and is judged against the reference's error IN THAT HEAD."""
+    rng = np.random.default_rng(0)
+    oracle = _state(rng, [1.0, 1.0, 1e-2])
+    noise = _state(rng, [1.0, 1.0, 1e-2])
+    ref = oracle + 1e-3 * noise  # the reference's own rounding: relative 1e-3 in every head
+    cand = oracle + 1e-3 * noise * np.asarray([1, 1, 30])[None, None, :, None, None]  # head 2: 30x
+    cm, rm = compare.metrics(cand, oracle, "state_rec"), compare.metrics(ref, oracle, "state_rec")
+    tol = dict(TOL, nmse=1e-2, atol=1.0, nmse_floor=1e-9)
+    assert compare.judge_against_oracle(cm, rm, tol)[0] == "pass"  # the tensor alone cannot see it
+    heads = compare.head_nmse(cand, oracle, "state_rec"), compare.head_nmse(ref, oracle, "state_rec")
+    st, why, _ = compare.judge_against_oracle(cm, rm, tol, heads=heads)
+    assert st == "fail" and why.startswith("head 2's nmse")
+    # paired head by head: the candidate's worst head against the reference's in that head
+    same = compare.head_nmse(ref, oracle, "state_rec")
+    assert compare.judge_against_oracle(rm, rm, tol, heads=(same, same))[0] == "pass"
+    assert compare.worst_head((same * [1, 1, 5], same), tol)[0] == 2
+
+
+def test_head_nmse_is_for_state_probes_and_names_an_empty_head():
+    a = np.zeros((1, 1, 2, 2, 2))
+    b = a.copy()
+    b[0, 0, 1, 0, 0] = 1e-3
+    assert compare.head_nmse(b, a, "attn_out") is None
+    per = compare.head_nmse(b, a, "state_rec")
+    assert per[0] == 0.0 and per[1] == np.inf
