@@ -17,11 +17,18 @@ NOTE = ("no switch turns a recurrent layer's {what} off in the seeded model (nei
 
 QWEN3_NEXT = {"family": "qwen3_next", "schedule": "mixed", "tokens": 16}
 MINIMAX = {"family": "minimax"}
+# lightning's block form crossing its blocks inside a call (issue 40): block_size 8 (HF
+# MiniMaxLightningAttention reads config.block_size; llama.cpp's minimax-01.cpp runs the
+# ubatch as one block), 20 rows: blocks of 8, 8 and 4
+MINIMAX_BLOCKS = {"family": "minimax", "overrides": (("block_size", 8),), "tokens": 20, "schedule": "prefill"}
 # a delta rule with long memory at bfloat16 (issue 40): the decays of a trained checkpoint
 # (--weights trained, Family.trained_apply), two calls past HF's 64-row chunk, the state
 # compared at the call boundary against HF's cached path
 TRAINED_BF16 = {"family": "kimi_linear", "backend": "torch", "dtype": "bfloat16", "weights": "trained",
                 "kv": "paged", "tokens": 128, "schedule": "64,64", "ref": "hf_cached"}
+# one row per call on a Mamba-2 hybrid's trained decays: the state stored between calls
+TRAINED_BF16_DECODE = {"family": "granitemoehybrid", "backend": "torch", "dtype": "bfloat16", "weights": "trained",
+                       "kv": "paged", "tokens": 64, "schedule": "decode", "ref": "hf_cached"}
 
 MUTANTS = [
     Mutant("recurrent-decay-sign", "log_decay", "impl.recurrent",
@@ -118,6 +125,15 @@ MUTANTS = [
                "is exp(-slope * (i - j)) (modeling_minimax.py decay_factors); the sequential form is "
                "unaffected, so only the chunked scan carries it",
            bisect_note=NOTE.format(what="chunked scan")),
+    Mutant("chunked-carry-decay-of-last-chunk", "chunked_scan", "impl.recurrent_scan",
+           "s_dec = const_decay[c][:, None, None]  # [Hv, 1, 1]",
+           "s_dec = const_decay[-1][:, None, None]  # [Hv, 1, 1]",
+           MINIMAX_BLOCKS, "rec_out",
+           doc="the state carried from one block to the next decays by the LAST block's multiplier: right when a "
+               "call is one block (every default-size call at block_size 256), wrong for every full block before "
+               "a partial last one (HF MiniMaxLightningAttention `block_decay = exp(-slope * current_block_size)` "
+               "per block)",
+           bisect_note=NOTE.format(what="chunked scan")),
     Mutant("normed-residual-alpha-dropped", "normed_residual", "impl.recurrent",
            "    if cfg.residual_alpha != 1.0:\n        base = base * cfg.residual_alpha",
            "    if False:\n        base = base * cfg.residual_alpha",
@@ -132,9 +148,21 @@ MUTANTS = [
            TRAINED_BF16, "state_rec", dtypes=("bfloat16", "float16"),
            doc="the recurrent state rounded to the compute dtype after every row (the bf16 / f16 SSM and "
                "delta-net state serving engines offer): HF keeps it in float32 (torch_recurrent_gated_delta_rule "
-               "`.to(torch.float32)`, KimiDeltaAttention's fp32 recurrent_state), llama.cpp in its f32 s_l; on "
+               "casts its inputs `.to(torch.float32)`; its cache's recurrent_states are float32 at a bfloat16 "
+               "model), llama.cpp in its f32 s_l; on "
                "seeded O(1) decays every row forgets within a few rows and the rounding never accumulates "
                "(issue 40: 1.1-1.3x impl's error), on a trained checkpoint's decays (--weights trained) it does",
+           bisect_note=NOTE.format(what="state precision")),
+    Mutant("recurrent-state-cache-in-compute-dtype", "recurrent_state", "impl.recurrent",
+           "        y, slot.rec = scan_sequential(be, q, k, v, g, beta, slot.rec, delta, const)\n    return y",
+           "        y, slot.rec = scan_sequential(be, q, k, v, g, beta, slot.rec, delta, const)\n"
+           "    slot.rec = xp.astype(xp.astype(slot.rec, be.native_dtype), slot.rec.dtype)\n    return y",
+           TRAINED_BF16_DECODE, "state_rec", dtypes=("bfloat16", "float16"),
+           doc="the state computed in float32 within a call but STORED between calls in the compute dtype (a "
+               "serving engine's SSM state cache in the model dtype, e.g. vLLM's mamba_ssm_cache_dtype "
+               "left at auto): HF's cache holds it in float32 at a bfloat16 model (its DynamicCache "
+               "recurrent_states are float32: measured on granitemoehybrid, qwen3_next, kimi_linear), llama.cpp's "
+               "s_l is f32 (llama-memory-recurrent type_s); one row per call, so it rounds every row",
            bisect_note=NOTE.format(what="state precision")),
     Mutant("recurrent-state-on-the-pool", "kv_paged", "impl.kv",
            "case Decode(holder) | Batched(holder) | Paged(holder, _):\n            if holder.recurrent is None:",
