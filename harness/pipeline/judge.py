@@ -297,6 +297,34 @@ class Judge:
                 status, reason = "fail", "; ".join(x for x in (
                     reason, f"{why2} ({ref_name}'s own rounding: its distance to the float64 oracle on its "
                             "layer inputs)") if x)
+            elif req.case.dtype == "float64" and rm["finite"] and rm["nmse"] <= tol["nmse"]:
+                # issue 40: where the reference is within its dtype's bound of the float64 run on its
+                # own layer inputs, that run computes the reference's model here in float64, and a
+                # float64 candidate is held to float64's bound against it -- as against HF in float64
+                # (the allowance above, ratio x the reference's own float32 rounding, let a recurrent
+                # norm bug of NMSE 6e-13 pass against llama.cpp alone). Not a rounding failure: where
+                # the two references' models differ below that bound, a finding still excuses it.
+                oname = references.oracle_reference().name
+                t64, _ = req.policy.tolerance("float64", probe, req.family, oname, cand_name)
+                t64 = scaling.scaled(t64, rope, "float64", absmax(rounding), self.reduction_width(layer))
+                st3, why3 = judge(cm, t64)
+                lc = req.layer_cfgs[layer] if layer is not None else None
+                if st3 == "fail" and req.policy.finding(
+                        req.family, cand_name, oname, probe, kinds.label(lc), req.config, layer=layer,
+                        nmse=cm["nmse"], dtype="float64", tokens=req.case.tokens, n_layers=len(req.layer_cfgs),
+                        chunks=req.chunks):
+                    # the oracle's float64 model is not exact float64 here, by a finding of its own
+                    # against the candidate (minimax#5: HF's float32 decay tables): float64's bound
+                    # does not apply to that run; the allowance above stands
+                    st3 = "pass"
+                else:
+                    extra["err_ratio"] = max(extra["err_ratio"], _over(cm["nmse"], t64["nmse"]),
+                                             _over(cm["max_abs"], t64["atol"]))
+                if st3 == "fail":
+                    status, reason = "fail", "; ".join(x for x in (
+                        reason, f"{why3} to the float64 run on {ref_name}'s layer inputs, at float64's bound "
+                                f"({ref_name} computes that run's model here: its own distance {rm['nmse']:.3g} is "
+                                f"within {cdt}'s {tol['nmse']:.3g})") if x)
         if status == "fail" and not rounding_failed:
             # matched on the reference's own config (the HF config; a --gguf file's read back
             # from its keys), never on what impl was told to compute
