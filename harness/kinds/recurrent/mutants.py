@@ -144,6 +144,16 @@ MUTANTS = [
                "a partial last one (HF MiniMaxLightningAttention `block_decay = exp(-slope * current_block_size)` "
                "per block)",
            bisect_note=NOTE.format(what="chunked scan")),
+    Mutant("lightning-decay-residual-dropped", "lightning", "impl.recurrent",
+           "const, slot.decay_residual = carried_decays(be, layer.log_decay, steps, slot.decay_residual)",
+           "const, slot.decay_residual = carried_decays(be, layer.log_decay, steps, None)",
+           {"family": "minimax", "dtype": "float32", "kv": "paged", "schedule": "decode", "tokens": 256, "ref": "hf"},
+           "rec_out", dtypes=("float32",),
+           doc="the correction of lightning's rounded per-row decay lost between calls (issue 40's second class): "
+               "each call decays the state by fl(exp(-slope)) afresh, a rounding that accumulates over one-row "
+               "calls (impl/recurrent_scan.py carried_decays; HF's full forward decays by exact row counts, "
+               "decay_factors): 0.8 of its bound at 64 calls, 11x at 256",
+           bisect_note=NOTE.format(what="slope decay")),
     Mutant("normed-residual-alpha-dropped", "normed_residual", "impl.recurrent",
            "    if cfg.residual_alpha != 1.0:\n        base = base * cfg.residual_alpha",
            "    if False:\n        base = base * cfg.residual_alpha",
