@@ -50,6 +50,6 @@ def test_realistic_weights_pass_three_way(policy, need_llamacpp, family):
 def test_weights_is_checked_before_any_work(capsys):
     from harness.cli import main
 
-    assert main(["run", "--family", "llama", "--weights", "trained"]) == 2
+    assert main(["run", "--family", "llama", "--weights", "pretrained"]) == 2
     err = capsys.readouterr().err
-    assert "unknown weights 'trained'" in err and "realistic" in err and len(err.strip().splitlines()) == 1
+    assert "unknown weights 'pretrained'" in err and "trained" in err and len(err.strip().splitlines()) == 1
