@@ -130,9 +130,17 @@ def head_nmse(cand, ref, probe: str) -> np.ndarray | None:
     if "head" not in axes:
         return None
     h = axes.index("head")
-    a = np.moveaxis(np.asarray(ref, dtype=np.float64), h, 0).reshape(np.shape(ref)[h], -1)
-    b = np.moveaxis(np.asarray(cand, dtype=np.float64), h, 0).reshape(a.shape)
-    sd, sa = ((b - a) ** 2).sum(axis=1), (a * a).sum(axis=1)
+    shape = np.shape(ref)
+    sd, sa = np.zeros(shape[h]), np.zeros(shape[h])
+    rest = tuple(range(1, len(shape) - h))
+    # one call's state at a time (the axes before the head: sequence, call), so the float64
+    # temporaries stay one state's size whatever the probe's (a decode schedule's is one
+    # state per call: harness/budget.py counts the probe, not copies of it)
+    for idx in np.ndindex(*shape[:h]):
+        a = np.asarray(ref[idx], dtype=np.float64)
+        d = np.asarray(cand[idx], dtype=np.float64) - a
+        sd += (d * d).sum(axis=rest)
+        sa += (a * a).sum(axis=rest)
     return np.where(sa > 0, sd / np.where(sa > 0, sa, 1.0), np.where(sd > 0, np.inf, 0.0))
 
 

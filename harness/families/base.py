@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,9 +225,6 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         has the smallest A: its memory is ~1 / (1 * 1e-3) = 1000 rows (at 4 heads the
         slowest head remembers >= 1 / (4.75 * 3.2e-3) ~ 65 rows, typically hundreds), where
         seeded O(1) weights give every head a memory of one to a few rows."""
-        import math
-        import zlib
-
         import torch
 
         prefix, _, leaf = name.rpartition(".")
