@@ -21,7 +21,7 @@ import numpy as np
 
 from .config import ConfigError, RopeSpec
 
-ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 LONGROPE_SETS = ("short", "long")
 
 
@@ -55,6 +55,17 @@ def inverse_frequencies(kind: str, theta: float, rotary_dim: int, params: dict |
         return _yarn(base_inv, float(theta), rotary_dim, params)
     if kind == "longrope":
         return base_inv, longrope_attention_factor(params)
+    if kind == "proportional":
+        # HF _compute_proportional_rope_parameters (gemma4's full layers): the bands span the
+        # WHOLE head (exponent 2i / head_dim, ``rotary_dim`` here is the head), the first
+        # int(partial_rotary_factor * head_dim // 2) pairs turn, the rest have frequency 0 --
+        # rotate-half pairs (i, i + head_dim / 2), NOT the leading partial-rotary channels;
+        # all divided by ``factor``. llama.cpp reaches the same with n_rot = head_dim and
+        # rope_freqs 1e30 on the still pairs (conversion/gemma.py Gemma4Model.generate_extra_tensors).
+        turned = int(float(params.get("partial_rotary_factor", 1.0)) * rotary_dim // 2)
+        inv = base_inv.copy()
+        inv[turned:] = 0.0
+        return inv / float(params.get("factor", 1.0) or 1.0), 1.0
     raise ConfigError(f"unknown RoPE scaling {kind!r}; valid: {', '.join(ROPE_KINDS)}")
 
 

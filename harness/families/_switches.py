@@ -140,7 +140,10 @@ def rope_identity_overrides(config) -> dict | None:
     keep = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
     def ident(p):
-        return {"rope_type": "linear", "factor": 1e30, **{k: p[k] for k in keep if k in p}}
+        # proportional (gemma4's global layers) keeps its kind: its table spans the whole head
+        # and divides by the same `factor` (HF _compute_proportional_rope_parameters)
+        kind = "proportional" if p.get("rope_type") == "proportional" else "linear"
+        return {"rope_type": kind, "factor": 1e30, **{k: p[k] for k in keep if k in p}}
 
     if "rope_theta" in rp:
         return {"rope_parameters": ident(rp)}

@@ -373,7 +373,8 @@ def rope_from_config(config, layer_type: str | None = None, layout: str = "neox"
     prf = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
     if kind == "default" and not default_partial:
         prf = 1.0
-    rot = int(hd * prf)
+    # proportional (gemma4): every pair of the head is in the table, the still ones at 0
+    rot = hd if kind == "proportional" else int(hd * prf)
     if kind == "yarn":
         params.setdefault("max_position_embeddings", config.max_position_embeddings)
     spec = make_rope(kind, theta, rot, layout, params)
@@ -422,6 +423,10 @@ class LlamaLike(Family):
     def head_dim(self, config) -> int:
         return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
+    def layer_widths(self, config, i: int) -> tuple[int, int]:
+        """Layer ``i``'s ``(head_dim, n_kv_heads)`` (the same for every layer here)."""
+        return self.head_dim(config), config.num_key_value_heads
+
     def norm_eps(self, config) -> float:
         """The eps of the layer's norms (input, QK, post)."""
         return config.rms_norm_eps
@@ -446,12 +451,12 @@ class LlamaLike(Family):
     def layer_config(self, config, i: int) -> LayerConfig:
         """Layer ``i`` from the hooks above; a family adds what else it has with
         ``super().layer_config(config, i).replace(...)``."""
-        hd = self.head_dim(config)
+        hd, n_kv = self.layer_widths(config, i)
         eps = self.norm_eps(config)
         return LayerConfig(
             hidden_size=config.hidden_size,
             n_heads=config.num_attention_heads,
-            n_kv_heads=config.num_key_value_heads,
+            n_kv_heads=n_kv,
             head_dim=hd,
             input_norm=NormSpec(self.input_norm_kind, eps),
             rope=self.rope(config, i, hd),

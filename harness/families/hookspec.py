@@ -614,6 +614,12 @@ def head_dim(self, config) -> int:
     """The head size: ``config.head_dim`` where set, else hidden // heads (HF *Attention.__init__)."""
 
 @hook('llama_like')
+def layer_widths(self, config, i: int) -> tuple[int, int]:
+    """Layer ``i``'s ``(head_dim, n_kv_heads)``: ``head_dim`` and ``config.num_key_value_heads`` for every layer
+    (default); a config whose layers differ (gemma4's global layers, ``config.per_layer_config[i]``) answers
+    per layer."""
+
+@hook('llama_like')
 def norm_eps(self, config) -> float:
     """The eps of the layer's norms (input, QK, post)."""
 

@@ -35,6 +35,9 @@ DECORATIONS = {
     "partial_rotary": ("RoPE on the leading channels only", "apply_rope_head_layer"),
     "rope_scaling": ("RoPE frequency scaling (linear / llama3 / YaRN)", "apply_rope_head_layer"),
     "rope_attn_factor": ("RoPE attention factor / YaRN mscale", "apply_rope_attn_factor"),
+    "rope_proportional": ("proportional RoPE: the first pairs of the WHOLE head turn at base^(-2i/head_dim), the "
+                          "rest stand still (gemma4's global layers)", "apply_rope_head_layer "
+                          "(HF _compute_proportional_rope_parameters; ggml_rope_ext freq_factors 1e30)"),
     "longrope": ("LongRoPE: RoPE bands divided pair by pair by a short / long factor set (phi3, minicpm3)",
                  "apply_rope_head_layer (ggml_rope_ext freq_factors)"),
     "per_layer_theta": ("per-layer RoPE theta", "apply_rope_head_layer(layer_idx)"),
@@ -126,7 +129,9 @@ class Attention(LayerKind):
             f.add(f"rope_{lc.rope.layout}")
             if lc.rope.rotary_dim < lc.head_dim:
                 f.add("partial_rotary")
-            if lc.rope.kind != "default":
+            if lc.rope.kind == "proportional":
+                f.add("rope_proportional")
+            elif lc.rope.kind != "default":
                 f.add("rope_scaling")
             if lc.rope.attention_factor != 1.0:
                 f.add("rope_attn_factor")

@@ -18,6 +18,7 @@ PHI3 = {"family": "phi3"}
 PHI3_LONG = {"family": "phi3", "overrides": (("original_max_position_embeddings", 8),)}
 
 STABLELM = {"family": "stablelm"}
+GEMMA4 = {"family": "gemma4"}
 GEMMA3N = {"family": "gemma3n"}
 # HF-only: llama.cpp's phi2 graph has no QK norm slot (the export refuses the tensors)
 PHI_QK = {"family": "phi", "ref": "hf", "overrides": (("qk_layernorm", True),)}
@@ -57,6 +58,21 @@ MUTANTS: list[Mutant] = [
            PHI3_LONG, "q_rope",
            doc="the long factor set read from the wrong end: pair i divided by the factor of pair n-1-i"),
 ]
+
+# proportional RoPE (gemma4's global layers): the engines' classic misreading, the exponent over
+# the turned pairs alone (base^(-2i / rotary_dim), ordinary partial rotary's table) instead of
+# over the whole head -- the turned pairs spin faster
+MUTANTS.append(
+    Mutant("proportional-exponent-over-turned-pairs", "rope_proportional", "impl.rope",
+           "turned = int(float(params.get(\"partial_rotary_factor\", 1.0)) * rotary_dim // 2)\n"
+           "        inv = base_inv.copy()",
+           "turned = int(float(params.get(\"partial_rotary_factor\", 1.0)) * rotary_dim // 2)\n"
+           "        inv = np.concatenate([1.0 / (float(theta) ** (np.arange(0, 2 * turned, 2) / (2 * turned))), "
+           "np.zeros(rotary_dim // 2 - turned)])",
+           GEMMA4, "q_rope",
+           doc="the turned pairs' bands computed over 2 * turned channels (partial rotary's base^(-2i / rot)), "
+               "not over the whole head (HF _compute_proportional_rope_parameters: exponent / head_dim; "
+               "llama.cpp n_rot = head_dim with rope_freqs 1e30 on the still pairs)"))
 
 # V norm (gemma3n): killed on smoke's gemma3n cases, and by the spec's formula (SPEC_CASES)
 V_NORM_DROPPED = Mutant("v-norm-dropped", "v_norm", "impl.attention",
