@@ -110,7 +110,14 @@ def hf_keys(fam) -> dict[str, Key]:
             continue
         read = [f for f, src, own in ((model_mod.rpartition(".")[2] + ".py", model_src, False),
                                       (conf_mod.rpartition(".")[2] + ".py", conf_src, True)) if _reads(src, name, own)]
-        value = getattr(cfg, name, None)
+        try:
+            value = getattr(cfg, name, None)
+        except RuntimeError as e:
+            # a per-layer key of a heterogeneous config (gemma4's head_dim: transformers 5 raises
+            # AmbiguousGlobalPerLayerAttributeError): config.json's global value
+            if type(e).__name__ != "AmbiguousGlobalPerLayerAttributeError":
+                raise
+            value = vars(cfg).get(name)
         if name == ROPE and isinstance(value, dict):
             for k, v in value.items():
                 out[f"{ROPE}.{k}"] = Key(f"{ROPE}.{k}", read, v)

@@ -805,7 +805,10 @@ def test_export_writes_key_and_value_length_where_the_converter_does(family):
         # no key / value length (conversion/mamba.py: head count 0)
         pytest.skip(f"{family}: no layer has attention heads, so no key / value length applies")
     heads = int(config.num_attention_heads)
-    hd = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    # gemma4: head_dim is the sliding layers' (transformers 5 refuses config.head_dim on a config
+    # whose layers differ); the family's head_dim hook reads it
+    hd = int(fam.head_dim(config) if hasattr(fam, "head_dim") else (getattr(config, "head_dim", None)
+                                                                       or config.hidden_size // heads))
     try:
         config = fam.make_config({"head_dim": hd + 8})
         fam.layer_configs(config, fam.variants[0] if fam.variants else None)
@@ -821,6 +824,13 @@ def test_export_writes_key_and_value_length_where_the_converter_does(family):
     path = gguf_export.export(fam, model, config, "f32", 0, fam.variants[0] if fam.variants else None)
     v = GGUFFile(str(path)).values
     arch = fam.gguf_arch
+    if f"{arch}.attention.key_length_swa" in v:
+        # the sliding layers' width has its own keys (conversion/gemma.py Gemma4Model:
+        # key_length_swa = head_dim); key_length is the global layers' (global_head_dim)
+        assert v[f"{arch}.attention.key_length_swa"] == v[f"{arch}.attention.value_length_swa"] == hd + 8
+        full = [lc.head_dim for lc in fam.layer_configs(config, variant) if lc.window is None]
+        assert v.get(f"{arch}.attention.key_length") == v.get(f"{arch}.attention.value_length") == full[0]
+        return
     assert v.get(f"{arch}.attention.key_length") == hd + 8
     # a family with its own V width (mimo_v2_flash's v_head_dim) writes that as value_length
     assert v.get(f"{arch}.attention.value_length") == (getattr(config, "v_head_dim", None) or hd + 8)

@@ -83,6 +83,9 @@ EXPECTED = {
     ("gemma3", False): ("pass", ""),
     # llama-model-saver.cpp:18 llama_model_saver_supports_arch: false for GEMMA3N (as for bitnet)
     ("gemma3n", False): ("unwritten", "llama-model-saver.cpp:31 GGML_ASSERT(llama_model_saver_supports_arch"),
+    # the generator writes no per-layer window pattern, which gemma4.cpp load_arch_hparams reads with
+    # get_arr (required): llama.cpp refuses its own generator's file
+    ("gemma4", False): ("unwritten", "array key not found in model: gemma4.attention.sliding_window_pattern"),
     ("glm-dsa", True): ("pass", "the latent norms' epsilon"),
     ("glm4", False): ("refused", "M-RoPE (GLM-4V) permutes Q/K to neox"),
     # the fixture's rope.dimension_sections [32, 32, 32, 32]: glm4-moe.cpp's M-RoPE (GLM-4.5V)

@@ -646,6 +646,8 @@ def rope_freqs(meta: GGUFMeta, kw: dict, tensors: dict) -> None:
         return
     rp = kw.get("rope_parameters") or {}
     if "rope_theta" not in rp:
+        if any(isinstance(v, dict) and v.get("rope_type") == "proportional" for v in rp.values()):
+            return  # gemma4: the family's reverse read it as proportional RoPE's turned pairs
         raise UsageError(f"--gguf {meta.path}: rope_freqs.weight with per-layer-type RoPE parameters is not read here")
     factors = np.asarray(tensors["rope_freqs.weight"](), dtype=np.float64).reshape(-1)
     hd = kw.get("head_dim") or kw["hidden_size"] // kw["num_attention_heads"]

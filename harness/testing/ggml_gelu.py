@@ -38,11 +38,15 @@ def assert_fp16_gelu_explains_layer_out(lc_probes, ffn_half, exact_act) -> None:
     order), so a gate value that sits within that rounding of an fp16 rounding
     boundary rounds to the neighbouring fp16 -- a 1-ulp-of-fp16 table step
     (measured up to 2.0e-5 in layer_out with the AVX-512 kernels, 1.9e-6 with
-    AVX2). So the test compares the two explanations by their size, not one
-    element against a fixed bound: the table's NMSE must be 1000x below the
-    exact GELU's, and at most 1% of the elements may differ by more than 1e-5
-    (the exact GELU: most of them). Measured, AVX2 kernels: exact NMSE 1.3e-9
-    (97% of elements off), table NMSE 1.8e-15 (none off)."""
+    AVX2). A flip sits in ONE token's gate and reaches that token's whole
+    row through down_proj (gemma4, seed 0: one flip in token 9 of 16, 1.6e-4
+    in its row, every other row within 2e-6). So the test compares the two
+    explanations by their size and by token, not one element against a fixed
+    bound: the table's NMSE must be 100x below the exact GELU's and at most
+    one token in eight may hold an element off by more than 1e-5 (the exact
+    GELU: most elements off). Measured, AVX2 kernels: gemma3 exact NMSE 1.3e-9
+    (97% of elements off), table 1.8e-15 (no token off); gemma4 exact 1.2e-9,
+    table 3.6e-12 (one token off)."""
     import torch
 
     with torch.no_grad():
@@ -52,9 +56,10 @@ def assert_fp16_gelu_explains_layer_out(lc_probes, ffn_half, exact_act) -> None:
         table = np.asarray(ffn_half(x, gelu_fp16_table).numpy(), np.float64) - want
     norm = float((want * want).sum())
     exact_nmse, table_nmse = float((exact * exact).sum()) / norm, float((table * table).sum()) / norm
-    exact_off, table_off = float((np.abs(exact) > 1e-5).mean()), float((np.abs(table) > 1e-5).mean())
+    exact_off = float((np.abs(exact) > 1e-5).mean())
+    rows_off = (np.abs(table) > 1e-5).reshape(-1, table.shape[-1]).any(axis=1)
     assert exact_nmse > 1e-11 and exact_off > 0.5, ("the exact GELU already reproduces llama.cpp", exact_nmse)
-    assert table_nmse < 1e-3 * exact_nmse and table_off <= 0.01, (table_nmse, exact_nmse, table_off)
+    assert table_nmse < 1e-2 * exact_nmse and rows_off.mean() <= 1 / 8, (table_nmse, exact_nmse, rows_off.tolist())
 
 
 def gemma_ffn_half(layer):

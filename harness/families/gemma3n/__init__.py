@@ -158,6 +158,23 @@ def lc_sparsity_pattern(n_layer: int) -> list[float]:
     return [LC_SPARSITY if i < LC_SPARSE_LAYERS else 0.0 for i in range(n_layer)]
 
 
+def shared_kv_attention(lc: LayerConfig, config, i: int) -> LayerConfig:
+    """The attention half gemma3n and gemma4 share (HF ``Gemma3nTextAttention`` /
+    ``Gemma4TextAttention``): plain-``w`` RMS norms (``Gemma3nRMSNorm`` / ``Gemma4RMSNorm``:
+    ``x * w``), ``q_norm`` / ``k_norm`` per head before RoPE, ``v_norm`` without a weight
+    (``with_scale=False``), the post norm, ``scaling = 1.0``, and the K / V of the layer
+    ``kv_sharing_modes`` names."""
+    eps = config.rms_norm_eps
+    return lc.replace(
+        input_norm=NormSpec("rms", eps),
+        qk_norm=QkNormSpec(NormSpec("rms", eps), over="head", where="pre_rope"),
+        v_norm=NormSpec("l2", eps),
+        post_norm=NormSpec("rms", eps),
+        scale=1.0,
+        kv_source=kv_sources(config)[i],
+    )
+
+
 class Gemma3n(LlamaLike):
     name = "gemma3n"
     hf_model_type = "gemma3n_text"
@@ -315,16 +332,7 @@ class Gemma3n(LlamaLike):
 
     # ------------------------------------------------------------------ impl
     def layer_config(self, config, i: int) -> LayerConfig:
-        eps = config.rms_norm_eps
-        return super().layer_config(config, i).replace(
-            input_norm=NormSpec("rms", eps),  # Gemma3nRMSNorm: x * w
-            # q_norm / k_norm = Gemma3nRMSNorm(head_dim) per head, before RoPE
-            qk_norm=QkNormSpec(NormSpec("rms", eps), over="head", where="pre_rope"),
-            v_norm=NormSpec("l2", eps),  # v_norm: Gemma3nRMSNorm(with_scale=False)
-            post_norm=NormSpec("rms", eps),
-            scale=1.0,  # Gemma3nTextAttention.scaling
-            kv_source=kv_sources(config)[i],
-        )
+        return shared_kv_attention(super().layer_config(config, i), config, i)
 
     rope_per_layer_type = True  # Gemma3nTextModel.forward: position_embeddings[layer_type]
     weight_map = {**LlamaLike.weight_map, "post_attention_layernorm.weight": "post_norm"}

@@ -187,6 +187,12 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
                 # the keys are the call's rows after the cache's in order only from a plain KVCache:
                 # a RotatingKVCache (a sliding window) hands over its ring buffer as it lies
                 ordered = cache is None or type(cache).__name__ in ("KVCache", "ConcatenateKVCache")
+                # a layer reading an earlier layer's K / V (LayerConfig.kv_source: gemma3n, gemma4) is
+                # handed that layer's keys: a sliding one's are its RotatingKVCache's ring
+                # (mlx_lm/models/gemma4_text.py make_cache), whatever this layer's own cache is
+                src = getattr(layer_cfgs[i], "kv_source", None)
+                if src is not None and getattr(layer_cfgs[src], "window", None) is not None:
+                    ordered = False
                 if want_probe("k_rope") and ordered:
                     got[f"L{i}.k_rope"] = canonical("k_rope", _np(keys), layer_cfgs[i])
                 elif not ordered:

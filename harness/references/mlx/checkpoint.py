@@ -85,6 +85,18 @@ def bridged(cfg: dict) -> dict:
         p = lt.index("full_attention") + 1
         if lt == periodic_layer_types(p, len(lt)):
             cfg["sliding_window_pattern"] = p
+    # Gemma 4's global layers: transformers 5 saves their widths per layer (`per_layer_config`,
+    # Gemma4TextConfig.__post_init__ pops `global_head_dim` / `num_global_key_value_heads` into
+    # it); the hub's config.json and mlx-lm's ModelArgs (mlx_lm/models/gemma4_text.py) keep the
+    # two keys
+    for c in [cfg, cfg.get("text_config") or {}]:
+        plc, types = c.get("per_layer_config"), c.get("layer_types")
+        if isinstance(plc, dict) and isinstance(types, list):
+            full = next((plc.get(str(i)) or plc.get(i) for i, t in enumerate(types)
+                         if t == "full_attention" and (str(i) in plc or i in plc)), None) or {}
+            for src, hub in (("head_dim", "global_head_dim"), ("num_key_value_heads", "num_global_key_value_heads")):
+                if src in full and c.get(hub) is None:
+                    c[hub] = full[src]
     for field, sources in ALIASES.items():
         if field in cfg:
             continue
