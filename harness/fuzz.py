@@ -247,6 +247,12 @@ def _draw_knob(draw, st, knob, fam, space, tokens, ov, keys) -> None:
             # 1 (llama-context.cpp); a file cannot say mscale != mscale_all_dim (the
             # policy's deepseek_v2 finding measures what HF then does differently)
             m = draw(st.sampled_from((0.707, 1.0)))
+            if (t.get("rope_parameters") or {}).get("rope_type") != "yarn":
+                # a family whose tiny config rotates plainly (youtu: YoutuConfig's default): the
+                # YaRN keys alone would change nothing -- turn it on, over a window below the
+                # max length
+                ov["rope_parameters.rope_type"] = "yarn"
+                ov["rope_parameters.original_max_position_embeddings"] = 128
             ov["rope_parameters.factor"] = draw(st.sampled_from((2.0, 4.0, 16.0)))
             ov["rope_parameters.mscale_all_dim"] = m
             ov["rope_parameters.mscale"] = m

@@ -61,3 +61,39 @@ def test_mlx_runs_it_as_youtu_llm(policy):
     assert not bad_rows(rows)
     st = all_statuses(rows)
     assert st[("impl", "mlx", 1, "attn_out")] == "pass" and st[("mlx", "hf", 1, "layer_out")] == "pass"
+
+
+def test_mlx_scales_no_yarn_mscale(policy):
+    """With YaRN mlx-lm's youtu_llm keeps the softmax at q_head_dim**-0.5 (no mscale^2):
+    its rotation agrees, its softmax does not -- the finding, from L0's attention on; impl
+    passes against HF (findings.toml)."""
+    rows = run(policy, family=FAMILY, ref="hf,mlx", kv="decode", overrides=YARN)
+    st = all_statuses(rows)
+    assert st[("impl", "hf", 0, "attn_out")] == "pass"
+    assert st[("impl", "mlx", 0, "q_latent")] == "pass"  # before the softmax: the same
+    assert st[("impl", "mlx", 0, "attn_out")] == "finding"
+    row = next(r for r in rows if (r["candidate"], r["reference"], r["layer"], r["probe"]) == ("mlx", "hf", 0, "attn_out"))
+    assert row["status"] == "finding" and "youtu_llm" in row["reason"] and row["nmse"] > 1e-3
+
+
+def test_the_fuzz_turns_yarn_on():
+    """The mla_yarn knob on a family whose tiny config rotates plainly sets rope_type yarn
+    (the YaRN keys alone changed nothing: youtu's YaRN went unfuzzed)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from harness import fuzz
+
+    fam = get(FAMILY)
+    keys = set(fam.settable_keys())
+    seen = set()
+
+    @settings(max_examples=40, database=None, derandomize=True)
+    @given(st.data())
+    def one(data):
+        ov: dict = {}
+        fuzz._draw_knob(data.draw, st, "mla_yarn", fam, fam.fuzz_space, 16, ov, keys)
+        seen.add(ov.get("rope_parameters.rope_type"))
+
+    one()
+    assert {"yarn", "default"} <= seen
