@@ -37,7 +37,11 @@ class Switches:
         if "softcap" in features and "attn_logit_softcapping" in keys:
             sw["softcap"] = {"attn_logit_softcapping": None}
         # every query head its own KV head: HF sizes k_proj / v_proj from num_key_value_heads
-        nh, nkv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+        nh = getattr(config, "num_attention_heads", None)
+        try:
+            nkv = getattr(config, "num_key_value_heads", None)
+        except RuntimeError:  # per layer (gemma4's global KV heads: AmbiguousGlobalPerLayerAttributeError)
+            nkv = None
         # a head count per layer (laguna's num_attention_heads_per_layer [4, 8, 8, 8]) leaves
         # grouped layers at any one KV count: no single setting switches GQA off
         per_layer = set(getattr(config, "num_attention_heads_per_layer", None) or ())
@@ -65,6 +69,12 @@ class Switches:
                 sw["partial_rotary"] = {"rope_parameters": {**rp, "partial_rotary_factor": 1.0}}
         if "partial_rotary" in features and "partial_rotary" not in sw and "partial_rotary_factor" in keys:
             sw["partial_rotary"] = {"partial_rotary_factor": 1.0}
+        if "rope_proportional" in features and rp and all(isinstance(v, dict) for v in rp.values()):
+            # proportional RoPE (gemma4's global layers) as the default kind over the same head:
+            # every pair turns at base^(-2i/head_dim) -- the still pairs are what goes away
+            sw["rope_proportional"] = {"rope_parameters": {
+                t: {"rope_type": "default", "rope_theta": v["rope_theta"]} if v.get("rope_type") == "proportional"
+                else v for t, v in rp.items()}}
         if "longrope" in features and rp.get("rope_type") == "longrope" and rp.get("long_factor"):
             # LongRoPE's factor sets all ones: the bands are theta's own (HF
             # _compute_longrope_parameters divides by them; the converter writes them as
