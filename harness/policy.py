@@ -130,7 +130,15 @@ def config_value(config, dotted: str, family: str | None = None):
         elif isinstance(obj, dict):
             obj = obj.get(part, _MISSING)
         else:
-            obj = getattr(obj, part, _MISSING)
+            try:
+                obj = getattr(obj, part, _MISSING)
+            except RuntimeError as e:
+                # a per-layer key of a heterogeneous config (gemma4's head_dim: transformers 5
+                # raises AmbiguousGlobalPerLayerAttributeError): no one value to match on, as the
+                # recorded snapshot has none
+                if type(e).__name__ != "AmbiguousGlobalPerLayerAttributeError":
+                    raise
+                return _MISSING
         if obj is _MISSING:
             return _MISSING
     return obj

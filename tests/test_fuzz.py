@@ -161,3 +161,27 @@ def test_kv_eviction_with_shared_kv_is_a_refused_draw():
 
     out = fuzz.run_three_way(Case(family="gemma3n", ref=HF_AND_LLAMACPP, kv="decode", tokens=2, evict=True), load_policy())
     assert fuzz.is_refused(out) and "--kv-evict with KV shared across layers" in out.why, out.why
+
+
+def test_the_fuzz_turns_yarn_on():
+    """The mla_yarn knob on a family whose tiny config rotates plainly sets rope_type yarn
+    (the YaRN keys alone changed nothing: youtu's YaRN went unfuzzed)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from harness import fuzz
+    from harness.families import get
+
+    fam = get("youtu")
+    keys = set(fam.settable_keys())
+    seen = set()
+
+    @settings(max_examples=40, database=None, derandomize=True)
+    @given(st.data())
+    def one(data):
+        ov: dict = {}
+        fuzz._draw_knob(data.draw, st, "mla_yarn", fam, fam.fuzz_space, 16, ov, keys)
+        seen.add(ov.get("rope_parameters.rope_type"))
+
+    one()
+    assert {"yarn", "default"} <= seen

@@ -75,25 +75,3 @@ def test_mlx_scales_no_yarn_mscale(policy):
     row = next(r for r in rows if (r["candidate"], r["reference"], r["layer"], r["probe"]) == ("mlx", "hf", 0, "attn_out"))
     assert row["status"] == "finding" and "youtu_llm" in row["reason"] and row["nmse"] > 1e-3
 
-
-def test_the_fuzz_turns_yarn_on():
-    """The mla_yarn knob on a family whose tiny config rotates plainly sets rope_type yarn
-    (the YaRN keys alone changed nothing: youtu's YaRN went unfuzzed)."""
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-
-    from harness import fuzz
-
-    fam = get(FAMILY)
-    keys = set(fam.settable_keys())
-    seen = set()
-
-    @settings(max_examples=40, database=None, derandomize=True)
-    @given(st.data())
-    def one(data):
-        ov: dict = {}
-        fuzz._draw_knob(data.draw, st, "mla_yarn", fam, fam.fuzz_space, 16, ov, keys)
-        seen.add(ov.get("rope_parameters.rope_type"))
-
-    one()
-    assert {"yarn", "default"} <= seen
