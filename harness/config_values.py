@@ -31,6 +31,20 @@ from .errors import UsageError, suggest
 ROPE_TABLE = "rope_parameters"
 
 
+def global_value(config, name: str, default=None, *, per_layer=None):
+    """``getattr(config, name, default)``, or ``per_layer`` where the key is held per
+    layer: transformers 5 refuses a global read of a key a heterogeneous config keeps
+    in ``per_layer_config`` (gemma4's ``head_dim`` with a wider global head,
+    ``num_key_value_heads`` with K = V: ``AmbiguousGlobalPerLayerAttributeError``, a
+    RuntimeError, transformers/configuration_utils.py). Any other error is raised."""
+    try:
+        return getattr(config, name, default)
+    except RuntimeError as e:
+        if type(e).__name__ != "AmbiguousGlobalPerLayerAttributeError":
+            raise
+        return per_layer
+
+
 # ---------------------------------------------------------------- declared types
 def field_types(cls) -> dict[str, Any]:
     """``{field: declared type}`` of an HF config class (a dataclass in transformers

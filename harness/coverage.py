@@ -27,6 +27,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .config_values import field_types, global_value
+
 ROOT = Path(__file__).resolve().parent.parent
 REASONS = ROOT / "fixtures" / "coverage.toml"
 SPECS = ROOT / "fixtures" / "matrix"
@@ -53,7 +55,6 @@ class Key:
 def _generic() -> set[str]:
     from transformers import PretrainedConfig
 
-    from .config_values import field_types
 
     return set(field_types(PretrainedConfig)) | {"model_type", "transformers_version"}
 
@@ -94,7 +95,6 @@ def _readers(mod, key: str) -> list[str]:
 
 def hf_keys(fam) -> dict[str, Key]:
     """The family's key table on the HF side, read from transformers' sources."""
-    from .config_values import field_types
 
     cls = fam.config_class()
     generic = _generic()
@@ -110,14 +110,8 @@ def hf_keys(fam) -> dict[str, Key]:
             continue
         read = [f for f, src, own in ((model_mod.rpartition(".")[2] + ".py", model_src, False),
                                       (conf_mod.rpartition(".")[2] + ".py", conf_src, True)) if _reads(src, name, own)]
-        try:
-            value = getattr(cfg, name, None)
-        except RuntimeError as e:
-            # a per-layer key of a heterogeneous config (gemma4's head_dim: transformers 5 raises
-            # AmbiguousGlobalPerLayerAttributeError): config.json's global value
-            if type(e).__name__ != "AmbiguousGlobalPerLayerAttributeError":
-                raise
-            value = vars(cfg).get(name)
+        # a per-layer key of a heterogeneous config (gemma4's head_dim): config.json's global value
+        value = global_value(cfg, name, per_layer=vars(cfg).get(name))
         if name == ROPE and isinstance(value, dict):
             for k, v in value.items():
                 out[f"{ROPE}.{k}"] = Key(f"{ROPE}.{k}", read, v)

@@ -4,7 +4,7 @@ derives its layers from the same config) -- ``harness/bisect.py`` drives them.""
 
 from __future__ import annotations
 
-
+from ..config_values import global_value
 from ..kinds.switches import ModelSwitch  # noqa: F401 (re-exported)
 
 # HF FalconH1Config's scalar multipliers of the two parallel branches (the feature
@@ -38,10 +38,7 @@ class Switches:
             sw["softcap"] = {"attn_logit_softcapping": None}
         # every query head its own KV head: HF sizes k_proj / v_proj from num_key_value_heads
         nh = getattr(config, "num_attention_heads", None)
-        try:
-            nkv = getattr(config, "num_key_value_heads", None)
-        except RuntimeError:  # per layer (gemma4's global KV heads: AmbiguousGlobalPerLayerAttributeError)
-            nkv = None
+        nkv = global_value(config, "num_key_value_heads")  # None per layer (gemma4's global KV heads)
         # a head count per layer (laguna's num_attention_heads_per_layer [4, 8, 8, 8]) leaves
         # grouped layers at any one KV count: no single setting switches GQA off
         per_layer = set(getattr(config, "num_attention_heads_per_layer", None) or ())
