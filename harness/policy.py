@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from .config_values import global_value
 from .errors import UsageError, suggest
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "tolerance.toml"
 PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "kv_q8_0", "q8_0", "q8_1", "q8_k")
-_TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "floor_width", "rope_nmse", "rope_atol",
+_TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "floor_width", "score_floor", "rope_nmse", "rope_atol",
              "drift_ratio", "drift_nmse_floor", "drift_atol_floor"}
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
@@ -130,15 +131,9 @@ def config_value(config, dotted: str, family: str | None = None):
         elif isinstance(obj, dict):
             obj = obj.get(part, _MISSING)
         else:
-            try:
-                obj = getattr(obj, part, _MISSING)
-            except RuntimeError as e:
-                # a per-layer key of a heterogeneous config (gemma4's head_dim: transformers 5
-                # raises AmbiguousGlobalPerLayerAttributeError): no one value to match on, as the
-                # recorded snapshot has none
-                if type(e).__name__ != "AmbiguousGlobalPerLayerAttributeError":
-                    raise
-                return _MISSING
+            # a per-layer key of a heterogeneous config (gemma4's head_dim): no one value to
+            # match on, as the recorded snapshot has none
+            obj = global_value(obj, part, _MISSING, per_layer=_MISSING)
         if obj is _MISSING:
             return _MISSING
     return obj
@@ -463,6 +458,10 @@ def load_policy(path: str | Path | None = None) -> Policy:
             if isinstance(fw, bool) or not isinstance(fw, (int, float)) or not 0 < fw < float("inf"):
                 raise UsageError(f"tolerance policy {p}: [dtype.{dt}].{probe} floor_width {fw!r} is not valid; "
                                  f"valid: a positive number of terms (the reduction width the floor holds at)")
+            sf = tol.get("score_floor", 0)
+            if isinstance(sf, bool) or not isinstance(sf, (int, float)) or not 0 <= sf < float("inf"):
+                raise UsageError(f"tolerance policy {p}: [dtype.{dt}].{probe} score_floor {sf!r} is not valid; "
+                                 f"valid: a number >= 0 (times u^2 x the score magnitude: harness/scaling.py)")
     overrides = data.get("override", [])
     for o in overrides:
         _known_keys(p, "an override", o, _OVERRIDE_KEYS)

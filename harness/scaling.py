@@ -133,6 +133,68 @@ def output_norm_amplification(lc, probes: dict, layer: int) -> float:
     return max(1.0, float(np.mean(ms) * np.mean(1.0 / (ms + lc.out_norm_eps))))
 
 
+# the probes a softmax's float32 rounding reaches, inside the layer: the probabilities and
+# what they are multiplied into (resid_mid adds the residual, which dilutes it)
+SOFTMAX_PROBES = ("attn_probs", "attn_heads", "attn_branch", "attn_out")
+
+
+def score_magnitude(probes: dict, layer: int) -> float | None:
+    """What float32 rounding of an attention layer's scores does to its probabilities,
+    in units of u^2 (float32's unit roundoff squared), from the float64 run's
+    ``q_rope``, ``k_rope`` and ``attn_probs`` of ``layer``::
+
+        M = sum_{t,j} p_tj^2 (1 - 2 p_tj + sum_i p_ti^2) c^2 |q_t|^2 |k_j|^2 / sum_{t,j} p_tj^2
+
+    ``c`` the scale between the dot products and the scores, fitted to the run (the
+    centred log-probabilities of every row against its centred ``q . k``: 1 / sqrt(d)
+    in most families, 1 in gemma4, mscale^2 / sqrt(d) in MLA), so nothing here reads
+    a family's formula. None where the probes are absent or their shapes do not meet
+    (an MLA layer in absorbed form has no ``k_rope``).
+
+    Why: a float32 score ``c q . k_j`` errs by about u |c q| |k_j| (its own sum's
+    rounding, and the rounding q and k carry into it), and the softmax turns score
+    errors of variance sigma^2 into ``delta p_j = p_j (delta s_j - sum_i p_i delta s_i)``,
+    of expected square ``p_j^2 sigma^2 (1 - 2 p_j + sum_i p_i^2)`` -- nothing where
+    one key takes all, the most where many share. So a sound float32 attention's
+    NMSE at ``attn_probs`` is about u^2 M. Measured (torch float32 against HF's
+    float64 run, prefill, 16 tokens): impl's NMSE / (u^2 M) 0.22-2.5 and HF's
+    0.2-1.6 over llama, qwen3, gemma2/3/4, gpt_oss, olmo2, deepseek_v3, llama4, phi3,
+    cohere2, on random and realistic weights, while M itself spans 5 (llama, random)
+    to 4180 (gemma4's global layer, realistic). The float32 floor (1e-13 = 28 u^2)
+    was set where M is 5-14; gemma4's scale of 1 over normalised q and k gives M ~
+    100 on random weights, where a 5-token fuzz case had HF 1.5e-13 from the oracle
+    and impl 6.2e-13 (M 109: 0.39 and 1.6 u^2 M), a false alarm of the plain floor."""
+    p, q, k = (probes.get(f"L{layer}.{n}") for n in ("attn_probs", "q_rope", "k_rope"))
+    if p is None or q is None or k is None or np.ndim(p) != 4 or np.ndim(q) != 4 or np.ndim(k) != 4:
+        return None
+    p, q, k = (np.asarray(x, dtype=np.float64) for x in (p, q, k))
+    s, h, t, tk = p.shape
+    if q.shape[:3] != (s, t, h) or k.shape[:2] != (s, tk) or k.shape[3] != q.shape[3] or h % k.shape[2]:
+        return None
+    if not (np.all(np.isfinite(p)) and np.all(np.isfinite(q)) and np.all(np.isfinite(k))):
+        return None
+    k = np.repeat(k, h // k.shape[2], axis=2)  # a query head reads its group's key head
+    qk = np.einsum("sthd,sjhd->shtj", q, k)
+    valid = p > 0  # a masked key is exactly 0 in the float64 run
+    n = valid.sum(axis=-1, keepdims=True)
+    rows = valid & (n >= 2)  # a row of one key has no spread to fit the scale on
+
+    def centred(x):
+        return (x - np.sum(x * rows, axis=-1, keepdims=True) / np.maximum(n, 1)) * rows
+
+    den = float(np.sum(centred(qk) ** 2))
+    if not den > 0:
+        return None
+    c2 = float(np.sum(centred(np.log(np.where(valid, p, 1.0))) ** 2)) / den
+    q2 = np.sum(q * q, axis=-1).transpose(0, 2, 1)[..., None]  # [S, H, T, 1]
+    k2 = np.sum(k * k, axis=-1).transpose(0, 2, 1)[:, :, None, :]  # [S, H, 1, Tk]
+    p2 = np.sum(p * p, axis=-1, keepdims=True)
+    total = float(np.sum(p2))
+    if not total > 0:
+        return None
+    return float(np.sum(p * p * (1.0 - 2.0 * p + p2) * c2 * q2 * k2)) / total
+
+
 def residual_floor_scale(amp: float, probes: dict, layer: int) -> float:
     """The float32 floor's scale at ``resid_mid`` behind a recurrent layer's output norm
     whose amplification at ``attn_out`` is ``amp`` (``output_norm_amplification``): the
@@ -144,13 +206,21 @@ def residual_floor_scale(amp: float, probes: dict, layer: int) -> float:
     measured on (0.22 there), a false alarm. 1 where nothing is amplified."""
     if amp <= 1.0:
         return 1.0
+    share = residual_share(probes, layer)
+    return 1.0 if share is None else max(1.0, amp * share)
+
+
+def residual_share(probes: dict, layer: int) -> float | None:
+    """``|attn_out|^2 / |resid_mid|^2`` of ``layer`` in the float64 run ``probes``: what an
+    absolute error at ``attn_out`` is, in NMSE, once the residual is added (None:
+    nothing to measure)."""
     out, mid = probes.get(f"L{layer}.attn_out"), probes.get(f"L{layer}.resid_mid")
     if out is None or mid is None:
-        return 1.0
+        return None
     e_mid = float(np.sum(np.asarray(mid, dtype=np.float64) ** 2))
     if not e_mid > 0:
-        return 1.0
-    return max(1.0, amp * float(np.sum(np.asarray(out, dtype=np.float64) ** 2)) / e_mid)
+        return None
+    return float(np.sum(np.asarray(out, dtype=np.float64) ** 2)) / e_mid
 
 
 def floor_for(tol: dict, width: int | None) -> float | None:

@@ -157,8 +157,17 @@ class Judge:
                    else 1.0)
             if probe == "resid_mid" and amp > 1.0:  # that error, added to the residual (scaling.residual_floor_scale)
                 amp = scaling.residual_floor_scale(amp, oracle.probes, layer)
+            # behind a softmax the float32 floor is at least what rounding the scores leaves
+            # there, u^2 M (scaling.score_magnitude, M from the float64 run; at resid_mid that
+            # error is added to the residual unchanged)
+            score = (self.score_magnitude(oracle, layer)
+                     if orc is not None and layer is not None and probe in (*scaling.SOFTMAX_PROBES, "resid_mid")
+                     else None)
+            if score is not None and probe == "resid_mid":
+                share = scaling.residual_share(oracle.probes, layer)
+                score = None if share is None else score * share
             row = self.judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc,
-                             sides={rc.name: rc}, rounding=rnd, floor_scale=amp)
+                             sides={rc.name: rc}, rounding=rnd, floor_scale=amp, score_mag=score)
             if cap.note and not row.get("tol_reason"):
                 row["tol_reason"] = cap.note  # why the bound is this dtype's
             if plan_note:
@@ -246,7 +255,8 @@ class Judge:
 
     def judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle, drift=None,
               drift_keeps_table: bool = False, sides: dict | None = None, rounding=None,
-              drift_what: str | None = None, floor_scale: float = 1.0, drift_base=None) -> dict:
+              drift_what: str | None = None, floor_scale: float = 1.0, drift_base=None,
+              score_mag: float | None = None) -> dict:
         if np.shape(a) != np.shape(b):
             return self.row(cand_name, ref_name, layer, probe, "error",
                              f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
@@ -268,6 +278,12 @@ class Judge:
             tol = dict(tol, nmse_floor=tol["nmse_floor"] * floor_scale)
             why = "; ".join(x for x in (why, f"the float32 floor x {floor_scale:.3g}: what the layer's output norm "
                                              "multiplies a rounding error by here") if x)
+        if score_mag and tol.get("score_floor") and tol.get("nmse_floor") is not None:
+            sf = tol["score_floor"] * scaling.EPS["float32"] ** 2 * score_mag
+            if sf > tol["nmse_floor"]:
+                tol = dict(tol, nmse_floor=sf)
+                why = "; ".join(x for x in (why, f"the float32 floor {sf:.3g} = score_floor x u^2 x {score_mag:.3g}: "
+                                                 "what rounding the scores leaves behind the softmax here") if x)
         dbase = b if drift_base is None else drift_base
         if drift is not None and "drift_ratio" in base and np.shape(drift) == np.shape(dbase):
             tol, why = drift_bound(base, tol, metrics(drift, dbase, probe), rope, ref_scale, why, drift_keeps_table,
@@ -432,6 +448,13 @@ class Judge:
             ratio = float(np.sum(np.square(base))) / den if den > 0 else 0.0
             return dict(tol, nmse=tol["nmse"] + u * u * ratio, atol=tol["atol"] + u * float(np.abs(base).max()))
         return tol
+
+    def score_magnitude(self, oracle, layer: int) -> float | None:
+        """scaling.score_magnitude of ``layer`` in the float64 run ``oracle``, once a run and layer."""
+        memo = self.__dict__.setdefault("_score_memo", {})
+        if (id(oracle), layer) not in memo:
+            memo[(id(oracle), layer)] = scaling.score_magnitude(oracle.probes, layer)
+        return memo[(id(oracle), layer)]
 
     def reduction_width(self, layer: int | None) -> int | None:
         """The widest reduction in front of a probe of ``layer`` (harness/scaling.py
