@@ -1,0 +1,86 @@
+"""Set one config key to one value in every family that declares it, run each family's
+case three-way, and list the families whose rows then fail (issue 39: keys no case
+varies). A survey, not a gate: a family listed here is a divergence to resolve -- a
+harness bug (the GGUF export or impl ignores the key), or a finding of the references
+with both lines -- before the key joins the fuzz.
+
+    .venv/bin/python scripts/key_sweep.py --keys rms_norm_eps,layer_norm_epsilon,layer_norm_eps --value 0.01
+
+Measured 2026-12-07 with the norm epsilons at 0.01: docs/measurements/2026-12-07-norm-eps.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import families  # noqa: E402
+from harness.errors import UsageError  # noqa: E402
+from harness.policy import load_policy  # noqa: E402
+from harness.testing import run  # noqa: E402
+
+BAD = ("fail", "error", "unguarded", "missing")
+
+
+def sweep(keys: list[str], value, names: list[str], tokens: int) -> list[dict]:
+    pol = load_policy()
+    out = []
+    for name in names:
+        fam = families.get(name)
+        ks = [k for k in keys if k in set(fam.settable_keys())]
+        if not ks:
+            out.append({"family": name, "keys": [], "status": "no such key"})
+            continue
+        try:
+            rows = run(pol, family=name, ref="all", backend="numpy", dtype="float32", kv="decode",
+                       schedule="prefill", tokens=tokens, overrides=tuple((k, value) for k in ks))
+        except UsageError as e:  # the family's own config validation refuses the value
+            out.append({"family": name, "keys": ks, "status": "refused", "reason": str(e)})
+            continue
+        bad = [r for r in rows if r["status"] in BAD]
+        first = {}
+        for r in bad:  # the first failing probe per (candidate, reference)
+            first.setdefault((r["candidate"], r["reference"]), f"L{r['layer']} {r['probe']}: {r['reason'][:120]}")
+        out.append({"family": name, "keys": ks, "status": "diverges" if bad else "pass", "bad_rows": len(bad),
+                    "first": {f"{c} vs {ref}": v for (c, ref), v in first.items()}})
+        print(f"{name}: {out[-1]['status']} ({len(bad)} bad rows)", file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keys", required=True, help="comma-separated config keys (every one a family declares is set)")
+    ap.add_argument("--value", required=True, help="the value, as JSON (0.01, true, \"yarn\")")
+    ap.add_argument("--family", action="append", help="only this family (repeatable; default: every family)")
+    ap.add_argument("--tokens", type=int, default=6)
+    ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+    a = ap.parse_args(argv)
+    try:
+        value = json.loads(a.value)
+    except json.JSONDecodeError:
+        print(f"key_sweep: --value {a.value!r} is not JSON; valid: a number, true/false, null or a quoted string",
+              file=sys.stderr)
+        return 2
+    known = sorted(families.registry())
+    for f in a.family or ():
+        if f not in known:
+            print(f"key_sweep: unknown family {f!r}; valid: {', '.join(known)}", file=sys.stderr)
+            return 2
+    res = sweep([k.strip() for k in a.keys.split(",") if k.strip()], value, a.family or known, a.tokens)
+    for r in res:
+        if r["status"] == "diverges":
+            print(f"- {r['family']} ({', '.join(r['keys'])}): {r['bad_rows']} bad rows; "
+                  + "; ".join(f"{k}: {v}" for k, v in r["first"].items()))
+    n = sum(r["status"] == "diverges" for r in res)
+    print(f"{n} of {sum(r['status'] != 'no such key' for r in res)} families with the key diverge at {a.value}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
