@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.families.mamba.test_mamba import check_three_way
+from harness.families.mamba.test_mamba import check_mlx_norm_eps, check_three_way
 from harness.mutants import applied, registry
 from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
 
@@ -54,3 +54,8 @@ def test_planted_dt_norm_bug_fails_where_it_acts(policy):
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
     assert st[("impl", "llamacpp", 0, "state_rec")] == "fail"
     assert st[("llamacpp", "hf", 0, "layer_out")] == "pass"
+
+
+@pytest.mark.usefixtures("need_mlx")
+def test_mlx_norms_the_block_input_at_its_own_default_eps(policy):
+    check_mlx_norm_eps(policy, "falcon_mamba")

@@ -138,3 +138,22 @@ def test_a_schedule_key_that_would_excuse_any_schedule_is_refused(bad):
         _check_finding("p.toml", "x", {"family": "mamba", "candidate": "hf_cached", "reference": "hf", "reason": "r",
                                        "later_call_rows_at_least": bad})
     assert "\n" not in str(e.value)
+
+
+def check_mlx_norm_eps(policy, family):
+    """mlx-lm's mamba.py builds the block's input norm as nn.RMSNorm(hidden_size), eps 1e-5
+    whatever layer_norm_epsilon says: at 1e-6 (the fuzz draws it) mlx differs from L0
+    attn_in on, a finding; impl passes against HF; at the tiny config's 1e-5 there is no
+    finding, so the rows show the eps is the whole difference. falcon_mamba runs through
+    the same mlx-lm file."""
+    kw = dict(family=family, ref="hf,mlx", schedule="prefill", tokens=16)
+    st = all_statuses(run(policy, overrides=(("layer_norm_epsilon", 1e-6),), **kw))
+    assert st[("impl", "hf", 0, "attn_branch")] == "pass"
+    assert st[("impl", "mlx", 0, "attn_branch")] == "finding"
+    same = all_statuses(run(policy, **kw))
+    assert same[("impl", "mlx", 0, "attn_branch")] == "pass"
+
+
+@pytest.mark.usefixtures("need_mlx")
+def test_mlx_norms_the_block_input_at_its_own_default_eps(policy):
+    check_mlx_norm_eps(policy, "mamba")
