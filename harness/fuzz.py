@@ -63,6 +63,9 @@ def _module_reference() -> str:
 # Each family's space lives with it (``Family.fuzz_space`` in its folder); a family
 # without one gets the generic knob its heads allow.
 DEFAULT_SPACE = {"knobs": ("heads",)}
+# the config keys that hold the norms' epsilon, drawn for every family that declares one
+# (case_strategy, after the family's own knobs, so a seed keeps its earlier draws)
+NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps", "norm_epsilon")
 
 
 def space_of(fam) -> dict:
@@ -137,6 +140,19 @@ def case_strategy(family_names: list[str], ref: str = "all"):
         backend = draw(st.sampled_from(("numpy", "torch")))
         # drawn last, so the draws before it (and the cases a seed reproduced before) stay as they were
         ragged = kv != "decode" and seqs >= 2 and draw(st.booleans())
+        # after the rest too: the norm epsilon, which every reference reads for the norms in
+        # front of and inside the attention half (HF config.rms_norm_eps / layer_norm_eps ...;
+        # llama.cpp f_norm_rms_eps / f_norm_eps from LLM_KV_ATTENTION_LAYERNORM(_RMS)_EPS,
+        # src/llama-model.cpp), at the values released checkpoints carry. impl reads it and
+        # the oracle sees it (1e-6 for 1e-5 is NMSE ~2e-11 at a normed row of mean square 1,
+        # 200x float32's floor); between the references a converter's or a module's own
+        # fixed eps shows only past float32's bound -- scripts/key_sweep.py at 0.01 lists them
+        # (docs/measurements/2026-12-07-norm-eps.md)
+        eps_keys = [k for k in NORM_EPS_KEYS if k in keys]
+        if eps_keys:
+            eps = draw(st.sampled_from((None, 1e-6, 1e-5)))
+            if eps is not None:
+                ov.update((k, eps) for k in eps_keys)
         # a setting only the reference that runs the model's own modules can express
         # (HF) is judged against it alone
         r = _module_reference() if hf_only else ref

@@ -4,7 +4,7 @@ varies). A survey, not a gate: a family listed here is a divergence to resolve -
 harness bug (the GGUF export or impl ignores the key), or a finding of the references
 with both lines -- before the key joins the fuzz.
 
-    .venv/bin/python scripts/key_sweep.py --keys rms_norm_eps,layer_norm_epsilon,layer_norm_eps --value 0.01
+    .venv/bin/python scripts/key_sweep.py --keys rms_norm_eps,layer_norm_epsilon,layer_norm_eps,norm_eps,norm_epsilon --value 0.01
 
 Measured 2026-12-07 with the norm epsilons at 0.01: docs/measurements/2026-12-07-norm-eps.md.
 """

@@ -185,3 +185,28 @@ def test_the_fuzz_turns_yarn_on():
 
     one()
     assert {"yarn", "default"} <= seen
+
+
+def test_the_fuzz_draws_every_familys_norm_eps_at_released_values():
+    """Every family that declares a norm epsilon gets it drawn (the key was open in 81 families:
+    coverage_open.json), at 1e-6 / 1e-5 or left at the tiny config's; a family with two eps
+    keys gets both the same value; one without any gets none."""
+    from hypothesis import given, settings
+
+    from harness import fuzz
+
+    def drawn(family):
+        seen = []
+
+        @settings(max_examples=30, database=None, derandomize=True)
+        @given(fuzz.case_strategy([family]))
+        def one(case):
+            seen.append({k: v for k, v in case.overrides if k in fuzz.NORM_EPS_KEYS})
+
+        one()
+        return seen
+
+    llama = drawn("llama")
+    assert {d.get("rms_norm_eps") for d in llama} == {None, 1e-6, 1e-5}
+    assert {k for d in drawn("starcoder2") for k in d} == {"norm_epsilon"}
+    assert all(not d for d in drawn("dbrx"))  # dbrx declares no eps key
