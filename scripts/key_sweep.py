@@ -41,6 +41,11 @@ def sweep(keys: list[str], value, names: list[str], tokens: int) -> list[dict]:
         except UsageError as e:  # the family's own config validation refuses the value
             out.append({"family": name, "keys": ks, "status": "refused", "reason": str(e)})
             continue
+        except Exception as e:  # noqa: BLE001 -- a crash is a row of the survey, and it goes on
+            out.append({"family": name, "keys": ks, "status": "diverges", "bad_rows": 1,
+                        "first": {"the case": f"crashed: {type(e).__name__}: {str(e)[:160]}"}})
+            print(f"{name}: crashed ({type(e).__name__})", file=sys.stderr, flush=True)
+            continue
         bad = [r for r in rows if r["status"] in BAD]
         first = {}
         for r in bad:  # the first failing probe per (candidate, reference)

@@ -102,6 +102,16 @@ class Cohere2(LlamaLike):
         if self._write_swa_pattern:
             w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
 
+    def lc_refusal(self, config) -> str | None:
+        # a seeded attention bias is never all zero, and the converter drops only all-zero
+        # biases: conversion/command_r.py Cohere2Model.modify_tensors (53-60; Cohere2MoeModel
+        # 140-146) raises "Bias tensor ... is not zero" -- llama.cpp's cohere2 graphs hold none
+        if getattr(config, "attention_bias", False):
+            return ("attention_bias=true: the converter refuses a non-zero bias tensor (conversion/command_r.py "
+                    "Cohere2Model.modify_tensors: 'Bias tensor ... is not zero'; llama.cpp's cohere2 graph has no "
+                    "attention bias); valid for llama.cpp: attention_bias=false, or run it against --ref hf")
+        return super().lc_refusal(config)
+
     def gguf_transform(self, name, data, config):
         # (cohere2.cpp: output is always token_embd; a tied head is never exported)
         if name.endswith(".bias") and np.issubdtype(data.dtype, np.floating):

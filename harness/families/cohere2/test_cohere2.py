@@ -37,3 +37,18 @@ def test_swa_pattern_must_reach_llamacpp(policy, monkeypatch):
     assert st[("impl", "llamacpp", 0, "attn_probs")] == "pass"
     assert st[("impl", "llamacpp", 1, "q")] == "pass"
     assert st[("impl", "llamacpp", 1, "q_rope")] == "fail"
+
+
+@pytest.mark.parametrize("family", ["cohere2", "cohere2_moe"])
+def test_an_attention_bias_is_refused_for_llamacpp_in_one_line_and_runs_against_hf(policy, family):
+    """The converter drops only all-zero biases and raises on any other (command_r.py
+    Cohere2Model.modify_tensors): a seeded bias reached the export as a traceback before;
+    now llama.cpp refuses it up front, in one line, and HF and impl still run it."""
+    from harness.families import get
+
+    fam = get(family)
+    why = fam.lc_refusal(fam.make_config({"attention_bias": True}))
+    assert why and "attention_bias=true" in why and "valid" in why and "\n" not in why
+    assert fam.lc_refusal(fam.make_config({})) is None
+    rows = run(policy, family=family, ref="hf", tokens=4, overrides=(("attention_bias", True),))
+    assert {r["status"] for r in rows} <= {"pass", "not-exposed", "finding"} and rows
