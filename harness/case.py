@@ -396,7 +396,17 @@ class CaseRun(Build):
                                       f"the float64 run measuring {rc.name}'s rounding failed: {rounding.error}",
                                       detail=rounding.meta.get("traceback", "")))
                 continue
-            rows += judge.compare_candidate(rc, feed, oracle, rounding)
+            # a half-precision candidate against llama.cpp's float32: sized by HF in that dtype there
+            # (and a float64 run on its own inputs and weights: whether HF computes its model there)
+            sizer = oracle_stage.half_sizer(self, rc, cand.teacher_forced) if rounding is not None else None
+            guard = oracle_stage.half_guard(self, rc, cand.teacher_forced) if sizer is not None else None
+            bad = next((x for x in (sizer, guard) if x is not None and x.error), None)
+            if bad is not None:
+                rows.append(judge.row(name, rc.name, None, "", "error",
+                                      f"the {bad.dtype} run sizing {name} on {rc.name}'s inputs failed: "
+                                      f"{bad.error}", detail=bad.meta.get("traceback", "")))
+                continue
+            rows += judge.compare_candidate(rc, feed, oracle, rounding, sizer, guard)
             self.timings[f"{name}_vs_{rc.name}"] = time.perf_counter() - t
         self.timings.update(judge.timings)
         self.notes += [n for n in judge.notes if n not in self.notes]
@@ -408,7 +418,8 @@ class CaseRun(Build):
                 # drift ggml's activation rounding makes in the oracle reference itself (oracle.drift)
                 # two float32 paths of one model where the policy asks: the reference's own
                 # float32 rounding, measured free-running against float64 (oracle.own_rounding)
-                base = None
+                # a half-precision case: the half side's own rounding, the same way
+                base = d = None
                 if references.get(later.name).file_weights:
                     d = oracle_stage.drift(self, ref)
                 elif references.get(ref.name).file_weights:
@@ -417,8 +428,8 @@ class CaseRun(Build):
                     # (mlx reads HF's dequantized checkpoint: the two compute one model)
                     base = next((c for c in good if references.get(c.name) is references.oracle_reference()), None)
                     d = None if base is None else oracle_stage.drift(self, base)
-                else:
-                    d = oracle_stage.own_rounding(self, later, ref)
+                if d is None:
+                    d, base = oracle_stage.own_rounding(self, later, ref, good)
                 rows += judge.compare_refs(later, ref, drift=d, drift_base=base if d is not None else None)
         if len(good) >= 2:
             self.timings["refs_compare"] = time.perf_counter() - t

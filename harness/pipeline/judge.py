@@ -75,7 +75,8 @@ class Judge:
         self.derived: dict = dict(req.derived)
 
     def compare_candidate(self, rc: RefCapture, feed: "CandidateFeed", oracle: RefCapture | None = None,
-                          rounding: RefCapture | None = None) -> list[dict]:
+                          rounding: RefCapture | None = None, sizer: RefCapture | None = None,
+                          guard: RefCapture | None = None) -> list[dict]:
         """The candidate against one reference. ``oracle``: a float64 run on the same
         inputs (``oracle_for``); where given and the comparison dtype has an oracle
         rule, each probe is judged by the candidate's distance to it relative to the
@@ -90,7 +91,12 @@ class Judge:
 
         ``rounding``: a float64 run on ``rc``'s own layer inputs (``oracle.rounding_for``:
         a float64 candidate against a float32 reference); each probe judged directly
-        must then also be within ``ratio`` times ``rc``'s own distance to it."""
+        must then also be within ``ratio`` times ``rc``'s own distance to it -- or, given
+        ``sizer`` (``oracle.half_sizer``: a half-precision candidate against llama.cpp's
+        float32), ``ratio`` times the sizer's distance: HF in the candidate's dtype on
+        ``rc``'s layer inputs, the oracle rule against HF on llama.cpp's inputs -- where
+        ``rc`` is within float32's bound of ``guard`` (``oracle.half_guard``: HF's
+        float64 run of llama.cpp's model on its inputs)."""
         req = self.req
         name, forced = req.candidate, req.teacher_forced
         sel = req.selection
@@ -113,7 +119,7 @@ class Judge:
         if ref.file_weights:
             cdt = comparison_dtype(cdt, req.weight_dtype)
         if "ratio" not in req.policy.tolerance(cdt, "default")[0]:
-            oracle = rounding = None  # no oracle rule at this precision: judged directly
+            oracle = rounding = sizer = guard = None  # no oracle rule at this precision: judged directly
         # what the memory plan gave up (harness/budget.py), said in every row against the oracle's reference
         plan_note = "; ".join(req.plan_notes) if ref.oracle else ""
         rows = []
@@ -150,24 +156,32 @@ class Judge:
             ldt = (comparison_dtype(comparison_dtype(cap.dtype, rc.dtype), cap.layer_dtypes[layer])
                    if layer in cap.layer_dtypes else cdt)
             rnd = None if rounding is None or ldt != cdt else rounding.probes.get(key)
+            siz = None if sizer is None else sizer.probes.get(key)
+            grd = None if guard is None else guard.probes.get(key)
+            if sizer is not None and (siz is None or grd is None):
+                rnd = siz = grd = None  # the sizing runs hold no such probe: judged at the table alone
+            # the float64 run the floors below are read from: the oracle, or the one on rc's
+            # inputs where a sizing run stands in for rc's own rounding
+            f64 = oracle if orc is not None else rounding if siz is not None and rnd is not None else None
             # behind a recurrent layer's output norm the float32 floor grows by what the norm
             # multiplies a rounding error by on these values (scaling.output_norm_amplification)
-            amp = (scaling.output_norm_amplification(req.layer_cfgs[layer], oracle.probes, layer)
-                   if orc is not None and layer is not None and probe in (*scaling.NORMED_OUTPUT_PROBES, "resid_mid")
+            amp = (scaling.output_norm_amplification(req.layer_cfgs[layer], f64.probes, layer)
+                   if f64 is not None and layer is not None and probe in (*scaling.NORMED_OUTPUT_PROBES, "resid_mid")
                    else 1.0)
             if probe == "resid_mid" and amp > 1.0:  # that error, added to the residual (scaling.residual_floor_scale)
-                amp = scaling.residual_floor_scale(amp, oracle.probes, layer)
+                amp = scaling.residual_floor_scale(amp, f64.probes, layer)
             # behind a softmax the float32 floor is at least what rounding the scores leaves
             # there, u^2 M (scaling.score_magnitude, M from the float64 run; at resid_mid that
             # error is added to the residual unchanged)
-            score = (self.score_magnitude(oracle, layer)
-                     if orc is not None and layer is not None and probe in (*scaling.SOFTMAX_PROBES, "resid_mid")
+            score = (self.score_magnitude(f64, layer)
+                     if f64 is not None and layer is not None and probe in (*scaling.SOFTMAX_PROBES, "resid_mid")
                      else None)
             if score is not None and probe == "resid_mid":
-                share = scaling.residual_share(oracle.probes, layer)
+                share = scaling.residual_share(f64.probes, layer)
                 score = None if share is None else score * share
             row = self.judge(name, rc.name, layer, probe, cap.probes[key], rc.probes[key], ldt, orc,
-                             sides={rc.name: rc}, rounding=rnd, floor_scale=amp, score_mag=score)
+                             sides={rc.name: rc}, rounding=rnd, floor_scale=amp, score_mag=score, sizer=siz,
+                             guard=grd, sizer_name=None if sizer is None else f"{sizer.name} in {sizer.dtype}")
             if cap.note and not row.get("tol_reason"):
                 row["tol_reason"] = cap.note  # why the bound is this dtype's
             if plan_note:
@@ -256,7 +270,7 @@ class Judge:
     def judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle, drift=None,
               drift_keeps_table: bool = False, sides: dict | None = None, rounding=None,
               drift_what: str | None = None, floor_scale: float = 1.0, drift_base=None,
-              score_mag: float | None = None) -> dict:
+              score_mag: float | None = None, sizer=None, sizer_name: str | None = None, guard=None) -> dict:
         if np.shape(a) != np.shape(b):
             return self.row(cand_name, ref_name, layer, probe, "error",
                              f"shape mismatch: {cand_name} {np.shape(a)} vs {ref_name} {np.shape(b)}", cmp_dtype=cdt)
@@ -265,6 +279,8 @@ class Judge:
             a, b = mask(probe, a, req.lengths), mask(probe, b, req.lengths)
             oracle = None if oracle is None else mask(probe, oracle, req.lengths)
             rounding = None if rounding is None else mask(probe, rounding, req.lengths)
+            sizer = None if sizer is None else mask(probe, sizer, req.lengths)
+            guard = None if guard is None else mask(probe, guard, req.lengths)
         m = metrics(a, b, probe)
         base, why = req.policy.tolerance(cdt, probe, req.family, ref_name, cand_name)
         # the bound at this case's size: RoPE reach and the values' scale (harness/scaling.py);
@@ -301,18 +317,38 @@ class Judge:
             status, reason = judge(m, tol)
             extra = {"err_ratio": max(_over(m["nmse"], tol["nmse"]), _over(m["max_abs"], tol["atol"]))}
         rounding_failed = False
-        if rounding is not None and "ratio" in tol:
-            # the reference's own rounding bounds the candidate too (oracle.rounding_for): a
-            # float64 candidate is ~1e-30 from this run; a bug is as far as it moves the values
-            cm, rm = metrics(a, rounding, probe), metrics(b, rounding, probe)
-            st2, why2, allowed = judge_against_oracle(cm, rm, tol, all_finite(rounding))
+        # the reference's own rounding bounds the candidate too (oracle.rounding_for): a
+        # float64 candidate is ~1e-30 from this run; a bug is as far as it moves the values.
+        # A half-precision candidate against a float32 reference (oracle.half_sizer): the
+        # allowance is a sound computation's in that dtype there, HF's on rc's inputs
+        own = b if sizer is None else sizer if np.shape(sizer) == np.shape(b) else None
+        if rounding is not None and sizer is not None and own is not None:
+            # only where HF's float64 run of the reference's own model (its weights, its inputs:
+            # ``guard``) is that model here: the reference (float32) within float32's bound of
+            # it -- where the two references differ (a finding; HF's cached path's own
+            # divergence) the table's bound alone stands
+            oname = references.oracle_reference().name
+            t32, _ = req.policy.tolerance("float32", probe, req.family, oname, cand_name)
+            t32 = scaling.scaled(t32, rope, "float32", absmax(guard), self.reduction_width(layer))
+            if guard is None or np.shape(guard) != np.shape(b) or judge(metrics(b, guard, probe), t32)[0] != "pass":
+                own = None
+        if rounding is not None and "ratio" in tol and own is not None:
+            cm, rm = metrics(a, rounding, probe), metrics(own, rounding, probe)
+            heads = None
+            if sizer is not None:  # head by head too, as against the oracle (a state's fast heads)
+                ch, rh = head_nmse(a, rounding, probe), head_nmse(own, rounding, probe)
+                heads = None if ch is None or rh is None else (ch, rh)
+            st2, why2, allowed = judge_against_oracle(cm, rm, tol, all_finite(rounding), heads)
             extra.update(nmse_cand_oracle=cm["nmse"], nmse_ref_oracle=rm["nmse"])
-            extra["err_ratio"] = max(extra["err_ratio"], _over(cm["nmse"], allowed))
+            extra["err_ratio"] = max(extra["err_ratio"], _over(cm["nmse"], allowed),
+                                     0.0 if heads is None else _over(*worst_head(heads, tol)[1:]))
             if st2 == "fail":
                 rounding_failed = True
-                status, reason = "fail", "; ".join(x for x in (
-                    reason, f"{why2} ({ref_name}'s own rounding: its distance to the float64 oracle on its "
-                            "layer inputs)") if x)
+                whose = (f"{ref_name}'s own rounding: its distance to the float64 oracle on its layer inputs"
+                         if sizer is None else
+                         f"{sizer_name}'s rounding on {ref_name}'s layer inputs: its distance to the float64 "
+                         "oracle there")
+                status, reason = "fail", "; ".join(x for x in (reason, f"{why2} ({whose})") if x)
             elif req.case.dtype == "float64" and rm["finite"] and rm["nmse"] <= tol["nmse"]:
                 # issue 40: where the reference is within its dtype's bound of the float64 run on its
                 # own layer inputs, that run computes the reference's model here in float64, and a
