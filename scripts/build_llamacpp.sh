@@ -2,7 +2,7 @@
 # Build llama-cpp-python (the llama.cpp reference) for one named set of ggml CPU
 # kernels, once, into a wheel kept outside the checkout; print the wheel's path.
 #
-#   scripts/build_llamacpp.sh [VARIANT]      VARIANT: avx2 (default), avx512, sse42, native
+#   scripts/build_llamacpp.sh [VARIANT]      VARIANT: avx2 (default), avx512, amx, sse42, native
 #   LLAMACPP_VERSION=0.3.35 scripts/build_llamacpp.sh   another release than the lock's
 #
 # Why a named set and not pip's default build: llama-cpp-python builds with
@@ -12,10 +12,14 @@
 # let a process use it, the native build dies with SIGILL (`tilezero`) on the
 # first quantized matmul. The default `avx2` is x86-64-v3 (SSE4.2, AVX, AVX2,
 # FMA, F16C, BMI2: ggml's GGML_NATIVE=OFF defaults), the same on every CI
-# machine; `avx512` (+ AVX512F/BW/DQ/VL/VBMI/VNNI/BF16, no AMX) and `sse42` (no
-# AVX, FMA or F16C: fp16 converted in software) are the other x86 kernel sets
-# the tolerances are measured on (scripts/measure_cpu_variants.py). `native` is
-# what a plain `pip install llama-cpp-python` gives.
+# machine; `avx512` (+ AVX512F/BW/DQ/VL/VBMI/VNNI/BF16, no AMX: BF16 weights
+# take _mm512_dpbf16_ps in ggml_vec_dot_bf16), `amx` (avx512 + AMX-TILE/INT8/BF16:
+# ggml-cpu/amx takes the Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K / IQ4_XS matmuls
+# onto int8 tiles where the kernel grants the process AMX -- what a plain build
+# picks on a Sapphire Rapids Xeon) and `sse42` (no AVX, FMA or F16C: fp16
+# converted in software) are the other x86 kernel sets the tolerances are
+# measured on (scripts/measure_cpu_variants.py). `native` is what a plain
+# `pip install llama-cpp-python` gives.
 #
 # pip's wheel cache is keyed by the source, not by CMAKE_ARGS, so each variant's
 # wheel is kept in its own folder: $CONFORMANCE_WHEELS (default
@@ -32,9 +36,10 @@ esac
 case "$VARIANT" in
   avx2) ARGS="-DGGML_NATIVE=OFF" ;;
   avx512) ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON" ;;
+  amx) ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON -DGGML_AMX_BF16=ON" ;;
   sse42) ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF" ;;
   native) ARGS="" ;;
-  *) echo "build_llamacpp.sh: unknown variant '$VARIANT'; valid: avx2, avx512, sse42, native" >&2; exit 2 ;;
+  *) echo "build_llamacpp.sh: unknown variant '$VARIANT'; valid: avx2, avx512, amx, sse42, native" >&2; exit 2 ;;
 esac
 if [ "$X86" = 0 ] && [ "$VARIANT" != native ]; then
   VARIANT=native  # the x86 kernel sets mean nothing elsewhere: ggml's own defaults there

@@ -14,7 +14,10 @@ PYTHONPATH of the run, so nothing else changes -- and reports, per set:
   rows it matches (whatever its bound), next to its max_nmse;
 - per comparison pair and probe: the worst error relative to its tolerance.
 
-    .venv/bin/python scripts/measure_cpu_variants.py [--variants avx2,avx512,sse42] [--spec S] [-j 2] [--out DIR]
+    .venv/bin/python scripts/measure_cpu_variants.py [--variants avx2,avx512,amx,sse42] [--spec S] [-j 2] [--out DIR]
+
+A set this CPU cannot execute (scripts/build_llamacpp.sh's flags it lacks: AVX512-BF16,
+AMX) is skipped and named.
 
 Writes DIR/cpu_variants.md (and each set's run directory). The numbers the
 policy quotes come from its last run; the README says when that was.
@@ -32,6 +35,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+
+# what each kernel set needs of an x86 CPU (/proc/cpuinfo flags, scripts/build_llamacpp.sh's
+# compiler flags): a set the CPU lacks one of dies with SIGILL on its first such instruction
+NEEDS = {
+    "sse42": ("sse4_2",),
+    "avx2": ("avx2", "fma", "f16c", "bmi2"),
+    "avx512": ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi",
+               "avx512_vnni", "avx512_bf16"),
+    "amx": ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi",
+            "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"),
+    "native": (),
+}
+
+
+def cpu_lacks(variant: str) -> list[str]:
+    """The CPU flags ``variant`` needs that this machine's CPU does not report
+    (none off Linux/x86, where build_llamacpp.sh builds ggml's own defaults)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    try:
+        line = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    have = set(line.split(":", 1)[1].split())
+    return [f for f in NEEDS[variant] if f not in have]
 
 
 def install(variant: str, base: Path) -> Path:
@@ -130,6 +161,13 @@ def main() -> int:
     spec = Path(a.spec) if a.all_cases else llamacpp_spec(Path(a.spec), out)
     results = {}
     for v in [x.strip() for x in a.variants.split(",") if x.strip()]:
+        if v not in NEEDS:
+            print(f"measure_cpu_variants.py: unknown kernel set {v!r}; valid: {', '.join(NEEDS)}", file=sys.stderr)
+            return 2
+        lacks = cpu_lacks(v)
+        if lacks:
+            print(f"== {v}: skipped, this CPU cannot execute it (lacks {', '.join(lacks)})", file=sys.stderr)
+            continue
         site = install(v, out)
         rd = out / f"run-{v}"
         if not (rd / "rows.parquet").exists():
