@@ -400,11 +400,13 @@ class CaseRun(Build):
             # (and a float64 run on its own inputs and weights: whether HF computes its model there)
             sizer = oracle_stage.half_sizer(self, rc, cand.teacher_forced) if rounding is not None else None
             guard = oracle_stage.half_guard(self, rc, cand.teacher_forced) if sizer is not None else None
-            bad = next((x for x in (sizer, guard) if x is not None and x.error), None)
+            bad = next(((what, x) for what, x in ((f"{self.case.dtype} run sizing {name}", sizer),
+                                                   (f"float64 run of {rc.name}'s model", guard))
+                        if x is not None and x.error), None)
             if bad is not None:
                 rows.append(judge.row(name, rc.name, None, "", "error",
-                                      f"the {bad.dtype} run sizing {name} on {rc.name}'s inputs failed: "
-                                      f"{bad.error}", detail=bad.meta.get("traceback", "")))
+                                      f"the {bad[0]} on {rc.name}'s inputs failed: {bad[1].error}",
+                                      detail=bad[1].meta.get("traceback", "")))
                 continue
             rows += judge.compare_candidate(rc, feed, oracle, rounding, sizer, guard)
             self.timings[f"{name}_vs_{rc.name}"] = time.perf_counter() - t

@@ -94,3 +94,18 @@ def test_a_half_candidate_against_llamacpp_alone_is_sized_by_hf_in_its_dtype(can
         assert "nmse_cand_oracle" not in row or row["nmse_cand_oracle"] is None
     if verdict == "fail":
         assert "hf in bfloat16's rounding on llamacpp's layer inputs" in row["reason"]
+
+
+@pytest.mark.llamacpp
+def test_a_sizing_run_that_fails_is_an_error_row_naming_it_and_the_run_goes_on(policy, monkeypatch):
+    """HF crashing in the sizing run (oracle.half_sizer) is one error row saying which run
+    failed -- never a pass on the table alone, never a traceback."""
+    from harness.pipeline import oracle
+    from harness.testing import run
+
+    monkeypatch.setattr(oracle, "half_sizer", lambda build, rc, tf: RefCapture(
+        "hf", "bfloat16", error="RuntimeError: planted", meta={"traceback": "planted"}))
+    rows = run(policy, family="qwen3", backend="torch", dtype="bfloat16", ref="llamacpp", tokens=4)
+    (err,) = [r for r in rows if r["status"] == "error"]
+    assert "bfloat16 run sizing impl on llamacpp's inputs failed: RuntimeError: planted" in err["reason"]
+    assert not any(r["candidate"] == "impl" and r["status"] == "pass" for r in rows)

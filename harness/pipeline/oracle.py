@@ -165,6 +165,7 @@ def own_rounding(build, cand: RefCapture, ref: RefCapture, caps=()) -> tuple[Ref
     ``(None, None)`` where the policy does not ask for it, or there is nothing to
     measure (other dtypes, no oracle reference run among ``caps``, the oracle
     skipped by the memory plan)."""
+    from ..ggml_types import is_quantized
     from ..policy import comparison_dtype
 
     spec = references.get(ref.name)
@@ -175,7 +176,9 @@ def own_rounding(build, cand: RefCapture, ref: RefCapture, caps=()) -> tuple[Ref
         cdt = comparison_dtype(cand.dtype, ref.dtype)
         oracle_ref = references.oracle_reference().name
         base = next((c for c in caps if c.name == oracle_ref and c.dtype == build.case.dtype and not c.error), None)
-        if cdt != build.case.dtype or base is None:
+        # quantized weights: the pair is judged at ggml's activation type, a rounding this
+        # drift does not hold (``drift`` measures that one, at a float32 case)
+        if cdt != build.case.dtype or base is None or is_quantized(build.case.gguf_type):
             return None, None
     elif spec.oracle and ref.dtype == "float32" and cand.dtype == "float32":
         cdt, base = "float32", None
@@ -323,8 +326,11 @@ def _rounded_inputs(rc: RefCapture, dtype: str) -> RefCapture:
 
 
 def _file_float(build) -> str:
-    """The float type of the weights llama.cpp holds: its export's (F32, F16, BF16)."""
-    return {"f16": "float16", "bf16": "bfloat16"}.get(build.case.gguf_type, "float32")
+    """The float type of the weights llama.cpp holds: its export's (F32, F16, BF16), by the
+    policy's own names for them (``half_candidate`` holds: never a quantized type)."""
+    from ..policy import comparison_dtype
+
+    return comparison_dtype(build.case.gguf_type, "float32")
 
 
 def _state_oracle(build, rc: RefCapture):
