@@ -241,6 +241,26 @@ def floor_for(tol: dict, width: int | None) -> float | None:
     return floor * max(1.0, width / tol["floor_width"])
 
 
+def state_width(probe: str, width: int | None, rows: int | None) -> int | None:
+    """The floor width of the recurrent state a scan carries (``state_rec``): the rows
+    it has carried, where more than the layer's ``width``. The conv state
+    (``state_conv``) is a copy of the last rows' inputs, no sum: the layer's width.
+
+    Why: a state carried row after row is a running sum over every row it remembers,
+    each step rounded -- a sequential sum of n terms, ~n u^2 / 10 relative variance
+    (tests/test_scaling_floor.py) -- while a reference may compute it as one blocked
+    reduction (HF's Mamba-2 chunked SSD, an einsum over the chunk's rows: ~log n). With
+    trained weights some heads remember every row (decay near 1; ``--weights
+    trained``), and in such a head a sound sequential float32 state was 72x HF's lucky
+    7.95e-15 (mamba2, trained, float32, 256 tokens in calls of 128: head 3 at 5.7e-13,
+    over the fixed floor's 4e-13 against HF's cached path and against llama.cpp alone;
+    docs/measurements/2026-12-07-float32-llamacpp-alone.md). ``rows``: the case's
+    rows per sequence, the longest chain any call's state ends."""
+    if probe.rsplit(".", 1)[-1] != "state_rec" or not rows:
+        return width
+    return max(width or 0, int(rows))
+
+
 def scaled(tol: dict, rope: RopeSize | None, angle_dtype: str, ref_scale: float, width: int | None = None) -> dict:
     """``tol`` (a dtype's table entry) made effective for one comparison: the RoPE
     terms where the probe is downstream of a RoPE (``rope`` given), ``atol`` at the

@@ -97,6 +97,37 @@ def test_the_judge_reads_the_width_from_the_layer_description():
     assert judge(256).reduction_width(None) == 256  # a probe of no layer: behind every layer
 
 
+def _recurrence_nmse(n: int, rng) -> float:
+    """A decaying state carried row after row in float32 (s = a s + b x, decay a within
+    1e-3 of 1: a head that remembers every row), its NMSE to the float64 recurrence on
+    the same float32 inputs after ``n`` rows."""
+    a = np.exp(-rng.uniform(0, 1e-3, 256)).astype(np.float32)
+    b, x = (rng.standard_normal((n, 256)).astype(np.float32) for _ in range(2))
+    s32, s64 = np.zeros(256, np.float32), np.zeros(256)
+    for t in range(n):
+        s32 = a * s32 + b[t] * x[t]
+        s64 = a.astype(np.float64) * s64 + b[t].astype(np.float64) * x[t].astype(np.float64)
+    return float(((s32 - s64) ** 2).sum() / (s64 ** 2).sum())
+
+
+def test_a_states_floor_grows_with_the_rows_it_carried():
+    """A recurrent state is a sequential sum over the rows it remembers (scaling.state_width):
+    a sound float32 state carried row by row rounds to ~n u^2 / 10 or more, where a
+    reference computing it as one blocked reduction is lucky (mamba2, trained weights,
+    float32, 256 rows: head 3 at 5.7e-13 against HF's cached path at 7.95e-15, over the
+    fixed floor's 4e-13 bound). The floor at the state's width stays over that chain at
+    every length; the fixed floor does not (the last assertion: this test fails without
+    the scaling). Other probes keep the layer's width: the conv state is a copy, no sum."""
+    tol = _float32_table()
+    rng = np.random.default_rng(0)
+    for n in (256, 1024, 4096):
+        e = _recurrence_nmse(n, rng)
+        assert e <= scaling.floor_for(tol, scaling.state_width("L0.state_rec", 64, n)), (n, e / U2)
+    assert e > 4 * tol["nmse_floor"]  # 4096 rows: past the fixed floor's whole allowance
+    assert scaling.state_width("L0.state_rec", 64, 16) == 64 and scaling.state_width("state_conv", 64, 300) == 64
+    assert scaling.state_width("L0.rec_out", 64, 4096) == 64 and scaling.state_width("state_rec", None, None) is None
+
+
 @pytest.mark.parametrize("key, bad, valid", [
     *(("floor_width", b, "valid: a positive number") for b in ("0", "-64", "true", '"64"')),
     *(("score_floor", b, "valid: a number >= 0") for b in ("-1", "true", '"2"')),

@@ -92,10 +92,10 @@ class Judge:
         ``rounding``: a float64 run on ``rc``'s own layer inputs (``oracle.rounding_for``:
         a float64 candidate against a float32 reference); each probe judged directly
         must then also be within ``ratio`` times ``rc``'s own distance to it -- or, given
-        ``sizer`` (``oracle.half_sizer``: a half-precision candidate against llama.cpp's
+        ``sizer`` (``oracle.dtype_sizer``: a half-precision candidate against llama.cpp's
         float32), ``ratio`` times the sizer's distance: HF in the candidate's dtype on
         ``rc``'s layer inputs, the oracle rule against HF on llama.cpp's inputs -- where
-        ``rc`` is within float32's bound of ``guard`` (``oracle.half_guard``: HF's
+        ``rc`` is within float32's bound of ``guard`` (``oracle.model_guard``: HF's
         float64 run of llama.cpp's model on its inputs)."""
         req = self.req
         name, forced = req.candidate, req.teacher_forced
@@ -288,7 +288,7 @@ class Judge:
         rope = self.rope_reach(cand_name, layer, probe)
         ref_scale = absmax(b if oracle is None else oracle)
         tol = scaling.scaled(base, rope, "float64" if cdt == "float64" else "float32", ref_scale,
-                             self.reduction_width(layer))
+                             scaling.state_width(probe, self.reduction_width(layer), req.case.tokens))
         tol = self.derived_difference(tol, layer, probe, b, sides or {})
         if floor_scale > 1.0 and tol.get("nmse_floor"):
             tol = dict(tol, nmse_floor=tol["nmse_floor"] * floor_scale)
@@ -319,7 +319,7 @@ class Judge:
         rounding_failed = False
         # the reference's own rounding bounds the candidate too (oracle.rounding_for): a
         # float64 candidate is ~1e-30 from this run; a bug is as far as it moves the values.
-        # A half-precision candidate against a float32 reference (oracle.half_sizer): the
+        # A half-precision candidate against a float32 reference (oracle.dtype_sizer): the
         # allowance is a sound computation's in that dtype there, HF's on rc's inputs
         own = b if sizer is None else sizer if np.shape(sizer) == np.shape(b) else None
         if rounding is not None and sizer is not None and own is not None:
