@@ -398,8 +398,8 @@ class CaseRun(Build):
                 continue
             # a half-precision candidate against llama.cpp's float32: sized by HF in that dtype there
             # (and a float64 run on its own inputs and weights: whether HF computes its model there)
-            sizer = oracle_stage.half_sizer(self, rc, cand.teacher_forced) if rounding is not None else None
-            guard = oracle_stage.half_guard(self, rc, cand.teacher_forced) if sizer is not None else None
+            sizer = oracle_stage.dtype_sizer(self, rc, cand.teacher_forced) if rounding is not None else None
+            guard = oracle_stage.model_guard(self, rc, cand.teacher_forced) if sizer is not None else None
             bad = next(((what, x) for what, x in ((f"{self.case.dtype} run sizing {name}", sizer),
                                                    (f"float64 run of {rc.name}'s model", guard))
                         if x is not None and x.error), None)

@@ -76,8 +76,8 @@ def test_the_policy_sizes_both_half_dtypes_by_the_drift_and_never_below_their_ta
     (2e-4, 1e-14, "fail"),  # 20x it: the flat table (1e-2) alone passed this
     (2e-4, 1e-6, "pass"),  # llama.cpp is not HF's float64 model here (a finding): the table alone
 ])
-def test_a_half_candidate_against_llamacpp_alone_is_sized_by_hf_in_its_dtype(cand, llamacpp_off, verdict):
-    """oracle.half_sizer / half_guard in the judge: impl (bfloat16) against llama.cpp
+def test_a_sized_candidate_against_llamacpp_alone_is_sized_by_hf_in_its_dtype(cand, llamacpp_off, verdict):
+    """oracle.dtype_sizer / model_guard in the judge: impl (bfloat16) against llama.cpp
     (float32), each probe also held to 4x what HF in bfloat16 is off the float64 run on
     llama.cpp's layer inputs -- where llama.cpp is within float32's bound of HF's float64
     run of its own model there (the guard); elsewhere the table's bound alone."""
@@ -98,12 +98,12 @@ def test_a_half_candidate_against_llamacpp_alone_is_sized_by_hf_in_its_dtype(can
 
 @pytest.mark.llamacpp
 def test_a_sizing_run_that_fails_is_an_error_row_naming_it_and_the_run_goes_on(policy, monkeypatch):
-    """HF crashing in the sizing run (oracle.half_sizer) is one error row saying which run
+    """HF crashing in the sizing run (oracle.dtype_sizer) is one error row saying which run
     failed -- never a pass on the table alone, never a traceback."""
     from harness.pipeline import oracle
     from harness.testing import run
 
-    monkeypatch.setattr(oracle, "half_sizer", lambda build, rc, tf: RefCapture(
+    monkeypatch.setattr(oracle, "dtype_sizer", lambda build, rc, tf: RefCapture(
         "hf", "bfloat16", error="RuntimeError: planted", meta={"traceback": "planted"}))
     rows = run(policy, family="qwen3", backend="torch", dtype="bfloat16", ref="llamacpp", tokens=4)
     (err,) = [r for r in rows if r["status"] == "error"]

@@ -100,7 +100,7 @@ def test_a_state_kept_in_bfloat16_is_seen_against_llamacpp_alone(policy, mutant,
     """Against llama.cpp alone a bfloat16 candidate was held to the flat table (NMSE
     1e-2): the planted bfloat16 state moved qwen3_next's state_rec from 3.5e-5 to
     8.0e-5, 125x under it (issue 40). It is now sized as against HF, on llama.cpp's
-    layer inputs (oracle.half_sizer / half_guard: HF's cached path in bfloat16 and in
+    layer inputs (oracle.dtype_sizer / model_guard: HF's cached path in bfloat16 and in
     float64 there, where llama.cpp computes that float64 run's model): the planted state
     fails at state_rec, and the same case passes unplanted with the state judged by
     the rule -- not by the table."""

@@ -152,7 +152,9 @@ MUTANTS = [
            doc="the correction of lightning's rounded per-row decay lost between calls (issue 40's second class): "
                "each call decays the state by fl(exp(-slope)) afresh, a rounding that accumulates over one-row "
                "calls (impl/recurrent_scan.py carried_decays; HF's full forward decays by exact row counts, "
-               "decay_factors): 0.8 of its bound at 64 calls, 11x at 256",
+               "decay_factors): 0.8 of its bound at 64 calls, 11x at 256; against llama.cpp alone at float32 "
+               "too (the default matrix's float32-llamacpp-alone-lightning-decode: sized by HF's full forward "
+               "on llama.cpp's inputs, pipeline/oracle.py dtype_sizer)",
            bisect_note=NOTE.format(what="slope decay")),
     Mutant("normed-residual-alpha-dropped", "normed_residual", "impl.recurrent",
            "    if cfg.residual_alpha != 1.0:\n        base = base * cfg.residual_alpha",
