@@ -93,7 +93,8 @@ class Judge:
         a float64 candidate against a float32 reference); each probe judged directly
         must then also be within ``ratio`` times ``rc``'s own distance to it -- or, given
         ``sizer`` (``oracle.dtype_sizer``: a half-precision candidate against llama.cpp's
-        float32), ``ratio`` times the sizer's distance: HF in the candidate's dtype on
+        float32, or a float32 one against llama.cpp alone), ``ratio`` times the sizer's
+        distance: HF in the candidate's dtype on
         ``rc``'s layer inputs, the oracle rule against HF on llama.cpp's inputs -- where
         ``rc`` is within float32's bound of ``guard`` (``oracle.model_guard``: HF's
         float64 run of llama.cpp's model on its inputs)."""
@@ -319,7 +320,7 @@ class Judge:
         rounding_failed = False
         # the reference's own rounding bounds the candidate too (oracle.rounding_for): a
         # float64 candidate is ~1e-30 from this run; a bug is as far as it moves the values.
-        # A half-precision candidate against a float32 reference (oracle.dtype_sizer): the
+        # A candidate below float64 against a float32 reference (oracle.dtype_sizer): the
         # allowance is a sound computation's in that dtype there, HF's on rc's inputs
         own = b if sizer is None else sizer if np.shape(sizer) == np.shape(b) else None
         if rounding is not None and sizer is not None and own is not None:

@@ -292,9 +292,7 @@ def dtype_sizer(build, rc: RefCapture, teacher_forced: bool) -> RefCapture | Non
     full = _on_inputs(build, rc, teacher_forced, "full_sizer", dt, dt, force, state=False)
     if full is None or full.error:
         return full
-    from contract.probes import STATE_PROBES
-
-    states = {k: v for k, v in sizer.probes.items() if k.split(".", 1)[-1] in STATE_PROBES}
+    states = {k: v for k, v in sizer.probes.items() if _is_state(k)}
     return RefCapture(full.name, dt, {**full.probes, **states}, meta=dict(full.meta, states_from=sizer.name),
                       key=f"{full.key}|{sizer.key}")
 
@@ -375,9 +373,7 @@ def _state_oracle(build, rc: RefCapture):
     path runs the case's schedule: its run on ``rc``'s layer inputs carries the state
     call by call, as llama.cpp's does, and exposes it -- so the state probes are judged
     by the rule too, not only what leaves the layer. None: HF's full forward."""
-    from contract.probes import STATE_PROBES
-
-    if not any(k.split(".", 1)[-1] in STATE_PROBES for k in rc.probes):
+    if not any(map(_is_state, rc.probes)):
         return None
     try:
         cached = references.get("hf_cached")
@@ -391,3 +387,10 @@ def _chunks(build) -> tuple:
     from ..schedule import chunk_sizes
 
     return tuple(chunk_sizes(build.case.schedule, build.case.tokens))
+
+
+def _is_state(key: str) -> bool:
+    """Whether capture key ``key`` (``L{i}.{probe}``) is a recurrent state probe."""
+    from contract.probes import STATE_PROBES
+
+    return key.split(".", 1)[-1] in STATE_PROBES
