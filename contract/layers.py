@@ -429,6 +429,10 @@ class MlaConfig:
     kv_a_norm: NormSpec = field(default_factory=NormSpec)
     rope: RopeSpec | None = None
     yarn: MlaYarn | None = None
+    # the query's per-position temperature (mistral4: HF Mistral4Attention.forward's
+    # get_llama_4_attn_scale on the whole query; llama.cpp deepseek2.cpp's
+    # Qcur_attn_temp_scaled when the file names a temperature scale); None: off
+    temperature: TemperatureSpec | None = None
     form: MlaForm = "absorbed"
     use_output_gate: bool = False
     residual: Literal["sequential", "parallel"] = "sequential"

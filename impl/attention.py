@@ -277,14 +277,7 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
             k = ropemod.rotate(xp, k, cos, sin, rope.layout, rope.rotary_dim)
     if cfg.qk_norm is not None and cfg.qk_norm.where == "post_rope":
         q, k = _qk_norm(layer, q, k)
-    if cfg.temperature is not None:
-        # llama.cpp llm_graph_input_attn_temp::set_input: log(floor((pos + offset) /
-        # floor_scale) + 1) * scale + 1 per query position -- offset 1 for llama4 (HF
-        # Llama4TextAttention.forward: floor((cache_position + 1) / floor_scale)), 0 for
-        # ministral3 (HF get_llama_4_attn_scale: floor(position_ids / original_max))
-        t = cfg.temperature
-        scales = np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1.0
-        q = q * be.asarray(scales)[:, None, None]
+    q = temper(be, cfg.temperature, pos, q)
     put("q_rope", q)
     if not shared:
         put("k_rope", k)
@@ -343,6 +336,20 @@ def attn_block(layer: Layer, x, kv: kvmod.KvStep | None, trace=None):
         put("ssm_out", ssm)
         out = out + ssm
     return _residual(layer, x, out, put, normed)
+
+
+def temper(be: Backend, t, pos: np.ndarray, q):
+    """``q[n, H, d]`` times the per-position attention temperature ``t``
+    (``contract.layers.TemperatureSpec``; None: ``q`` unchanged). llama.cpp
+    ``llm_graph_input_attn_temp::set_input``: ``log(floor((pos + offset) / floor_scale) + 1)
+    * scale + 1`` per query position -- offset 1 for llama4 (HF
+    ``Llama4TextAttention.forward``: ``floor((cache_position + 1) / floor_scale)``), 0 for
+    ministral3 and mistral4 (HF ``get_llama_4_attn_scale``: ``floor(position_ids /
+    original_max_position_embeddings)``). One body for attention and MLA."""
+    if t is None:
+        return q
+    scales = np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1.0
+    return q * be.asarray(scales)[:, None, None]
 
 
 def attend(be: Backend, q, k, v, q_pos: np.ndarray, k_pos: np.ndarray, *, scale: float, head_map,

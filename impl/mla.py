@@ -59,7 +59,7 @@ from . import kv as kvmod
 from . import rope as ropemod
 from .backend import Backend
 from .config import ConfigError, RopeSpec
-from .attention import attend
+from .attention import attend, temper
 from .norms import normalize
 from .ops import linear as _linear
 from .ops import noop as _noop
@@ -206,6 +206,12 @@ def mla_block(layer: MlaLayer, x, kv: kvmod.KvStep, trace=None):
     pos = np.arange(p0, p0 + n, dtype=np.int64)
     if cfg.rope is not None:
         q_pe, k_pe = _rotate_pe(be, cfg.rope, cfg.yarn, q_pe, k_pe, pos)
+    if cfg.temperature is not None:
+        # mistral4: HF Mistral4Attention.forward scales the whole query after RoPE
+        # (get_llama_4_attn_scale), and its q_pe / q_rope taps read that query; llama.cpp
+        # deepseek2.cpp scales the absorbed Qcur ([q_nope k_b | q_pe], linear in both) into
+        # Qcur_attn_temp_scaled when the file names a temperature scale
+        q_nope, q_pe = temper(be, cfg.temperature, pos, q_nope), temper(be, cfg.temperature, pos, q_pe)
     if rope_d:
         put("q_pe", q_pe)
         put("k_pe", k_pe)

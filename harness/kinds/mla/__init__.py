@@ -28,6 +28,10 @@ DECORATIONS = {
                      "not in mla.rs: minicpm3.cpp rope_factors"),
     "mla_residual_multiplier": ("MLA branch times a residual multiplier (MiniCPM3 scale_depth / sqrt(L))",
                                 "not in mla.rs: minicpm3.cpp scale_res"),
+    # Mistral Small 4's MLA (HF modeling_mistral4.py Mistral4Attention.forward): the query
+    # times get_llama_4_attn_scale after RoPE; llama.cpp deepseek2.cpp Qcur_attn_temp_scaled
+    "mla_temperature": ("MLA query temperature 1 + beta log(1 + floor(pos / original context)) (Mistral 4)",
+                        "not in mla.rs: deepseek2.cpp inp_attn_scale"),
 }
 
 REFERENCE_GAPS = {
@@ -59,6 +63,8 @@ class Mla(LayerKind):
             f.add("mla_residual_multiplier")
         if lc.use_output_gate:
             f.add("mla_gate")
+        if lc.temperature is not None:
+            f.add("mla_temperature")
         return f
 
     def dims(self, lc):

@@ -18,7 +18,21 @@ MINICPM3 = {"family": "minicpm3"}  # rotate-half LongRoPE slices, muP residual s
 # slice); llama.cpp hard-codes 1.4 (a finding), so against HF alone
 MINICPM3_DEPTH = {"family": "minicpm3", "ref": "hf", "overrides": (("scale_depth", 4.0),)}
 
+# Mistral Small 4's query temperature, stepping inside a 16-token case (original context 8;
+# the tiny config's 128 is inert there); llama.cpp's mistral4 file names no temperature (a
+# finding), so against HF
+MISTRAL4_TEMP = {"family": "mistral4", "ref": "hf",
+                 "overrides": (("rope_parameters.original_max_position_embeddings", 8),)}
+
 MUTANTS = [
+    Mutant("mla-temperature-on-the-rope-slice-only", "mla_temperature", "impl.mla",
+           "q_nope, q_pe = temper(be, cfg.temperature, pos, q_nope), temper(be, cfg.temperature, pos, q_pe)",
+           "q_pe = temper(be, cfg.temperature, pos, q_pe)",
+           MISTRAL4_TEMP, "q_rope",
+           doc="Mistral 4's query temperature applied to the decoupled rope slice only, not the whole query "
+               "(HF Mistral4Attention.forward scales query_states = cat(q_pass, q_rot); llama.cpp deepseek2.cpp "
+               "the whole absorbed Qcur)"),
+
     Mutant("mla-residual-multiplier-dropped", "mla_residual_multiplier", "impl.mla",
            "resid = x + out * cfg.residual_multiplier if cfg.residual_multiplier != 1.0 else x + out",
            "resid = x + out", MINICPM3_DEPTH, "resid_mid",

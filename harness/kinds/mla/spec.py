@@ -41,9 +41,14 @@ def mla_layer(cfg, w: dict, x: np.ndarray) -> dict:
         q_pe = rope(q_pe, pos, inv, "interleaved", rd) * mag
         k_pe = rope(k_pe, pos, inv, "interleaved", rd) * mag
     k_pe = k_pe[:, 0, :]
+    q_nope = q[..., :nope]
+    if cfg.temperature is not None:  # the whole query after RoPE (mistral4: HF get_llama_4_attn_scale)
+        t = cfg.temperature
+        tq = (np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1)[:, None, None]
+        q_nope, q_pe = q_nope * tq, q_pe * tq
     kv = np.einsum("tr,hcr->thc", c, kvb)  # per position, per head [k_nope | v]
     keys = np.concatenate([kv[..., :nope], np.repeat(k_pe[:, None, :], H, axis=1)], axis=-1)
-    query = np.concatenate([q[..., :nope], q_pe], axis=-1)
+    query = np.concatenate([q_nope, q_pe], axis=-1)
     mscale = 1.0 if cfg.yarn is None else cfg.yarn.mscale
     scale = mscale**2 / math.sqrt(nope + rd)  # kq_scale(yarn, q_head_dim)
     heads, probs = attention(query, keys, kv[..., nope:], scale, head_map=list(range(H)))

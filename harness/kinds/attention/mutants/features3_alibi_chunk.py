@@ -41,7 +41,7 @@ MUTANTS = [
            LLAMA4_TEMP, "q_rope", layer=3, doc="temperature floor((pos + 1) / F) read as floor(pos / F)"),
     Mutant("temperature-from-call-index", "temperature", "impl.attention",
            "scales = np.log1p(np.floor((pos + t.offset) / t.floor_scale)) * t.attn_scale + 1.0",
-           "scales = np.log1p(np.floor((pos - p0 + t.offset) / t.floor_scale)) * t.attn_scale + 1.0",
+           "scales = np.log1p(np.floor((pos - pos[0] + t.offset) / t.floor_scale)) * t.attn_scale + 1.0",
            LLAMA4_TEMP, "q_rope", layer=3,
            doc="temperature from the row's index in this call, not its position (right for prefill only)"),
     Mutant("temperature-offset-of-llama4", "temperature_no_offset", "impl.attention",
