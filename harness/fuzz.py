@@ -381,6 +381,7 @@ def run_three_way(case: Case, policy) -> Outcome:
     from . import interrupt
 
     interrupt.check()  # a Ctrl-C swallowed in the last example's finalisers ends the run here
+    from . import budget
     from .case import CaseRun
     from .errors import UsageError
 
@@ -389,6 +390,10 @@ def run_three_way(case: Case, policy) -> Outcome:
         case.validate()
         run = CaseRun(case, policy)
         _ = run.layer_cfgs
+        # what the CLI refuses before any work (harness/budget.py check): a setting a
+        # reference's source crashes on (Reference.config_refusal: HF's mistral4 at plain
+        # RoPE), a length past the model's positions -- not a case the references express
+        budget.check(run)
         rows = run.rows()
         feats = tuple(run.features)
     except UsageError as e:

@@ -21,12 +21,12 @@ _TOL_KEYS = {"nmse", "atol", "ratio", "nmse_floor", "floor_width", "score_floor"
 _OVERRIDE_KEYS = {"family", "dtype", "probe", "reference", "candidate", "reason"} | _TOL_KEYS
 _FINDING_KEYS = {"family", "candidate", "reference", "probes", "layer_kind", "config", "downstream_of",
                  "max_nmse", "max_nmse_per_token", "max_nmse_per_layer", "dtypes", "reason", "seen_by",
-                 "tokens_at_most_key", "tokens_at_most", "later_call_rows_at_least", "layer_config",
-                 "triangulate"}
+                 "tokens_at_most_key", "tokens_over_key", "tokens_at_most", "later_call_rows_at_least",
+                 "layer_config", "triangulate"}
 # what a [finding.seen_by] inherits from the statement it belongs to (the same disagreement,
 # the same reference config; its own probes, bounds and, optionally, words)
-_INHERITED = ("family", "config", "layer_kind", "dtypes", "reason", "tokens_at_most_key", "tokens_at_most",
-              "later_call_rows_at_least")
+_INHERITED = ("family", "config", "layer_kind", "dtypes", "reason", "tokens_at_most_key", "tokens_over_key",
+              "tokens_at_most", "later_call_rows_at_least")
 FAMILIES_DIR = Path(__file__).resolve().parent / "families"
 _MISSING = object()
 
@@ -261,6 +261,13 @@ class Policy:
             if "tokens_at_most_key" in f:
                 limit = config_value(config, f["tokens_at_most_key"]) if config is not None else _MISSING
                 if tokens is None or not isinstance(limit, (int, float)) or tokens > limit:
+                    continue
+            # tokens_over_key: it holds only for sequences longer than that config value (mistral4's
+            # query temperature: HF scales the queries from original_max_position_embeddings on;
+            # a shorter case has no such disagreement to excuse)
+            if "tokens_over_key" in f:
+                start = config_value(config, f["tokens_over_key"]) if config is not None else _MISSING
+                if tokens is None or not isinstance(start, (int, float)) or tokens <= start:
                     continue
             # tokens_at_most: it holds only up to the length it was measured at (a disagreement
             # that grows with the calls, as HF's bfloat16 lightning decay per row does: past it,
