@@ -120,6 +120,8 @@ BAD = [
     (0, lambda t: ["run", "--family", "lfm2", "--ref", "llamacpp", "--set", "conv_L_cache=1", "--out", OUT],
      "conv_L_cache=1: llama.cpp's short conv asserts a kernel of at least 2 rows"),
     (0, lambda t: ["run", "--family", "lfm2", "--ref", "hf,bogus", "--out", OUT], "unknown reference 'bogus'"),
+    (0, lambda t: ["run", "--family", "mistral4", "--ref", "hf", "--set", "rope_parameters.rope_type=default",
+                   "--out", OUT], "valid rope_type: yarn"),
 ]
 
 

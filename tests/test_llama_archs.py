@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the only one for these, and one of two for llama / granite
 MOE_ONLY = {"afmoe", "cohere2moe", "dbrx", "deepseek2", "deepseek32", "dots1", "ernie4_5", "ernie4_5-moe",
             "exaone-moe", "glm-dsa", "glm4moe", "gpt-oss", "hunyuan-moe", "hy_v3", "kimi-linear", "laguna",
-            "lfm2moe", "llama4", "mellum", "mimo2", "minimax-01", "minimax-m2", "olmoe", "phimoe", "qwen2moe",
+            "lfm2moe", "llama4", "mellum", "mimo2", "minimax-01", "minimax-m2", "mistral4", "olmoe", "phimoe", "qwen2moe",
             "qwen35moe", "qwen3moe", "qwen3next"}
 MOE_TOO = {"llama", "granite", "granitemoe", "granite_swa", "mistral3"}
 
@@ -58,6 +58,8 @@ EXPECTED = {
     ("command-r", False): ("pass", ""),
     ("dbrx", True): ("pass", ""),
     ("deepseek2", True): ("pass", "the latent norms' epsilon"),
+    # the fixture routes by sigmoid (expert_gating_func 2); HF's Mistral4TopkRouter is softmax
+    ("mistral4", True): ("refused", "HF Mistral4 routes by softmax"),
     ("deepseek32", True): ("pass", "the latent norms' epsilon"),
     # test-llama-archs.cpp moe_mandatory lists ERNIE4_5; the fixture's sections reach every arch
     ("dots1", True): ("pass", ""),

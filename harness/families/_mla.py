@@ -410,8 +410,9 @@ class MlaFamily(Family):
         q_rank = 0 if lite else int(meta.get("attention.q_lora_rank"))
         for key in ("attention.temperature_scale", "attention.temperature_length"):
             if meta.get(key, 0):
-                meta.refuse(key, meta.get(key), "attention temperature tuning (mistral-large) is not expressible "
-                                                "in impl's MLA")
+                meta.refuse(key, meta.get(key), "attention temperature tuning (mistral-large; deepseek2.cpp "
+                                                "inp_attn_scale) is not read into an HF config here: HF's DeepSeek "
+                                                "attention has none, and mistral4's converter writes none")
         log_mul = meta.get_f32("rope.scaling.yarn_log_multiplier", 0.0) / 0.1
         return dict(kw, q_lora_rank=q_rank or None, rope_parameters=self.mla_rope_parameters(meta, hp, log_mul),
                     **self.mla_router(meta, hp))
@@ -511,7 +512,8 @@ class MlaFamily(Family):
         w.add_vocab_size(config.vocab_size)
         if config.q_lora_rank is not None:
             w.add_q_lora_rank(config.q_lora_rank)
-        elif self.gguf_arch == "deepseek2" and self.direct_q_rank_key:
+        elif self.gguf_arch in ("deepseek2", "mistral4") and self.direct_q_rank_key:
+            # (mistral4: llama_model_mistral4 reuses deepseek2's load_arch_hparams, models.h)
             # NOT what the converter does: it writes no q_lora_rank for a direct-Q
             # model, and deepseek2.cpp load_arch_hparams then requires the key (unless
             # n_layer is 26/27, its "lite" guess) and the file fails to load. 0 is the

@@ -31,7 +31,7 @@ import numpy as np
 U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
 
 # test-llama-archs.cpp get_gguf_ctx (lines 148-150, 231-233): the MLA sizes
-MLA_ARCHS = ("deepseek2", "deepseek32", "glm-dsa", "kimi-linear")
+MLA_ARCHS = ("deepseek2", "deepseek32", "glm-dsa", "kimi-linear", "mistral4")  # and LLM_ARCH_MISTRAL4 (156, 240)
 # test-llama-archs.cpp get_gguf_ctx: n_head per layer with a 0 (recurrent / short-conv) layer 1
 HYBRID_HEADS = ("granitehybrid", "kimi-linear", "lfm2", "lfm2moe")
 
