@@ -558,8 +558,11 @@ def converted_all(tmp_path_factory, llama_cpp_tree):
 # (LlamaHfVocab) and Gemma3Model.modify_tensors cuts token_embd to tokenizer.json's size -- the tiny
 # checkpoint has no tokenizer; its export is held to the converter's steps key by key instead
 # (harness/families/gemma4 gguf_params, test_own_export_reads_back, the three-way runs)
+# mistral4: the converter registers it through Mistral3ForConditionalGeneration only (conversion/mistral3.py:
+# Mistral4Model when the text config's model_type is mistral4); a Mistral4ForCausalLM checkpoint is "not
+# supported" -- its export is held to Mistral4Model's steps instead (harness/families/mistral4 tests)
 CONVERTIBLE = [f for f in all_families() if f not in ("bitnet", "kimi_linear", "mimo_v2_flash", "minimax",
-                                                      "minimax_m2", "gemma4")]
+                                                      "minimax_m2", "gemma4", "mistral4")]
 # the multi-token-prediction layers (a transformers-5 Glm4MoeConfig saves num_nextn_predict_layers = 1)
 # are not compared: the converter's --no-mtp drops them, as users converting for inference do
 CONVERTER_ARGS = {"qwen3_next": ["--no-mtp"], "qwen3_5_text": ["--no-mtp"], "qwen3_5_moe": ["--no-mtp"], "glm4_moe": ["--no-mtp"]}
