@@ -66,6 +66,38 @@ DEFAULT_SPACE = {"knobs": ("heads",)}
 # the config keys that hold the norms' epsilon, drawn for every family that declares one
 # (case_strategy, after the family's own knobs, so a seed keeps its earlier draws)
 NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps", "norm_epsilon")
+# the config keys that hold the layer count (HF's num_hidden_layers; GPT-2's and MPT's
+# own names), drawn for every family after the norm epsilon (issue 39: the key no case
+# varied in 77 families)
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+# the config keys that hold the model's context length (HF's max_position_embeddings; GPT-2's
+# n_positions, MPT's max_seq_len), drawn after the layer count (open in 66 families)
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length")
+CONTEXT_LENGTH = 4096  # a length small released checkpoints carry (Llama 2, Phi-3-mini-4k)
+
+
+def layer_count_key(fam) -> str | None:
+    """The config key that holds ``fam``'s layer count, or None."""
+    keys = set(fam.settable_keys())
+    return next((k for k in LAYER_COUNT_KEYS if k in keys and isinstance(fam.tiny.get(k), int)), None)
+
+
+def layer_count_overrides(fam, n: int) -> dict:
+    """The overrides that give ``fam``'s tiny config ``n`` layers: the count, and every
+    per-layer list the tiny config spells out (``layer_types``, ``mlp_layer_types``, ...:
+    a list as long as its layer count) repeated or cut to ``n`` -- its pattern kept as a
+    period -- so the config stays one the config class accepts. A list the config class
+    derives from the count (``layer_types`` from ``sliding_window_pattern``) is left to
+    it."""
+    key = layer_count_key(fam)
+    if key is None:
+        return {}
+    was = fam.tiny[key]
+    ov: dict = {key: n}
+    for k, v in fam.tiny.items():
+        if k != key and isinstance(v, (list, tuple)) and len(v) == was and was > 0:
+            ov[k] = [v[i % was] for i in range(n)]
+    return ov
 
 
 def space_of(fam) -> dict:
@@ -153,6 +185,28 @@ def case_strategy(family_names: list[str], ref: str = "all"):
             eps = draw(st.sampled_from((None, 1e-6, 1e-5)))
             if eps is not None:
                 ov.update((k, eps) for k in eps_keys)
+        # after the epsilon: the layer count -- the tiny config's or one more, the per-layer
+        # lists the tiny config spells out cycled to it (layer_count_overrides), so the
+        # pattern's last period is cut where a real model's need not be. Not fewer: the
+        # tiny configs hold one layer of each kind the family has, and a model left without
+        # one (a hybrid with no attention layer, an iSWA model with no sliding or no global
+        # layer) is no released checkpoint -- llama.cpp asserts on it (llama-model.cpp:2807
+        # is_swa_any; ggml-backend.cpp:205 the hybrid memory's empty KV buffer), measured
+        # with scripts/key_sweep.py --layers 1 (docs/measurements/2026-12-07-layer-count.md)
+        lkey = layer_count_key(fam)
+        if lkey is not None and lkey not in ov:
+            n = draw(st.sampled_from((None, fam.tiny[lkey] + 1)))
+            more = layer_count_overrides(fam, n) if n is not None else {}
+            if not set(more) & set(ov):  # a per-layer list the family's own knob drew stays as drawn
+                ov.update(more)
+        # after the layer count: the context length, where a family reads it for more than a
+        # bound on the positions (LongRoPE's attention factor over its original length, the
+        # converter's context_length); the tiny configs' are 64-512. A family whose own knob
+        # sets it (with what must follow it: glm_moe_dsa's index_topk) keeps its draw
+        ckeys = [k for k in CONTEXT_KEYS if k in keys]
+        if ckeys and not any(k in ov for k in CONTEXT_KEYS):
+            if draw(st.booleans()):
+                ov[ckeys[0]] = CONTEXT_LENGTH
         # a setting only the reference that runs the model's own modules can express
         # (HF) is judged against it alone
         r = _module_reference() if hf_only else ref
@@ -447,7 +501,7 @@ def repro_command(case: Case) -> str:
     if case.ragged:
         parts.append("--ragged")
     for k, v in case.overrides:
-        parts.append(f"--set {k}={json.dumps(v) if not isinstance(v, str) else v}")
+        parts.append(f"--set {k}={json.dumps(v, separators=(',', ':')) if not isinstance(v, str) else v}")
     return " ".join(parts)
 
 

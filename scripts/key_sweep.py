@@ -18,27 +18,42 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import families  # noqa: E402
+from harness import budget, families  # noqa: E402
+from harness.case import Case, CaseRun  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
+from harness.fuzz import layer_count_key, layer_count_overrides  # noqa: E402
 from harness.policy import load_policy  # noqa: E402
-from harness.testing import run  # noqa: E402
 
 BAD = ("fail", "error", "unguarded", "missing")
 
 
-def sweep(keys: list[str], value, names: list[str], tokens: int) -> list[dict]:
+def sweep(keys: list[str], value, names: list[str], tokens: int, layers: str | None = None) -> list[dict]:
+    """``layers``: instead of ``keys`` = ``value``, the layer count -- ``"1"``, or ``"+1"``
+    for one more than the tiny config's -- with its per-layer lists (fuzz.layer_count_overrides)."""
     pol = load_policy()
     out = []
     for name in names:
         fam = families.get(name)
-        ks = [k for k in keys if k in set(fam.settable_keys())]
+        if layers is not None:
+            lk = layer_count_key(fam)
+            ov = layer_count_overrides(fam, fam.tiny[lk] + int(layers) if layers.startswith("+") else int(layers)) \
+                if lk else {}
+            ks, value = list(ov), None
+        else:
+            ks = [k for k in keys if k in set(fam.settable_keys())]
+            ov = {k: value for k in ks}
         if not ks:
             out.append({"family": name, "keys": [], "status": "no such key"})
             continue
         try:
-            rows = run(pol, family=name, ref="all", backend="numpy", dtype="float32", kv="decode",
-                       schedule="prefill", tokens=tokens, overrides=tuple((k, value) for k in ks))
-        except UsageError as e:  # the family's own config validation refuses the value
+            case = Case(family=name, ref="all", backend="numpy", dtype="float32", kv="decode", schedule="prefill",
+                        tokens=tokens, overrides=tuple(ov.items()))
+            case.validate()
+            cr = CaseRun(case, pol)
+            _ = cr.layer_cfgs
+            budget.check(cr)  # what the CLI refuses before any work: a reference's config_refusal
+            rows = cr.rows()
+        except UsageError as e:  # the family's config validation, or a reference's refusal (its line)
             out.append({"family": name, "keys": ks, "status": "refused", "reason": str(e)})
             continue
         except Exception as e:  # noqa: BLE001 -- a crash is a row of the survey, and it goes on
@@ -58,14 +73,24 @@ def sweep(keys: list[str], value, names: list[str], tokens: int) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--keys", required=True, help="comma-separated config keys (every one a family declares is set)")
-    ap.add_argument("--value", required=True, help="the value, as JSON (0.01, true, \"yarn\")")
+    ap.add_argument("--keys", help="comma-separated config keys (every one a family declares is set)")
+    ap.add_argument("--value", help="the value, as JSON (0.01, true, \"yarn\")")
+    ap.add_argument("--layers", help="instead of --keys/--value: the layer count, N or +N (more than the tiny "
+                                     "config's), with the per-layer lists the tiny config spells out cycled to it")
     ap.add_argument("--family", action="append", help="only this family (repeatable; default: every family)")
     ap.add_argument("--tokens", type=int, default=6)
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
     a = ap.parse_args(argv)
+    if a.layers is not None:
+        if not (a.layers.lstrip("+").isdigit() and int(a.layers.lstrip("+")) > 0):
+            print(f"key_sweep: --layers {a.layers!r} is not a layer count; valid: N or +N, N a positive integer",
+                  file=sys.stderr)
+            return 2
+    elif not (a.keys and a.value):
+        print("key_sweep: name --keys and --value, or --layers", file=sys.stderr)
+        return 2
     try:
-        value = json.loads(a.value)
+        value = json.loads(a.value) if a.layers is None else None
     except json.JSONDecodeError:
         print(f"key_sweep: --value {a.value!r} is not JSON; valid: a number, true/false, null or a quoted string",
               file=sys.stderr)
@@ -75,13 +100,16 @@ def main(argv=None) -> int:
         if f not in known:
             print(f"key_sweep: unknown family {f!r}; valid: {', '.join(known)}", file=sys.stderr)
             return 2
-    res = sweep([k.strip() for k in a.keys.split(",") if k.strip()], value, a.family or known, a.tokens)
+    res = sweep([k.strip() for k in (a.keys or "").split(",") if k.strip()], value, a.family or known, a.tokens,
+                a.layers)
     for r in res:
         if r["status"] == "diverges":
             print(f"- {r['family']} ({', '.join(r['keys'])}): {r['bad_rows']} bad rows; "
                   + "; ".join(f"{k}: {v}" for k, v in r["first"].items()))
+        elif r["status"] == "refused":
+            print(f"- {r['family']} ({', '.join(r['keys'])}): refused: {r['reason'][:200]}")
     n = sum(r["status"] == "diverges" for r in res)
-    print(f"{n} of {sum(r['status'] != 'no such key' for r in res)} families with the key diverge at {a.value}")
+    print(f"{n} of {sum(r['status'] != 'no such key' for r in res)} families with the key diverge at {a.value if a.layers is None else 'layers ' + a.layers}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0

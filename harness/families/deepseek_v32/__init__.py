@@ -49,7 +49,7 @@ from ..glm_moe_dsa import GlmMoeDsa
 
 class DeepseekV32(GlmMoeDsa):
     name = "deepseek_v32"
-    fuzz_space = {"knobs": ("mla", "mla_yarn")}
+    fuzz_space = {"knobs": ("mla", "mla_yarn", "values"), "values": GlmMoeDsa.fuzz_space["values"]}
     hf_model_type = "deepseek_v32"
     description = ("MLA (absorbed; naive vs HF only), low-rank Q, interleaved RoPE with YaRN, DSA indexer (inert "
                    "at index_topk >= tokens), sigmoid MoE")

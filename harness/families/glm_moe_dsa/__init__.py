@@ -60,7 +60,10 @@ DSA_REASON = ("DeepSeek sparse attention: the indexer's top-k key selection (HF 
 class GlmMoeDsa(MlaFamily):
     name = "glm_moe_dsa"
     # the fuzzer's knobs (harness/fuzz.py; hf_only: a knob only HF expresses, judged against HF alone)
-    fuzz_space = {"knobs": ("mla",)}
+    # the context length with the indexer's top-k (the generic knob would leave index_topk at
+    # 512 under a longer context, where impl implements no layer: _indexer_inert)
+    fuzz_space = {"knobs": ("mla", "values"), "values": {
+        ("max_position_embeddings", "index_topk"): ((512, 512), (4096, 4096))}}
     hf_model_type = "glm_moe_dsa"
     description = "MLA (absorbed; naive vs HF only), low-rank Q, interleaved RoPE, DSA indexer (inert at index_topk >= tokens), MoE"
     gguf_arch = "glm-dsa"

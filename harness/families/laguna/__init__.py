@@ -76,7 +76,13 @@ _S, _F = "sliding_attention", "full_attention"
 
 class Laguna(LlamaLike):
     name = "laguna"
-    fuzz_space = {"knobs": ("head_dim", "window")}
+    # the layer count with what llama.cpp's laguna fixes along with it (the generic knob,
+    # fuzz.layer_count_overrides, cycles every per-layer list and would put a dense layer
+    # after the sparse ones, which lc_refusal refuses): full at il % 4 == 0, dense leading
+    fuzz_space = {"knobs": ("head_dim", "window", "values"), "values": {
+        ("num_hidden_layers", "num_attention_heads_per_layer", "layer_types", "mlp_layer_types"): (
+            (4, [4, 8, 8, 8], [_F, _S, _S, _S], ["dense", "sparse", "sparse", "sparse"]),
+            (5, [4, 8, 8, 8, 4], [_F, _S, _S, _S, _F], ["dense", "sparse", "sparse", "sparse", "sparse"]))}}
     hf_model_type = "laguna"
     description = ("softplus output gate (one scalar per head or per channel), QK norm, per-layer-type RoPE "
                    "and rotary width, per-layer head counts, MoE")
@@ -136,6 +142,17 @@ class Laguna(LlamaLike):
             return (f"layer_types {['full' if g else 'sliding' for g in got]}: llama.cpp's laguna fixes the "
                     "window pattern (laguna.cpp load_swa_pattern(ml, 4, dense_first): full at il % 4 == 0; "
                     "the converter writes no pattern key); use that pattern or run it against --ref hf")
+        # conversion/laguna.py LagunaModel.set_gguf_parameters counts the LEADING dense layers
+        # (add_leading_dense_block_count) and laguna.cpp load_arch_tensors gives every layer
+        # il >= n_layer_dense_lead a router (ffn_gate_inp): a dense layer after a sparse one
+        # has none in the file, and the load fails (check_tensor_dims: tensor
+        # 'blk.N.ffn_gate_inp.weight' not found)
+        mlp = list(config.mlp_layer_types)
+        lead = next((i for i, t in enumerate(mlp) if t != "dense"), len(mlp))
+        if "dense" in mlp[lead:]:
+            return (f"mlp_layer_types {mlp}: llama.cpp's laguna holds leading dense layers only (the converter "
+                    "writes leading_dense_block_count; laguna.cpp gives every later layer a router); valid: "
+                    "'dense' layers first, then 'sparse', or run it against --ref hf")
         return None
 
     # ------------------------------------------------------------------ GGUF

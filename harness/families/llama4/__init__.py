@@ -161,6 +161,20 @@ class Llama4(LlamaLike):
             pts["k_rope"] = LcPoint("Kcur", "op:RESHAPE", "heads")
         return pts
 
+    def lc_refusal(self, config) -> str | None:
+        # llama4.cpp:121 builds the temperature input (build_inp_attn_scale) for every graph and
+        # multiplies it into the NoPE layers' queries only (the else of use_rope, lines 143-167);
+        # a chunked model with fewer layers than the NoPE step has none, so the input is never
+        # allocated and llm_graph_input_attn_temp::set_input aborts on it (llama-graph.cpp:172,
+        # ggml-backend.cpp:338 GGML_ASSERT(buf != NULL && "tensor buffer not set"))
+        chunked = not all(t == "full_attention" for t in config.layer_types)
+        if chunked and config.num_hidden_layers < LC_NOPE_STEP:
+            return (f"num_hidden_layers={config.num_hidden_layers} < {LC_NOPE_STEP}: llama.cpp's llama4 then has no "
+                    "NoPE layer, and its unused temperature input aborts the run (llama4.cpp:121, llama-graph.cpp:172 "
+                    f"GGML_ASSERT 'tensor buffer not set'); valid: at least {LC_NOPE_STEP} layers, or run it against "
+                    "--ref hf")
+        return super().lc_refusal(config)
+
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None) -> None:
         # conversion/base.py TextModel + conversion/llama.py LlamaModel, on the

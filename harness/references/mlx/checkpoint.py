@@ -12,7 +12,9 @@ lacks a required field is refused by mlx-lm itself (its error row says which).
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from pathlib import Path
 
 
@@ -226,7 +228,8 @@ def rewrite(family: str, folder: Path) -> None:
 
 
 def layer_pattern_refusal(cfg: dict, model_type: str) -> str | None:
-    """Why mlx-lm's ``model_type`` cannot run ``cfg``'s layer pattern, or None. Its gemma3_text
+    """Why mlx-lm's ``model_type`` cannot run ``cfg``'s layer pattern, or None. A module that
+    looks up the first layer of a kind (``layer_types.index(...)``) needs one. Its gemma3_text
     and cohere2 modules read the pattern as one period (``sliding_window_pattern``: every
     p-th layer global, the rest sliding) and index the cache of layer p - 1 for the global
     mask (mlx_lm/models/gemma3_text.py Gemma3Model.__call__ ``cache[self.sliding_window_pattern
@@ -235,14 +238,28 @@ def layer_pattern_refusal(cfg: dict, model_type: str) -> str | None:
     import dataclasses
     import importlib
 
-    args = getattr(importlib.import_module(f"mlx_lm.models.{model_type}"), "ModelArgs", None)
+    mod = importlib.import_module(f"mlx_lm.models.{model_type}")
+    b = bridged(cfg)
+    c = b.get("text_config") or b
+    lt = c.get("layer_types") or b.get("layer_types")
+    # a module that looks up the first layer of a kind (mlx_lm/models/olmo3.py, afmoe.py, gpt_oss.py,
+    # llama.py, ...: `self.fa_idx = self.layer_types.index("full_attention")`, the layer whose cache
+    # gives the global mask) raises ValueError on a pattern without that kind
+    if isinstance(lt, list) and lt:
+        try:
+            src = inspect.getsource(mod)
+        except (OSError, TypeError):
+            src = ""
+        for m in re.finditer(r"layer_types\.index\(\s*[\"'](\w+)[\"']\s*\)", src):
+            if m.group(1) not in lt:
+                line = src.count("\n", 0, m.start()) + 1
+                return (f"mlx_lm/models/{model_type}.py:{line} looks up the first {m.group(1)!r} layer "
+                        f"(layer_types.index); this config's layer_types {lt} has none")
+    args = getattr(mod, "ModelArgs", None)
     field = {f.name: f for f in dataclasses.fields(args)}.get("sliding_window_pattern") \
         if args is not None and dataclasses.is_dataclass(args) else None
     if field is None or not isinstance(field.default, int):
         return None
-    b = bridged(cfg)
-    c = b.get("text_config") or b
-    lt = c.get("layer_types") or b.get("layer_types")
     if not isinstance(lt, list) or not lt:
         return None
     p = int(b.get("sliding_window_pattern") or c.get("sliding_window_pattern") or field.default)

@@ -36,6 +36,10 @@ CONFIG_REFUSALS: dict[str, tuple] = {
                     "always builds its YaRN rotation (DeepseekV2YarnRotaryEmbedding); a model without rope scaling "
                     "(rope_type default) fails there: 'NoneType' object has no attribute 'get' (conformance fuzz "
                     "--seed 5, deepseek_v2 absorbed)"),
+    "llama4": (lambda c: int((c.get("text_config") or c).get("num_hidden_layers", 4)) < 4,
+               "mlx_lm/models/llama4.py LlamaModel.__call__ takes the global mask from cache[3] and makes every "
+               "4th layer global ((idx + 1) % 4); a model of fewer than 4 layers fails there: IndexError "
+               "(scripts/key_sweep.py --layers 1)"),
 }
 
 # Probes a family's ``hf_canonical`` completes with the product HF's next line makes (no HF
