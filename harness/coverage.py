@@ -179,7 +179,9 @@ def table(fam, fuzz: bool = True) -> dict[str, Key]:
         if case.family == fam.name:
             for key, value in case.overrides:
                 _add(keys, key, value, spec, keys[key].default if key in keys else None)
-    if fuzz:
+    # the fuzz varies only what it runs: a family without a fuzz space of its own is not
+    # fuzzed (harness/commands/fuzz.py), so its draws would vary nothing
+    if fuzz and getattr(fam, "fuzz_space", None) is not None:
         for ov in _fuzz_draws(fam.name):
             for key, value in ov:
                 _add(keys, key, value, "fuzz", keys[key].default if key in keys else None)

@@ -264,6 +264,9 @@ class _Overridden:
 
 class Bamba(GraniteHybrid):
     name = "bamba"
+    # the fuzz: the generic heads knob, then the norm eps, layer count and context length
+    # every family gets (harness/fuzz.py case_strategy)
+    fuzz_space = {"knobs": ("heads",)}
     hf_model_type = "bamba"
     description = "hybrid: Mamba-2 layers + attention layers (partial RoPE 0.5), dense SwiGLU"
     tiny = dict(

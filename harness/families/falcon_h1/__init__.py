@@ -73,6 +73,9 @@ MULTIPLIERS = ("attention_in_multiplier", "key_multiplier", "attention_out_multi
 
 class FalconH1(NegExpALog, LlamaLike):
     name = "falcon_h1"
+    # the fuzz: the generic heads knob, then the norm eps, layer count and context length
+    # every family gets (harness/fuzz.py case_strategy)
+    fuzz_space = {"knobs": ("heads",)}
     hf_model_type = "falcon_h1"
     description = "parallel hybrid: attention + Mamba-2 on the same normed row, summed; muP multipliers"
     tiny = dict(

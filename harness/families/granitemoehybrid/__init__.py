@@ -36,6 +36,9 @@ from ..bamba import GraniteHybrid
 
 class GraniteMoeHybrid(GraniteHybrid):
     name = "granitemoehybrid"
+    # the fuzz: the generic heads knob, then the norm eps, layer count and context length
+    # every family gets (harness/fuzz.py case_strategy)
+    fuzz_space = {"knobs": ("heads",)}
     hf_model_type = "granitemoehybrid"
     description = "hybrid: Mamba-2 + NoPE attention layers, granite multipliers, MoE + shared MLP"
     tiny = dict(

@@ -61,6 +61,9 @@ _MAMBA_UNNAMED = ("mamba-base.cpp build_mamba_layer names no tensor inside the l
 
 class Jamba(RecurrentProbes, NegExpALog, LlamaLike):
     name = "jamba"
+    # the fuzz: the generic heads knob, then the norm eps, layer count and context length
+    # every family gets (harness/fuzz.py case_strategy)
+    fuzz_space = {"knobs": ("heads",)}
     hf_model_type = "jamba"
     description = "hybrid: Mamba-1 layers (weighted dt / B / C norms) + NoPE attention layers, MoE every other layer"
     tiny = dict(

@@ -49,6 +49,9 @@ L = "model.layers.{}."
 
 class Lfm2(RecurrentProbes, LlamaLike):
     name = "lfm2"
+    # the fuzz: the generic heads knob, then the norm eps, layer count and context length
+    # every family gets (harness/fuzz.py case_strategy)
+    fuzz_space = {"knobs": ("heads",)}
     hf_model_type = "lfm2"
     description = "hybrid: short-conv layers (B * x conv, C gate) + attention with per-head QK norms"
     tiny = dict(

@@ -107,6 +107,13 @@ def mamba1_state_canonical(r_row, s_row, lc) -> dict:
 
 class Mamba(Mamba2):
     name = "mamba"
+    # not fuzzed (and so nothing it would draw counts as varied in `conformance coverage`):
+    # `conformance fuzz --family mamba,falcon_mamba --seed 0` fails on what is not yet read --
+    # falcon_mamba's default config at 1 token (`conformance run --family falcon_mamba --ref all
+    # --tokens 1`: llama.cpp L0 resid_mid nmse 8.8e-9 > 1e-10, impl's rec_out 6e-13 over the
+    # oracle rule's 4.7e-13), and mamba's eps finding (mlx-lm's fixed 1e-5) between mlx and
+    # llama.cpp, a pair it does not name (1.1e-10 > 1e-10 at eps 1e-6)
+    fuzz_space = None
     hf_model_type = "mamba"
     description = "pure Mamba-1: selective scan with a per-(channel, state) decay, x_proj -> dt / B / C, D skip"
     tiny = dict(

@@ -42,6 +42,9 @@ from ..base import Family, LcPoint
 
 class Mamba2(RecurrentProbes, NegExpALog, Family):
     name = "mamba2"
+    # the fuzz: no knob of its own -- the norm eps, layer count and context length every
+    # family gets (harness/fuzz.py case_strategy)
+    fuzz_space = {"knobs": ()}
     hf_model_type = "mamba2"
     description = "pure Mamba-2: SSD selective scan (per-head decay, grouped B/C, D skip, gated grouped RMS norm)"
     tiny = dict(

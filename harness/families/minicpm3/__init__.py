@@ -63,6 +63,9 @@ OFF_CONSTANTS = (("scale_emb", 10.0), ("scale_depth", 1.0), ("dim_model_base", 6
 
 class MiniCPM3(MlaFamily):
     name = "minicpm3"
+    # the fuzz: the generic heads knob, then the norm eps, layer count and context length
+    # every family gets (harness/fuzz.py case_strategy)
+    fuzz_space = {"knobs": ("heads",)}
     hf_model_type = "minicpm3"
     description = "MLA (naive) with rotate-half LongRoPE slices, muP embedding / residual / logit scales"
     gguf_arch = "minicpm3"

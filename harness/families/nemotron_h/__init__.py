@@ -65,6 +65,9 @@ BLOCK_OUT = LcPoint("nemotron_h_block_out")
 
 class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
     name = "nemotron_h"
+    # the fuzz: the generic heads knob, then the norm eps, layer count and context length
+    # every family gets (harness/fuzz.py case_strategy)
+    fuzz_space = {"knobs": ("heads",)}
     hf_model_type = "nemotron_h"
     description = "hybrid: Mamba-2, RoPE-free GQA and MLP-only layers by pattern (one mixer per block)"
     tiny = dict(
