@@ -25,6 +25,7 @@ Two kinds of example, each labelled in every report line:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import time
@@ -74,6 +75,20 @@ LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 # n_positions, MPT's max_seq_len), drawn after the layer count (open in 66 families)
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length")
 CONTEXT_LENGTH = 4096  # a length small released checkpoints carry (Llama 2, Phi-3-mini-4k)
+# the RoPE base drawn for a family whose own knobs leave it (open in 29 families): Qwen 2.5's,
+# Llama 3's 500000 is the theta knob's; four converters write no base at all (gemma, gemma2,
+# stablelm, minicpm3: findings, llama.cpp's default 10000)
+ROPE_THETA = 1000000.0
+
+
+@functools.lru_cache(maxsize=None)
+def _flat_rope_theta(name: str) -> bool:
+    """Whether family ``name``'s tiny config has one RoPE table with a base
+    (``rope_parameters.rope_theta``; not a table per layer type, as gemma3's)."""
+    from . import families
+
+    rp = getattr(families.get(name).make_config({}), "rope_parameters", None)
+    return isinstance(rp, dict) and "rope_theta" in rp
 
 
 def layer_count_key(fam) -> str | None:
@@ -207,6 +222,10 @@ def case_strategy(family_names: list[str], ref: str = "all"):
         if ckeys and not any(k in ov for k in CONTEXT_KEYS):
             if draw(st.booleans()):
                 ov[ckeys[0]] = CONTEXT_LENGTH
+        # after the context length: the RoPE base, where the family's own knobs leave it
+        if "rope_parameters.rope_theta" not in ov and "theta" not in space["knobs"] and _flat_rope_theta(name):
+            if draw(st.booleans()):
+                ov["rope_parameters.rope_theta"] = ROPE_THETA
         # a setting only the reference that runs the model's own modules can express
         # (HF) is judged against it alone
         r = _module_reference() if hf_only else ref

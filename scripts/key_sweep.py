@@ -27,6 +27,17 @@ from harness.policy import load_policy  # noqa: E402
 BAD = ("fail", "error", "unguarded", "missing")
 
 
+def _declares(fam, key: str) -> bool:
+    """Whether ``fam``'s config has ``key``: a field, or ``table.sub`` -- one key of a table
+    field its tiny config holds (``rope_parameters.rope_theta``; not where the table is one
+    per layer type, as gemma3's)."""
+    if "." not in key:
+        return key in set(fam.settable_keys())
+    top, sub = key.split(".", 1)
+    table = getattr(fam.make_config({}), top, None) if top in set(fam.settable_keys()) else None
+    return isinstance(table, dict) and sub in table
+
+
 def sweep(keys: list[str], value, names: list[str], tokens: int, layers: str | None = None) -> list[dict]:
     """``layers``: instead of ``keys`` = ``value``, the layer count -- ``"1"``, or ``"+1"``
     for one more than the tiny config's -- with its per-layer lists (fuzz.layer_count_overrides)."""
@@ -40,7 +51,7 @@ def sweep(keys: list[str], value, names: list[str], tokens: int, layers: str | N
                 if lk else {}
             ks, value = list(ov), None
         else:
-            ks = [k for k in keys if k in set(fam.settable_keys())]
+            ks = [k for k in keys if _declares(fam, k)]
             ov = {k: value for k in ks}
         if not ks:
             out.append({"family": name, "keys": [], "status": "no such key"})

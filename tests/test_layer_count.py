@@ -140,3 +140,27 @@ def test_minicpm3_longer_context_is_llamacpps_finding_and_impl_passes(policy, ne
     assert all(s in ("pass", "not-exposed") for (r, _, _), s in st.items() if r == "hf"), st
     lc = {p: s for (r, _, p), s in st.items() if r == "llamacpp"}
     assert lc["k_pe"] == "finding" and "finding" in set(lc.values()) and not {"fail", "error"} & set(lc.values())
+
+
+def test_the_fuzz_draws_the_rope_base_where_no_knob_of_the_family_does():
+    """rope_theta (open in 29 families) is drawn at 1e6 where the family's knobs leave it and its
+    config has one RoPE table; a family with a table per layer type (gemma3) gets none, one whose
+    theta knob draws it keeps that knob's values."""
+    assert {d.get("rope_parameters.rope_theta") for d in _drawn("gemma2", ("rope_parameters.rope_theta",))} \
+        == {None, fuzz.ROPE_THETA}
+    assert all(not d for d in _drawn("gemma3", ("rope_parameters.rope_theta",)))
+    assert fuzz.ROPE_THETA not in {d.get("rope_parameters.rope_theta")
+                                   for d in _drawn("qwen3", ("rope_parameters.rope_theta",))}
+
+
+@pytest.mark.parametrize("family,first", [("gemma2", "q_rope"), ("stablelm", "q_rope"), ("minicpm3", "k_pe")])
+def test_a_converter_without_a_rope_base_is_a_finding_and_impl_passes(policy, need_llamacpp, family, first):
+    """gemma2, stablelm and minicpm3's converters write no rope.freq_base: at theta 1e6 llama.cpp
+    rotates at its default 10000 -- a finding from the first rotated probe on, with both lines;
+    impl, which follows HF, passes against HF."""
+    rows = run(policy, family=family, ref="hf,llamacpp", kv="decode", tokens=6,
+               overrides=(("rope_parameters.rope_theta", fuzz.ROPE_THETA),))
+    st = statuses(rows)
+    assert all(s in ("pass", "not-exposed") for (r, _, _), s in st.items() if r == "hf"), st
+    lc = {(layer, p): s for (r, layer, p), s in st.items() if r == "llamacpp"}
+    assert lc[(0, first)] == "finding" and not {"fail", "error"} & set(lc.values()), lc
