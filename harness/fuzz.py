@@ -100,17 +100,18 @@ def layer_count_key(fam) -> str | None:
 def layer_count_overrides(fam, n: int) -> dict:
     """The overrides that give ``fam``'s tiny config ``n`` layers: the count, and every
     per-layer list the tiny config spells out (``layer_types``, ``mlp_layer_types``, ...:
-    a list as long as its layer count) repeated or cut to ``n`` -- its pattern kept as a
-    period -- so the config stays one the config class accepts. A list the config class
-    derives from the count (``layer_types`` from ``sliding_window_pattern``) is left to
-    it."""
+    a list as long as its layer count, named for layers) repeated or cut to ``n`` -- its
+    pattern kept as a period -- so the config stays one the config class accepts. A list
+    the config class derives from the count (``layer_types`` from
+    ``sliding_window_pattern``) is left to it, and so is one of another meaning that is as
+    long by chance (falcon_h1's two ``mlp_multipliers`` at 2 layers)."""
     key = layer_count_key(fam)
     if key is None:
         return {}
     was = fam.tiny[key]
     ov: dict = {key: n}
     for k, v in fam.tiny.items():
-        if k != key and isinstance(v, (list, tuple)) and len(v) == was and was > 0:
+        if k != key and "layer" in k and isinstance(v, (list, tuple)) and len(v) == was and was > 0:
             ov[k] = [v[i % was] for i in range(n)]
     return ov
 

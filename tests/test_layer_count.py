@@ -23,6 +23,8 @@ def test_the_per_layer_lists_follow_the_count():
     assert cfg.num_hidden_layers == 3 and list(cfg.mlp_layer_types) == ["dense", "sparse", "dense"]
     assert fuzz.layer_count_overrides(families.get("llama"), 5) == {"num_hidden_layers": 5}
     assert fuzz.layer_count_key(families.get("gpt2")) == "n_layer"  # GPT-2's own name
+    # falcon_h1's mlp_multipliers (gate, down) is as long as its 2 layers by chance: left as it is
+    assert fuzz.layer_count_overrides(families.get("falcon_h1"), 3) == {"num_hidden_layers": 3}
 
 
 @pytest.mark.parametrize("family", ["llama", "hy_v3", "mpt"])
