@@ -1,6 +1,9 @@
 """Shared test fixtures (tests/ and every family folder's test, harness/families/<name>/).
 
-The helpers a test imports are ``harness.testing``.
+The helpers a test imports are ``harness.testing`` (pure, over rows); what runs a case
+(``run``, ``case_run``, ``finding``, ``cli_main``, ``gguf_export``, ``gguf_import``) is
+harness/pytest_fixtures.py's, registered here: a family folder's test takes them as
+fixtures (the folder sits below the pipeline), tests/ may import them.
 
 References are captured once per test session and reused: every test shares
 one session cache directory (CONFORMANCE_CACHE), so the first test that needs
@@ -17,6 +20,8 @@ from __future__ import annotations
 import os
 
 import pytest
+
+pytest_plugins = ["harness.pytest_fixtures"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,35 +41,3 @@ def _session_cache(tmp_path_factory, worker_id):
 def worker_id(request):
     """'master' without pytest-xdist (xdist overrides this fixture with gwN)."""
     return getattr(request.config, "workerinput", {}).get("workerid", "master")
-
-
-@pytest.fixture(scope="session")
-def policy():
-    from harness.policy import load_policy
-
-    return load_policy()
-
-
-@pytest.fixture
-def need_llamacpp():
-    from harness.references.llamacpp.capture import available
-
-    if not available():
-        if os.environ.get("CONFORMANCE_ALLOW_NO_LLAMACPP") == "1":
-            pytest.skip("llama-cpp-python missing and CONFORMANCE_ALLOW_NO_LLAMACPP=1")
-        pytest.fail("llama-cpp-python is not installed; install with pip install -e '.[llamacpp]' "
-                    "or opt out explicitly with CONFORMANCE_ALLOW_NO_LLAMACPP=1")
-
-
-@pytest.fixture
-def need_mlx():
-    """The third reference (mlx-lm, the extra ``mlx``): installed by scripts/setup.sh, so a
-    test that needs it FAILS where it is missing, as llama.cpp's do -- unless the user opts
-    out with CONFORMANCE_ALLOW_NO_MLX=1 (a platform MLX has no wheel for)."""
-    from harness.references import get
-
-    if not get("mlx").available():
-        if os.environ.get("CONFORMANCE_ALLOW_NO_MLX") == "1":
-            pytest.skip("mlx-lm missing and CONFORMANCE_ALLOW_NO_MLX=1")
-        pytest.fail("mlx-lm is not installed; install with pip install -e '.[mlx]' "
-                    "or opt out explicitly with CONFORMANCE_ALLOW_NO_MLX=1")

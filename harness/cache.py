@@ -54,7 +54,7 @@ def family_sources(family) -> list[Path]:
     # the generated table of what llama.cpp reads per arch (keys, the scales a graph passes
     # on): a data module, in no family's MRO, that shapes how a GGUF is read back (by
     # path: the cache imports no family module)
-    files.append(Path(__file__).resolve().parent / "families" / "_llamacpp_keys.py")
+    files.append(Path(__file__).resolve().parent / "gguf" / "llamacpp_keys.py")
     return files
 
 

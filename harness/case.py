@@ -159,7 +159,7 @@ class Case:
         if self.gguf is None and self.gguf_type not in GGUF_TYPES:
             raise UsageError(f"unknown GGUF weight type {self.gguf_type!r}; {suggest(self.gguf_type, GGUF_TYPES)}")
         if self.gguf is None:
-            from .gguf.weights import check_weight_type
+            from .pipeline.gguf.weights import check_weight_type
 
             check_weight_type(self.gguf_type)
         if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt.strip()):

@@ -112,18 +112,18 @@ def pair_sides() -> tuple[str, ...]:
     return tuple(n for n, r in references.registry().items() if n in sides or r.model_of in sides)
 
 
-def config_value(config, dotted: str, family: str | None = None):
+def config_value(config, dotted: str, family_values: dict | None = None):
     """A value of the reference's own config by dotted path (``rope_parameters.truncate``,
     ``attn_config.alibi_bias_max``: a table or an attribute at each step; a number
-    indexes a list, ``layer_types.0``). ``family.NAME``: what ``family`` reads from that
-    config where no key says it (``Family.finding_values``: gemma3n's KV sharing as
-    llama.cpp's fixed start makes it)."""
+    indexes a list, ``layer_types.0``). ``family.NAME``: what the family reads from that
+    config where no key says it (``Family.finding_values``, which the caller hands in as
+    ``family_values``: gemma3n's KV sharing as llama.cpp's fixed start makes it). The
+    policy asks no family itself: the rules sit below the families (the pipeline, which
+    holds the family, passes its values)."""
     if dotted.startswith("family."):
-        if family is None:
+        if family_values is None:
             return _MISSING
-        from .families import get
-
-        return get(family).finding_values(config).get(dotted[len("family."):], _MISSING)
+        return family_values.get(dotted[len("family."):], _MISSING)
     obj = config
     for part in dotted.split("."):
         if isinstance(obj, (list, tuple)):
@@ -139,7 +139,7 @@ def config_value(config, dotted: str, family: str | None = None):
     return obj
 
 
-def config_matches(config, conditions: dict, family: str | None = None) -> bool:
+def config_matches(config, conditions: dict, family_values: dict | None = None) -> bool:
     """Every condition of a finding's ``config`` table holds for ``config``: a plain
     value must equal the config's; ``{ ne_key = "head_dim" }`` means the value
     differs from the config's own ``head_dim``; a ``family.NAME`` key is a value the family
@@ -148,10 +148,10 @@ def config_matches(config, conditions: dict, family: str | None = None) -> bool:
     ``{ lt = 256 }`` means a number below 256 (a threshold a reference compares
     with: phi3's original_max_position_embeddings against llama.cpp's context)."""
     for key, want in conditions.items():
-        have = config_value(config, key, family)
+        have = config_value(config, key, family_values)
         if isinstance(want, dict):
             if "ne_key" in want:
-                other = config_value(config, want["ne_key"], family)
+                other = config_value(config, want["ne_key"], family_values)
                 if have is _MISSING or other is _MISSING or have == other:
                     return False
             if "ne" in want and (have is _MISSING or have is None or have == want["ne"]):
@@ -220,14 +220,16 @@ class Policy:
     def finding(self, family: str, candidate: str, reference: str, probe: str, layer_kind: str,
                 config=None, layer: int | None = None, nmse: float | None = None, bounded: bool = True,
                 dtype: str | None = None, tokens: int | None = None, n_layers: int | None = None,
-                chunks: tuple | None = None, measured: dict | None = None) -> str | None:
+                chunks: tuple | None = None, measured: dict | None = None,
+                family_values: dict | None = None) -> str | None:
         """The written reason when a failing comparison is a KNOWN disagreement of
         the references (a finding, reported as such), else None. Matched on the
         reference's own ``config`` (the HF config the case built, or read back from a
         GGUF's keys) -- never on what impl was told to compute, so an impl bug that
         switches a feature on cannot switch its excuse on -- and only up to the
         finding's measured size (``max_nmse``). ``chunks``: the case's rows per call,
-        one tuple per sequence (harness/schedule.py ``BatchPlan.chunks``)."""
+        one tuple per sequence (harness/schedule.py ``BatchPlan.chunks``). ``family_values``:
+        ``Family.finding_values(config)``, for a finding's ``family.NAME`` conditions."""
         for f in self.findings:
             fam = f.get("family", family)
             # a list: one disagreement of several families' llama.cpp archs (the same cause)
@@ -244,13 +246,13 @@ class Policy:
                 continue
             if f.get("layer_kind", layer_kind) != layer_kind:
                 continue
-            if "config" in f and (config is None or not config_matches(config, f["config"], family)):
+            if "config" in f and (config is None or not config_matches(config, f["config"], family_values)):
                 continue
             # layer_config: a condition on the layer's own entry of a per-layer list of the
             # config (layer_types = "sliding_attention": only gemma2's sliding layers), so a
             # disagreement of some layers excuses nothing on the others
             if "layer_config" in f and (config is None or layer is None or layer < 0 or not config_matches(
-                    config, {f"{k}.{layer}": v for k, v in f["layer_config"].items()}, family)):
+                    config, {f"{k}.{layer}": v for k, v in f["layer_config"].items()}, family_values)):
                 continue
             # dtypes: the comparison dtypes it is known at (e.g. q8_k: quantized weights
             # only -- a disagreement the float comparison of the same case does not have)

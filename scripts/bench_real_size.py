@@ -47,10 +47,10 @@ Sections (each prints its table; all of them go to OUT/bench.json and OUT/bench.
   The time goals are for an idle machine: judged on the wall time where the
   load average was under 1 when the run started, else on the CPU time (said so).
   The 8B-class file is written tensor by tensor as the seeded model is drawn
-  (``harness/gguf/export.py`` ``export_streamed``: never the 32 GB float32 model
+  (``harness/pipeline/gguf/export.py`` ``export_streamed``: never the 32 GB float32 model
   in memory; f16, 16 GB on disk for the while, then ``llama_model_quantize``;
   45 min at load 9, once) and ``--gguf`` reads it one decoder layer at a time
-  (``harness/gguf/stream.py``: its float32 model would not fit), each step the
+  (``harness/pipeline/gguf/stream.py``: its float32 model would not fit), each step the
   in-memory path's bit for bit (tests/test_gguf_stream.py;
   docs/measurements/2026-12-02-real-file-speed.md).
 - ``quantized`` (issue 27): every ``--gguf-type`` llama_model_quantize makes
@@ -297,7 +297,7 @@ def section_layer(args) -> dict:
 # ---------------------------------------------------------------- llama.cpp callback
 def section_llamacpp(args) -> dict:
     from harness.case import Case, CaseRun
-    from harness.gguf import export as gguf_export
+    from harness.pipeline.gguf import export as gguf_export
     from harness.references.llamacpp import capture as llamacpp
 
     c = CONFIGS["1B"]
@@ -400,7 +400,7 @@ def _order():
 BUILD_FILE = """
 import shutil, sys
 from harness import families
-from harness.gguf.weights import export_for_case
+from harness.pipeline.gguf.weights import export_for_case
 fam = families.get(sys.argv[1])
 cfg = fam.make_config(eval(sys.argv[2]))
 model = fam.build_model(cfg, 0, "float32", weights="realistic")
@@ -408,14 +408,14 @@ path = export_for_case(fam, model, cfg, sys.argv[3], 0, None, source=["bench", "
 shutil.copy(path, sys.argv[4])
 """
 # a model too large to hold in float32 (the 8B-class file: 32 GB): written tensor by tensor as
-# drawn (harness/gguf/export.py export_streamed, the same tensors as the in-memory export:
+# drawn (harness/pipeline/gguf/export.py export_streamed, the same tensors as the in-memory export:
 # tests/test_gguf_stream.py) at f16 -- never the model in memory -- then quantized by llama.cpp
 BUILD_STREAMED = """
 import os, shutil, sys
 from pathlib import Path
 from harness import families
-from harness.gguf.export import export_streamed
-from harness.gguf.weights import quantize
+from harness.pipeline.gguf.export import export_streamed
+from harness.pipeline.gguf.weights import quantize
 fam = families.get(sys.argv[1])
 cfg = fam.make_config(eval(sys.argv[2]))
 f16 = export_streamed(fam, cfg, 0, "f16", Path(sys.argv[4]).with_suffix(".f16.gguf"), weights="realistic")

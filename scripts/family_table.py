@@ -24,12 +24,12 @@ PAIRS = (("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf"))
 
 def gguf_table() -> int:
     """Per family: the metadata ``--gguf`` reads -- llama.cpp's own reading of the
-    arch (harness/families/_llamacpp_keys.py: ``load_hparams``' keys for every
+    arch (harness/gguf/llamacpp_keys.py: ``load_hparams``' keys for every
     arch, plus the arch's ``load_arch_hparams``), the ``.scale`` tensors its graph
     applies, and where the HF reference's weights come from."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    from harness.families._llamacpp_keys import BY_ARCH, SCALES
+    from harness.gguf.llamacpp_keys import BY_ARCH, SCALES
 
     print("| family | llama.cpp arch | keys `load_arch_hparams` reads (beyond `load_hparams`') "
           "| `.scale` tensors its graph applies | HF reference for `--gguf` |")

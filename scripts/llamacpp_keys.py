@@ -1,7 +1,7 @@
-"""Generate harness/families/_llamacpp_keys.py: which GGUF metadata keys llama.cpp
+"""Generate harness/gguf/llamacpp_keys.py: which GGUF metadata keys llama.cpp
 reads for each architecture, from llama.cpp's own source.
 
-    python scripts/llamacpp_keys.py LLAMA_CPP_TREE > harness/families/_llamacpp_keys.py
+    python scripts/llamacpp_keys.py LLAMA_CPP_TREE > harness/gguf/llamacpp_keys.py
 
 LLAMA_CPP_TREE: the llama.cpp that llama-cpp-python vendors (its sdist's
 vendor/llama.cpp). What is read:

@@ -134,7 +134,8 @@ def analyse(run_dir: Path) -> dict:
     per_finding: dict[int, float] = {}
     for r in lc[lc["status"].isin(("fail", "finding", "unguarded"))].itertuples():
         reason = pol.finding(r.family, r.candidate, r.reference, r.probe, r.layer_kind, configs[r.case_id],
-                             layer=None if r.layer < 0 else int(r.layer), nmse=float(r.nmse), bounded=False)
+                             layer=None if r.layer < 0 else int(r.layer), nmse=float(r.nmse), bounded=False,
+                             family_values=get(r.family).finding_values(configs[r.case_id]))
         if reason:
             n = int(reason.split("#", 1)[1].split(":", 1)[0])
             per_finding[n] = max(per_finding.get(n, 0.0), float(r.nmse))

@@ -20,7 +20,7 @@ def _export_llama(cache_dir: str, barrier, q) -> None:
     os.environ["CONFORMANCE_CACHE"] = cache_dir
     try:
         from harness.families import get
-        from harness.gguf import export as gguf_export
+        from harness.pipeline.gguf import export as gguf_export
 
         import time
 

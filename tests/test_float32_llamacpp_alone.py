@@ -18,7 +18,7 @@ import pytest
 from harness.mutants import applied, registry
 from harness.pipeline import oracle
 from harness.references.capture import RefCapture
-from harness.testing import run
+from harness.pytest_fixtures import run
 
 
 def _build(dtype, refs, gguf_type="f32"):

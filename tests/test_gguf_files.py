@@ -70,8 +70,8 @@ def test_own_export_reads_back(family):
     import torch
 
     from harness import families
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import export as gguf_export
+    from harness.pipeline.gguf import reader as gguf_import
 
     fam = families.get(family)
     config = fam.make_config({})
@@ -122,17 +122,17 @@ def llama_cpp_tree():
 
 
 def test_key_table_is_llama_cpps_own(llama_cpp_tree):
-    """harness/families/_llamacpp_keys.py is what scripts/llamacpp_keys.py makes
+    """harness/gguf/llamacpp_keys.py is what scripts/llamacpp_keys.py makes
     of the vendored llama.cpp's source -- and says what the issue found: llama.cpp
     reads clamp_kqv only for dbrx, mpt and olmo, attention.causal for every arch."""
     tree = Path(llama_cpp_tree)
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "llamacpp_keys.py"), str(tree)],
                          capture_output=True, text=True, check=True).stdout
-    assert out == (ROOT / "harness" / "families" / "_llamacpp_keys.py").read_text()
+    assert out == (ROOT / "harness" / "gguf" / "llamacpp_keys.py").read_text()
 
 
 def test_key_table_says_what_llama_cpp_reads():
-    from harness.families import _llamacpp_keys as keys
+    from harness.gguf import llamacpp_keys as keys
 
     assert "attention.causal" in keys.GENERIC
     assert {a for a, ks in keys.BY_ARCH.items() if "attention.clamp_kqv" in ks} == {"dbrx", "mpt", "olmo"}
@@ -201,7 +201,7 @@ def test_keys_llama_cpp_does_not_read_are_ignored_and_listed(tmp_path, capsys):
 def test_keys_llama_cpp_reads_are_honoured(tmp_path):
     """olmo's clamp_kqv IS read (olmo.cpp): it becomes HF's clip_qkv and impl's
     clamp; gemma3's window and pattern become its layer types."""
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     path, _, _ = _export("olmo", tmp_path, overrides={"clip_qkv": 0.75})
     src = gguf_import.load(str(path))
@@ -223,7 +223,7 @@ def test_a_key_the_reverse_leaves_unread_is_refused(tmp_path, capsys):
             return _gguf_import.llama_like_config(self, meta, shapes, _gguf_import.read_hparams(meta))
 
     path, _, _ = _export("qwen2", tmp_path)
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     reader = gguf_import.open_reader(str(path))
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
@@ -336,7 +336,7 @@ def test_needs_imatrix_is_what_llama_model_quantize_refuses(policy, tmp_path):
     projection) to every type; its log and ours share one pipe, so the order holds."""
     from harness.ggml_types import NEEDS_IMATRIX, QUANT_FTYPES
     from harness.references.llamacpp.capture import worker_env
-    from harness.testing import case_run
+    from harness.pytest_fixtures import case_run
 
     f32 = case_run(policy, "llama", overrides=(("hidden_size", 256), ("intermediate_size", 256))).gguf_path
     code = ("import ctypes, json, sys, llama_cpp as l\n"
@@ -659,7 +659,7 @@ def test_converter_files_read_back(converted_all):
 
     from harness import families
     from harness.errors import UsageError
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     # the converter's own files llama.cpp refuses, and why: sarvam_mla's direct Q (no
     # q_lora_rank) at a depth other than DeepSeek-V2-Lite's 27 layers, where load_arch_hparams
@@ -712,7 +712,7 @@ def test_gemma3n_export_is_the_converters_file_plus_the_kv_llama_cpp_loads(conve
     import gguf
 
     from harness.families import get
-    from harness.gguf import export as gguf_export
+    from harness.pipeline.gguf import export as gguf_export
 
     path, model, config = converted_all["gemma3n"]
     ours = gguf.GGUFReader(str(gguf_export.export(get("gemma3n"), model, config, "f32", 0)))
@@ -736,7 +736,7 @@ def test_gemma3n_export_is_the_converters_file_plus_the_kv_llama_cpp_loads(conve
 def test_converter_file_quantized_three_way(policy, converted_all, family):
     """The converter's F32 file quantized to Q4_K_M by llama.cpp, three-way: the
     file decides everything (config, weights, the weight type judged at)."""
-    from harness.gguf.weights import quantize
+    from harness.pipeline.gguf.weights import quantize
 
     path = quantize(converted_all[family][0], "q4_k_m")
     rows = run(policy, family=family if family.startswith("deepseek") else "", gguf=str(path), ref=HF_AND_LLAMACPP)
@@ -762,7 +762,7 @@ def test_random_model_generator_file_three_way(policy, tmp_path):
     assert not bad_rows(rows, ok=("pass", "not-exposed"))
     # three-way (--ref all also holds hf_cached since issue 24)
     assert {("impl", "hf"), ("impl", "llamacpp"), ("llamacpp", "hf")} <= {(r["candidate"], r["reference"]) for r in rows}
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     src = gguf_import.load(str(path))
     assert "llama.attention.clamp_kqv" in src.ignored and "llama.ssm.inner_size" in src.ignored
@@ -800,7 +800,7 @@ def test_export_writes_key_and_value_length_where_the_converter_does(family):
     has wrong shape; expected 64, 64, got 64, 96" for qwen2 at 4 heads x 24). Every
     family whose head_dim is settable writes both, equal to it."""
     from harness import families
-    from harness.gguf import export as gguf_export
+    from harness.pipeline.gguf import export as gguf_export
     from harness.gguf.fastread import GGUFFile
 
     from harness.families._mla import MlaFamily
@@ -848,13 +848,13 @@ def test_export_writes_key_and_value_length_where_the_converter_does(family):
 
 
 def test_transformers_gguf_loader_writes_nothing_into_the_run(tmp_path, capfd):
-    """transformers' GGUF loader (the float files' cross-check, harness/gguf/weights.py
+    """transformers' GGUF loader (the float files' cross-check, harness/pipeline/gguf/weights.py
     transformers_reference) writes its tqdm bar "Converting and de-quantizing GGUF
     tensors..." raw to stderr: quiet_third_party keeps the run's output the harness's.
     The same call outside it shows the bar -- so the check can fail."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from harness.gguf.weights import quiet_third_party
+    from harness.pipeline.gguf.weights import quiet_third_party
 
     path, model, _ = _export("llama", tmp_path)
     with quiet_third_party():

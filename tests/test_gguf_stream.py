@@ -1,4 +1,4 @@
-"""A --gguf file read one decoder layer at a time (harness/gguf/stream.py: the
+"""A --gguf file read one decoder layer at a time (harness/pipeline/gguf/stream.py: the
 8B-class path, whose float32 model would not fit) computes what the in-memory
 reading computes: every row of a three-way run, bit for bit, on a tiny
 quantized file -- all layers, and ``--layers 0,-1`` (where the teacher-forced
@@ -29,7 +29,7 @@ def tiny_file():
 
 
 def _rows(policy, path, stream: bool, cache, monkeypatch, **kw):
-    from harness.gguf import stream as streaming
+    from harness.pipeline.gguf import stream as streaming
 
     reads, held, seen = [], [], []
     real = streaming.Streamed.ensure
@@ -74,9 +74,9 @@ def test_the_streamed_export_writes_the_seeded_model_tensor_by_tensor(tmp_path):
     name, type and byte (only their order in the file differs) -- and llama.cpp's
     quantizer makes the same file of both."""
     from harness import families
-    from harness.gguf import export
-    from harness.gguf.reader import open_reader, read_fields
-    from harness.gguf.weights import quantize
+    from harness.pipeline.gguf import export
+    from harness.pipeline.gguf.reader import open_reader, read_fields
+    from harness.pipeline.gguf.weights import quantize
 
     fam = families.get("llama")
     cfg = fam.make_config(dict(TINY))

@@ -101,7 +101,7 @@ def test_a_sizing_run_that_fails_is_an_error_row_naming_it_and_the_run_goes_on(p
     """HF crashing in the sizing run (oracle.dtype_sizer) is one error row saying which run
     failed -- never a pass on the table alone, never a traceback."""
     from harness.pipeline import oracle
-    from harness.testing import run
+    from harness.pytest_fixtures import run
 
     monkeypatch.setattr(oracle, "dtype_sizer", lambda build, rc, tf: RefCapture(
         "hf", "bfloat16", error="RuntimeError: planted", meta={"traceback": "planted"}))

@@ -169,7 +169,8 @@ def test_a_kernels_wrapped_mamba_scan_is_captured(policy, monkeypatch):
     modules. The capture reads them by HF's own signature (no KeyError)."""
     import transformers.models.mamba.modeling_mamba as mm
 
-    from harness.testing import run, statuses
+    from harness.pytest_fixtures import run
+    from harness.testing import statuses
 
     for name in ("mamba_selective_scan", "mamba_selective_state_update", "causal_conv1d_fn", "causal_conv1d_update"):
         monkeypatch.setattr(mm, name, _kernels_style(getattr(mm, name)))
@@ -185,7 +186,7 @@ def test_a_kernels_wrapped_delta_rule_is_promoted_to_float64(policy, monkeypatch
     1e-20 bound, as on 5.25.0 before the fix)."""
     import transformers.models.qwen3_next.modeling_qwen3_next as mq
 
-    from harness.testing import run
+    from harness.pytest_fixtures import run
 
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
                  "causal_conv1d_update"):
@@ -203,7 +204,7 @@ def test_without_plain_the_float64_oracle_leaves_the_wrapped_function_in_float32
     import transformers.models.qwen3_next.modeling_qwen3_next as mq
 
     from harness.references.hf import float64
-    from harness.testing import run
+    from harness.pytest_fixtures import run
 
     monkeypatch.setattr(mq, "torch_chunk_gated_delta_rule", _kernels_style(mq.torch_chunk_gated_delta_rule))
     monkeypatch.setattr(mq, "torch_recurrent_gated_delta_rule", _kernels_style(mq.torch_recurrent_gated_delta_rule))

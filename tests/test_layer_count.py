@@ -10,7 +10,8 @@ from hypothesis import given, settings
 
 from harness import families, fuzz
 from harness.cli import build_parser, case_from_args
-from harness.testing import run, statuses
+from harness.pytest_fixtures import run
+from harness.testing import statuses
 
 
 def test_the_per_layer_lists_follow_the_count():

@@ -262,7 +262,7 @@ class _Unwritten(Exception):
 @pytest.mark.parametrize("arch,moe,outcome,why", _cases())
 def test_generator_file(policy, archs_dir, arch, moe, outcome, why):
     from harness.errors import UsageError
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     assert outcome != "unclassified", f"{arch} ({'MoE' if moe else 'dense'}): add its expected outcome to EXPECTED"
     try:
@@ -297,7 +297,7 @@ def test_qwen2_output_bias_reaches_hf_logits(archs_dir):
     without it llama.cpp vs HF logits would differ by the bias."""
     import numpy as np
 
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     try:
         path, _ = _generate("qwen2", False, archs_dir)
@@ -313,7 +313,7 @@ def test_qwen2_output_bias_reaches_hf_logits(archs_dir):
 
 
 def test_qwen3_rerank_tensor_is_ignored_and_listed(archs_dir):
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     try:
         path, _ = _generate("qwen3", False, archs_dir)
@@ -333,7 +333,7 @@ def test_qwen3next_delta_net_qkv_scale_is_unused(archs_dir):
     listed unused. Folded in, llama.cpp vs HF differed by nmse 174 at L0 attn_out."""
     import numpy as np
 
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     try:
         path, _ = _generate("qwen3next", True, archs_dir)

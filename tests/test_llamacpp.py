@@ -130,7 +130,7 @@ def test_the_worker_serves_captures_and_a_failure_starts_a_fresh_one(tmp_path):
     import numpy as np
 
     from harness.families import get
-    from harness.gguf import export as gguf_export
+    from harness.pipeline.gguf import export as gguf_export
     from harness.references.llamacpp import capture as llamacpp
 
     fam = get("llama")

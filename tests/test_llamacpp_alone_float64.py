@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import bad_rows, run
+from harness.pytest_fixtures import run
+from harness.testing import bad_rows
 
 CASE = {"family": "qwen3_next", "dtype": "float64", "kv": "paged", "schedule": "mixed"}
 

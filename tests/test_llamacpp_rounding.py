@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, run
+from harness.pytest_fixtures import run
+from harness.testing import HF_AND_LLAMACPP
 
 EPS = registry()["norm-eps-outside-sqrt"]
 CASE = dict(family="llama", dtype="float64", ref="llamacpp")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import run
+from harness.pytest_fixtures import run
 
 MUTANTS = registry()
 

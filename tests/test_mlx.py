@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.testing import run, statuses
+from harness.pytest_fixtures import run
+from harness.testing import statuses
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,8 @@ from contract.candidate import LayerCall
 from harness.candidates.api import padded
 from harness.mutants import applied, registry
 from harness.schedule import batch_plan, mask
-from harness.testing import HF_AND_LLAMACPP, run
+from harness.pytest_fixtures import run
+from harness.testing import HF_AND_LLAMACPP
 from impl import Backend, Layer, LayerConfig, NormSpec, RopeSpec, WindowSpec, make_rope
 from impl import kv as kvmod
 from impl.runner import run_layer

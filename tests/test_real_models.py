@@ -3,7 +3,7 @@
 
 The GGUFs under test are written by llama.cpp's OWN converter
 (``convert_hf_to_gguf.py`` of the llama.cpp that llama-cpp-python vendors), not
-by this project: the reverse mapping (harness/gguf/reader.py) must read a
+by this project: the reverse mapping (harness/pipeline/gguf/reader.py) must read a
 file it did not write. The converter comes from the llama-cpp-python sdist
 (``pip download``; set CONFORMANCE_LLAMA_CPP_SRC to a llama.cpp tree to skip
 the download), SentencePiece -- which the converter needs for the tiny
@@ -280,7 +280,7 @@ def _assert_recovered(src, model, config, exact: bool):
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("family", FOUNDATION)
 def test_converter_gguf_reverse_mapping(converted, family):
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     path, model, config = converted[(family, "f32")]
     src = gguf_import.load(str(path))
@@ -322,7 +322,7 @@ def test_cli_gguf_runs_llamacpp_by_default(converted, tmp_path, capsys):
 def test_converter_gguf_q8_0(policy, converted):
     """The converter's own Q8_0: dequantized (gguf.quants) into impl's weights;
     impl, with ggml's activation quantization reproduced, judged at ggml_q8_0."""
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import reader as gguf_import
 
     path, model, config = converted[("llama", "q8_0")]
     src = gguf_import.load(str(path))
@@ -338,8 +338,8 @@ def test_converter_gguf_q8_0(policy, converted):
 def test_own_export_q8_0(policy):
     """A GGUF our own exporter wrote at Q8_0 (`--gguf-type q8_0`), read back."""
     from harness import families
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import export as gguf_export
+    from harness.pipeline.gguf import reader as gguf_import
 
     fam = families.get("qwen3")
     config = fam.make_config({})
@@ -367,8 +367,8 @@ def test_own_export_round_trips(policy, setting):
     tensors) come back into the rebuilt config: the same impl layers, the same
     weights, and impl agrees with llama.cpp on the file."""
     from harness import families
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
+    from harness.pipeline.gguf import export as gguf_export
+    from harness.pipeline.gguf import reader as gguf_import
 
     fam = families.get("llama")
     config = fam.make_config(ROUND_TRIPS[setting])

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from harness.pipeline import oracle as oracle_stage
-from harness.testing import HF_AND_LLAMACPP, run
+from harness.pytest_fixtures import run
+from harness.testing import HF_AND_LLAMACPP
 
 
 def _case_run(family="llama", **kw):

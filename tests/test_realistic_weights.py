@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, case_run, run
+from harness.pytest_fixtures import case_run, run
+from harness.testing import HF_AND_LLAMACPP
 
 
 def _scores(hf, layer):

@@ -158,7 +158,7 @@ def test_the_fuzz_case_behind_the_norm_passes_at_resid_mid_on_any_blas(policy):
     """qwen3_5_text, 1 head, 3 tokens (fixtures/matrix/fuzz_regressions.toml): L0 resid_mid
     sat at 1.02 of the plain floor on this CI machine's CPU (0.22 on the one it was found
     on): the norm's allowance at attn_out reaches resid_mid, diluted by the residual."""
-    from harness.testing import run
+    from harness.pytest_fixtures import run
 
     rows = run(policy, family="qwen3_5_text", backend="torch", dtype="float32", kv="decode", schedule="prefill",
                seed=1, tokens=3, ref="hf", overrides=(("num_attention_heads", 1), ("num_key_value_heads", 1)))

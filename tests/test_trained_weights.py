@@ -12,7 +12,8 @@ import torch
 from harness import families
 from harness.families.base import TRAINED_A, TRAINED_DT
 from harness.mutants import applied, registry
-from harness.testing import bad_rows, run
+from harness.pytest_fixtures import run
+from harness.testing import bad_rows
 
 
 def _memories(model) -> dict[str, np.ndarray]:

@@ -114,7 +114,7 @@ def test_a_finding_in_front_holds_for_the_witness_where_the_pair_sits_just_under
     own numbers; with no finding in front (the pair excused only further on), it stays a
     failure."""
     from harness.pipeline.judge import Judge
-    from harness.testing import case_run
+    from harness.pytest_fixtures import case_run
 
     over = (("head_dim", 32), ("num_attention_heads", 1), ("num_key_value_heads", 1),
             ("rope_parameters.beta_fast", 8.0), ("rope_parameters.factor", 2.0), ("sliding_window", 1))

@@ -1,6 +1,6 @@
 """Writing a family's weights and hyper-parameters as llama.cpp's converter
 (convert_hf_to_gguf.py, conversion/) would: the export hooks
-(harness/gguf/export.py drives them) and the converter steps several
+(harness/pipeline/gguf/export.py drives them) and the converter steps several
 families share (sizes, YaRN, MoE expert stacking, TextModel's generic keys)."""
 
 from __future__ import annotations

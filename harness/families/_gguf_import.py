@@ -1,9 +1,9 @@
 """Reading a family's GGUF back (``--gguf``): the hyper-parameters as llama.cpp
 reads them for the file's architecture, and the weights through the export's
-steps run backwards (harness/gguf/reader.py drives it).
+steps run backwards (harness/pipeline/gguf/reader.py drives it).
 
 Metadata. ``GGUFMeta`` knows which keys llama.cpp reads for the arch
-(``_llamacpp_keys.py``, generated from llama.cpp's ``load_hparams`` and the
+(``harness/gguf/llamacpp_keys.py``, generated from llama.cpp's ``load_hparams`` and the
 arch's ``load_arch_hparams``). A reverse reads keys through it, with
 llama.cpp's defaults for absent ones, and may read ONLY those keys; after it:
 
@@ -31,250 +31,16 @@ the export defines it.
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from ..errors import UsageError
-from ._llamacpp_keys import BY_ARCH, GENERIC, RECURRENT_UNSCALED, ROPE_FACTORS, SCALES
+from ..gguf.llamacpp_keys import RECURRENT_UNSCALED, ROPE_FACTORS, SCALES
 
-# general.* and tokenizer.* say nothing about the arithmetic: the harness feeds
-# token ids (or tokenizes with llama.cpp's own vocabulary, --prompt).
-_NEUTRAL_PREFIXES = ("general.", "tokenizer.", "split.", "GGUF.")
-_REQUIRED = object()
-# keys llama.cpp reads WITHOUT the arch's prefix (src/llama-arch.cpp:428-431: "xielu.alpha_n",
-# not "%s.xielu.alpha_n"; gguf-py's add_xielu_* writes them so), which the generated key
-# table (scripts/llamacpp_keys.py: "%s." keys and the generic ones) does not list
-_ARCHLESS_READS = {"apertus": frozenset({"xielu.alpha_n", "xielu.alpha_p", "xielu.beta", "xielu.eps"})}
-# llama_pooling_type: NONE 0; UNSPECIFIED -1 (the model saver writes it as a u32)
-_POOLING_NONE = (0, -1, 0xFFFFFFFF)
-
-
-class GGUFMeta:
-    """A GGUF's metadata, read as llama.cpp reads it for ``arch``:
-    ``get("attention.head_count")`` reads ``{arch}.attention.head_count``
-    (``general.*`` / ``tokenizer.*`` keys are taken as they are). Every read
-    is recorded; reading a key llama.cpp does not read for the arch is a bug
-    in the reverse (AssertionError), never a silent extra."""
-
-    def __init__(self, arch: str, values: dict[str, Any], path: str = ""):
-        self.arch = arch
-        self.values = values
-        self.path = path
-        # vocab_size: read by load_arch_hparams of some archs and by the vocab loader
-        # (llama-vocab.cpp, tokenizer "none"); the reverse checks it against token_embd
-        self.reads = GENERIC | BY_ARCH.get(arch, frozenset()) | {"vocab_size"}
-        self.archless = _ARCHLESS_READS.get(arch, frozenset())
-        self.read: set[str] = set()
-        self.skipped: dict[str, str] = {}
-
-    def full(self, key: str) -> str:
-        return key if key.startswith(_NEUTRAL_PREFIXES) or key in self.archless else f"{self.arch}.{key}"
-
-    def _check(self, key: str) -> str:
-        if not key.startswith(_NEUTRAL_PREFIXES) and key not in self.reads and key not in self.archless:
-            raise AssertionError(f"the reverse reads {self.arch}.{key}, which llama.cpp does not read for "
-                                 f"{self.arch} (harness/families/_llamacpp_keys.py)")
-        return self.full(key)
-
-    def has(self, key: str) -> bool:
-        return self._check(key) in self.values
-
-    def get(self, key: str, default=_REQUIRED):
-        k = self._check(key)
-        self.read.add(k)
-        if k not in self.values:
-            if default is _REQUIRED:
-                raise UsageError(f"--gguf {self.path}: metadata key {k!r} is missing "
-                                 f"(llama.cpp requires it for {self.arch})")
-            return default
-        return self.values[k]
-
-    def get_f32(self, key: str, default=_REQUIRED):
-        v = self.get(key, default)
-        return v if v is None or v is default else float32_value(v)
-
-    def get_per_layer(self, key: str, n: int, default=_REQUIRED) -> list:
-        """``ml.get_key_or_arr``: a scalar for every layer, or an array of exactly
-        ``n`` values (llama-model-loader.cpp: "wrong array length" otherwise)."""
-        v = self.get(key, default)
-        if v is None or v is default:
-            return [v] * n
-        if isinstance(v, (list, tuple)):
-            if len(v) != n:
-                self.refuse(key, v, f"an array of {len(v)} values for {n} layers (llama.cpp: wrong array length)")
-            return list(v)
-        return [v] * n
-
-    def skip(self, key: str, why: str) -> None:
-        """A key llama.cpp may read for the arch but does not for THIS file's
-        values (its load_arch_hparams reads it under a condition): not refused,
-        listed with the reason."""
-        self._check(key)
-        if self.full(key) in self.values:
-            self.skipped[self.full(key)] = why
-
-    def refuse(self, key: str, value, why: str):
-        raise UsageError(f"--gguf {self.path}: {self.full(key)} = {_short(value)}: {why}")
-
-    def unhonoured(self) -> list[str]:
-        """Keys llama.cpp reads for the arch that the reverse did not account for."""
-        pre = f"{self.arch}."
-        return sorted(k for k in self.values if (k.startswith(pre) and k[len(pre):] in self.reads or k in self.archless)
-                      and k not in self.read and k not in self.skipped)
-
-    def ignored(self) -> dict[str, str]:
-        """Keys of the file llama.cpp does not read for the arch, each with why
-        (a key of another arch's prefix included): listed, never read."""
-        pre = f"{self.arch}."
-        out = {}
-        for k in sorted(self.values):
-            if k.startswith(_NEUTRAL_PREFIXES) or k in self.archless:
-                continue
-            if not k.startswith(pre):
-                out[k] = f"ignored by llama.cpp for {self.arch} (not a {self.arch}.* key)"
-            elif k[len(pre):] not in self.reads:
-                out[k] = f"ignored by llama.cpp for {self.arch}"
-        out.update({k: f"not read by llama.cpp for {self.arch} with this file's values: {why}"
-                    for k, why in self.skipped.items()})
-        return out
-
-
-def _short(v) -> str:
-    if isinstance(v, (list, tuple)) and len(v) > 8:
-        return f"[{', '.join(map(str, v[:8]))}, ...] ({len(v)} values)"
-    return repr(v) if isinstance(v, str) else str(v)
-
-
-def float32_value(v) -> float:
-    """A float the file holds as float32, as the shortest decimal that is that
-    float32 (1e-05, not 9.999999747378752e-06)."""
-    return float(str(np.float32(v)))
-
-
-def get_mscale(scale: float, mscale: float = 1.0) -> float:
-    """llama-context.cpp ``get_mscale`` (= HF modeling_rope_utils ``get_mscale``)."""
-    return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-@dataclass
-class Hparams:
-    """``llama_hparams`` as ``llama_model_base::load_hparams`` fills it
-    (src/llama-model.cpp), the fields a reverse needs. Per-layer values are
-    lists (``get_key_or_arr``)."""
-
-    n_layer: int
-    n_ctx_train: int
-    n_embd: int
-    n_head: list
-    n_head_kv: list
-    n_ff: list
-    n_expert: int
-    n_expert_used: list
-    n_expert_groups: int
-    n_group_used: int
-    rope_freq_base: float
-    rope_scaling_type: str
-    rope_freq_scale: float
-    n_ctx_orig_yarn: int
-    rope_attn_factor: float
-    n_embd_head_k: int
-    n_embd_head_v: int
-    n_rot: int
-    n_embd_head_k_swa: int
-    n_embd_head_v_swa: int
-    n_rot_swa: int
-    meta: Any = None
-
-    def uniform(self, field: str, key: str):
-        """One value for every layer (an HF config holds one), else refused."""
-        vals = getattr(self, field)
-        if len(set(vals)) != 1:
-            self.meta.refuse(key, vals, "per-layer values; the family's HF config holds one for every layer")
-        return vals[0]
-
-    @property
-    def head(self) -> int:
-        return self.uniform("n_head", "attention.head_count")
-
-    @property
-    def head_kv(self) -> int:
-        return self.uniform("n_head_kv", "attention.head_count_kv")
-
-    @property
-    def ff(self) -> int:
-        return self.uniform("n_ff", "feed_forward_length")
-
-
-def read_hparams(meta: GGUFMeta) -> Hparams:
-    """src/llama-model.cpp ``llama_model_base::load_hparams``, key for key, with
-    llama.cpp's defaults for absent keys. What impl (or the HF reference) cannot
-    express is refused here: non-causal attention, a pooled / classifier / MTP
-    head, a separate output width."""
-    m = meta
-    m.get("general.name", None)
-    n_ctx = int(m.get("context_length"))
-    n_embd = int(m.get("embedding_length"))
-    out = m.get("embedding_length_out", None)
-    if out is not None and int(out) not in (0, n_embd):
-        m.refuse("embedding_length_out", out, f"an output width other than embedding_length {n_embd} "
-                                              "is not expressible here")
-    if not bool(m.get("attention.causal", True)):
-        m.refuse("attention.causal", False, "non-causal attention is not expressible in impl (causal only)")
-    for key in ("pooling_type", "classifier.pooling_type"):
-        v = m.get(key, None)
-        if v is not None and int(v) not in _POOLING_NONE:
-            m.refuse(key, v, "a pooled (embedding / classifier) output is not compared here; valid: 0 (none)")
-    if m.get("classifier.output_labels", None):
-        m.refuse("classifier.output_labels", m.values[m.full("classifier.output_labels")],
-                 "a classifier head is not compared here")
-    n_layer = int(m.get("block_count"))
-    if n_layer < 1:
-        m.refuse("block_count", n_layer, "llama.cpp requires at least one layer")
-    nextn = int(m.get("nextn_predict_layers", 0))
-    if nextn:
-        m.refuse("nextn_predict_layers", nextn, "multi-token-prediction layers are not compared here; valid: 0")
-    n_expert = int(m.get("expert_count", 0))
-    n_expert_used = [int(v) for v in m.get_per_layer("expert_used_count", n_layer, 0)]
-    n_groups = int(m.get("expert_group_count", 0))
-    n_group_used = int(m.get("expert_group_used_count", 0))
-    n_ff = [int(v) for v in m.get_per_layer("feed_forward_length", n_layer, 0)]
-    n_head = [int(v) for v in m.get_per_layer("attention.head_count", n_layer, 0)]
-    # "n_head_kv is optional, default to n_head"
-    kv = m.get_per_layer("attention.head_count_kv", n_layer, None)
-    n_head_kv = list(n_head) if kv[0] is None else [int(v) for v in kv]
-    m.get("rope.scaling.finetuned", None)  # hparams.rope_finetuned: no arithmetic (granite reads its own)
-    n_ctx_orig = int(m.get("rope.scaling.original_context_length", n_ctx))
-    base = m.get_f32("rope.freq_base", 10000.0)
-    kind = m.get("rope.scaling.type", "linear")
-    if kind not in ("none", "linear", "yarn", "longrope"):
-        m.refuse("rope.scaling.type", kind, "llama.cpp knows none, linear, yarn, longrope")
-    factor = m.get_f32("rope.scaling.factor", None)
-    if factor is None:
-        factor = m.get_f32("rope.scale_linear", 0.0)  # "try the old key name"
-    else:
-        m.skip("rope.scale_linear", "rope.scaling.factor is present (load_hparams reads the old name only without it)")
-    freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
-    attn_factor = m.get_f32("rope.scaling.attn_factor", 1.0)
-    alpha = m.get_f32("rope.scaling.alpha", 0.0)
-    if alpha:
-        m.refuse("rope.scaling.alpha", alpha, "NTK-alpha RoPE scaling (hunyuan) is not expressible here; valid: 0")
-    head = n_head[0] if n_head else 0
-    if head > 0:
-        hk = int(m.get("attention.key_length", n_embd // head))
-        hv = int(m.get("attention.value_length", n_embd // head))
-        rot = int(m.get("rope.dimension_count", hk))
-    else:
-        hk = hv = rot = 0
-    hk_swa = int(m.get("attention.key_length_swa", hk))
-    hv_swa = int(m.get("attention.value_length_swa", hv))
-    rot_swa = int(m.get("rope.dimension_count_swa", rot))
-    return Hparams(n_layer, n_ctx, n_embd, n_head, n_head_kv, n_ff, n_expert, n_expert_used, n_groups,
-                   n_group_used, base, kind, freq_scale, n_ctx_orig, attn_factor, hk, hv, rot, hk_swa, hv_swa,
-                   rot_swa, meta)
+# the metadata's reading is the format floor's (harness/gguf/meta.py); the families'
+# reverses take it from here
+from ..gguf.meta import _REQUIRED, GGUFMeta, Hparams, float32_value, get_mscale, read_hparams  # noqa: F401
 
 
 def swa_pattern(meta: GGUFMeta, hp: Hparams, n_pattern: int, dense_first: bool = False) -> list[bool]:
@@ -750,7 +516,7 @@ class Trace:
     """``trace_import``'s steps for one model, set up once: the GGUF tensor each HF
     tensor's pieces go to (pass 1, on cheap int8 stand-ins), then any HF tensor
     read back when asked (``tensor``) -- all of them (``all``), or one decoder
-    layer at a time for a model too large to hold (harness/gguf/stream.py), whose
+    layer at a time for a model too large to hold (harness/pipeline/gguf/stream.py), whose
     names and shapes ``check`` refuses up front as ``all`` would. ``memo``: the
     index traces kept by (the name with its layer number out, the shape, the
     layer's description) -- each layer's tensors go through the same steps, and

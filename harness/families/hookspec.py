@@ -31,7 +31,7 @@ GROUPS = {
     "impl": "the candidate side: impl's layer descriptions and weights",
     "hf": "the HF reference (harness/references/hf): where each probe is read in HF's modules",
     "llamacpp": "the llama.cpp reference (harness/references/llamacpp): where each probe is read in llama.cpp's graph",
-    "gguf_export": "the GGUF writer (harness/gguf/export.py): the converter's steps (convert_hf_to_gguf.py)",
+    "gguf_export": "the GGUF writer (harness/pipeline/gguf/export.py): the converter's steps (convert_hf_to_gguf.py)",
     "gguf_import": "`--gguf`: a GGUF read back into the family's HF config and weights",
     "judge": "the scheduler and the judge: what a reference cannot run, the values a finding reads, ggml's input orders",
     "fuzz": "the fuzzer (harness/fuzz.py)",

@@ -45,7 +45,7 @@ class Build:
         self._memo: dict = {}
         self.hf_types: dict = {}  # quantized weights: HF tensor -> the GGUF types it came from
         if case.gguf:
-            from ..gguf import reader as gguf_import
+            from .gguf import reader as gguf_import
 
             t = time.perf_counter()
             self.source = gguf_import.load(case.gguf, case.family or None, stream=_stream_wanted)
@@ -227,11 +227,11 @@ class Build:
     def base_model(self):
         """The float32 model every reference and impl take their weights from: with
         a quantized ``gguf_type``, the weights of the quantized file llama.cpp runs,
-        dequantized (harness/gguf/weights.py) -- every side computes with the
+        dequantized (harness/pipeline/gguf/weights.py) -- every side computes with the
         same numbers."""
         m = self.float_model
         if self.source is None and self.family.gguf_arch and is_quantized(self.case.gguf_type):
-            from ..gguf.weights import dequantized_model
+            from .gguf.weights import dequantized_model
 
             try:
                 path = self.gguf_path  # its own timing: gguf_export
@@ -251,7 +251,7 @@ class Build:
         self._cold_only("the GGUF")
         if not self.family.gguf_arch:
             raise RuntimeError(f"family {self.family.name} has no GGUF export (llama.cpp arch unknown)")
-        from ..gguf.weights import export_for_case
+        from .gguf.weights import export_for_case
 
         # --hf-model: the checkpoint's files shape the GGUF as much as its config does
         stamp = [self.case.hf_model, checkpoint_stamp(self.case.hf_model)] if self.case.hf_model else None
@@ -276,7 +276,7 @@ class Build:
         if not is_quantized(self.case.gguf_type):
             return self.case.gguf_type
         from ..ggml_types import activation_dtype
-        from ..gguf.weights import file_tensors
+        from .gguf.weights import file_tensors
 
         try:
             types = self.source.tensor_types if self.source is not None else file_tensors(self.gguf_path)[1]
@@ -339,8 +339,8 @@ class Build:
         reference that tokenizes it, or None without a prompt."""
         if self.case.prompt is None:
             return None
-        if self.source is None:  # the export's seeded vocabulary (harness/gguf/export.py tiny_vocab)
-            from ..gguf.export import BYTE_VOCAB_MIN
+        if self.source is None:  # the export's seeded vocabulary (harness/pipeline/gguf/export.py tiny_vocab)
+            from .gguf.export import BYTE_VOCAB_MIN
 
             if int(self.config.vocab_size) < BYTE_VOCAB_MIN:  # before any export or capture
                 raise UsageError(
@@ -469,7 +469,7 @@ class Build:
     def gguf_hf(self):
         """``(model, how)`` of transformers' own GGUF loader on the user's file
         (``(None, why not)`` where it does not read the arch); built once."""
-        from ..gguf.weights import transformers_reference
+        from .gguf.weights import transformers_reference
 
         return transformers_reference(self.source)
 
@@ -544,6 +544,6 @@ class Build:
 def _stream_wanted(family, config) -> bool:
     """Whether a GGUF file's model is read layer by layer (gguf/stream.py ``wanted``):
     where its float32 weights would not fit this run's memory budget."""
-    from ..gguf import stream as streaming
+    from .gguf import stream as streaming
 
     return streaming.wanted(family, budget.param_counts(family, config).total, budget.available())

@@ -15,6 +15,7 @@ reference's own config, up to the finding's measured size. The verdict rules
 from __future__ import annotations
 
 import time
+from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from contract.probes import LAYER_PROBES
 
-from .. import kinds, references, scaling, verdict
+from .. import families, kinds, references, scaling, verdict
 from ..compare import absmax, all_finite, head_nmse, judge, judge_against_oracle, metrics, worst_head
 from ..errors import UsageError
 from ..policy import comparison_dtype, dataflow_position, pair_sides
@@ -73,6 +74,13 @@ class Judge:
         # (side, probe key) -> how it was derived: the references' (capture stage), then each
         # candidate capture's own (its meta's "derived")
         self.derived: dict = dict(req.derived)
+
+    @cached_property
+    def family_values(self) -> dict:
+        """What the family reads from the reference's config where no key says it
+        (``Family.finding_values``): the policy matches a finding's ``family.NAME``
+        conditions on it and asks no family itself (it sits below them)."""
+        return families.get(self.req.family).finding_values(self.req.config) if self.req.config is not None else {}
 
     def compare_candidate(self, rc: RefCapture, feed: "CandidateFeed", oracle: RefCapture | None = None,
                           rounding: RefCapture | None = None, sizer: RefCapture | None = None,
@@ -365,7 +373,7 @@ class Judge:
                 if st3 == "fail" and req.policy.finding(
                         req.family, cand_name, oname, probe, kinds.label(lc), req.config, layer=layer,
                         nmse=cm["nmse"], dtype="float64", tokens=req.case.tokens, n_layers=len(req.layer_cfgs),
-                        chunks=req.chunks):
+                        chunks=req.chunks, family_values=self.family_values):
                     # the oracle's float64 model is not exact float64 here, by a finding of its own
                     # against the candidate (minimax#5: HF's float32 decay tables): float64's bound
                     # does not apply to that run; the allowance above stands
@@ -384,7 +392,8 @@ class Judge:
             lc = req.layer_cfgs[layer] if layer is not None else None
             known = req.policy.finding(req.family, cand_name, ref_name, probe, kinds.label(lc), req.config,
                                        layer=layer, nmse=m["nmse"], dtype=cdt, tokens=req.case.tokens,
-                                       n_layers=len(req.layer_cfgs), chunks=req.chunks)
+                                       n_layers=len(req.layer_cfgs), chunks=req.chunks,
+                                       family_values=self.family_values)
             if known:
                 status, reason = "finding", f"{reason} -- known disagreement: {known}"
         key = f"L{layer}.{probe}" if layer is not None else probe
@@ -457,7 +466,7 @@ class Judge:
             known = measured and req.policy.finding(
                 req.family, r["candidate"], r["reference"], r["probe"], kinds.label(lc), req.config, layer=layer,
                 nmse=r.get("nmse"), dtype=r.get("cmp_dtype"), tokens=req.case.tokens, n_layers=len(req.layer_cfgs),
-                chunks=req.chunks, measured=measured)
+                chunks=req.chunks, measured=measured, family_values=self.family_values)
             out.append(dict(r, status="finding", reason=f"{r['reason']} -- known disagreement: {known}")
                        if known else r)
         return out

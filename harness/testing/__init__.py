@@ -1,8 +1,11 @@
 """Helpers for the harness's own tests -- and for a plug-in family's or
-engine's: run one case in-process, read its statuses, assert the shape of a
-known disagreement. The fixtures (``policy``, ``need_llamacpp``, the session
-capture cache) are the repository's root ``conftest.py``; a family folder's
-test imports these (``from harness.testing import run, statuses``)."""
+engine's: read a case's statuses, assert the shape of a known disagreement. Pure
+functions over rows: nothing here imports above the families, so a family
+folder's test imports them (``from harness.testing import all_statuses``). What
+RUNS a case (``run``, ``case_run``, ``finding``) is harness/pytest_fixtures.py's,
+which a family's test takes as fixtures; the other fixtures (``policy``,
+``need_llamacpp``, the session capture cache) are the repository's root
+``conftest.py``."""
 
 from __future__ import annotations
 
@@ -12,24 +15,6 @@ from __future__ import annotations
 # own tests and matrix group (tests/test_mlx.py), so joining changes none of them. A
 # reference among them that cannot run the case sits out in a row, as under ``all``.
 HF_AND_LLAMACPP = "hf,hf_cached,llamacpp"
-
-
-def run(policy, **kw):
-    """Run one case in-process; return its rows."""
-    from harness.case import Case, run_case
-
-    kw.setdefault("overrides", ())
-    kw["overrides"] = tuple(tuple(x) for x in kw["overrides"])
-    rows, _ = run_case(Case(**kw), policy)
-    return rows
-
-
-def case_run(policy, family, **kw):
-    """One case of ``family`` as a ``harness.case.CaseRun`` (its model, layer
-    configs and captures, built on demand)."""
-    from harness.case import Case, CaseRun
-
-    return CaseRun(Case(family=family, **kw), policy)
 
 
 def statuses(rows, candidate="impl"):
@@ -81,47 +66,3 @@ def assert_llamacpp_fails_first_at_q(st):
     assert st[("impl", "hf", 0, "q")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"
     assert st[("impl", "llamacpp", 0, "q")] == "fail"
-
-
-def finding(pol, family, candidate, reference, probe, overrides=None, layer=0, nmse=1e-6, layer_kind="attention",
-            tokens=16, chunks=None):
-    """``Policy.finding`` on the HF config the family builds with ``overrides`` (findings
-    match the reference's own config, never impl's feature tags), in a case of
-    ``tokens`` tokens (the default case's 16: some bounds scale with it), fed ``chunks``
-    rows per call (one tuple per sequence; default one call of all ``tokens``)."""
-    from harness.families import get
-
-    config = get(family).make_config(dict(overrides or {}))
-    return pol.finding(family, candidate, reference, probe, layer_kind, config, layer=layer, nmse=nmse,
-                       tokens=tokens, n_layers=getattr(config, "num_hidden_layers", None),
-                       chunks=chunks if chunks is not None else ((tokens,),))
-
-
-def assert_dsa_indexer_active(policy, family, topk=8):
-    """A DSA family (glm-dsa.cpp, deepseek32.cpp; HF's ``*Indexer``) at
-    ``index_topk`` below the 16-token default: from position ``topk`` on each query
-    keeps ``topk`` keys in both references, which agree; impl has no indexer, so its
-    ``mla_dsa`` layers are not implemented (no impl row passes or fails there)."""
-    import numpy as np
-
-    over = (("index_topk", topk),)
-    rows = run(policy, family=family, ref=HF_AND_LLAMACPP, overrides=over)
-    assert not bad_rows(rows)
-    assert {r["layer_kind"] for r in rows if r["status"] == "not-implemented"} == {"mla_dsa"}
-    assert {(0, "attn_probs"), (2, "attn_probs"), (-1, "logits")} <= {
-        (r["layer"], r["probe"]) for r in rows if r["candidate"] == "llamacpp" and r["status"] == "pass"}
-    # the indexer really dropped keys in HF's probabilities (what both references computed)
-    cr = case_run(policy, family, overrides=over)
-    kept = (cr.capture("hf").probes["L1.attn_probs"][0] > 0).sum(-1)  # [H, T]
-    assert (kept[:, :topk] == np.arange(1, topk + 1)).all() and (kept[:, topk:] == topk).all()
-    # ... and llama.cpp's probabilities drop the same keys (the choice is not causal-all)
-    assert ((cr.capture("llamacpp").probes["L1.attn_probs"][0] > 0).sum(-1) == kept).all()
-
-
-def assert_dsa_indexer_inert(policy, family):
-    """At the default config (index_topk >= the case's tokens) every query keeps every
-    causal key: the indexer changes nothing."""
-    import numpy as np
-
-    probs = case_run(policy, family).capture("hf").probes["L1.attn_probs"][0]
-    assert ((probs > 0).sum(-1) == np.arange(1, probs.shape[-1] + 1)).all()

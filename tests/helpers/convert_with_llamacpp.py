@@ -41,8 +41,8 @@ import runpy
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: harness.gguf.export
-from harness.gguf.export import write_tiny_vocab  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: harness.pipeline.gguf.export
+from harness.pipeline.gguf.export import write_tiny_vocab  # noqa: E402
 
 # transformers' saved architecture -> the name the converter registers
 # (conversion/phi.py registers "PhiMoEForCausalLM"; transformers 5 saves PhimoeForCausalLM)

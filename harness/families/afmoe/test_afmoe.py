@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_rotation_step_finding, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_rotation_step_finding
 from harness.mutants import applied, registry
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_default_config_decorations_are_on_and_agree(policy):
+def test_default_config_decorations_are_on_and_agree(run, policy):
     rows = run(policy, family="afmoe", ref=HF_AND_LLAMACPP)
     feats = set(rows[0]["features"].split(";"))
     assert {"output_gate", "qk_norm_head", "post_norm", "sliding_window", "nope_layers", "rope_neox", "gqa"} <= feats
@@ -28,7 +28,7 @@ def test_default_config_decorations_are_on_and_agree(policy):
 
 
 @pytest.mark.parametrize("name", ["output-gate-from-raw-input", "output-gate-after-wo", "output-gate-tanh-for-sigmoid"])
-def test_a_broken_gate_fails_against_llamacpp_too(policy, name):
+def test_a_broken_gate_fails_against_llamacpp_too(run, policy, name):
     """llama.cpp's `attn_gated` is the branch: a gate broken in impl fails there
     as it does against HF, and nothing before the branch does."""
     with applied(registry()[name]):
@@ -37,14 +37,14 @@ def test_a_broken_gate_fails_against_llamacpp_too(policy, name):
     assert st[("impl", "llamacpp", 0, "attn_branch")] == "fail"
 
 
-def test_hf_only_global_attention_every_2(policy):
+def test_hf_only_global_attention_every_2(run, policy):
     """global_attn_every_n_layers=2: HF's layer 1 is full and NoPE; llama.cpp's
     pattern is fixed at 4, so it rotates and windows layer 1."""
     assert_llamacpp_rotation_step_finding(run(policy, family="afmoe", ref=HF_AND_LLAMACPP,
                                               overrides=(("global_attn_every_n_layers", 2),)))
 
 
-def test_hf_only_mup_disabled(policy):
+def test_hf_only_mup_disabled(run, policy):
     """mup_enabled=false: llama.cpp scales the embeddings anyway; impl, fed each
     reference's own layer input, agrees with both."""
     rows = run(policy, family="afmoe", ref=HF_AND_LLAMACPP, overrides=(("mup_enabled", False),))
@@ -55,7 +55,7 @@ def test_hf_only_mup_disabled(policy):
     assert not [k for k, s in st.items() if s in ("fail", "error")]
 
 
-def test_the_findings_need_their_settings():
+def test_the_findings_need_their_settings(finding):
     from harness.policy import load_policy
 
     pol = load_policy()
@@ -67,7 +67,7 @@ def test_the_findings_need_their_settings():
     assert not finding(pol, "afmoe", "impl", "llamacpp", "q_rope", {"global_attn_every_n_layers": 2}, layer=0)
 
 
-def test_attention_bias_is_hf_only(policy):
+def test_attention_bias_is_hf_only(run, policy):
     """HF's attention_bias adds an o_proj bias afmoe.cpp has no tensor for: HF
     alone judges it, and llama.cpp refuses the converted file."""
     rows = run(policy, family="afmoe", ref="hf", kv="paged", overrides=(("attention_bias", True),))

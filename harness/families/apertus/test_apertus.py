@@ -10,19 +10,19 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="apertus", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert st[("llamacpp", "hf", 1, "layer_out")] == "pass" and st[("impl", "llamacpp", 1, "attn_out")] == "pass"
 
 
-def test_the_xielu_parameters_must_reach_llamacpp(policy, monkeypatch):
+def test_the_xielu_parameters_must_reach_llamacpp(run, policy, monkeypatch):
     monkeypatch.setattr(get("apertus"), "_write_xielu_from_weights", False)
     st = all_statuses(run(policy, family="apertus", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("llamacpp", "hf", 0, "resid_mid")] == "pass" and st[("llamacpp", "hf", 0, "layer_out")] == "fail"
@@ -30,17 +30,15 @@ def test_the_xielu_parameters_must_reach_llamacpp(policy, monkeypatch):
     assert st[("impl", "llamacpp", 1, "attn_out")] == "pass"
 
 
-def test_a_k_norm_with_q_s_weight_fails_against_llamacpp(policy):
+def test_a_k_norm_with_q_s_weight_fails_against_llamacpp(run, policy):
     with applied(registry()["k-norm-takes-q-weight"]):
         st = all_statuses(run(policy, family="apertus", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 0, "k_rope")] == "fail"
 
 
-def test_the_file_reads_back_with_each_layer_s_xielu():
+def test_the_file_reads_back_with_each_layer_s_xielu(gguf_export, gguf_import):
     import torch
 
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
     from harness.gguf.fastread import GGUFFile
 
     fam = get("apertus")

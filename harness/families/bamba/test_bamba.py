@@ -11,7 +11,7 @@ import pytest
 
 from harness.kinds.mutant import Mutant
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 HF_REC_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
                  "attn_branch", "attn_out", "resid_mid")
@@ -25,7 +25,7 @@ def _bad(rows):
 
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
-def test_three_way_with_states_and_the_findings(policy, kv, schedule):
+def test_three_way_with_states_and_the_findings(run, policy, kv, schedule):
     rows = run(policy, family="bamba", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
@@ -56,7 +56,7 @@ def test_three_way_with_states_and_the_findings(policy, kv, schedule):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_one_call_has_no_cached_path_finding(policy):
+def test_one_call_has_no_cached_path_finding(run, policy):
     """The cached path's positions restart per call: with one call there is nothing to
     restart, and HF's cached path agrees with impl on every probe."""
     st = all_statuses(run(policy, family="bamba", ref="hf_cached", schedule="prefill"))
@@ -69,7 +69,7 @@ D_SKIP = Mutant("mamba2-d-skip-dropped", "d_skip", "impl.recurrent",
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_planted_bugs_fail_where_they_act(policy):
+def test_planted_bugs_fail_where_they_act(run, policy):
     with applied(D_SKIP):
         st = all_statuses(run(policy, family="bamba", ref=HF_AND_LLAMACPP, schedule="5,1,10"))
     for ref in ("hf", "hf_cached", "llamacpp"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 
 def test_hf_holds_the_converters_ternarization_of_the_draw():
@@ -42,10 +42,9 @@ def test_hf_holds_the_converters_ternarization_of_the_draw():
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_the_gguf_holds_hfs_weights_unchanged(policy):
+def test_the_gguf_holds_hfs_weights_unchanged(case_run, gguf_export, policy):
     import gguf
 
-    from harness.gguf import export as gguf_export
 
     run_ = case_run(policy, "bitnet", ref="llamacpp")
     path = gguf_export.export(run_.family, run_.base_model, run_.config)
@@ -60,7 +59,7 @@ def test_the_gguf_holds_hfs_weights_unchanged(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_relu2_is_a_finding_from_the_first_ffn_on(policy):
+def test_relu2_is_a_finding_from_the_first_ffn_on(run, policy):
     rows = run(policy, family="bitnet", ref=HF_AND_LLAMACPP, overrides=(("hidden_act", "relu2"),))
     st = all_statuses(rows)
     # impl, teacher-forced, agrees with both on every attention probe of every layer
@@ -75,7 +74,7 @@ def test_relu2_is_a_finding_from_the_first_ffn_on(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_the_relu2_finding_needs_its_setting(policy, monkeypatch):
+def test_the_relu2_finding_needs_its_setting(run, policy, monkeypatch):
     """Without the setting the same disagreement is a failure: the finding does not
     cover a default-config regression. (An FFN break is emulated by swapping the
     activation of HF's model only, through the family's build.)"""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_fails_first_at_q, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_fails_first_at_q
 
 SIX_HEADS = (("hidden_size", 96), ("n_head", 6))
 
@@ -28,7 +28,7 @@ def test_alibi_slopes_equal_both_hf_rules(n):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_six_heads_three_way(policy):
+def test_six_heads_three_way(run, policy):
     rows = run(policy, family="bloom", ref=HF_AND_LLAMACPP, kv="batched", overrides=SIX_HEADS)
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
@@ -48,7 +48,7 @@ def test_six_heads_three_way(policy):
     assert st[("llamacpp", "hf", 0, "layer_out")] == "finding"
 
 
-def test_non_power_of_two_slope_rule_is_what_six_heads_need(policy):
+def test_non_power_of_two_slope_rule_is_what_six_heads_need(run, policy):
     """The power-of-two rule is exact for 4 heads and wrong for 6: the mutant that
     applies it everywhere passes bloom's default and fails its 6-head config."""
     from harness.mutants import applied, registry
@@ -63,7 +63,7 @@ def test_non_power_of_two_slope_rule_is_what_six_heads_need(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_qkv_reorder_is_needed(policy, monkeypatch):
+def test_qkv_reorder_is_needed(run, policy, monkeypatch):
     """Without the converter's per-head -> [Q; K; V] reorder llama.cpp reads the
     wrong columns: the capture notices at q."""
     from harness.families import get

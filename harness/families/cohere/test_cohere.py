@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -16,7 +16,7 @@ DEEP = (("num_hidden_layers", 64), ("hidden_size", 32), ("num_attention_heads", 
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_three_way(policy, kv):
+def test_three_way(run, policy, kv):
     rows = run(policy, family="cohere", ref=HF_AND_LLAMACPP, kv=kv)
     feats = set(rows[0]["features"].split(";"))
     assert {"parallel_residual", "layernorm", "rope_interleaved", "gqa"} <= feats
@@ -27,7 +27,7 @@ def test_three_way(policy, kv):
     assert st[("llamacpp", "hf", -1, "logits")] == "pass"  # logit_scale on both sides
 
 
-def test_the_qk_norm_has_a_weight_per_head(policy):
+def test_the_qk_norm_has_a_weight_per_head(case_run, policy):
     r = case_run(policy, "cohere", ref="hf", overrides=QK)
     lc = r.layer_cfgs[0]
     assert lc.qk_norm.per_head and lc.qk_norm.norm.kind == "layer"
@@ -36,7 +36,7 @@ def test_the_qk_norm_has_a_weight_per_head(policy):
     assert {"qk_norm_head", "qk_norm_per_head_weight"} <= set(r.features)
 
 
-def test_qk_norms_below_64_layers_are_a_file_llamacpp_refuses(policy):
+def test_qk_norms_below_64_layers_are_a_file_llamacpp_refuses(run, policy):
     """command-r.cpp creates attn_q_norm / attn_k_norm only at n_layer >= 64: with two
     layers the file's QK norms are tensors it has no slot for (the load fails, an error
     row, never a pass), while impl is held to HF."""
@@ -48,7 +48,7 @@ def test_qk_norms_below_64_layers_are_a_file_llamacpp_refuses(policy):
 
 
 @pytest.mark.parametrize("qk", [True, False], ids=["qk-norm", "no-qk-norm"])
-def test_at_64_layers(policy, qk):
+def test_at_64_layers(run, policy, qk):
     """The other side of the switch: at 64 layers llama.cpp loads the QK norms and
     the three agree with them; without them (use_qk_norm false) too -- the file then
     carries none, which llama.cpp refuses at this depth, so that side is an error."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_parallel_block_and_nope_full_layers(policy):
+def test_parallel_block_and_nope_full_layers(run, policy):
     rows = run(policy, family="cohere2", ref=HF_AND_LLAMACPP)
     feats = set(rows[0]["features"].split(";"))
     assert {"parallel_residual", "layernorm", "rope_interleaved", "nope_layers", "sliding_window"} <= feats
@@ -27,7 +27,7 @@ def test_parallel_block_and_nope_full_layers(policy):
     assert st[("llamacpp", "hf", -1, "logits")] == "pass"  # logit_scale on both sides
 
 
-def test_swa_pattern_must_reach_llamacpp(policy, monkeypatch):
+def test_swa_pattern_must_reach_llamacpp(run, policy, monkeypatch):
     """Without the bool-array pattern (the converter writes none), llama.cpp's default 4
     makes layer 1 -- full and NoPE in HF with pattern 2 -- sliding AND rotated."""
     from harness.families import get
@@ -40,7 +40,7 @@ def test_swa_pattern_must_reach_llamacpp(policy, monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["cohere2", "cohere2_moe"])
-def test_an_attention_bias_is_refused_for_llamacpp_in_one_line_and_runs_against_hf(policy, family):
+def test_an_attention_bias_is_refused_for_llamacpp_in_one_line_and_runs_against_hf(run, policy, family):
     """The converter drops only all-zero biases and raises on any other (command_r.py
     Cohere2Model.modify_tensors): a seeded bias reached the export as a traceback before;
     now llama.cpp refuses it up front, in one line, and HF and impl still run it."""

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 THETA = (("attn_config.rope_theta", 500000.0),)
 
 
-def test_three_way_passes_and_the_clamp_is_active(policy):
+def test_three_way_passes_and_the_clamp_is_active(case_run, run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     rows = run(policy, family="dbrx", ref=HF_AND_LLAMACPP, kv="paged")
     st = all_statuses(rows)
@@ -32,7 +32,7 @@ def test_three_way_passes_and_the_clamp_is_active(policy):
     assert np.abs(qkv).max() == pytest.approx(1.5) and 0.05 < np.mean(np.isclose(np.abs(qkv), 1.5)) < 0.5
 
 
-def test_attn_config_rope_theta_is_a_finding_between_the_references(policy):
+def test_attn_config_rope_theta_is_a_finding_between_the_references(run, policy):
     st = all_statuses(run(policy, family="dbrx", ref=HF_AND_LLAMACPP, kv="decode", overrides=THETA))
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     # impl computes HF's model: every row against HF passes
@@ -41,7 +41,7 @@ def test_attn_config_rope_theta_is_a_finding_between_the_references(policy):
     assert st[("llamacpp", "hf", 0, "q_rope")] == st[("llamacpp", "hf", 1, "layer_out")] == "finding"
 
 
-def test_the_finding_needs_its_setting_and_is_bounded():
+def test_the_finding_needs_its_setting_and_is_bounded(finding):
     from harness.policy import load_policy
 
     pol = load_policy()
@@ -75,12 +75,11 @@ def test_no_clamp_is_refused_in_one_line():
         model(torch.zeros(1, 4, dtype=torch.long))
 
 
-def test_the_file_carries_the_converter_s_layout():
+def test_the_file_carries_the_converter_s_layout(gguf_export):
     """conversion/dbrx.py: eps 1e-5, clamp_kqv, the experts viewed (E, F, H), w2 transposed."""
     import gguf
 
     from harness import families
-    from harness.gguf import export as gguf_export
 
     fam = families.get("dbrx")
     config = fam.make_config({})
@@ -99,14 +98,14 @@ def test_the_file_carries_the_converter_s_layout():
     np.testing.assert_array_equal(t["blk.0.ffn_gate_exps.weight"], w1)
 
 
-def test_a_broken_clamp_fails_against_both_references(policy):
+def test_a_broken_clamp_fails_against_both_references(run, policy):
     with applied(registry()["qkv-clamp-upper-bound"]):
         st = all_statuses(run(policy, family="dbrx", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "attn_in")] == "pass" and st[("impl", ref, 0, "q")] == "fail", ref
 
 
-def test_a_p_norm_routing_is_a_bounded_finding(policy):
+def test_a_p_norm_routing_is_a_bounded_finding(finding, run, policy):
     from harness.policy import load_policy
 
     p2 = (("ffn_config.moe_normalize_expert_weights", 2.0),)

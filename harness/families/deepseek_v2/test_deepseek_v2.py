@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, bad_rows, run
+from harness.testing import HF_AND_LLAMACPP, bad_rows
 
 FAMILY = "deepseek_v2"
 
@@ -16,7 +16,7 @@ def _passed(rows, cand="impl", ref="llamacpp"):
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_naive_form_meets_both_references(policy, need_llamacpp, kv):
+def test_naive_form_meets_both_references(run, policy, need_llamacpp, kv):
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv=kv, variant="naive")
     assert not bad_rows(rows)
     assert {r["variant"] for r in rows} == {"naive"}
@@ -27,7 +27,7 @@ def test_naive_form_meets_both_references(policy, need_llamacpp, kv):
     assert not any(p == "q_absorbed" for _, p in lc)
 
 
-def test_absorbed_form_meets_llamacpp_in_latent_space(policy, need_llamacpp):
+def test_absorbed_form_meets_llamacpp_in_latent_space(run, policy, need_llamacpp):
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv="paged")
     assert not bad_rows(rows)
     lc = _passed(rows)
@@ -35,7 +35,7 @@ def test_absorbed_form_meets_llamacpp_in_latent_space(policy, need_llamacpp):
     assert not any(p == "k_rope" for _, p in lc)  # the absorbed graph has no per-head key
 
 
-def test_yarn_mscale_unequal_is_a_finding(policy, need_llamacpp):
+def test_yarn_mscale_unequal_is_a_finding(run, policy, need_llamacpp):
     """HF-only: mscale != mscale_all_dim. impl follows HF; llama.cpp's deepseek2
     rotates with magnitude 1 -- a known disagreement, reported as such."""
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, overrides=(("rope_parameters.mscale", 1.0),))
@@ -49,17 +49,16 @@ def test_yarn_mscale_unequal_is_a_finding(policy, need_llamacpp):
 
 
 @pytest.mark.parametrize("variant", ["absorbed", "naive"])
-def test_direct_q(policy, need_llamacpp, variant):
+def test_direct_q(run, policy, need_llamacpp, variant):
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, variant=variant, overrides=(("q_lora_rank", None),))
     assert not bad_rows(rows)
     assert (0, "q") in _passed(rows) and not any(r["probe"] == "q_latent" for r in rows if r["candidate"] == "impl")
 
 
-def test_direct_q_file_without_q_lora_rank_is_refused(need_llamacpp):
+def test_direct_q_file_without_q_lora_rank_is_refused(gguf_export, need_llamacpp):
     """Why the export writes `deepseek2.attention.q_lora_rank = 0`: the converter's
     file (no key) does not load (deepseek2.cpp load_arch_hparams requires it)."""
     from harness.families import get
-    from harness.gguf import export as gguf_export
     from harness.references.llamacpp import capture as llamacpp
 
     fam = type(get(FAMILY))()

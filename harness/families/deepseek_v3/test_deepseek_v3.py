@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, bad_rows, run
+from harness.testing import HF_AND_LLAMACPP, bad_rows
 from harness.families import get
 from harness.families._mla import reinterleave
 
@@ -29,14 +29,14 @@ def test_reinterleave_undoes_hf_apply_rotary_pos_emb_interleave():
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_naive_form_meets_both_references(policy, need_llamacpp, kv):
+def test_naive_form_meets_both_references(run, policy, need_llamacpp, kv):
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv=kv, variant="naive")
     assert not bad_rows(rows)
     assert {(r["layer"], r["probe"]) for r in rows if r["candidate"] == "impl" and r["reference"] == "llamacpp"
             and r["status"] == "pass"} >= {(0, "q_rope"), (0, "k_rope"), (0, "k_pe"), (2, "attn_probs")}
 
 
-def test_rope_interleave_false_meets_hf_and_is_refused_for_llamacpp(policy):
+def test_rope_interleave_false_meets_hf_and_is_refused_for_llamacpp(run, policy):
     """rotate-half on the raw slice (rope_interleave=false): impl's MLA takes that
     layout (minicpm3's), so impl meets HF at q_rope; llama.cpp's deepseek2 always
     rotates interleaved pairs on an unpermuted file, another model, so a case

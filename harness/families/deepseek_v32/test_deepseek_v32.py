@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_dsa_indexer_active, assert_dsa_indexer_inert, bad_rows, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, bad_rows
 
 FAMILY = "deepseek_v32"
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_three_way_with_yarn(policy, need_llamacpp, kv):
+def test_three_way_with_yarn(run, policy, need_llamacpp, kv):
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv=kv)
     assert not bad_rows(rows) and not [r for r in rows if r["status"] == "finding"]
     assert {"mla_yarn", "mla_absorbed", "mla_low_rank_q"} <= set(rows[0]["features"].split(";"))
@@ -31,7 +31,7 @@ def test_three_way_with_yarn(policy, need_llamacpp, kv):
 # magnitude is get_mscale(f, 1) / get_mscale(f, 1) = 1, so dropping it changes nothing)
 @pytest.mark.parametrize("name,probe", [("mla-yarn-bands-missing", "q_pe"),
                                         ("mla-kq-scale-without-mscale", "attn_probs")])
-def test_a_broken_yarn_fails_against_both_references(policy, need_llamacpp, name, probe):
+def test_a_broken_yarn_fails_against_both_references(run, policy, need_llamacpp, name, probe):
     """deepseek32.cpp reads the YaRN log multiplier: a YaRN bug in impl fails
     against llama.cpp as it does against HF, at the probe it acts on."""
     with applied(registry()[name]):
@@ -41,30 +41,29 @@ def test_a_broken_yarn_fails_against_both_references(policy, need_llamacpp, name
         assert st[("impl", ref, 0, probe)] == "fail", (name, ref)
 
 
-def test_active_indexer_is_compared_between_references(policy, need_llamacpp):
+def test_active_indexer_is_compared_between_references(assert_dsa_indexer_active, policy, need_llamacpp):
     """index_topk=8 at 16 tokens: HF and llama.cpp keep the same 8 keys per query from
     position 8 on; impl has no indexer (its MLA layers are not implemented here)."""
     assert_dsa_indexer_active(policy, FAMILY)
 
 
-def test_default_indexer_is_inert(policy):
+def test_default_indexer_is_inert(assert_dsa_indexer_inert, policy):
     assert_dsa_indexer_inert(policy, FAMILY)
 
 
 @pytest.mark.parametrize("kv", ["batched", "paged"])
-def test_naive_form_meets_hf(policy, kv):
+def test_naive_form_meets_hf(run, policy, kv):
     rows = run(policy, family=FAMILY, ref="hf", kv=kv, variant="naive")
     assert not bad_rows(rows) and any(r["probe"] == "k_rope" and r["status"] == "pass" for r in rows)
 
 
-def test_gating_key_is_written_and_required(need_llamacpp):
+def test_gating_key_is_written_and_required(gguf_export, need_llamacpp):
     """deepseek32.cpp load_arch_hparams reads expert_gating_func as a required key;
     the converter writes it only from config.json's scoring_func (the tiny config
     keeps it as an extra key). Without it llama.cpp refuses the file."""
     import gguf as gg
 
     from harness.families import get
-    from harness.gguf import export as gguf_export
     from harness.references.llamacpp import capture as llamacpp
 
     fam = get(FAMILY)
@@ -78,7 +77,7 @@ def test_gating_key_is_written_and_required(need_llamacpp):
         llamacpp.run_worker(path, [[(1, 0, 0)]], 1, {"l_out"})
 
 
-def test_yarn_mscale_below_one_is_a_finding(policy, need_llamacpp):
+def test_yarn_mscale_below_one_is_a_finding(run, policy, need_llamacpp):
     """mscale = mscale_all_dim = 0.707: HF's rope magnitude stays 1, llama.cpp's
     deepseek32 assumes mscale = 1 (llama-context.cpp special-cases deepseek2 only):
     a bounded finding from L0 q_pe on; impl (HF's model) passes against HF."""

@@ -10,12 +10,12 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="ernie4_5_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
@@ -24,7 +24,7 @@ def test_three_way_passes(policy):
     assert st[("impl", "llamacpp", 1, "attn_out")] == "pass"  # ernie4-5-moe.cpp names it
 
 
-def test_the_selection_bias_must_reach_llamacpp(policy, monkeypatch):
+def test_the_selection_bias_must_reach_llamacpp(run, policy, monkeypatch):
     """Without exp_probs_b in the file llama.cpp selects by the plain softmax; HF adds
     e_score_correction_bias (seeded here, 0.1 x N(0, 1)) before its top-k: the MoE
     layer's output differs -- the comparison of what follows the attention can fail."""
@@ -34,15 +34,13 @@ def test_the_selection_bias_must_reach_llamacpp(policy, monkeypatch):
     assert st[("llamacpp", "hf", 1, "attn_out")] == "pass" and st[("llamacpp", "hf", 1, "layer_out")] == "fail"
 
 
-def test_a_neox_rotation_fails_against_llamacpp(policy):
+def test_a_neox_rotation_fails_against_llamacpp(run, policy):
     with applied(registry()["rope-layout-swapped"]):
         st = all_statuses(run(policy, family="ernie4_5_moe", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q")] == "pass" and st[("impl", "llamacpp", 0, "q_rope")] == "fail"
 
 
-def test_the_file_says_the_moe_layout(tmp_path):
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
+def test_the_file_says_the_moe_layout(gguf_export, gguf_import, tmp_path):
     from harness.gguf.fastread import GGUFFile
 
     fam = get("ernie4_5_moe")

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from harness.families import get
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_a_permutation_breaks_q(policy, monkeypatch):
+def test_a_permutation_breaks_q(run, policy, monkeypatch):
     from harness.families._convert import permute_rows
 
     fam = get("exaone")
@@ -32,7 +32,7 @@ def test_a_permutation_breaks_q(policy, monkeypatch):
     assert st[("impl", "llamacpp", 0, "q")] == "fail"
 
 
-def test_the_rope_dimension_count_is_hidden_over_heads(policy, tmp_path):
+def test_the_rope_dimension_count_is_hidden_over_heads(case_run, policy, tmp_path):
     import gguf
 
     r = case_run(policy, "exaone", ref="hf", overrides=(("rope_parameters.partial_rotary_factor", 0.5),))

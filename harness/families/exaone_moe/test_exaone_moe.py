@@ -11,14 +11,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 FULL = 3  # the tiny config's one full (NoPE) layer: sliding_window_pattern 4
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="exaone_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
@@ -28,13 +28,13 @@ def test_three_way_passes(policy):
 @pytest.mark.parametrize("mutant,layer,probe", [("k-norm-takes-q-weight", 0, "k_rope"),
                                                 ("window-off-by-one", 0, "attn_probs"),
                                                 ("nope-layer-rotated", FULL, "q_rope")])
-def test_a_broken_decoration_fails_against_llamacpp(policy, mutant, layer, probe):
+def test_a_broken_decoration_fails_against_llamacpp(run, policy, mutant, layer, probe):
     with applied(registry()[mutant]):
         st = all_statuses(run(policy, family="exaone_moe", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", layer, "q")] == "pass" and st[("impl", "llamacpp", layer, probe)] == "fail"
 
 
-def test_no_scoring_func_is_refused_on_both_sides(policy, monkeypatch):
+def test_no_scoring_func_is_refused_on_both_sides(run, policy, monkeypatch):
     fam = get("exaone_moe")
     over = (("scoring_func", None),)
     msg = fam.lc_refusal(fam.make_config(dict(over)))

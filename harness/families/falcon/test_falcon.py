@@ -10,7 +10,7 @@ import pytest
 
 from harness.families import get
 from harness.families.falcon import CONVERTER_CONTEXT
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -33,20 +33,20 @@ def _attention_passes(rows):
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_multi_query_three_way(policy, kv):
+def test_multi_query_three_way(run, policy, kv):
     rows = run(policy, family="falcon", ref=HF_AND_LLAMACPP, kv=kv)
     assert {"mqa", "layernorm", "parallel_residual", "rope_neox"} <= set(rows[0]["features"].split(";"))
     _attention_passes(rows)
 
 
 @pytest.mark.parametrize("overrides,kv_heads", [(NEW_ARCH, 2), (MHA, 4)], ids=["new-architecture", "multi-head"])
-def test_other_qkv_forms_three_way(policy, overrides, kv_heads):
+def test_other_qkv_forms_three_way(case_run, run, policy, overrides, kv_heads):
     r = case_run(policy, "falcon", ref="hf", overrides=overrides)
     assert r.layer_cfgs[0].n_kv_heads == kv_heads
     _attention_passes(run(policy, family="falcon", ref=HF_AND_LLAMACPP, kv="paged", overrides=overrides))
 
 
-def test_the_saved_config_says_n_head_kv_heads_under_multi_query(policy, tmp_path, monkeypatch):
+def test_the_saved_config_says_n_head_kv_heads_under_multi_query(case_run, run, policy, tmp_path, monkeypatch):
     """FalconConfig.__post_init__ sets num_kv_heads = n_head even under multi_query
     (where the attention uses one): the converter reads it from the saved config.json
     and writes head_count_kv = n_head, a file llama.cpp refuses (wqkv is n_embd +
@@ -62,12 +62,11 @@ def test_the_saved_config_says_n_head_kv_heads_under_multi_query(policy, tmp_pat
 
 
 @pytest.mark.parametrize("max_pos", [256, 2048])
-def test_the_converter_writes_context_2048(policy, max_pos):
+def test_the_converter_writes_context_2048(case_run, gguf_export, run, policy, max_pos):
     """conversion/falcon.py writes context_length 2048 whatever the config says; with
     no RoPE scaling it changes no arithmetic, at either side of it."""
     import gguf
 
-    from harness.gguf import export as gguf_export
 
     ov = (("max_position_embeddings", max_pos),)
     r = case_run(policy, "falcon", ref="hf", overrides=ov)
@@ -77,7 +76,7 @@ def test_the_converter_writes_context_2048(policy, max_pos):
 
 
 @pytest.mark.parametrize("theta,expect", [(10000.0, "pass"), (100000.0, "finding")])
-def test_no_theta_key(policy, theta, expect):
+def test_no_theta_key(run, policy, theta, expect):
     st = all_statuses(run(policy, family="falcon", ref=HF_AND_LLAMACPP, kv="decode",
                           overrides=(("rope_parameters.rope_theta", theta),)))
     assert st[("impl", "hf", 0, "q_rope")] == "pass"
@@ -86,7 +85,7 @@ def test_no_theta_key(policy, theta, expect):
     assert st[("llamacpp", "hf", 0, "q_rope")] == expect
 
 
-def test_qkv_reorder_must_reach_llamacpp(policy, monkeypatch):
+def test_qkv_reorder_must_reach_llamacpp(run, policy, monkeypatch):
     monkeypatch.setattr(get("falcon"), "_reorder_qkv", False)
     st = all_statuses(run(policy, family="falcon", ref="llamacpp", kv="decode", overrides=NEW_ARCH))
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass"

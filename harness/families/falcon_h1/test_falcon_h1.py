@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 PROBES = ("attn_in", "q", "k", "v", "q_rope", "k_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out",
           "ssm_out", "resid_mid")
@@ -23,7 +23,7 @@ def _bad(rows):
 
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
-def test_three_way_every_probe_of_both_branches(policy, kv, schedule):
+def test_three_way_every_probe_of_both_branches(run, policy, kv, schedule):
     rows = run(policy, family="falcon_h1", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
@@ -44,7 +44,7 @@ NORM_FIRST = (("mamba_norm_before_gate", True),)
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_norm_before_gate_is_a_bounded_finding_on_both_sides(policy):
+def test_norm_before_gate_is_a_bounded_finding_on_both_sides(run, policy):
     """HF FalconH1RMSNormGated(norm_before_gate=True) norms, then gates; build_mamba2_layer
     gates, then norms: impl follows HF (pass), llama.cpp is the finding at ssm_out on."""
     st = all_statuses(run(policy, family="falcon_h1", ref=HF_AND_LLAMACPP, schedule="5,1,10", overrides=NORM_FIRST))
@@ -78,7 +78,7 @@ def test_gate_order_follows_mamba_norm_before_gate():
 @pytest.mark.parametrize("name,before", [
     ("parallel-ssm-reads-unnormed-row", "attn_out"), ("parallel-ssm-dropped", "ssm_out"),
     ("key-multiplier-dropped", "q"), ("mup-z-segment-dropped", "attn_out")])
-def test_planted_bugs_fail_where_they_act(policy, name, before):
+def test_planted_bugs_fail_where_they_act(run, policy, name, before):
     mutant = registry()[name]
     first = mutant.first_probe
     with applied(mutant):
@@ -88,9 +88,8 @@ def test_planted_bugs_fail_where_they_act(policy, name, before):
         assert st[("impl", ref, 0, before)] == "pass", (ref, before)
 
 
-
 @pytest.mark.usefixtures("need_llamacpp")
-def test_attention_bias_is_hf_only(policy, monkeypatch):
+def test_attention_bias_is_hf_only(run, policy, monkeypatch):
     """falcon-h1.cpp loads attn_output.bias (:91) and never adds it (build_attn(..., wo, NULL,
     ...) at :152-154): attention_bias=true is refused for llama.cpp in one line, and impl is
     judged against HF; false (the tiny config's) runs three-way (the tests above). Without

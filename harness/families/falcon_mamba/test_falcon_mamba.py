@@ -10,14 +10,14 @@ import pytest
 
 from harness.families.mamba.test_mamba import check_mlx_norm_eps, check_three_way
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule,dropped,eps", [("batched", "5,1,10", True, False),
                                                      ("paged", "mixed", False, False),
                                                      ("paged", "mixed", False, True)])
-def test_falcon_mamba_three_way_with_its_states(policy, kv, schedule, dropped, eps):
+def test_falcon_mamba_three_way_with_its_states(run, policy, kv, schedule, dropped, eps):
     """At HF's default mixer_rms_eps (1e-6) llama.cpp's norms (at the file's 1e-5) are
     the eps finding; with the two equal nothing is excused but the schedule's."""
     overrides = (("mixer_rms_eps", 1e-5),) if eps else ()
@@ -31,7 +31,7 @@ def test_falcon_mamba_three_way_with_its_states(policy, kv, schedule, dropped, e
     check_three_way(rows, "falcon_mamba", "build_mamba_layer", dropped)
 
 
-def test_the_eps_finding_needs_the_two_eps_to_differ(policy):
+def test_the_eps_finding_needs_the_two_eps_to_differ(finding, policy):
     kw = dict(layer_kind="mamba1", nmse=1e-9, chunks=((16,),))
     assert finding(policy, "falcon_mamba", "llamacpp", "hf", "resid_mid", **kw)
     assert finding(policy, "falcon_mamba", "impl", "llamacpp", "state_rec", **kw)
@@ -44,7 +44,7 @@ def test_the_eps_finding_needs_the_two_eps_to_differ(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_planted_dt_norm_bug_fails_where_it_acts(policy):
+def test_planted_dt_norm_bug_fails_where_it_acts(run, policy):
     with applied(registry()["mamba1-dt-norm-dropped"]):
         st = all_statuses(run(policy, family="falcon_mamba", ref=HF_AND_LLAMACPP, schedule="mixed",
                               overrides=(("mixer_rms_eps", 1e-5),)))
@@ -57,5 +57,5 @@ def test_planted_dt_norm_bug_fails_where_it_acts(policy):
 
 
 @pytest.mark.usefixtures("need_mlx")
-def test_mlx_norms_the_block_input_at_its_own_default_eps(policy):
-    check_mlx_norm_eps(policy, "falcon_mamba")
+def test_mlx_norms_the_block_input_at_its_own_default_eps(run, policy):
+    check_mlx_norm_eps(run, policy, "falcon_mamba")

@@ -8,14 +8,14 @@ from __future__ import annotations
 from impl.config import softmax_scale
 import numpy as np
 
-from harness.testing import HF_AND_LLAMACPP, case_run, llamacpp_statuses, run, statuses
+from harness.testing import HF_AND_LLAMACPP, llamacpp_statuses, statuses
 from harness.families import get
 from harness.families.gemma2 import O_BIAS, QPAS_24, SWAPPED_LAYERS, THETA_1E5
 from harness.mutants import registry
 from harness.testing.ggml_gelu import assert_fp16_gelu_explains_layer_out, gemma_ffn_half
 
 
-def test_tiny_config_exercises_its_decorations(policy):
+def test_tiny_config_exercises_its_decorations(case_run, policy):
     r = case_run(policy, "gemma2", ref="hf")
     assert {"softcap", "post_norm", "sliding_window"} <= set(r.features)
     lc0, lc1 = r.layer_cfgs
@@ -31,14 +31,14 @@ def test_tiny_config_exercises_its_decorations(policy):
     assert bend > 0.3, bend
 
 
-def test_every_decoration_has_a_mutant(policy):
+def test_every_decoration_has_a_mutant(case_run, policy):
     covered = {m.decoration for m in registry().values()}
     for overrides in ((), QPAS_24, O_BIAS):
         feats = set(case_run(policy, "gemma2", ref="hf", overrides=overrides).features) - {"kv_decode"}
         assert feats <= covered, feats - covered
 
 
-def test_gguf_mirrors_the_converter(policy):
+def test_gguf_mirrors_the_converter(case_run, policy):
     r = case_run(policy, "gemma2", ref="hf")
     names = dict(get("gemma2").gguf_tensors(r.base_model, r.config))
     assert "output.weight" not in names  # Gemma2Model.filter_tensors drops lm_head
@@ -46,7 +46,7 @@ def test_gguf_mirrors_the_converter(policy):
     np.testing.assert_allclose(names["blk.0.post_attention_norm.weight"], w + 1)
 
 
-def test_query_pre_attn_scalar_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need_llamacpp):
+def test_query_pre_attn_scalar_passes_against_hf_and_is_a_finding_against_llamacpp(run, policy, need_llamacpp):
     rows = run(policy, family="gemma2", ref=HF_AND_LLAMACPP, kv="decode", overrides=QPAS_24)
     assert "attn_scale" in rows[0]["features"].split(";")
     lc = llamacpp_statuses(rows)
@@ -54,14 +54,14 @@ def test_query_pre_attn_scalar_passes_against_hf_and_is_a_finding_against_llamac
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"
 
 
-def test_o_bias_before_post_norm_against_hf(policy):
+def test_o_bias_before_post_norm_against_hf(run, policy):
     rows = run(policy, family="gemma2", ref="hf", kv="paged", overrides=O_BIAS)
     assert {"o_bias", "qkv_bias", "post_norm"} <= set(rows[0]["features"].split(";"))
     st = statuses(rows)
     assert st and all(v == "pass" for v in st.values())
 
 
-def test_ffn_finding_is_the_fp16_gelu_table(policy, need_llamacpp):
+def test_ffn_finding_is_the_fp16_gelu_table(case_run, policy, need_llamacpp):
     """llama.cpp's layer_out differs from HF's by ~1e-3 (the [[finding]]); HF's own
     FFN half run with ggml's fp16 GELU table on llama.cpp's resid_mid reproduces
     llama.cpp's layer_out to float32 rounding, while the exact GELU does not."""
@@ -70,7 +70,7 @@ def test_ffn_finding_is_the_fp16_gelu_table(policy, need_llamacpp):
     assert_fp16_gelu_explains_layer_out(r.capture("llamacpp").probes, gemma_ffn_half(layer), layer.mlp.act_fn)
 
 
-def test_rope_theta_is_a_finding_against_llamacpp(policy, need_llamacpp):
+def test_rope_theta_is_a_finding_against_llamacpp(run, policy, need_llamacpp):
     """The converter writes no rope.freq_base: llama.cpp rotates with 10000."""
     rows = run(policy, family="gemma2", ref=HF_AND_LLAMACPP, kv="paged", overrides=THETA_1E5)
     lc = llamacpp_statuses(rows)
@@ -80,7 +80,7 @@ def test_rope_theta_is_a_finding_against_llamacpp(policy, need_llamacpp):
     assert l1 and "freq_base" in l1[0]["reason"]
 
 
-def test_swapped_layer_pattern_is_a_finding_against_llamacpp(policy, need_llamacpp):
+def test_swapped_layer_pattern_is_a_finding_against_llamacpp(run, policy, need_llamacpp):
     """The converter writes no layer pattern; llama.cpp slides the even layers."""
     rows = run(policy, family="gemma2", ref=HF_AND_LLAMACPP, kv="decode", overrides=SWAPPED_LAYERS)
     lc = llamacpp_statuses(rows)

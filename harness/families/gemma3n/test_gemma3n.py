@@ -6,12 +6,10 @@ activation sparsity's unbiased std."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 N_LAYERS = 21  # the tiny config: the fewest layers at which llama.cpp shares (from layer 20)
 READER = 20  # reads layer 18's K / V on both sides (HF: num_kv_shared_layers 1; llama.cpp: from 20)
@@ -21,7 +19,7 @@ OWN_KV = ("k", "v", "k_rope")
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_the_attention_half_is_judged_three_way(policy):
+def test_the_attention_half_is_judged_three_way(run, policy):
     # decode here; batched and paged three-way: tests/test_families.py test_family_three_way
     rows = run(policy, family="gemma3n", ref=HF_AND_LLAMACPP, kv="decode")
     assert {"kv_shared", "v_norm", "qk_norm_head", "post_norm", "sliding_window", "per_layer_theta",
@@ -88,7 +86,7 @@ def test_the_two_sharing_rules():
     # export writes: layer 14's projections, on layer 19's input)
     (2, "14,18,19,20", 19),
 ])
-def test_a_sharing_count_llama_cpp_does_not_read_is_a_finding(policy, shared, layers, differs):
+def test_a_sharing_count_llama_cpp_does_not_read_is_a_finding(run, policy, shared, layers, differs):
     """impl computes HF's sharing; teacher-forced against llama.cpp it agrees up to the
     attention's scores of the one layer the two rules treat differently (a finding,
     guarded by HF passing impl there), and everywhere else."""
@@ -106,7 +104,7 @@ def test_a_sharing_count_llama_cpp_does_not_read_is_a_finding(policy, shared, la
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_a_sparsity_pattern_llama_cpp_does_not_read_is_a_finding(policy):
+def test_a_sparsity_pattern_llama_cpp_does_not_read_is_a_finding(run, policy):
     """llama.cpp makes layers 0-9 sparse at 0.95 whatever the file says; HF's default at
     10 layers or fewer is dense everywhere: the references' MLPs differ from layer 0 on
     (a finding from L1's input, larger than the std's), while impl, teacher-forced, passes
@@ -145,7 +143,7 @@ def test_llama_cpp_fixed_sizes_are_refused_in_one_line():
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_activation_sparsity_std_is_what_the_references_disagree_on(policy, monkeypatch, tmp_path):
+def test_activation_sparsity_std_is_what_the_references_disagree_on(run, policy, monkeypatch, tmp_path):
     """HF's MLP with llama.cpp's unbiased std (gemma3n.cpp:395) leaves only ggml's fp16
     GELU table between the references at layer 1's input (the unpatched finding is
     1e4 times that): the finding's cause, shown."""
@@ -169,12 +167,10 @@ def test_activation_sparsity_std_is_what_the_references_disagree_on(policy, monk
     assert r["nmse"] < 1e-8, r["nmse"]
 
 
-def test_gemma3n_file_reads_back_and_runs(policy):
+def test_gemma3n_file_reads_back_and_runs(gguf_export, gguf_import, run, policy):
     """``--gguf`` on the family's own file: the config llama.cpp computes (sharing from
     layer 20, sparsity on layers 0-9 at 0.95, the fixed sizes) and impl against HF on it."""
     from harness.families import get
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
 
     fam = get("gemma3n")
     config = fam.make_config({})
@@ -215,33 +211,3 @@ def test_hf_is_teacher_forced_on_the_active_prediction():
     assert np.allclose(got["L0.attn_out"], own["L0.attn_out"], atol=1e-5)  # layer 0 was not forced
 
 
-def test_hf_s_two_paths_are_bounded_by_hf_s_own_float32_drift(policy, monkeypatch):
-    """hf_cached vs hf is bounded by 10x HF's own float32 rounding at each probe (its
-    free-running float64 run: oracle.own_rounding), which grows with depth, width and
-    length where a constant does not (2e-8 failed at 35 layers). The bound is tighter
-    than the constant at the tiny size: a planted 1e-4 relative error in the cached
-    path's L10 attn_out (NMSE 1e-8, which the old 2e-8 passed) fails it."""
-    from harness.pipeline.judge import Judge
-
-    rows = run(policy, family="gemma3n", ref="hf,hf_cached", kv="decode")
-    pair = [r for r in rows if (r["candidate"], r["reference"]) == ("hf_cached", "hf") and r["layer"] is not None]
-    assert pair and all(r["status"] == "pass" for r in pair)
-    assert all("hf's own float32 rounding" in r["tol_reason"] for r in pair if r["layer"] >= 0)
-    l10 = next(r for r in pair if (r["layer"], r["probe"]) == (10, "attn_out"))
-    assert l10["tol_nmse"] < 2e-8, l10["tol_nmse"]
-
-    honest = Judge.compare_refs
-
-    def planted(self, cand, ref, drift=None, **kw):
-        if cand.name == "hf_cached":
-            probes = {k: cand.probes[k] for k in cand.probes}
-            x = np.asarray(probes["L10.attn_out"])
-            probes["L10.attn_out"] = x * (1 + 1e-4 * np.sign(np.sin(np.arange(x.size))).reshape(x.shape))
-            cand = dataclasses.replace(cand, probes=probes)
-        return honest(self, cand, ref, drift, **kw)
-
-    monkeypatch.setattr(Judge, "compare_refs", planted)
-    rows = run(policy, family="gemma3n", ref="hf,hf_cached", kv="decode", seed=1)
-    st = {(r["candidate"], r["reference"], r["layer"], r["probe"]): r["status"] for r in rows}
-    assert st[("hf_cached", "hf", 10, "attn_out")] == "fail"
-    assert st[("hf_cached", "hf", 9, "attn_out")] == "pass"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 N_LAYERS = 6
 SHARED = (4, 5)  # the tiny's last two layers read layers 2 and 3's K / V on both sides
@@ -18,7 +18,7 @@ OWN_KV = ("k", "v", "k_rope")
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_the_attention_half_is_judged_three_way(policy):
+def test_the_attention_half_is_judged_three_way(run, policy):
     # decode here; batched and paged three-way: tests/test_families.py test_family_three_way
     rows = run(policy, family="gemma4", ref=HF_AND_LLAMACPP, kv="decode")
     assert {"kv_shared", "v_norm", "qk_norm_head", "post_norm", "sliding_window", "per_layer_theta",
@@ -39,7 +39,7 @@ def test_the_attention_half_is_judged_three_way(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_k_eq_v_global_layers(policy):
+def test_k_eq_v_global_layers(case_run, run, policy):
     """attention_k_eq_v (the 26B / 31B checkpoints): a global layer has no v_proj; V is the
     K projection's output (HF), ``Vcur = Kcur`` (llama.cpp). impl, its wv taken as wk, passes
     on every probe against both; both sides' v equals their k."""
@@ -56,7 +56,7 @@ def test_k_eq_v_global_layers(policy):
                 assert st[("impl", ref, layer, probe)] == "pass", (ref, layer, probe)
 
 
-def test_proportional_rope_is_not_partial_rotary(policy, monkeypatch):
+def test_proportional_rope_is_not_partial_rotary(run, policy, monkeypatch):
     """The global layers turn the first quarter of the rotate-half PAIRS of the whole head
     (HF _compute_proportional_rope_parameters; llama.cpp rope_freqs 1e30 on the rest), not
     the leading quarter of its channels: impl built as ordinary partial rotary fails at the
@@ -103,7 +103,7 @@ def test_the_two_sharing_rules():
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_gelu_finding_is_the_fp16_table(policy):
+def test_gelu_finding_is_the_fp16_table(case_run, policy):
     """The layer_out finding pinned on its cause: HF's own FFN half (without per-layer inputs,
     times layer_scalar) run with ggml's fp16 GELU table on llama.cpp's resid_mid reproduces
     llama.cpp's layer_out; the exact GELU does not."""
@@ -119,7 +119,7 @@ def test_gelu_finding_is_the_fp16_table(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_no_softcap_is_capped_at_30_by_llamacpp(policy):
+def test_no_softcap_is_capped_at_30_by_llamacpp(run, policy):
     """final_logit_softcapping None: the converter writes no key and gemma4.cpp falls back to
     llama_hparams' 30 (findings.toml, found by the fuzz): the logits differ (the finding), and
     with the cap written they agree -- the same model otherwise."""

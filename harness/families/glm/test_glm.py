@@ -12,14 +12,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 THETA = (("rope_parameters.rope_theta", 500000.0),)
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="glm", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
@@ -41,7 +41,7 @@ def test_the_file_carries_the_converter_s_fixed_values(tmp_path):
     assert kv["rope.dimension_count"] == 8 and kv["context_length"] == 64  # hidden // heads * 0.5; n_embed
 
 
-def test_another_theta_is_a_finding_between_the_references(policy):
+def test_another_theta_is_a_finding_between_the_references(run, policy):
     st = all_statuses(run(policy, family="glm", ref=HF_AND_LLAMACPP, kv="decode", overrides=THETA))
     assert all(s == "pass" for (c, r, *_), s in st.items() if (c, r) == ("impl", "hf"))
     ref = {k[2:]: s for k, s in st.items() if k[:2] == ("llamacpp", "hf")}
@@ -49,7 +49,7 @@ def test_another_theta_is_a_finding_between_the_references(policy):
     assert st[("impl", "llamacpp", 0, "q")] == "pass" and st[("impl", "llamacpp", 0, "q_rope")] == "finding"
 
 
-def test_the_findings_need_their_settings():
+def test_the_findings_need_their_settings(finding):
     from harness.policy import load_policy
 
     pol = load_policy()
@@ -63,7 +63,7 @@ def test_the_findings_need_their_settings():
     assert not finding(pol, "glm", "llamacpp", "hf", "attn_in", small, nmse=33.0, layer=0)  # 2 per token at 16
 
 
-def test_a_head_width_other_than_hidden_over_heads_is_hf_only(policy, monkeypatch):
+def test_a_head_width_other_than_hidden_over_heads_is_hf_only(run, policy, monkeypatch):
     fam = get("glm")
     over = (("head_dim", 8),)
     why = fam.lc_refusal(fam.make_config(dict(over)))
@@ -78,7 +78,7 @@ def test_a_head_width_other_than_hidden_over_heads_is_hf_only(policy, monkeypatc
 
 
 @pytest.mark.parametrize("mutant", ["interleaved-rotation-reversed", "partial-rotary-one-pair-short"])
-def test_a_broken_rotation_fails_against_llamacpp(policy, mutant):
+def test_a_broken_rotation_fails_against_llamacpp(run, policy, mutant):
     with applied(registry()[mutant]):
         st = all_statuses(run(policy, family="glm", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q")] == "pass" and st[("impl", "llamacpp", 0, "q_rope")] == "fail"

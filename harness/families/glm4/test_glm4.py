@@ -8,14 +8,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import all_statuses, run
+from harness.testing import all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 @pytest.mark.parametrize("mutant,probe", [("rope-layout-swapped", "q_rope"), ("partial-rotary-one-pair-short", "q_rope"),
                                           ("post-norm-missing", "attn_out"), ("qkv-bias-dropped", "q")])
-def test_a_broken_decoration_fails_against_llamacpp(policy, mutant, probe):
+def test_a_broken_decoration_fails_against_llamacpp(run, policy, mutant, probe):
     with applied(registry()[mutant]):
         st = all_statuses(run(policy, family="glm4", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "attn_in")] == "pass" and st[("impl", "llamacpp", 0, probe)] == "fail"

@@ -8,18 +8,18 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="glm4_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
-def test_the_tiny_config_has_a_dense_layer_then_an_moe_layer(policy):
+def test_the_tiny_config_has_a_dense_layer_then_an_moe_layer(case_run, policy):
     r = case_run(policy, "glm4_moe", ref="hf")
     layers = r.base_model.model.layers
     assert type(layers[0].mlp).__name__ == "Glm4MoeMLP" and type(layers[1].mlp).__name__ == "Glm4MoeMoE"
@@ -28,7 +28,7 @@ def test_the_tiny_config_has_a_dense_layer_then_an_moe_layer(policy):
     assert len(r.layer_cfgs[0].rope.inv_freq) == 4  # 8 of head_dim 16 rotate (factor 0.5)
 
 
-def test_without_the_qk_norm_both_agree(policy):
+def test_without_the_qk_norm_both_agree(run, policy):
     # use_qk_norm false: HF builds no q_norm / k_norm, the file has no attn_q_norm, and
     # glm4-moe.cpp skips the norm (TENSOR_NOT_REQUIRED)
     rows = run(policy, family="glm4_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=(("use_qk_norm", False),))
@@ -37,7 +37,7 @@ def test_without_the_qk_norm_both_agree(policy):
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
-def test_a_dropped_expert_bias_fails_between_the_references(policy, monkeypatch):
+def test_a_dropped_expert_bias_fails_between_the_references(run, policy, monkeypatch):
     # the choice is made on sigmoid + e_score_correction_bias (Glm4MoeTopkRouter.forward;
     # build_moe_ffn's exp_probs_b): a file with the bias zeroed routes some tokens elsewhere
     fam = get("glm4_moe")
@@ -54,14 +54,14 @@ def test_a_dropped_expert_bias_fails_between_the_references(policy, monkeypatch)
     assert st[("llamacpp", "hf", 1, "layer_out")] == "fail"
 
 
-def test_a_broken_qk_norm_fails(policy):
+def test_a_broken_qk_norm_fails(run, policy):
     with applied(registry()["k-norm-takes-q-weight"]):
         st = all_statuses(run(policy, family="glm4_moe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 0, "k_rope")] == "fail"
     assert st[("impl", "hf", 0, "k_rope")] == "fail"
 
 
-def test_a_partial_rotary_bug_fails(policy):
+def test_a_partial_rotary_bug_fails(run, policy):
     with applied(registry()["partial-rotary-pairs-from-tail"]):
         st = all_statuses(run(policy, family="glm4_moe", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q")] == "pass" and st[("impl", "llamacpp", 0, "q_rope")] == "fail"

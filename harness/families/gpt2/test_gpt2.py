@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from harness.families import get
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_three_way(policy, kv):
+def test_three_way(run, policy, kv):
     rows = run(policy, family="gpt2", ref=HF_AND_LLAMACPP, kv=kv)
     feats = set(rows[0]["features"].split(";"))
     assert {"qkv_bias", "o_bias", "layernorm"} <= feats and not {"rope_neox", "nope_layers"} & feats
@@ -26,7 +26,7 @@ def test_three_way(policy, kv):
     assert st[("llamacpp", "hf", 0, "layer_out")] == "finding"  # the FFN's fp16 gelu table
 
 
-def test_the_conv1d_weights_must_be_transposed(policy, monkeypatch):
+def test_the_conv1d_weights_must_be_transposed(run, policy, monkeypatch):
     """GPT2Model.modify_tensors transposes c_attn / c_proj / c_fc (Conv1D [in, out] ->
     [out, in]); a file without it (square c_proj, so llama.cpp still loads the
     attention's weights read the wrong way) fails from q on, impl vs HF unchanged."""
@@ -40,7 +40,7 @@ def test_the_conv1d_weights_must_be_transposed(policy, monkeypatch):
 
 
 @pytest.mark.parametrize("on,expect", [(False, "pass"), (True, "finding")])
-def test_scale_by_inverse_layer_idx(policy, on, expect):
+def test_scale_by_inverse_layer_idx(run, policy, on, expect):
     st = all_statuses(run(policy, family="gpt2", ref=HF_AND_LLAMACPP, kv="decode",
                           overrides=(("scale_attn_by_inverse_layer_idx", on),)))
     assert st[("impl", "hf", 1, "attn_probs")] == "pass"

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from harness.families import get
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -21,7 +21,7 @@ def _attention_passes(rows):
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
-def test_three_way(policy, kv, parallel):
+def test_three_way(run, policy, kv, parallel):
     rows = run(policy, family="gpt_neox", ref=HF_AND_LLAMACPP, kv=kv, overrides=(("use_parallel_residual", parallel),))
     feats = set(rows[0]["features"].split(";"))
     assert {"qkv_bias", "o_bias", "partial_rotary", "layernorm", "rope_neox"} <= feats
@@ -40,7 +40,7 @@ def test_three_way(policy, kv, parallel):
     assert st[("llamacpp", "hf", 0, "layer_out")] == "finding"
 
 
-def test_the_converter_reads_rotary_pct_which_transformers5_no_longer_saves(policy, tmp_path):
+def test_the_converter_reads_rotary_pct_which_transformers5_no_longer_saves(case_run, policy, tmp_path):
     """conversion/gptneox.py reads hparams["rotary_pct"]; a transformers-5 config.json
     has partial_rotary_factor in rope_parameters instead (the converter would stop
     on a KeyError). The export writes what the key means."""
@@ -52,7 +52,7 @@ def test_the_converter_reads_rotary_pct_which_transformers5_no_longer_saves(poli
 
 
 @pytest.mark.parametrize("from_config,expect", [(True, "pass"), (False, "fail")], ids=["rotary-pct", "whole-head"])
-def test_the_rotary_width_must_reach_llamacpp(policy, monkeypatch, from_config, expect):
+def test_the_rotary_width_must_reach_llamacpp(run, policy, monkeypatch, from_config, expect):
     """Both sides: rope.dimension_count from partial_rotary_factor passes; the whole head
     (what a converter falling back to 1.0 would write) rotates channels HF leaves alone."""
     monkeypatch.setattr(get("gpt_neox"), "_rotary_from_config", from_config)
@@ -62,7 +62,7 @@ def test_the_rotary_width_must_reach_llamacpp(policy, monkeypatch, from_config, 
 
 
 @pytest.mark.parametrize("theta,expect", [(10000.0, "pass"), (100000.0, "finding")])
-def test_no_theta_key(policy, theta, expect):
+def test_no_theta_key(run, policy, theta, expect):
     """The converter writes no rope.freq_base: at HF's default 10000 the references
     agree; any other rope_theta is rotated at 10000 by llama.cpp (a finding)."""
     st = all_statuses(run(policy, family="gpt_neox", ref=HF_AND_LLAMACPP, kv="decode",
@@ -73,7 +73,7 @@ def test_no_theta_key(policy, theta, expect):
     assert st[("llamacpp", "hf", 0, "q_rope")] == expect
 
 
-def test_qkv_reorder_must_reach_llamacpp(policy, monkeypatch):
+def test_qkv_reorder_must_reach_llamacpp(run, policy, monkeypatch):
     """Without the converter's per-head -> [Q; K; V] reorder llama.cpp reads the
     wrong rows: q fails at once."""
     monkeypatch.setattr(get("gpt_neox"), "_reorder_qkv", False)

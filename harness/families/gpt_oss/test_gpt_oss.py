@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.testing import HF_AND_LLAMACPP, case_run, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, llamacpp_statuses
 from harness.families import get
 from harness.families.gpt_oss import ATTN_FACTOR, SWAPPED_LAYERS, TRUNCATE_OFF
 from harness.mutants import registry
 
 
-def test_tiny_config_exercises_its_decorations(policy):
+def test_tiny_config_exercises_its_decorations(case_run, policy):
     r = case_run(policy, "gpt_oss", ref="hf")
     assert {"sinks", "o_bias", "qkv_bias", "sliding_window", "rope_scaling", "rope_attn_factor"} <= set(r.features)
     lcs = r.layer_cfgs
@@ -27,13 +27,13 @@ def test_tiny_config_exercises_its_decorations(policy):
     assert ((probs > 0).sum(-1) <= 4).all() and (probs[..., 8, :] > 0).sum(-1).max() == 4
 
 
-def test_every_decoration_has_a_mutant(policy):
+def test_every_decoration_has_a_mutant(case_run, policy):
     covered = {m.decoration for m in registry().values()}
     feats = set(case_run(policy, "gpt_oss", ref="hf").features) - {"kv_decode"}
     assert feats <= covered, feats - covered
 
 
-def test_gguf_mirrors_the_converter(policy):
+def test_gguf_mirrors_the_converter(case_run, policy):
     r = case_run(policy, "gpt_oss", ref="hf")
     fam = get("gpt_oss")
     names = dict(fam.gguf_tensors(r.base_model, r.config))
@@ -46,7 +46,7 @@ def test_gguf_mirrors_the_converter(policy):
     assert names["blk.0.ffn_down_exps.weight"].shape == (4, 64, 96)
 
 
-def test_truncate_off_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need_llamacpp):
+def test_truncate_off_passes_against_hf_and_is_a_finding_against_llamacpp(run, policy, need_llamacpp):
     rows = run(policy, family="gpt_oss", ref=HF_AND_LLAMACPP, kv="decode", overrides=TRUNCATE_OFF)
     lc = llamacpp_statuses(rows)
     # before RoPE everything agrees; from q_rope on the YaRN ramp differs
@@ -56,13 +56,13 @@ def test_truncate_off_passes_against_hf_and_is_a_finding_against_llamacpp(policy
     assert refs[(0, "k")] == "pass" and refs[(0, "q_rope")] == "finding" and refs[(-1, "logits")] == "finding"
 
 
-def test_truncate_flag_reaches_impl(policy):
+def test_truncate_flag_reaches_impl(case_run, policy):
     on = case_run(policy, "gpt_oss", ref="hf").layer_cfgs[0].rope.inv_freq
     off = case_run(policy, "gpt_oss", ref="hf", overrides=TRUNCATE_OFF).layer_cfgs[0].rope.inv_freq
     assert not np.allclose(on, off)
 
 
-def test_explicit_attention_factor_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need_llamacpp):
+def test_explicit_attention_factor_passes_against_hf_and_is_a_finding_against_llamacpp(case_run, run, policy, need_llamacpp):
     rows = run(policy, family="gpt_oss", ref=HF_AND_LLAMACPP, kv="batched", overrides=ATTN_FACTOR)
     lc = llamacpp_statuses(rows)
     assert lc[(0, "k")] == "pass" and lc[(0, "q_rope")] == lc[(1, "attn_probs")] == "finding"
@@ -72,7 +72,7 @@ def test_explicit_attention_factor_passes_against_hf_and_is_a_finding_against_ll
     assert abs(np.median(ratio) - (0.1 * np.log(32) + 1) / 1.1) < 1e-4
 
 
-def test_swapped_layer_pattern_is_a_finding_against_llamacpp(policy, need_llamacpp):
+def test_swapped_layer_pattern_is_a_finding_against_llamacpp(case_run, run, policy, need_llamacpp):
     """HF's layer_types reach impl (layer 1 slides now) but not the GGUF."""
     assert case_run(policy, "gpt_oss", ref="hf", overrides=SWAPPED_LAYERS).layer_cfgs[1].window is not None
     rows = run(policy, family="gpt_oss", ref=HF_AND_LLAMACPP, kv="paged", overrides=SWAPPED_LAYERS)

@@ -7,12 +7,11 @@ from __future__ import annotations
 from impl.config import softmax_scale
 import numpy as np
 
-from harness.testing import case_run
 from harness.families import get
 from harness.mutants import registry
 
 
-def test_tiny_config_exercises_its_decorations(policy):
+def test_tiny_config_exercises_its_decorations(case_run, policy):
     r = case_run(policy, "granite", ref="hf")
     assert {"attn_scale", "residual_multiplier", "o_bias", "qkv_bias"} <= set(r.features)
     lc = r.layer_cfgs[0]
@@ -26,13 +25,13 @@ def test_tiny_config_exercises_its_decorations(policy):
     np.testing.assert_allclose(hf["embeddings"], raw * 12.0, rtol=1e-6)
 
 
-def test_every_decoration_has_a_mutant(policy):
+def test_every_decoration_has_a_mutant(case_run, policy):
     covered = {m.decoration for m in registry().values()}
     feats = set(case_run(policy, "granite", ref="hf").features) - {"kv_decode"}
     assert feats <= covered, feats - covered
 
 
-def test_gguf_metadata_carries_the_multipliers(policy, tmp_path):
+def test_gguf_metadata_carries_the_multipliers(case_run, policy, tmp_path):
     import gguf
 
     r = case_run(policy, "granite", ref="hf")

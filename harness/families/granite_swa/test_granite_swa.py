@@ -10,12 +10,12 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_passes_and_judges_attn_probs_where_both_sides_define_it(policy):
+def test_three_way_passes_and_judges_attn_probs_where_both_sides_define_it(run, policy):
     # paged, mixed chunks here; decode and batched run in the default matrix (families = "*")
     rows = run(policy, family="granite_swa", ref=HF_AND_LLAMACPP, kv="paged", schedule="mixed")
     st = all_statuses(rows)
@@ -35,7 +35,7 @@ def test_three_way_passes_and_judges_attn_probs_where_both_sides_define_it(polic
     assert sum(s == "not-exposed" for s in st.values()) == 8
 
 
-def test_tiny_config_exercises_its_decorations(policy):
+def test_tiny_config_exercises_its_decorations(case_run, policy):
     r = case_run(policy, "granite_swa", ref="llamacpp")
     assert {"sinks", "sliding_window", "attn_scale", "residual_multiplier"} <= set(r.features)
     lcs = r.layer_cfgs
@@ -48,7 +48,7 @@ def test_tiny_config_exercises_its_decorations(policy):
     assert ((probs > 0).sum(-1) <= 4).all() and (probs[..., 8, :] > 0).sum(-1).max() == 4
 
 
-def test_hf_eager_spells_the_sink_as_an_output_scale(policy):
+def test_hf_eager_spells_the_sink_as_an_output_scale(case_run, policy):
     """The trap, shown on HF's own tensors: its eager attention returns the softmax
     WITHOUT the sink (rows sum to one), while llama.cpp's (and impl's) rows sum to
     ``1 - sigmoid(sink - lse)``; the heads agree all the same, which is why
@@ -70,7 +70,7 @@ def test_hf_eager_spells_the_sink_as_an_output_scale(policy):
     np.testing.assert_allclose(hf_heads, lc["L1.attn_heads"], atol=1e-5)
 
 
-def test_a_dropped_sink_fails_against_both_references(policy):
+def test_a_dropped_sink_fails_against_both_references(run, policy):
     """impl without the sink: against llama.cpp at attn_probs, against HF (which
     defines no comparable probabilities) at attn_heads -- each side where it defines the probe."""
     with applied(registry()["sink-dropped"]):
@@ -79,20 +79,20 @@ def test_a_dropped_sink_fails_against_both_references(policy):
     assert st[("impl", "hf", 1, "attn_heads")] == "fail" and st[("impl", "hf", 1, "attn_out")] == "fail"
 
 
-def test_a_window_off_by_one_fails(policy):
+def test_a_window_off_by_one_fails(run, policy):
     with applied(registry()["window-off-by-one"]):
         st = all_statuses(run(policy, family="granite_swa", ref=HF_AND_LLAMACPP, kv="batched"))
     assert st[("impl", "hf", 0, "attn_out")] == "pass"  # layer 0 is full
     assert st[("impl", "llamacpp", 1, "attn_probs")] == "fail" and st[("impl", "hf", 1, "attn_out")] == "fail"
 
 
-def test_every_decoration_has_a_mutant(policy):
+def test_every_decoration_has_a_mutant(case_run, policy):
     covered = {m.decoration for m in registry().values()}
     feats = set(case_run(policy, "granite_swa", ref="hf").features) - {"kv_decode"}
     assert feats <= covered, feats - covered
 
 
-def test_gguf_mirrors_the_converter(policy, tmp_path):
+def test_gguf_mirrors_the_converter(case_run, policy, tmp_path):
     import gguf
 
     r = case_run(policy, "granite_swa", ref="hf")
@@ -110,7 +110,7 @@ def test_gguf_mirrors_the_converter(policy, tmp_path):
     assert "granite_swa.attention.rope_pattern" not in kv  # HF's config has no no_rope_layers
 
 
-def test_per_layer_theta_reaches_impl(policy):
+def test_per_layer_theta_reaches_impl(case_run, run, policy):
     """layer_rope_theta (GraniteSWAModel: one rotary per theta, 0 = NoPE) is impl's."""
     r = case_run(policy, "granite_swa", ref="hf", overrides=(("layer_rope_theta", [0, 10000.0, 500.0, 10000.0]),))
     lcs = r.layer_cfgs

@@ -9,12 +9,12 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="granitemoe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
@@ -22,7 +22,7 @@ def test_three_way_passes(policy):
     assert st[("llamacpp", "hf", 1, "layer_out")] == "pass"
 
 
-def test_the_routing_is_top_k_of_the_logits_then_softmax(policy):
+def test_the_routing_is_top_k_of_the_logits_then_softmax(case_run, policy):
     """GraniteMoeTopKRouter.forward softmaxes the top-k logits; llama.cpp's
     build_moe_ffn softmaxes all, takes the top k and renormalises: one number."""
     r = case_run(policy, "granitemoe", ref="hf")
@@ -37,7 +37,7 @@ def test_the_routing_is_top_k_of_the_logits_then_softmax(policy):
     np.testing.assert_allclose(w.detach().numpy(), (top / top.sum(-1, keepdim=True)).detach().numpy(), rtol=1e-6)
 
 
-def test_a_swapped_expert_split_fails_between_the_references(policy, monkeypatch):
+def test_a_swapped_expert_split_fails_between_the_references(run, policy, monkeypatch):
     # the converter's split of the fused gate_up_proj, gate first (GraniteMoeModel.modify_tensors):
     # swapped, llama.cpp computes silu(up) * gate -- the attention agrees, the layer output not
     monkeypatch.setattr(get("granitemoe"), "_gate_first", False)
@@ -46,25 +46,23 @@ def test_a_swapped_expert_split_fails_between_the_references(policy, monkeypatch
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"
 
 
-def test_a_dropped_residual_multiplier_fails(policy):
+def test_a_dropped_residual_multiplier_fails(run, policy):
     with applied(registry()["residual-multiplier-dropped"]):
         st = all_statuses(run(policy, family="granitemoe", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "attn_out")] == "pass"
     assert st[("impl", "llamacpp", 0, "resid_mid")] == "fail"
 
 
-def test_a_squared_attention_multiplier_fails(policy):
+def test_a_squared_attention_multiplier_fails(run, policy):
     with applied(registry()["attn-multiplier-squared"]):
         st = all_statuses(run(policy, family="granitemoe", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "hf", 0, "attn_probs")] == "fail" and st[("impl", "llamacpp", 0, "attn_probs")] == "fail"
 
 
-def test_a_shared_expert_file_is_granitemoeshared_s(tmp_path):
+def test_a_shared_expert_file_is_granitemoeshared_s(gguf_export, gguf_import, tmp_path):
     """One llama.cpp arch, two HF classes: a file with a shared expert is refused
     by granitemoe's reverse in one line, naming the family that reads it."""
     from harness.errors import UsageError
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
 
     fam = get("granitemoeshared")
     config = fam.make_config({})

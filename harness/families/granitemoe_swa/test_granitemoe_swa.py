@@ -9,12 +9,12 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged, mixed chunks here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="granitemoe_swa", ref=HF_AND_LLAMACPP, kv="paged", schedule="mixed"))
     bad = [k for k, s in st.items() if s not in ("pass", "not-exposed")]
@@ -26,14 +26,14 @@ def test_three_way_passes(policy):
     assert all(st[("impl", "llamacpp", i, "attn_probs")] == "pass" for i in range(4))
 
 
-def test_tiny_config_exercises_its_decorations(policy):
+def test_tiny_config_exercises_its_decorations(case_run, policy):
     r = case_run(policy, "granitemoe_swa", ref="hf")
     assert {"sinks", "sliding_window", "attn_scale", "residual_multiplier"} <= set(r.features)
     layer = r.base_model.model.layers[1]
     assert layer.shared_mlp is not None and layer.block_sparse_moe.experts.gate_up_proj.shape == (4, 64, 64)
 
 
-def test_gguf_keeps_the_fused_experts(policy, tmp_path):
+def test_gguf_keeps_the_fused_experts(case_run, policy, tmp_path):
     import gguf
 
     r = case_run(policy, "granitemoe_swa", ref="hf")
@@ -53,7 +53,7 @@ def test_gguf_keeps_the_fused_experts(policy, tmp_path):
     assert kv["granite_swa.expert_count"] == 4 and kv["granite_swa.expert_used_count"] == 2
 
 
-def test_a_swapped_fused_expert_fails_between_the_references(policy, monkeypatch):
+def test_a_swapped_fused_expert_fails_between_the_references(run, policy, monkeypatch):
     """The fused gate_up written with its halves swapped: llama.cpp computes
     silu(up) * gate -- the attention agrees, the layer output does not."""
     monkeypatch.setattr(get("granitemoe_swa"), "_gate_first", False)
@@ -62,13 +62,13 @@ def test_a_swapped_fused_expert_fails_between_the_references(policy, monkeypatch
     assert st[("llamacpp", "hf", 0, "layer_out")] == "fail"
 
 
-def test_a_sink_scaled_like_a_key_fails(policy):
+def test_a_sink_scaled_like_a_key_fails(run, policy):
     with applied(registry()["sink-scaled-like-a-key"]):
         st = all_statuses(run(policy, family="granitemoe_swa", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "llamacpp", 0, "attn_probs")] == "fail" and st[("impl", "hf", 0, "attn_out")] == "fail"
 
 
-def test_a_dropped_residual_multiplier_fails(policy):
+def test_a_dropped_residual_multiplier_fails(run, policy):
     with applied(registry()["residual-multiplier-dropped"]):
         st = all_statuses(run(policy, family="granitemoe_swa", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "attn_out")] == "pass"

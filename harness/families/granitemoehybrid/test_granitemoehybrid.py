@@ -11,7 +11,7 @@ import pytest
 
 from harness.kinds.mutant import Mutant
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 REC = (0, 2)
 HF_REC_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
@@ -26,7 +26,7 @@ def _bad(rows):
 
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
-def test_three_way_with_states_and_kv(policy, kv, schedule):
+def test_three_way_with_states_and_kv(run, policy, kv, schedule):
     rows = run(policy, family="granitemoehybrid", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
@@ -65,7 +65,7 @@ D_SKIP = Mutant("mamba2-d-skip-dropped", "d_skip", "impl.recurrent",
     (D_SKIP, 0, "rec_out", "attn_in"),
     (registry()["residual-multiplier-dropped"], 1, "resid_mid", "attn_out"),
 ])
-def test_planted_bugs_fail_where_they_act(policy, m, layer, first, before):
+def test_planted_bugs_fail_where_they_act(run, policy, m, layer, first, before):
     with applied(m):
         st = all_statuses(run(policy, family="granitemoehybrid", ref=HF_AND_LLAMACPP, schedule="5,1,10"))
     for ref in ("hf", "hf_cached", "llamacpp"):
@@ -85,7 +85,7 @@ def test_rope_is_refused_for_llamacpp_only():
     assert fam.lc_refusal(fam.make_config({})) is None
 
 
-def test_no_mamba_layer_is_refused_by_llamacpp_with_the_converters_line(policy):
+def test_no_mamba_layer_is_refused_by_llamacpp_with_the_converters_line(run, policy):
     """All-attention layer_types: the converter writes arch granitemoe, not granitehybrid,
     and llama.cpp's worker aborted on the granitehybrid file (GGML_ASSERT(buffer)) -- an
     error row. Now llama.cpp is not-implemented with those lines; HF and its cached path

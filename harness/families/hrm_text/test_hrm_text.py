@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -19,7 +19,7 @@ STACK_FIRST = range(0, N_SLOTS, 2)  # the first layer of each stack invocation: 
 PROBES = ("q", "q_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out", "resid_mid")
 
 
-def test_every_invocation_is_judged_three_way(policy):
+def test_every_invocation_is_judged_three_way(run, policy):
     # decode here; batched and paged three-way: tests/test_families.py test_family_three_way
     rows = run(policy, family="hrm_text", ref=HF_AND_LLAMACPP, kv="decode")
     assert {"output_gate", "rope_neox"} <= set(rows[0]["features"].split(";"))
@@ -69,7 +69,7 @@ def test_invocations_of_one_module_are_distinct_layers():
                 assert not np.allclose(got[f"L{a}.layer_in"], got[f"L{b}.layer_in"]), (a, b)
 
 
-def test_a_wrong_invocation_order_fails(policy, monkeypatch):
+def test_a_wrong_invocation_order_fails(run, policy, monkeypatch):
     """Declared orders the forward does not run fail: one that lists each module
     once (the default's) stops the HF capture (a module ran more often than
     declared); one that swaps the two layers of each stack gives impl the other
@@ -89,7 +89,7 @@ def test_a_wrong_invocation_order_fails(policy, monkeypatch):
     assert st[("impl", "llamacpp", 1, "q")] == "fail"
 
 
-def test_a_broken_gate_fails_against_both_references(policy):
+def test_a_broken_gate_fails_against_both_references(run, policy):
     """The sigmoid gate squashed by tanh fails at the branch against HF and
     llama.cpp's ``attn_gated``, and nothing before the branch does."""
     with applied(registry()["output-gate-tanh-for-sigmoid"]):
@@ -128,7 +128,7 @@ def test_prefix_lm_both_sides():
     assert not torch.allclose(prefix[0, 0], causal[0, 0])
 
 
-def test_attention_bias_is_hf_only(policy):
+def test_attention_bias_is_hf_only(run, policy):
     """attention_bias=true biases q/k/v/gate/o_proj (HrmTextAttention.__init__);
     hrm-text.cpp loads no attn_gate / attn_output bias, so llama.cpp is refused in
     one line and impl (the gate's bias ``bg``) is judged against HF."""

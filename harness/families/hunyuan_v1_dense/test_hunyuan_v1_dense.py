@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,13 +17,13 @@ NTK = (("rope_parameters", {"rope_type": "dynamic", "alpha": 1000.0, "rope_theta
        ("max_position_embeddings", 32768))
 
 
-def test_a_post_rope_norm_that_skips_k_fails_against_llamacpp(policy):
+def test_a_post_rope_norm_that_skips_k_fails_against_llamacpp(run, policy):
     with applied(registry()["post-rope-norm-skips-k"]):
         st = all_statuses(run(policy, family="hunyuan_v1_dense", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 0, "k_rope")] == "fail"
 
 
-def test_ntk_alpha_rope_three_way(policy, tmp_path):
+def test_ntk_alpha_rope_three_way(run, policy, tmp_path):
     import gguf
 
     fam = get("hunyuan_v1_dense")

@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,27 +17,25 @@ NTK = (("rope_parameters", {"rope_type": "dynamic", "alpha": 1000.0, "rope_theta
        ("max_position_embeddings", 32768))
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="hunyuan_v1_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
     assert st[("llamacpp", "hf", 1, "layer_out")] == "pass" and st[("impl", "llamacpp", 1, "attn_out")] == "pass"
 
 
-def test_ntk_alpha_rope_three_way(policy):
+def test_ntk_alpha_rope_three_way(run, policy):
     st = all_statuses(run(policy, family="hunyuan_v1_moe", ref=HF_AND_LLAMACPP, kv="batched", overrides=NTK))
     assert st[("impl", "llamacpp", 1, "q_rope")] == "pass" and all(s == "pass" for s in st.values())
 
 
-def test_a_post_rope_norm_that_skips_k_fails_against_llamacpp(policy):
+def test_a_post_rope_norm_that_skips_k_fails_against_llamacpp(run, policy):
     with applied(registry()["post-rope-norm-skips-k"]):
         st = all_statuses(run(policy, family="hunyuan_v1_moe", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 0, "k_rope")] == "fail"
 
 
-def test_the_file_s_widths_are_hf_s_one_intermediate_size():
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
+def test_the_file_s_widths_are_hf_s_one_intermediate_size(gguf_export, gguf_import):
     from harness.gguf.fastread import GGUFFile
 
     fam = get("hunyuan_v1_moe")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     rows = run(policy, family="hy_v3", ref=HF_AND_LLAMACPP, kv="paged")
     st = all_statuses(rows)
@@ -25,11 +25,10 @@ def test_three_way_passes(policy):
     assert st[("llamacpp", "hf", 1, "layer_out")] == "pass"  # the sparse layer
 
 
-def test_the_selection_bias_is_seeded_and_named_as_hy_v3_cpp_loads_it():
+def test_the_selection_bias_is_seeded_and_named_as_hy_v3_cpp_loads_it(gguf_export):
     import gguf
 
     from harness import families
-    from harness.gguf import export as gguf_export
 
     fam = families.get("hy_v3")
     config = fam.make_config({})
@@ -41,7 +40,7 @@ def test_the_selection_bias_is_seeded_and_named_as_hy_v3_cpp_loads_it():
     assert "blk.0.ffn_gate_inp.weight" not in names and "blk.0.ffn_gate.weight" in names  # layer 0 dense
 
 
-def test_the_routed_scale_must_reach_llamacpp(policy, monkeypatch):
+def test_the_routed_scale_must_reach_llamacpp(run, policy, monkeypatch):
     from harness.families import get
 
     fam = get("hy_v3")
@@ -60,7 +59,7 @@ def test_the_routed_scale_must_reach_llamacpp(policy, monkeypatch):
     assert st[("impl", "llamacpp", 1, "attn_out")] == "pass"
 
 
-def test_a_broken_k_norm_fails_against_both_references(policy):
+def test_a_broken_k_norm_fails_against_both_references(run, policy):
     with applied(registry()["k-norm-takes-q-weight"]):
         st = all_statuses(run(policy, family="hy_v3", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "hf", 0, "q_rope")] == "pass" and st[("impl", "hf", 0, "k_rope")] == "fail"

@@ -10,14 +10,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 NO_BIAS = (("attention_bias", False),)
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="jais2", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
@@ -26,13 +26,13 @@ def test_three_way_passes(policy):
 
 @pytest.mark.parametrize("mutant,probe", [("layernorm-bias-dropped", "attn_in"), ("layernorm-mean-kept", "attn_in"),
                                           ("rope-layout-swapped", "q_rope")])
-def test_a_broken_decoration_fails_against_llamacpp(policy, mutant, probe):
+def test_a_broken_decoration_fails_against_llamacpp(run, policy, mutant, probe):
     with applied(registry()[mutant]):
         st = all_statuses(run(policy, family="jais2", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, probe)] == "fail"
 
 
-def test_a_bias_free_config_is_hf_only(policy, monkeypatch):
+def test_a_bias_free_config_is_hf_only(run, policy, monkeypatch):
     fam = get("jais2")
     why = fam.lc_refusal(fam.make_config(dict(NO_BIAS)))
     assert why and "attention_bias=False" in why and "\n" not in why

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 HF_REC = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
           "attn_branch", "attn_out", "resid_mid")
@@ -31,7 +31,7 @@ def _bad(rows):
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule,dropped", [("batched", "5,1,10", True), ("paged", "mixed", False),
                                                  ("decode", "prefill", False)])
-def test_jamba_three_way_with_its_states(policy, kv, schedule, dropped):
+def test_jamba_three_way_with_its_states(run, policy, kv, schedule, dropped):
     rows = run(policy, family="jamba", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
@@ -72,7 +72,7 @@ def test_jamba_three_way_with_its_states(policy, kv, schedule, dropped):
 
 @pytest.mark.parametrize("chunks,excused", [(((5, 1, 10),), True), (((16,),), False), (((8,) + (1,) * 8,), False),
                                             (((1,) * 16,), False), (((8,) + (1,) * 8, (5, 1, 10)), True)])
-def test_the_dropped_state_finding_is_bounded_by_the_schedule(policy, chunks, excused):
+def test_the_dropped_state_finding_is_bounded_by_the_schedule(finding, policy, chunks, excused):
     """HF's cached path is excused only where a later call carries several rows; never
     between HF's full forward and llama.cpp, and never past a dropped state's size."""
     for cand, ref, probe in (("hf_cached", "hf", "rec_out"), ("impl", "hf_cached", "rec_out"),
@@ -87,7 +87,7 @@ def test_the_dropped_state_finding_is_bounded_by_the_schedule(policy, chunks, ex
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_planted_b_norm_weight_bug_fails_where_it_acts(policy):
+def test_planted_b_norm_weight_bug_fails_where_it_acts(run, policy):
     with applied(registry()["mamba1-b-norm-weight-dropped"]):
         st = all_statuses(run(policy, family="jamba", ref=HF_AND_LLAMACPP, schedule="mixed"))
     for ref in ("hf", "hf_cached"):

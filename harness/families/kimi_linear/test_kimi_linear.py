@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 from harness.features import layer_features
 
 FAMILY = "kimi_linear"
 
 
-def test_kda_layers_three_way(policy, need_llamacpp):
+def test_kda_layers_three_way(run, policy, need_llamacpp):
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv="batched")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)
@@ -47,23 +47,22 @@ def test_mla_has_no_rope(policy):
 
 
 @pytest.mark.parametrize("kv", ["decode", "paged"])
-def test_naive_form_meets_hf(policy, kv):
+def test_naive_form_meets_hf(run, policy, kv):
     rows = run(policy, family=FAMILY, ref="hf", kv=kv, variant="naive")
     assert not [r for r in rows if r["status"] in ("fail", "error")]
     assert any(r["probe"] == "k_rope" and r["status"] == "pass" for r in rows)
 
 
-def test_naive_form_against_llamacpp_is_an_error_that_says_why(policy, need_llamacpp):
+def test_naive_form_against_llamacpp_is_an_error_that_says_why(run, policy, need_llamacpp):
     rows = run(policy, family=FAMILY, ref="llamacpp", variant="naive")
     err = [r for r in rows if r["status"] == "error"]
     assert len(err) == 1 and "segfault" in err[0]["reason"] and "compared with HF only" in err[0]["reason"]
 
 
-def test_llamacpp_really_cannot_run_the_kv_b_file(need_llamacpp):
+def test_llamacpp_really_cannot_run_the_kv_b_file(gguf_export, need_llamacpp):
     """The reason above, measured: the file with attn_kv_b (and the _mla keys the
     loader requires) kills llama.cpp."""
     from harness.families import get
-    from harness.gguf import export as gguf_export
     from harness.references.llamacpp import capture as llamacpp
 
     fam = type(get(FAMILY))()
@@ -74,7 +73,7 @@ def test_llamacpp_really_cannot_run_the_kv_b_file(need_llamacpp):
         llamacpp.run_worker(path, [[(1, 0, 0), (5, 1, 0)]], 1, {"l_out"})
 
 
-def test_an_rms_eps_other_than_hf_s_fixed_one_is_two_findings_each_from_its_layer(policy, need_llamacpp):
+def test_an_rms_eps_other_than_hf_s_fixed_one_is_two_findings_each_from_its_layer(run, policy, need_llamacpp):
     """rms_norm_eps = 1e-4: llama.cpp's KDA q/k L2 norm (kimi-linear.cpp 346-349) and MLA
     kv_a_layernorm (:408) take it, HF's fix 1e-6 (modeling_kimi_linear.py 431-432 / 489-490,
     235): each disagreement is named from the layer it starts at -- the KDA one from L0,

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 PROBES = ("q_rope", "attn_probs", "attn_heads", "attn_branch", "attn_out")
 
 
-def test_default_config_decorations_are_on_and_agree(policy):
+def test_default_config_decorations_are_on_and_agree(run, policy):
     # decode here; batched and paged three-way: tests/test_families.py test_family_three_way
     rows = run(policy, family="laguna", ref=HF_AND_LLAMACPP, kv="decode")
     feats = set(rows[0]["features"].split(";"))
@@ -30,7 +30,7 @@ def test_default_config_decorations_are_on_and_agree(policy):
     assert not [k for k, s in st.items() if s != "pass"]
 
 
-def test_per_element_gate_agrees(policy):
+def test_per_element_gate_agrees(run, policy):
     """gating="per-element" (M.1): g_proj is n_heads * head_dim wide; llama.cpp reads
     the width off the tensor (laguna.cpp load_arch_tensors) and multiplies directly."""
     rows = run(policy, family="laguna", ref=HF_AND_LLAMACPP, overrides=(("gating", "per-element"),))
@@ -40,7 +40,7 @@ def test_per_element_gate_agrees(policy):
 
 
 @pytest.mark.parametrize("name", ["softplus-gate-as-sigmoid", "per-head-gate-strided"])
-def test_a_broken_gate_fails_against_both_references(policy, name):
+def test_a_broken_gate_fails_against_both_references(run, policy, name):
     """A gate broken in impl fails at the branch against HF and llama.cpp's
     `attn_gated`, and nothing before the branch does."""
     with applied(registry()[name]):
@@ -50,7 +50,7 @@ def test_a_broken_gate_fails_against_both_references(policy, name):
         assert st[("impl", ref, 0, "attn_branch")] == "fail", ref
 
 
-def test_a_window_pattern_other_than_llamacpps_is_hf_only(policy, monkeypatch):
+def test_a_window_pattern_other_than_llamacpps_is_hf_only(run, policy, monkeypatch):
     """The converter writes no pattern key and laguna.cpp fixes it
     (load_swa_pattern(ml, 4, dense_first): full at il % 4 == 0): other layer types
     are refused for llama.cpp in one line and judged against HF alone; without the

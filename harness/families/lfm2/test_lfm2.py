@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv", ["decode", "paged"])
-def test_short_conv_three_way(policy, kv):
+def test_short_conv_three_way(run, policy, kv):
     rows = run(policy, family="lfm2", ref=HF_AND_LLAMACPP, kv=kv, schedule="5,1,10")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)
@@ -33,7 +33,7 @@ def test_short_conv_three_way(policy, kv):
             assert st[("impl", ref, 1, probe)] == "pass", (ref, probe)
 
 
-def test_conv_bias_against_hf(policy):
+def test_conv_bias_against_hf(run, policy):
     """HF-only: conv_bias=true puts biases on in_proj, the conv and out_proj."""
     rows = run(policy, family="lfm2", ref="hf_cached", overrides=(("conv_bias", True),))
     feats = rows[0]["features"].split(";")
@@ -42,7 +42,7 @@ def test_conv_bias_against_hf(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_conv_bias_is_refused_by_llamacpp(policy):
+def test_conv_bias_is_refused_by_llamacpp(run, policy):
     rows = run(policy, family="lfm2", ref="llamacpp", overrides=(("conv_bias", True),))
     err = [r for r in rows if r["status"] == "error"]
     assert len(err) == 1 and err[0]["reference"] == "llamacpp"

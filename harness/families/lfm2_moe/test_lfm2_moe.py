@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_three_way(policy):
+def test_three_way(run, policy):
     rows = run(policy, family="lfm2_moe", ref=HF_AND_LLAMACPP, kv="batched")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)

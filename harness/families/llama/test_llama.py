@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 from harness.families import get
 from harness.families.llama import WO_SCALE
 from harness.mutants import applied, registry
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("need_llamacpp")
 BIAS = (("attention_bias", True),)
 
 
-def test_plain_is_the_default_variant(policy):
+def test_plain_is_the_default_variant(run, policy):
     rows = run(policy, family="llama", ref="hf")
     assert {r["variant"] for r in rows} == {"plain"}
     assert "o_scale" not in rows[0]["features"].split(";")
@@ -30,7 +30,7 @@ def test_plain_is_the_default_variant(policy):
 
 @pytest.mark.parametrize("kv", ["decode", "paged"])
 @pytest.mark.parametrize("overrides", [(), BIAS], ids=["no-bias", "bias"])
-def test_wo_scale_three_way(policy, kv, overrides):
+def test_wo_scale_three_way(run, policy, kv, overrides):
     rows = run(policy, family="llama", variant="wo_scale", ref=HF_AND_LLAMACPP, kv=kv, overrides=overrides)
     feats = set(rows[0]["features"].split(";"))
     assert "o_scale" in feats and ("o_bias" in feats) == bool(overrides)
@@ -41,11 +41,10 @@ def test_wo_scale_three_way(policy, kv, overrides):
         assert st[("impl", ref, 1, "attn_out")] == "pass"
 
 
-def test_the_file_holds_w_over_s_and_its_companion():
+def test_the_file_holds_w_over_s_and_its_companion(case_run, gguf_export):
     import gguf
 
     from harness.policy import load_policy
-    from harness.gguf import export as gguf_export
 
     cr = case_run(load_policy(), "llama", variant="wo_scale")
     path = gguf_export.export(cr.family, cr.base_model, cr.config, "f32", 0, "wo_scale")
@@ -59,7 +58,7 @@ def test_the_file_holds_w_over_s_and_its_companion():
     np.testing.assert_allclose(cr.weights_for("float32")[0]["wo"] * WO_SCALE, w, rtol=1e-12)
 
 
-def test_without_the_companion_llamacpp_computes_with_w_over_s(policy, monkeypatch):
+def test_without_the_companion_llamacpp_computes_with_w_over_s(run, policy, monkeypatch):
     """The scale must reach llama.cpp: a file with W / s and no attn_output.scale
     differs from the first probe after wo, and only there."""
     monkeypatch.setattr(get("llama"), "_write_wo_scale", False)
@@ -71,19 +70,17 @@ def test_without_the_companion_llamacpp_computes_with_w_over_s(policy, monkeypat
 
 
 @pytest.mark.parametrize("name,overrides", [("o-scale-dropped", ()), ("o-scale-after-bias", BIAS)])
-def test_a_broken_scale_fails_against_llamacpp_too(policy, name, overrides):
+def test_a_broken_scale_fails_against_llamacpp_too(run, policy, name, overrides):
     with applied(registry()[name]):
         st = all_statuses(run(policy, family="llama", variant="wo_scale", ref="llamacpp", overrides=overrides))
     assert st[("impl", "llamacpp", 0, "attn_branch")] == "pass"
     assert st[("impl", "llamacpp", 0, "attn_out")] == "fail"
 
 
-def test_gguf_import_folds_the_companion(policy, tmp_path):
+def test_gguf_import_folds_the_companion(case_run, gguf_export, gguf_import, run, policy, tmp_path):
     """--gguf on a file with attn_output.scale: HF gets W = W' * s, impl computes
     from it, and both agree with llama.cpp running the file."""
     from harness.policy import load_policy
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
 
     cr = case_run(load_policy(), "llama", variant="wo_scale", overrides=BIAS)
     path = gguf_export.export(cr.family, cr.base_model, cr.config, "f32", 0, "wo_scale")
@@ -95,7 +92,7 @@ def test_gguf_import_folds_the_companion(policy, tmp_path):
     assert rows and all(r["status"] == "pass" for r in rows)
 
 
-def test_partial_rotary_factor_is_not_a_key_llama_reads(policy):
+def test_partial_rotary_factor_is_not_a_key_llama_reads(run, policy):
     """transformers' LlamaRotaryEmbedding.compute_default_rope_parameters sizes the rotation
     head_dim whatever rope_parameters.partial_rotary_factor says (modeling_llama.py), and so
     does llama.cpp (the converter writes rope.dimension_count = head_dim): impl rotates the
@@ -103,7 +100,7 @@ def test_partial_rotary_factor_is_not_a_key_llama_reads(policy):
     HF source (base.hf_default_rope_reads). phi's does read it."""
     from harness import families
     from harness.families.base import hf_default_rope_reads
-    from harness.testing import run, statuses
+    from harness.testing import statuses
 
     assert not hf_default_rope_reads(families.get("llama").config_class(), "partial_rotary_factor")
     assert hf_default_rope_reads(families.get("phi").config_class(), "partial_rotary_factor")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_rotation_step_finding, case_run, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_rotation_step_finding
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -36,7 +36,7 @@ def test_default_config_maps_the_decorations():
     assert (nope.temperature.floor_scale, nope.temperature.attn_scale) == (8192.0, 0.1)
 
 
-def test_default_config_three_way_on_every_probe(policy):
+def test_default_config_three_way_on_every_probe(run, policy):
     rows = run(policy, family="llama4", ref=HF_AND_LLAMACPP, kv="paged")
     assert not [r for r in rows if r["status"] not in ("pass",)], "the default config must agree everywhere"
     feats = set(rows[0]["features"].split(";"))
@@ -50,12 +50,12 @@ def test_default_config_three_way_on_every_probe(policy):
 
 @pytest.mark.parametrize("overrides", [CHUNK, TEMP], ids=["chunk", "temperature"])
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_hf_only_setting_against_hf(policy, overrides, kv):
+def test_hf_only_setting_against_hf(run, policy, overrides, kv):
     rows = run(policy, family="llama4", ref="hf", kv=kv, overrides=overrides)
     assert rows and all(r["status"] == "pass" for r in rows)
 
 
-def test_hf_only_chunk_is_active_and_llamacpp_ignores_it(policy):
+def test_hf_only_chunk_is_active_and_llamacpp_ignores_it(case_run, run, policy):
     rows = run(policy, family="llama4", ref=HF_AND_LLAMACPP, kv="paged", overrides=CHUNK)
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
@@ -74,7 +74,7 @@ def test_hf_only_chunk_is_active_and_llamacpp_ignores_it(policy):
     assert lc[:, :, 6:, :6].sum() > 1.0
 
 
-def test_hf_only_temperature_is_active_and_llamacpp_ignores_it(policy):
+def test_hf_only_temperature_is_active_and_llamacpp_ignores_it(case_run, run, policy):
     rows = run(policy, family="llama4", ref=HF_AND_LLAMACPP, kv="decode", overrides=TEMP)
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
@@ -92,13 +92,13 @@ def test_hf_only_temperature_is_active_and_llamacpp_ignores_it(policy):
     assert want.max() > 2.0
 
 
-def test_hf_only_nope_interval(policy):
+def test_hf_only_nope_interval(run, policy):
     """no_rope_layer_interval=2: HF leaves layer 1 unrotated, llama.cpp (step 4) rotates it."""
     rows = run(policy, family="llama4", ref=HF_AND_LLAMACPP, overrides=(("no_rope_layer_interval", 2),))
     assert_llamacpp_rotation_step_finding(rows, before="q", ref_vs_ref=False)
 
 
-def test_findings_need_their_settings():
+def test_findings_need_their_settings(finding):
     """The llama4 findings are keyed on the HF-only settings: the default config gets none."""
     from harness.policy import load_policy
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 HF_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
              "attn_branch", "attn_out", "resid_mid")
@@ -62,7 +62,7 @@ def check_three_way(rows, family, lc_where, state_finding):
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule,dropped", [("batched", "5,1,10", True), ("paged", "mixed", False),
                                                  ("decode", "prefill", False)])
-def test_mamba_three_way_with_its_states(policy, kv, schedule, dropped):
+def test_mamba_three_way_with_its_states(run, policy, kv, schedule, dropped):
     check_three_way(run(policy, family="mamba", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule), "mamba",
                     "build_mamba_layer", dropped)
 
@@ -70,7 +70,7 @@ def test_mamba_three_way_with_its_states(policy, kv, schedule, dropped):
 @pytest.mark.parametrize("chunks,excused", [(((5, 1, 10),), True), (((3, 1, 2, 1, 9),), True),
                                             (((16,),), False), (((8,) + (1,) * 8,), False),
                                             (((1,) * 16,), False), (((8,) + (1,) * 8, (5, 1, 10)), True)])
-def test_the_dropped_state_finding_is_bounded_by_the_schedule(policy, chunks, excused):
+def test_the_dropped_state_finding_is_bounded_by_the_schedule(finding, policy, chunks, excused):
     """HF's cached path is excused only where a later call carries several rows: a
     prefill, one row per call and prefill + one row per call must agree outright."""
     for cand, ref, probe in (("hf_cached", "hf", "rec_out"), ("impl", "hf_cached", "rec_out"),
@@ -96,7 +96,7 @@ MUTANTS = registry()
     ("mamba1-x-proj-b-c-swapped", "rec_q", "state_rec", "state_rec"),
     ("mamba1-d-skip-one-channel", "rec_out", "rec_out", "resid_mid"),  # the skip leaves the state alone
     ("recurrent-state-not-carried", None, "state_rec", "state_rec")])  # one call (hf) cannot show it
-def test_planted_bugs_fail_where_they_act(policy, name, hf_first, cached, lc_first):
+def test_planted_bugs_fail_where_they_act(run, policy, name, hf_first, cached, lc_first):
     """Each against HF (teacher-forced: the full forward where the bug acts in one
     call, HF's cached path for the state between calls) and against llama.cpp, which
     names only the states and l_out inside the layer."""
@@ -112,7 +112,7 @@ def test_planted_bugs_fail_where_they_act(policy, name, hf_first, cached, lc_fir
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_export_without_neg_exp_a_log_is_caught(policy, monkeypatch, tmp_path):
+def test_export_without_neg_exp_a_log_is_caught(run, policy, monkeypatch, tmp_path):
     """The converter's A_log -> -exp(A_log) (conversion/mamba.py MambaModel.modify_tensors)
     is what makes llama.cpp's decay agree: written raw, llama.cpp's first SSM state
     leaves HF's. (A cache of its own: the capture cache keys on the family's source
@@ -140,7 +140,7 @@ def test_a_schedule_key_that_would_excuse_any_schedule_is_refused(bad):
     assert "\n" not in str(e.value)
 
 
-def check_mlx_norm_eps(policy, family):
+def check_mlx_norm_eps(run, policy, family):
     """mlx-lm's mamba.py builds the block's input norm as nn.RMSNorm(hidden_size), eps 1e-5
     whatever layer_norm_epsilon says: at 1e-6 (the fuzz draws it) mlx differs from L0
     attn_in on, a finding; impl passes against HF; at the tiny config's 1e-5 there is no
@@ -155,5 +155,5 @@ def check_mlx_norm_eps(policy, family):
 
 
 @pytest.mark.usefixtures("need_mlx")
-def test_mlx_norms_the_block_input_at_its_own_default_eps(policy):
-    check_mlx_norm_eps(policy, "mamba")
+def test_mlx_norms_the_block_input_at_its_own_default_eps(run, policy):
+    check_mlx_norm_eps(run, policy, "mamba")

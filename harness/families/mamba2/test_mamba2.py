@@ -10,7 +10,7 @@ import pytest
 
 from harness.kinds.mutant import Mutant
 from harness.mutants import applied
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 HF_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
              "attn_branch", "attn_out", "resid_mid")
@@ -24,7 +24,7 @@ def _bad(rows):
 
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
-def test_mamba2_three_way_with_its_states(policy, kv, schedule):
+def test_mamba2_three_way_with_its_states(run, policy, kv, schedule):
     rows = run(policy, family="mamba2", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
@@ -62,7 +62,7 @@ ONE_GROUP = Mutant("mamba2-norm-one-group", "out_norm_groups", "impl.recurrent",
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("m,hf_first,lc_first", [(D_SKIP, "rec_out", "rec_out"), (DT_RAW, "rec_decay", "rec_out"),
                                                  (ONE_GROUP, "attn_branch", "attn_out")])
-def test_planted_bugs_fail_where_they_act(policy, m, hf_first, lc_first):
+def test_planted_bugs_fail_where_they_act(run, policy, m, hf_first, lc_first):
     with applied(m):
         st = all_statuses(run(policy, family="mamba2", ref=HF_AND_LLAMACPP, schedule="5,1,10"))
     for ref in ("hf", "hf_cached"):
@@ -73,7 +73,7 @@ def test_planted_bugs_fail_where_they_act(policy, m, hf_first, lc_first):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_export_without_neg_exp_a_log_is_caught(policy, monkeypatch, tmp_path):
+def test_export_without_neg_exp_a_log_is_caught(run, policy, monkeypatch, tmp_path):
     """The converter's A_log -> -exp(A_log) is what makes llama.cpp's decay agree:
     written raw, llama.cpp's first SSM output leaves HF's. (A cache of its own: the
     capture cache keys on the family's source files, which the patch leaves alone.)"""

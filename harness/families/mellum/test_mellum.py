@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 FULL_5E5 = (("rope_parameters.full_attention", {"rope_type": "default", "rope_theta": 500000.0}),)
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     rows = run(policy, family="mellum", ref=HF_AND_LLAMACPP, kv="paged")
     st = all_statuses(rows)
@@ -23,7 +23,7 @@ def test_three_way_passes(policy):
     assert {"sliding_window", "qk_norm_head", "gqa"} <= set(rows[0]["features"].split(";"))
 
 
-def test_the_sliding_theta_is_a_finding_on_the_sliding_layer(policy):
+def test_the_sliding_theta_is_a_finding_on_the_sliding_layer(run, policy):
     st = all_statuses(run(policy, family="mellum", ref=HF_AND_LLAMACPP, kv="decode", overrides=FULL_5E5))
     assert not [k for k, s in st.items() if s in ("fail", "error")]
     assert all(s == "pass" for (c, ref, _, _), s in st.items() if c == "impl" and ref == "hf")
@@ -33,7 +33,7 @@ def test_the_sliding_theta_is_a_finding_on_the_sliding_layer(policy):
     assert st[("llamacpp", "hf", 0, "k_rope")] == "finding"
 
 
-def test_the_finding_needs_its_setting():
+def test_the_finding_needs_its_setting(finding):
     from harness.policy import load_policy
 
     pol = load_policy()
@@ -53,14 +53,14 @@ def test_dense_layers_are_refused_for_llamacpp_in_one_line():
     assert fam.lc_refusal(fam.make_config({})) is None
 
 
-def test_a_broken_window_fails_against_both_references(policy):
+def test_a_broken_window_fails_against_both_references(run, policy):
     with applied(registry()["window-off-by-one"]):
         st = all_statuses(run(policy, family="mellum", ref=HF_AND_LLAMACPP, kv="decode"))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "q_rope")] == "pass" and st[("impl", ref, 0, "attn_probs")] == "fail", ref
 
 
-def test_unnormalised_routing_is_a_bounded_finding(policy):
+def test_unnormalised_routing_is_a_bounded_finding(finding, run, policy):
     from harness.policy import load_policy
 
     unnormed = {"norm_topk_prob": False}

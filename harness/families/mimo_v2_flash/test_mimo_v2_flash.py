@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 
 def test_layer_shapes_follow_the_layer_type():
@@ -24,7 +24,7 @@ def test_layer_shapes_follow_the_layer_type():
     assert {c.value_scale for c in cfgs} == {0.707}
 
 
-def test_hf_canonical_divides_exactly_the_value_scale(policy, monkeypatch):
+def test_hf_canonical_divides_exactly_the_value_scale(case_run, policy, monkeypatch):
     """HF's eager output and o_proj input carry the scale (HF scales V); the canonical
     probes are those divided by it, nothing else; q/k/v and attn_out are untouched."""
     from harness.families.base import LlamaLike
@@ -45,7 +45,7 @@ def test_hf_canonical_divides_exactly_the_value_scale(policy, monkeypatch):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_sinks_and_window_act_on_the_sliding_layers(policy):
+def test_sinks_and_window_act_on_the_sliding_layers(case_run, policy):
     """The sliding layers' probabilities sum to less than 1 (the sink takes the rest)
     and vanish outside the window; the full layers' sum to 1 over all past keys."""
     run_ = case_run(policy, "mimo_v2_flash", ref="llamacpp")
@@ -64,7 +64,7 @@ def test_sinks_and_window_act_on_the_sliding_layers(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_attention_bias_is_a_finding_against_llamacpp(policy):
+def test_attention_bias_is_a_finding_against_llamacpp(run, policy):
     rows = run(policy, family="mimo_v2_flash", ref=HF_AND_LLAMACPP, overrides=(("attention_bias", True),))
     st = all_statuses(rows)
     assert "qkv_bias" in rows[0]["features"].split(";")
@@ -77,7 +77,7 @@ def test_attention_bias_is_a_finding_against_llamacpp(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_llamacpp_loads_the_q_bias_and_ignores_it(policy):
+def test_llamacpp_loads_the_q_bias_and_ignores_it(case_run, policy):
     """The cause of the finding, measured: llama.cpp's q is its own attn_in times wq,
     without the bias HF adds."""
     run_ = case_run(policy, "mimo_v2_flash", ref="llamacpp", overrides=(("attention_bias", True),))

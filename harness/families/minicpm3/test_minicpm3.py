@@ -13,12 +13,12 @@ from harness.families import get
 from harness.families.minicpm3 import LC_DIM_MODEL_BASE, LC_SCALE_DEPTH, LC_SCALE_EMB
 from harness.mutants import applied, registry
 from harness.policy import dataflow_position
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_passes_at_llamacpps_constants(policy):
+def test_three_way_passes_at_llamacpps_constants(run, policy):
     # paged, mixed chunks here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="minicpm3", ref=HF_AND_LLAMACPP, kv="paged", schedule="mixed"))
     bad = [k for k, s in st.items() if s not in ("pass", "not-exposed")]
@@ -30,7 +30,7 @@ def test_three_way_passes_at_llamacpps_constants(policy):
                for p in ("q_rope", "k_rope", "attn_probs", "attn_out", "resid_mid"))
 
 
-def test_tiny_config_exercises_its_decorations(policy):
+def test_tiny_config_exercises_its_decorations(case_run, policy):
     r = case_run(policy, "minicpm3", ref="hf")
     assert {"mla_naive", "mla_low_rank_q", "mla_rope", "mla_longrope", "mla_residual_multiplier"} \
         <= set(r.features)
@@ -50,7 +50,7 @@ def test_tiny_config_exercises_its_decorations(policy):
 
 @pytest.mark.parametrize("key,value,first", [("scale_emb", 10.0, "embeddings"), ("scale_depth", 1.0, "L0.attn_out"),
                                              ("dim_model_base", 64, "logits")])
-def test_a_scale_away_from_llamacpps_constant_is_a_bounded_finding(policy, key, value, first):
+def test_a_scale_away_from_llamacpps_constant_is_a_bounded_finding(run, policy, key, value, first):
     """The trap: llama.cpp hard-codes the muP scales (minicpm3.cpp:65-67). Away from
     them, impl passes against HF and llama.cpp's disagreement is a finding -- from
     the first probe the scale reaches on, nowhere before it."""
@@ -72,14 +72,14 @@ def test_a_scale_away_from_llamacpps_constant_is_a_bounded_finding(policy, key, 
         assert [k for k, s in lc_hf.items() if s == "finding"] == [(-1, "logits")]
 
 
-def test_a_finding_is_bounded_by_its_measured_size(policy):
+def test_a_finding_is_bounded_by_its_measured_size(run, policy):
     """A scale further away than the one measured is not excused: scale_emb = 1 is a fail."""
     rows = run(policy, family="minicpm3", ref=HF_AND_LLAMACPP, kv="decode", overrides=(("scale_emb", 1.0),))
     st = all_statuses(rows)
     assert st[("llamacpp", "hf", -1, "embeddings")] == "fail"
 
 
-def test_a_dropped_residual_multiplier_fails(policy):
+def test_a_dropped_residual_multiplier_fails(run, policy):
     with applied(registry()["mla-residual-multiplier-dropped"]):
         st = all_statuses(run(policy, family="minicpm3", ref=HF_AND_LLAMACPP, kv="decode"))
     assert st[("impl", "hf", 0, "attn_out")] == st[("impl", "llamacpp", 0, "attn_heads")] == "pass"
@@ -87,7 +87,7 @@ def test_a_dropped_residual_multiplier_fails(policy):
 
 
 @pytest.mark.parametrize("mutant", ["mla-rope-neox-as-pairs", "mla-longrope-factors-dropped"])
-def test_a_wrong_rotation_fails_against_both(policy, mutant):
+def test_a_wrong_rotation_fails_against_both(run, policy, mutant):
     with applied(registry()[mutant]):
         st = all_statuses(run(policy, family="minicpm3", ref=HF_AND_LLAMACPP, kv="batched"))
     assert st[("impl", "hf", 0, "q")] == "pass"
@@ -95,13 +95,13 @@ def test_a_wrong_rotation_fails_against_both(policy, mutant):
     assert st[("impl", "llamacpp", 0, "k_pe")] == "fail"
 
 
-def test_every_decoration_has_a_mutant(policy):
+def test_every_decoration_has_a_mutant(case_run, policy):
     covered = {m.decoration for m in registry().values()}
     feats = set(case_run(policy, "minicpm3", ref="hf").features) - {"kv_decode"}
     assert feats <= covered, feats - covered
 
 
-def test_gguf_mirrors_the_converter(policy, tmp_path):
+def test_gguf_mirrors_the_converter(case_run, policy, tmp_path):
     import gguf
 
     r = case_run(policy, "minicpm3", ref="hf")

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, bad_rows, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, bad_rows
 
 LIGHTNING = range(7)  # the tiny config: layers 0-6 lightning, 7 softmax attention
 REC_PROBES = ("attn_in", "rec_z", "rec_q", "rec_k", "rec_v", "rec_out", "attn_out", "resid_mid")
@@ -20,7 +20,7 @@ BAD = ("fail", "error", "unguarded", "missing", "not-implemented")
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_lightning_layers_three_way_with_their_states(policy):
+def test_lightning_layers_three_way_with_their_states(run, policy):
     rows = run(policy, family="minimax", ref=HF_AND_LLAMACPP, kv="paged", schedule="mixed")
     assert not [r for r in rows if r["status"] in BAD]
     st = all_statuses(rows)
@@ -55,7 +55,7 @@ def test_lightning_layers_three_way_with_their_states(policy):
     assert excused <= {"minimax#1", "minimax#2"}, excused
 
 
-def test_hf_cached_positions_are_right_when_layer_0_is_attention(policy):
+def test_hf_cached_positions_are_right_when_layer_0_is_attention(run, policy):
     """The finding's condition is the cause: with layer 0 softmax attention (HF-only: the
     file cannot carry that layout) HF's cache counts the rows, and its cached path agrees
     with its forward on every probe -- on a multi-row call after the first too, which it
@@ -74,14 +74,13 @@ def test_hf_cached_positions_are_right_when_layer_0_is_attention(policy):
     assert {"lightning", "normed_residual"} <= feats
 
 
-def test_hf_cached_sits_out_a_schedule_it_crashes_on(policy):
+def test_hf_cached_sits_out_a_schedule_it_crashes_on(cli_main, run, policy):
     """HF's cached path crashes on a multi-row call after the first when layer 0 is a
     lightning layer and a softmax layer follows (modeling_minimax.py:663 / :679 / :382;
     every such schedule crashed on transformers 5.24, and none other did:
     docs/measurements/2026-12-02-recurrent-grid.md). Named alone it is refused in one
     line (exit 2); under --ref all it sits out in one skipped row naming HF's lines, and
     the others judge the case -- never an error row, never a pass."""
-    from harness.cli import main
     from harness.families import get
 
     fam = get("minimax")
@@ -99,7 +98,7 @@ def test_hf_cached_sits_out_a_schedule_it_crashes_on(policy):
     lin, full = "linear_attention", "full_attention"
     for types in ([full] + [lin] * 6 + [full], [lin] * 8):  # layer 0 attention; no attention layer
         assert fam.hf_cached_schedule_refusal(fam.make_config({"layer_types": types}), (5, 1, 1, 9)) is None
-    assert main(["run", "--family", "minimax", "--ref", "hf_cached", "--schedule", "5,1,1,9"]) == 2
+    assert cli_main(["run", "--family", "minimax", "--ref", "hf_cached", "--schedule", "5,1,1,9"]) == 2
 
     rows = run(policy, family="minimax", ref=HF_AND_LLAMACPP, tokens=6, schedule="2,2,2")
     skipped = [r for r in rows if r["status"] == "skipped"]
@@ -131,7 +130,7 @@ def test_llamacpp_refuses_what_the_converter_cannot_write():
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_reversed_slopes_fail_at_the_decay_and_the_state(policy):
+def test_reversed_slopes_fail_at_the_decay_and_the_state(run, policy):
     """The planted bug: lightning's per-head slopes in reverse head order. Against HF's
     forward the decay itself differs (rec_decay, from HF's slope buffer) while q / k / v
     still pass; y differs against HF, and against the two references that run the calls
@@ -152,7 +151,7 @@ def test_reversed_slopes_fail_at_the_decay_and_the_state(policy):
 
 
 @pytest.mark.parametrize("name, layer", [("normed-residual-alpha-dropped", 0), ("attn-normed-residual-from-input", 7)])
-def test_a_residual_without_alpha_fails_at_resid_mid(policy, name, layer):
+def test_a_residual_without_alpha_fails_at_resid_mid(run, policy, name, layer):
     """Planted: the lightning body drops alpha / the attention body adds the branch to the
     raw input. Everything before resid_mid passes; resid_mid fails at the layer's kind."""
     with applied(registry()[name]):
@@ -172,7 +171,7 @@ def test_config_value_indexes_a_list():
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_the_lightning_output_norms_eps_is_llamacpps_finding_within_its_measured_range(policy):
+def test_the_lightning_output_norms_eps_is_llamacpps_finding_within_its_measured_range(run, policy):
     """HF's lightning norm keeps the RMSNorm default 1e-6 (modeling_minimax.py:136), llama.cpp
     reads the file's eps (minimax-01.cpp:402-404): at rms_norm_eps 1e-5 (the fuzz draws it)
     llama.cpp differs from the norm on, a finding; impl follows HF. Past the range it was

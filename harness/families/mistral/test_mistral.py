@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, llamacpp_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -26,20 +26,20 @@ def test_hf_default_window_is_4096_and_the_tiny_config_names_none():
     assert {lc.window.size for lc in lcs} == {4096}  # every layer, as MistralModel.forward masks
 
 
-def test_a_window_the_sequence_never_reaches_agrees(policy):
+def test_a_window_the_sequence_never_reaches_agrees(run, policy):
     rows = run(policy, family="mistral", ref=HF_AND_LLAMACPP, kv="paged", overrides=DEFAULT_WINDOW)
     assert "sliding_window" in rows[0]["features"].split(";")
     st = all_statuses(rows)
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
-def test_a_window_the_sequence_reaches_is_a_finding_against_llamacpp(policy):
+def test_a_window_the_sequence_reaches_is_a_finding_against_llamacpp(run, policy):
     lc = llamacpp_statuses(run(policy, family="mistral", ref=HF_AND_LLAMACPP, kv="decode", overrides=WINDOW_5))
     assert lc[(0, "q_rope")] == "pass"  # nothing before the mask differs
     assert lc[(0, "attn_probs")] == lc[(1, "attn_probs")] == "finding"
 
 
-def test_the_finding_needs_its_setting():
+def test_the_finding_needs_its_setting(finding):
     from harness.policy import load_policy
 
     pol = load_policy()
@@ -49,7 +49,7 @@ def test_the_finding_needs_its_setting():
     assert not finding(pol, "mistral", "impl", "llamacpp", "q_rope", dict(WINDOW_5), nmse=0.4)
 
 
-def test_a_broken_window_fails_against_hf(policy):
+def test_a_broken_window_fails_against_hf(run, policy):
     with applied(registry()["window-off-by-one"]):
         st = all_statuses(run(policy, family="mistral", ref="hf", kv="decode", overrides=WINDOW_5))
     assert st[("impl", "hf", 0, "q_rope")] == "pass" and st[("impl", "hf", 0, "attn_probs")] == "fail"

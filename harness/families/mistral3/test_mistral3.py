@@ -8,16 +8,14 @@ from __future__ import annotations
 import pytest
 
 from harness.families import get
-from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_fails_first_at_q, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, assert_llamacpp_fails_first_at_q, llamacpp_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_the_file_is_mistral3s(policy):
+def test_the_file_is_mistral3s(case_run, gguf_export, policy):
     import gguf
 
-    from harness.gguf import export as gguf_export
-    from harness.testing import case_run
 
     cr = case_run(policy, "mistral3")
     path = gguf_export.export(cr.family, cr.base_model, cr.config, "f32", 0, None)
@@ -25,23 +23,20 @@ def test_the_file_is_mistral3s(policy):
     assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "mistral3"
 
 
-def test_window_is_a_finding_against_llamacpp(policy):
+def test_window_is_a_finding_against_llamacpp(run, policy):
     lc = llamacpp_statuses(run(policy, family="mistral3", ref=HF_AND_LLAMACPP, kv="paged", overrides=(("sliding_window", 5),)))
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == "finding"
 
 
-def test_without_the_permutation_llamacpp_differs_at_q(policy, monkeypatch):
+def test_without_the_permutation_llamacpp_differs_at_q(run, policy, monkeypatch):
     monkeypatch.setattr(get("mistral3"), "_permute_qk", False)
     assert_llamacpp_fails_first_at_q(all_statuses(run(policy, family="mistral3", ref=HF_AND_LLAMACPP)))
 
 
-def test_a_temperature_file_is_refused(policy, monkeypatch):
+def test_a_temperature_file_is_refused(case_run, gguf_export, gguf_import, policy, monkeypatch):
     """mistral3.cpp reads attention.temperature_scale (Ministral 3's tuning); HF's
     Mistral has none, so the reverse refuses such a file in one line."""
     from harness.errors import UsageError
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader
-    from harness.testing import case_run
 
     cr = case_run(policy, "mistral3")
     fam = get("mistral3")
@@ -54,4 +49,4 @@ def test_a_temperature_file_is_refused(policy, monkeypatch):
     monkeypatch.setattr(fam, "gguf_params", with_temperature)
     path = gguf_export.export(fam, cr.base_model, cr.config, "f32", 0, None)
     with pytest.raises(UsageError, match="temperature"):
-        reader.load(str(path), "mistral3")
+        gguf_import.load(str(path), "mistral3")

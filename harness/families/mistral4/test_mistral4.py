@@ -9,14 +9,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, bad_rows, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, bad_rows
 
 FAMILY = "mistral4"
 MLA_PROBES = ("q_latent", "kv_latent", "q_pe", "k_pe", "attn_probs", "attn_out")
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_three_way_in_every_backing(policy, need_llamacpp, kv):
+def test_three_way_in_every_backing(run, policy, need_llamacpp, kv):
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv=kv)
     assert not bad_rows(rows)
     st = all_statuses(rows)
@@ -30,7 +30,7 @@ def test_three_way_in_every_backing(policy, need_llamacpp, kv):
 TEMP = (("rope_parameters.original_max_position_embeddings", 8),)
 
 
-def test_the_query_temperature_is_hfs_and_llamacpp_has_none(policy, need_llamacpp):
+def test_the_query_temperature_is_hfs_and_llamacpp_has_none(run, policy, need_llamacpp):
     """From position 8 (the original context here) HF scales the whole query by
     1 + 0.1 log(1 + floor(pos / 8)); impl does, at every probe against HF; llama.cpp's
     file names no temperature (conversion/mistral3.py Mistral4Model), the finding, from
@@ -54,7 +54,7 @@ def test_the_query_temperature_is_hfs_and_llamacpp_has_none(policy, need_llamacp
     (2.0, 1.0, "mistral4#2", "q_pe"),
     (1.0, 2.0, "mistral4#3", "attn_probs"),  # the rotation agrees, the softmax scale does not
 ])
-def test_yarns_mscales_are_hfs_and_llamacpp_special_cases_deepseek2_only(policy, need_llamacpp, mscale,
+def test_yarns_mscales_are_hfs_and_llamacpp_special_cases_deepseek2_only(run, policy, need_llamacpp, mscale,
                                                                         mscale_all_dim, finding, first):
     ov = (("rope_parameters.mscale", mscale), ("rope_parameters.mscale_all_dim", mscale_all_dim))
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv="decode", overrides=ov)
@@ -66,7 +66,7 @@ def test_yarns_mscales_are_hfs_and_llamacpp_special_cases_deepseek2_only(policy,
     assert named and all(finding in x for x in named)
 
 
-def test_the_real_configs_yarn_is_three_way(policy, need_llamacpp):
+def test_the_real_configs_yarn_is_three_way(run, policy, need_llamacpp):
     """Mistral Small 4's YaRN (mscale = mscale_all_dim = 1) at its factor 128 over an
     original context of 8192 positions: no finding, the temperature inert below 8192."""
     ov = (("rope_parameters.factor", 128.0), ("rope_parameters.original_max_position_embeddings", 8192),
@@ -76,18 +76,16 @@ def test_the_real_configs_yarn_is_three_way(policy, need_llamacpp):
     assert not [r for r in rows if r["status"] == "finding"]
 
 
-def test_the_export_is_the_converters_mistral4_file(tmp_path):
+def test_the_export_is_the_converters_mistral4_file(gguf_export, gguf_import, tmp_path):
     """conversion/mistral3.py Mistral4Model (a DeepseekV2Model): arch mistral4, the YaRN log
     multiplier 0.1 x mscale_all_dim, no temperature key and no gating key (softmax, the
     deepseek2 default) -- and it reads back as the model without the temperature."""
     from gguf import GGUFReader
 
-    from harness.gguf import export
-    from harness.gguf import reader as gguf_import
 
     fam = get(FAMILY)
     config = fam.make_config({})
-    path = export.export(fam, fam.build_model(config, 0), config, "f32", 0, fam.variants[0])
+    path = gguf_export.export(fam, fam.build_model(config, 0), config, "f32", 0, fam.variants[0])
     r = GGUFReader(str(path))
     assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "mistral4"
     assert float(r.fields["mistral4.rope.scaling.yarn_log_multiplier"].parts[-1][0]) == pytest.approx(0.1)
@@ -118,7 +116,7 @@ def test_plain_rope_is_refused_because_hf_fails_on_it():
         fam.build_model(plain, 0)(torch.zeros(1, 4, dtype=torch.long))
 
 
-def test_mlx_runs_it(policy):
+def test_mlx_runs_it(run, policy):
     rows = run(policy, family=FAMILY, ref="hf,mlx", kv="decode")
     assert not bad_rows(rows)
     st = all_statuses(rows)

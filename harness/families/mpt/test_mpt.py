@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 BIAS4 = (("attn_config.alibi_bias_max", 4),)
 
 
-def test_six_heads_and_clamp_three_way(policy):
+def test_six_heads_and_clamp_three_way(case_run, run, policy):
     rows = run(policy, family="mpt", ref=HF_AND_LLAMACPP, kv="decode")
     st = all_statuses(rows)
     assert not [k for k, s in st.items() if s in ("fail", "error")]
@@ -29,7 +29,7 @@ def test_six_heads_and_clamp_three_way(policy):
     assert 0.05 < np.mean(np.isclose(np.abs(qkv), 1.5)) < 0.5
 
 
-def test_probes_come_from_the_forward_itself(policy):
+def test_probes_come_from_the_forward_itself(case_run, policy):
     """The tapped probs are the ones HF returns with output_attentions."""
     import torch
 
@@ -40,7 +40,7 @@ def test_probes_come_from_the_forward_itself(policy):
     np.testing.assert_array_equal(hf["L0.attn_probs"], out.attentions[0].double().numpy())
 
 
-def test_hf_only_alibi_bias_max(policy):
+def test_hf_only_alibi_bias_max(finding, run, policy):
     """HF keeps max bias 8 whatever attn_config.alibi_bias_max says; the converter
     writes it and llama.cpp uses it: a finding, impl (= HF) still passes against HF."""
     rows = run(policy, family="mpt", ref=HF_AND_LLAMACPP, overrides=BIAS4)
@@ -56,7 +56,7 @@ def test_hf_only_alibi_bias_max(policy):
     assert not finding(load_policy(), "mpt", "impl", "llamacpp", "attn_probs", {}, layer=0)
 
 
-def test_hf_only_alibi_off(policy):
+def test_hf_only_alibi_off(run, policy):
     """attn_config.alibi=false: HF keeps ALiBi, the converter writes max_alibi_bias 0
     and llama.cpp attends with no position information."""
     st = all_statuses(run(policy, family="mpt", ref=HF_AND_LLAMACPP, kv="paged", overrides=(("attn_config.alibi", False),)))
@@ -65,7 +65,7 @@ def test_hf_only_alibi_off(policy):
     assert st[("impl", "llamacpp", 1, "attn_probs")] == "finding"
 
 
-def test_mlp_finding_is_bounded():
+def test_mlp_finding_is_bounded(finding):
     """The GELU-table finding excuses a rounding-size difference downstream of L0's MLP,
     not an attention-size one at the same probe."""
     from harness.policy import load_policy

@@ -10,7 +10,7 @@ import pytest
 
 from harness.kinds.mutant import Mutant
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 MAMBA, ATTN, MLP = (0, 3), 1, 2
 HF_REC = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
@@ -26,7 +26,7 @@ def _bad(rows):
 
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("kv,schedule", [("batched", "5,1,10"), ("paged", "mixed")])
-def test_nemotron_h_three_way_by_layer_kind(policy, kv, schedule):
+def test_nemotron_h_three_way_by_layer_kind(run, policy, kv, schedule):
     rows = run(policy, family="nemotron_h", ref=HF_AND_LLAMACPP, kv=kv, schedule=schedule)
     assert not _bad(rows), _bad(rows)[:3]
     st = all_statuses(rows)
@@ -66,7 +66,7 @@ DT_FLOOR_DROPPED = Mutant("mamba2-dt-limit-dropped", "dt_limit", "impl.recurrent
     (D_SKIP, 0, "rec_out", (0, "attn_in")),
     (registry()["absent-layer-adds-its-input"], MLP, "resid_mid", (ATTN, "attn_out")),
     (registry()["nope-layer-rotated"], ATTN, "q_rope", (ATTN, "v"))])
-def test_planted_bugs_fail_where_they_act(policy, m, layer, first, before):
+def test_planted_bugs_fail_where_they_act(run, policy, m, layer, first, before):
     with applied(m):
         st = all_statuses(run(policy, family="nemotron_h", ref=HF_AND_LLAMACPP, schedule="5,1,10"))
     for ref in ("hf", "hf_cached", "llamacpp"):
@@ -81,7 +81,7 @@ def test_planted_bugs_fail_where_they_act(policy, m, layer, first, before):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_the_dt_floor_is_hfs_chunked_scan_and_a_bounded_finding_elsewhere(policy):
+def test_the_dt_floor_is_hfs_chunked_scan_and_a_bounded_finding_elsewhere(run, policy):
     """NemotronHMamba2Mixer clamps dt at (time_step_min, inf) in its chunked scan only
     (modeling_nemotron_h.py mamba2_chunk_scan's dt_limit; mamba2_selective_state_update
     takes none) and llama.cpp never (ggml ssm_scan: softplus only). At time_step_min=0.5

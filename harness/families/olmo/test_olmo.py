@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_clamp_is_active_and_agreed(policy):
+def test_clamp_is_active_and_agreed(case_run, run, policy):
     run_ = case_run(policy, "olmo", ref="hf")
     q = run_.capture("hf").probes["L0.q"]
     assert np.abs(q).max() == pytest.approx(1.0) and (np.abs(q) >= 1.0 - 1e-7).mean() > 0.1  # clamped, a lot
@@ -22,7 +22,7 @@ def test_clamp_is_active_and_agreed(policy):
     assert st[("llamacpp", "hf", 0, "q")] == "pass"
 
 
-def test_clamp_must_reach_llamacpp(policy, monkeypatch):
+def test_clamp_must_reach_llamacpp(run, policy, monkeypatch):
     from harness.families import get
 
     monkeypatch.setattr(get("olmo"), "_write_clamp", False)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_decorations_and_probes(policy):
+def test_decorations_and_probes(run, policy):
     rows = run(policy, family="olmo2", ref=HF_AND_LLAMACPP, kv="paged")
     feats = set(rows[0]["features"].split(";"))
     assert {"qk_norm_row", "post_norm", "rope_neox", "gqa"} <= feats
@@ -22,7 +22,7 @@ def test_decorations_and_probes(policy):
                 assert st[("impl", ref, layer, probe)] == "pass", (ref, layer, probe)
 
 
-def test_row_norm_is_not_a_per_head_norm(policy):
+def test_row_norm_is_not_a_per_head_norm(run, policy):
     """The whole-row statistic matters: qwen3's per-head rule on olmo2's weights fails."""
     from harness.mutants import applied, registry
 

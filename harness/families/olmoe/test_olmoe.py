@@ -8,25 +8,23 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="olmoe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
 @pytest.mark.parametrize("eps", [1e-5, 1e-6])
-def test_the_file_carries_the_converter_s_eps_whatever_the_config_says(eps):
+def test_the_file_carries_the_converter_s_eps_whatever_the_config_says(gguf_export, gguf_import, eps):
     import gguf
     import numpy as np
 
     from harness import families
-    from harness.gguf import export as gguf_export
-    from harness.gguf import reader as gguf_import
 
     fam = families.get("olmoe")
     config = fam.make_config({"rms_norm_eps": eps})
@@ -47,7 +45,7 @@ def test_gqa_is_refused_against_llamacpp_in_one_line(policy):
     assert fam.hf_refusal(fam.make_config({"num_key_value_heads": 2})) is None
 
 
-def test_a_broken_qk_norm_fails_against_llamacpp(policy):
+def test_a_broken_qk_norm_fails_against_llamacpp(run, policy):
     # the whole-row norm taken per head (qwen3's form instead of olmoe's)
     with applied(registry()["qk-norm-row-per-head"]):
         st = all_statuses(run(policy, family="olmoe", ref="llamacpp", kv="decode"))

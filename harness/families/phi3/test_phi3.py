@@ -8,7 +8,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -23,7 +23,7 @@ def _passes(rows):
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_short_factors_three_way(policy, kv):
+def test_short_factors_three_way(run, policy, kv):
     rows = run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv=kv)
     feats = set(rows[0]["features"].split(";"))
     assert {"longrope", "partial_rotary", "rope_attn_factor", "rope_neox"} <= feats
@@ -37,7 +37,7 @@ def test_short_factors_three_way(policy, kv):
         assert st[("impl", "hf", layer, "attn_out")] == "pass"
 
 
-def test_the_description_is_the_short_set_and_its_attention_factor(policy):
+def test_the_description_is_the_short_set_and_its_attention_factor(case_run, policy):
     r = case_run(policy, "phi3", ref="hf")
     rope = r.layer_cfgs[0].rope
     assert rope.rotary_dim == 8 and rope.freq_factors == (1.0, 1.25, 1.875, 2.5)
@@ -47,7 +47,7 @@ def test_the_description_is_the_short_set_and_its_attention_factor(policy):
     assert long_.freq_factors == (1.5, 3.0, 7.0, 13.0)
 
 
-def test_long_factors_three_way(policy):
+def test_long_factors_three_way(run, policy):
     """impl, HF's forward and llama.cpp take the long set for the whole sequence and
     agree; HF's cached path re-picks the set per call (its first calls short), a
     finding against each of the others (findings.toml), judged at L0 q_rope."""
@@ -60,7 +60,7 @@ def test_long_factors_three_way(policy):
         assert st[(*pair, 0, "q")] == "pass" and st[(*pair, 0, "q_rope")] == "finding"
 
 
-def test_the_factor_set_is_compared(policy, monkeypatch):
+def test_the_factor_set_is_compared(run, policy, monkeypatch):
     """Both sides of the switch: with the long set on both references, impl told
     the short set fails against each of them from q_rope on."""
     monkeypatch.setattr(get("phi3"), "_rope_set", lambda config: "short")
@@ -71,7 +71,7 @@ def test_the_factor_set_is_compared(policy, monkeypatch):
     assert st[("llamacpp", "hf", 0, "q_rope")] == "pass"
 
 
-def test_hf_takes_the_short_set_where_llamacpp_takes_the_long_one(policy):
+def test_hf_takes_the_short_set_where_llamacpp_takes_the_long_one(run, policy):
     """An original length below llama.cpp's context (256) but above the sequence:
     HF rotates with short_factor, llama.cpp (and impl) with long_factor -- a finding,
     bounded; impl vs HF is excused only where impl vs llama.cpp passes, and impl's wo
@@ -87,7 +87,7 @@ def test_hf_takes_the_short_set_where_llamacpp_takes_the_long_one(policy):
 
 
 @pytest.mark.parametrize("overrides,expect", [((), "pass"), (WINDOW, "finding")], ids=["no-window", "window"])
-def test_llamacpp_drops_the_window(policy, overrides, expect):
+def test_llamacpp_drops_the_window(run, policy, overrides, expect):
     """phi3.cpp disables SWA whatever the file says: with sliding_window set impl
     (= HF) passes against HF and differs from llama.cpp from attn_probs on."""
     st = all_statuses(run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv="batched", overrides=overrides))
@@ -97,10 +97,9 @@ def test_llamacpp_drops_the_window(policy, overrides, expect):
     assert st[("llamacpp", "hf", 1, "attn_probs")] == expect
 
 
-def test_gguf_is_the_converters(policy):
+def test_gguf_is_the_converters(case_run, gguf_export, policy):
     import gguf
 
-    from harness.gguf import export as gguf_export
 
     r = case_run(policy, "phi3", ref="hf")
     path = gguf_export.export(r.family, r.base_model, r.config, "f32", 0, None)
@@ -117,7 +116,7 @@ def test_gguf_is_the_converters(policy):
 
 
 @pytest.mark.parametrize("name", ["longrope-factors-multiply", "longrope-factors-reversed"])
-def test_broken_factors_fail_against_both_references(policy, name):
+def test_broken_factors_fail_against_both_references(run, policy, name):
     m = registry()[name]
     with applied(m):
         st = all_statuses(run(policy, family="phi3", ref=HF_AND_LLAMACPP, kv="paged", overrides=dict(m.case).get("overrides", ())))

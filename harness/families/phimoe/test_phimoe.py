@@ -11,12 +11,12 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_three_way_with_the_norm_and_router_finding(policy):
+def test_three_way_with_the_norm_and_router_finding(run, policy):
     st = all_statuses(run(policy, family="phimoe", ref=HF_AND_LLAMACPP, kv="paged"))
     # impl computes HF's model: every row against HF passes
     assert all(s == "pass" for (c, r, *_), s in st.items() if c == "impl" and r in ("hf", "hf_cached"))
@@ -28,7 +28,7 @@ def test_three_way_with_the_norm_and_router_finding(policy):
     assert not [k for k, s in st.items() if s not in ("pass", "finding", "not-exposed")]
 
 
-def test_llamacpp_s_norm_is_an_rms_norm_plus_bias(policy, monkeypatch):
+def test_llamacpp_s_norm_is_an_rms_norm_plus_bias(run, policy, monkeypatch):
     """impl switched to phi3.cpp's build_norm(..., LLM_NORM_RMS) with the bias: every
     probe passes against llama.cpp and attn_in fails against HF's LayerNorm."""
     monkeypatch.setattr(type(get("phimoe")), "input_norm_kind", "rms")
@@ -37,7 +37,7 @@ def test_llamacpp_s_norm_is_an_rms_norm_plus_bias(policy, monkeypatch):
     assert st[("impl", "hf", 0, "attn_in")] == "fail"
 
 
-def test_the_finding_is_bounded():
+def test_the_finding_is_bounded(finding):
     from harness.policy import load_policy
 
     pol = load_policy()
@@ -52,7 +52,7 @@ def test_the_finding_is_bounded():
     assert not finding(pol, "phimoe", "llamacpp", "hf", "layer_in", {}, nmse=0.03, layer=0)
 
 
-def test_a_dropped_qkv_bias_fails_against_hf(policy):
+def test_a_dropped_qkv_bias_fails_against_hf(run, policy):
     with applied(registry()["qkv-bias-dropped"]):
         st = all_statuses(run(policy, family="phimoe", ref="hf", kv="decode"))
     assert st[("impl", "hf", 0, "attn_in")] == "pass" and st[("impl", "hf", 0, "q")] == "fail"

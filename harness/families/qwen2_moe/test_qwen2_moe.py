@@ -9,7 +9,7 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, llamacpp_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,20 +17,20 @@ NORMED = (("norm_topk_prob", True),)
 WINDOW_5 = (("use_sliding_window", True), ("sliding_window", 5))
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="qwen2_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
-def test_renormalised_routing_is_a_finding_between_the_references(policy):
+def test_renormalised_routing_is_a_finding_between_the_references(run, policy):
     st = all_statuses(run(policy, family="qwen2_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=NORMED))
     assert all(s == "pass" for (c, *_), s in st.items() if c == "impl")
     ref = {k[2:]: s for k, s in st.items() if k[:2] == ("llamacpp", "hf")}
     assert ref[(0, "attn_out")] == "pass" and ref[(0, "layer_out")] == ref[(1, "layer_out")] == "finding"
 
 
-def test_the_findings_need_their_settings():
+def test_the_findings_need_their_settings(finding):
     from harness.policy import load_policy
 
     pol = load_policy()
@@ -47,12 +47,12 @@ def test_the_window_is_hf_s_layer_types():
     assert sizes == [5, None]  # Qwen2MoeConfig.__post_init__: (i + 1) % 2 layers slide
 
 
-def test_a_window_the_sequence_reaches_is_a_finding_against_llamacpp(policy):
+def test_a_window_the_sequence_reaches_is_a_finding_against_llamacpp(run, policy):
     lc = llamacpp_statuses(run(policy, family="qwen2_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=WINDOW_5))
     assert lc[(0, "q_rope")] == "pass" and lc[(0, "attn_probs")] == "finding"
 
 
-def test_a_dropped_qkv_bias_fails_against_llamacpp(policy):
+def test_a_dropped_qkv_bias_fails_against_llamacpp(run, policy):
     with applied(registry()["qkv-bias-dropped"]):
         st = all_statuses(run(policy, family="qwen2_moe", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q")] == "fail"

@@ -9,13 +9,13 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
 @pytest.mark.parametrize("kv", ["paged", "batched"])
-def test_three_way_passes(policy, kv):
+def test_three_way_passes(run, policy, kv):
     # decode runs in the default matrix (families = "*")
     rows = run(policy, family="qwen3_5_moe", ref=HF_AND_LLAMACPP, kv=kv)
     assert not [r for r in rows if r["status"] not in ("pass", "not-exposed")]
@@ -29,14 +29,14 @@ def test_three_way_passes(policy, kv):
         assert st[("llamacpp", "hf", layer, "layer_out")] == "pass"
 
 
-def test_a_q_gate_bug_fails_at_the_attention_layers(policy):
+def test_a_q_gate_bug_fails_at_the_attention_layers(run, policy):
     with applied(registry()["q-gate-not-interleaved"]):
         st = all_statuses(run(policy, family="qwen3_5_moe", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "attn_branch")] == "pass"  # the delta-net layer has no Q gate
     assert st[("impl", "llamacpp", 1, "attn_branch")] == "fail"
 
 
-def test_a_dropped_shared_expert_gate_fails_between_the_references(policy, monkeypatch):
+def test_a_dropped_shared_expert_gate_fails_between_the_references(run, policy, monkeypatch):
     fam = get("qwen3_5_moe")
     cls = type(fam)
 

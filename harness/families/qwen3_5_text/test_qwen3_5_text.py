@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_export_without_the_v_head_reorder_is_caught_at_the_delta_net_output(policy, monkeypatch):
+def test_export_without_the_v_head_reorder_is_caught_at_the_delta_net_output(run, policy, monkeypatch):
     from harness.families import get
 
     monkeypatch.setattr(get("qwen3_5_text"), "_reorder_v_heads", False)
@@ -26,7 +26,7 @@ def test_export_without_the_v_head_reorder_is_caught_at_the_delta_net_output(pol
     assert st[("impl", "hf", 1, "attn_branch")] == "pass"
 
 
-def test_default_mrope_sections_abort_llamacpp_at_this_head_dim(policy):
+def test_default_mrope_sections_abort_llamacpp_at_this_head_dim(run, policy):
     """HF's default mrope_section [11, 11, 10] sums past head_dim 16: ggml's CPU rope
     asserts sum(sections) <= head_dim; HF ignores the sections for text."""
     rows = run(policy, family="qwen3_5_text", ref=HF_AND_LLAMACPP, overrides=(("rope_parameters.mrope_section", [11, 11, 10]),))
@@ -36,7 +36,7 @@ def test_default_mrope_sections_abort_llamacpp_at_this_head_dim(policy):
     assert len(err) == 1 and err[0]["reference"] == "llamacpp" and "signal 6" in err[0]["reason"]  # abort()
 
 
-def test_delta_net_three_way_with_tiled_heads_put_back(policy):
+def test_delta_net_three_way_with_tiled_heads_put_back(run, policy):
     rows = run(policy, family="qwen3_5_text", ref=HF_AND_LLAMACPP, kv="paged")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)

@@ -8,20 +8,20 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 UNNORMED = (("norm_topk_prob", False),)
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="qwen3_moe", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
 
 
-def test_unnormalised_routing_is_a_finding_between_the_references(policy):
+def test_unnormalised_routing_is_a_finding_between_the_references(run, policy):
     rows = run(policy, family="qwen3_moe", ref=HF_AND_LLAMACPP, kv="decode", overrides=UNNORMED)
     st = all_statuses(rows)
     # teacher-forced impl sees each reference's own input: it agrees with both
@@ -31,7 +31,7 @@ def test_unnormalised_routing_is_a_finding_between_the_references(policy):
     assert ref[(0, "layer_out")] == ref[(1, "layer_out")] == "finding"
 
 
-def test_the_finding_needs_its_setting():
+def test_the_finding_needs_its_setting(finding):
     from harness.policy import load_policy
 
     pol = load_policy()
@@ -41,13 +41,13 @@ def test_the_finding_needs_its_setting():
     assert not finding(pol, "qwen3_moe", "llamacpp", "hf", "layer_out", dict(UNNORMED), nmse=0.5, layer=1)
 
 
-def test_a_broken_qk_norm_fails_against_llamacpp(policy):
+def test_a_broken_qk_norm_fails_against_llamacpp(run, policy):
     with applied(registry()["k-norm-takes-q-weight"]):
         st = all_statuses(run(policy, family="qwen3_moe", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q_rope")] == "pass" and st[("impl", "llamacpp", 0, "k_rope")] == "fail"
 
 
-def test_every_layer_slides_when_use_sliding_window(policy, monkeypatch):
+def test_every_layer_slides_when_use_sliding_window(run, policy, monkeypatch):
     """HF Qwen3-MoE slides every layer once use_sliding_window is set (no layer_types, no
     max_window_layers): impl does too and passes HF; with qwen3's layer_types rule in its
     place (what it did before issue 39) the window is lost and attn_probs fails."""

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 REC_PROBES = ("attn_in", "rec_conv_in", "rec_conv", "rec_z", "rec_q", "rec_k", "rec_v", "rec_decay", "rec_out",
               "attn_branch", "attn_out", "resid_mid")
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_delta_net_layers_three_way_with_their_states(policy):
+def test_delta_net_layers_three_way_with_their_states(run, policy):
     rows = run(policy, family="qwen3_next", ref=HF_AND_LLAMACPP, kv="batched")
     assert not [r for r in rows if r["status"] in ("fail", "error", "unguarded", "missing", "not-implemented")]
     st = all_statuses(rows)
@@ -44,7 +44,7 @@ def test_delta_net_layers_three_way_with_their_states(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_a_conv_state_that_drops_a_row_fails_at_the_first_boundary(policy):
+def test_a_conv_state_that_drops_a_row_fails_at_the_first_boundary(case_run, run, policy):
     """The planted bug: the conv state kept between calls drops the call's last row (and
     keeps one stale row). Against every reference that runs the calls, the state after
     the FIRST call already differs -- while everything the first call computed still
@@ -71,7 +71,7 @@ def test_a_conv_state_that_drops_a_row_fails_at_the_first_boundary(policy):
 
 
 @pytest.mark.usefixtures("need_llamacpp")
-def test_export_without_the_norm_offset_is_caught_at_attn_in(policy, monkeypatch):
+def test_export_without_the_norm_offset_is_caught_at_attn_in(run, policy, monkeypatch):
     from harness.families import get
 
     monkeypatch.setattr(get("qwen3_next"), "norm_plus_one", False)
@@ -82,7 +82,7 @@ def test_export_without_the_norm_offset_is_caught_at_attn_in(policy, monkeypatch
     assert st[("impl", "llamacpp", 1, "attn_in")] == "fail"
 
 
-def test_attention_bias_against_hf(policy):
+def test_attention_bias_against_hf(run, policy):
     """HF-only setting (--set attention_bias=true): the double-width q bias rides with
     the gate, o_proj gets a bias; llama.cpp refuses the file (no attn_output.bias)."""
     rows = run(policy, family="qwen3_next", ref="hf", overrides=(("attention_bias", True),))

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 from harness.families import get
-from harness.gguf import export as gguf_export
 
 
-def _file(direct_q_rank_key: bool, layers: int):
+def _file(gguf_export, direct_q_rank_key: bool, layers: int):
     fam = type(get("sarvam_mla"))()
     fam.direct_q_rank_key = direct_q_rank_key
     config = fam.make_config({"num_hidden_layers": layers})
@@ -19,12 +18,12 @@ def _file(direct_q_rank_key: bool, layers: int):
 
 @pytest.mark.usefixtures("need_llamacpp")
 @pytest.mark.parametrize("layers,loads", [(3, False), (26, True)])
-def test_without_q_lora_rank_only_a_lite_depth_loads(layers, loads):
+def test_without_q_lora_rank_only_a_lite_depth_loads(gguf_export, layers, loads):
     """What the converter writes (no attention.q_lora_rank for direct Q):
     deepseek2.cpp load_arch_hparams requires the key unless n_layer is 26 / 27."""
     from harness.references.llamacpp import capture as llamacpp
 
-    path = _file(False, layers)
+    path = _file(gguf_export, False, layers)
     if loads:
         assert llamacpp.run_worker(path, [[(1, 0, 0)]], 1, {"l_out"})
     else:
@@ -32,10 +31,8 @@ def test_without_q_lora_rank_only_a_lite_depth_loads(layers, loads):
             llamacpp.run_worker(path, [[(1, 0, 0)]], 1, {"l_out"})
 
 
-def test_files_read_back_as_deepseek_v3_unless_named():
-    from harness.gguf import reader
-
-    path = str(_file(True, 3))
-    assert reader.load(path).family.name == "deepseek_v3"
-    src = reader.load(path, "sarvam_mla")
+def test_files_read_back_as_deepseek_v3_unless_named(gguf_export, gguf_import):
+    path = str(_file(gguf_export, True, 3))
+    assert gguf_import.load(path).family.name == "deepseek_v3"
+    src = gguf_import.load(path, "sarvam_mla")
     assert src.family.name == "sarvam_mla" and src.config.q_lora_rank is None

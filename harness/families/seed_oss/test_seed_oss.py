@@ -7,19 +7,19 @@ from __future__ import annotations
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 
-def test_a_dropped_qkv_bias_fails_against_both(policy):
+def test_a_dropped_qkv_bias_fails_against_both(run, policy):
     with applied(registry()["qkv-bias-dropped"]):
         st = all_statuses(run(policy, family="seed_oss", ref=HF_AND_LLAMACPP))
     for ref in ("hf", "llamacpp"):
         assert st[("impl", ref, 0, "attn_in")] == "pass" and st[("impl", ref, 0, "q")] == "fail"
 
 
-def test_attention_out_bias_is_hf_only(policy):
+def test_attention_out_bias_is_hf_only(run, policy):
     over = (("attention_out_bias", True),)
     rows = run(policy, family="seed_oss", ref="hf", kv="paged", overrides=over)
     assert {"o_bias", "qkv_bias"} <= set(rows[0]["features"].split(";"))

@@ -10,14 +10,14 @@ import pytest
 
 from harness.families import get
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, finding, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
 UNNAMED = (("rope_parameters.partial_rotary_factor", None),)  # the key left out (config_kwargs)
 
 
-def test_three_way_passes(policy):
+def test_three_way_passes(run, policy):
     # paged here; decode and batched run in the default matrix (families = "*")
     st = all_statuses(run(policy, family="solar_open", ref=HF_AND_LLAMACPP, kv="paged"))
     assert st and all(s == "pass" for s in st.values()), [k for k, s in st.items() if s != "pass"][:4]
@@ -42,7 +42,7 @@ def test_the_converter_s_default_factor_is_half(tmp_path):
     assert [repr(x) for x in fam.layer_configs(named)] == [repr(x) for x in fam.layer_configs(unnamed)]
 
 
-def test_an_unnamed_factor_is_a_finding_between_the_references(policy):
+def test_an_unnamed_factor_is_a_finding_between_the_references(run, policy):
     st = all_statuses(run(policy, family="solar_open", ref=HF_AND_LLAMACPP, kv="decode", overrides=UNNAMED))
     assert all(s == "pass" for (c, r, *_), s in st.items() if (c, r) == ("impl", "hf"))
     ref = {k[2:]: s for k, s in st.items() if k[:2] == ("llamacpp", "hf")}
@@ -51,7 +51,7 @@ def test_an_unnamed_factor_is_a_finding_between_the_references(policy):
     assert st[("impl", "llamacpp", 0, "q")] == "pass" and st[("impl", "llamacpp", 0, "q_rope")] == "finding"
 
 
-def test_the_finding_needs_its_setting():
+def test_the_finding_needs_its_setting(finding):
     from harness.policy import load_policy
 
     pol = load_policy()
@@ -62,7 +62,7 @@ def test_the_finding_needs_its_setting():
     assert not finding(pol, "solar_open", "llamacpp", "hf", "attn_probs", dict(UNNAMED), nmse=33.0, layer=0)
 
 
-def test_a_broken_rotation_fails_against_llamacpp(policy):
+def test_a_broken_rotation_fails_against_llamacpp(run, policy):
     with applied(registry()["rope-layout-swapped"]):
         st = all_statuses(run(policy, family="solar_open", ref="llamacpp", kv="decode"))
     assert st[("impl", "llamacpp", 0, "q")] == "pass" and st[("impl", "llamacpp", 0, "q_rope")] == "fail"

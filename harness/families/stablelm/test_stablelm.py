@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.mutants import applied, registry
-from harness.testing import HF_AND_LLAMACPP, all_statuses, case_run, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses
 
 pytestmark = pytest.mark.usefixtures("need_llamacpp")
 
@@ -17,7 +17,7 @@ PARALLEL = (("use_parallel_residual", True),)
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
 @pytest.mark.parametrize("overrides", [(), PARALLEL], ids=["sequential", "parallel"])
-def test_three_way(policy, kv, overrides):
+def test_three_way(run, policy, kv, overrides):
     rows = run(policy, family="stablelm", ref=HF_AND_LLAMACPP, kv=kv, overrides=overrides)
     feats = set(rows[0]["features"].split(";"))
     assert {"qk_norm_head", "qk_norm_per_head_weight", "qkv_bias", "partial_rotary", "layernorm"} <= feats
@@ -28,14 +28,14 @@ def test_three_way(policy, kv, overrides):
         assert st[("impl", ref, 1, "q_rope")] == "pass"
 
 
-def test_without_qk_norms_or_biases(policy):
+def test_without_qk_norms_or_biases(run, policy):
     ov = (("qk_layernorm", False), ("use_qkv_bias", False))
     rows = run(policy, family="stablelm", ref=HF_AND_LLAMACPP, kv="paged", overrides=ov)
     assert "qk_norm_head" not in rows[0]["features"] and "qkv_bias" not in rows[0]["features"]
     assert not [r for r in rows if r["status"] not in ("pass", "not-exposed")]
 
 
-def test_the_file_stacks_the_per_head_norms(policy):
+def test_the_file_stacks_the_per_head_norms(case_run, policy):
     """StableLMModel._stack_qk_norm: norms.{h}.weight -> row h of attn_q_norm [n_head, head_dim]."""
     r = case_run(policy, "stablelm", ref="hf")
     names = dict(r.family.gguf_tensors(r.base_model, r.config))
@@ -47,7 +47,7 @@ def test_the_file_stacks_the_per_head_norms(policy):
 
 
 @pytest.mark.parametrize("name", ["qk-norm-heads-reversed", "qk-norm-per-head-weight-of-head-0"])
-def test_a_broken_per_head_weight_fails_against_both(policy, name):
+def test_a_broken_per_head_weight_fails_against_both(run, policy, name):
     m = registry()[name]
     with applied(m):
         st = all_statuses(run(policy, family="stablelm", ref=HF_AND_LLAMACPP, kv="paged"))
@@ -56,14 +56,13 @@ def test_a_broken_per_head_weight_fails_against_both(policy, name):
         assert st[("impl", ref, 0, m.first_probe)] == "fail"
 
 
-def test_llamacpp_reads_the_block_form_from_the_tensors_not_the_key(policy, monkeypatch):
+def test_llamacpp_reads_the_block_form_from_the_tensors_not_the_key(case_run, gguf_export, run, policy, monkeypatch):
     """The converter writes use_parallel_residual; stablelm.cpp never reads it (the
     block is parallel iff there is no ffn_norm): a file whose key says the opposite
     still computes HF's parallel block."""
     import gguf
 
     from harness.families import get
-    from harness.gguf import export as gguf_export
 
     monkeypatch.setattr(get("stablelm"), "_invert_parallel_residual_key", True)
     r = case_run(policy, "stablelm", ref="hf", overrides=PARALLEL)

@@ -4,14 +4,14 @@ llama.cpp); the ref-vs-ref FFN finding pinned on ggml's fp16 GELU table."""
 
 from __future__ import annotations
 
-from harness.testing import HF_AND_LLAMACPP, case_run, llamacpp_statuses, run
+from harness.testing import HF_AND_LLAMACPP, llamacpp_statuses
 from harness.families import get
 from harness.families.starcoder2 import WINDOW_4
 from harness.mutants import registry
 from harness.testing.ggml_gelu import assert_fp16_gelu_explains_layer_out
 
 
-def test_tiny_config_exercises_its_decorations(policy):
+def test_tiny_config_exercises_its_decorations(case_run, policy):
     r = case_run(policy, "starcoder2", ref="hf")
     assert {"layernorm", "o_bias", "qkv_bias"} <= set(r.features)
     assert "sliding_window" not in r.features
@@ -19,14 +19,14 @@ def test_tiny_config_exercises_its_decorations(policy):
     assert {"attn_norm_b", "bq", "bk", "bv", "bo"} <= set(w)
 
 
-def test_every_decoration_has_a_mutant(policy):
+def test_every_decoration_has_a_mutant(case_run, policy):
     covered = {m.decoration for m in registry().values()}
     for overrides in ((), WINDOW_4):
         feats = set(case_run(policy, "starcoder2", ref="hf", overrides=overrides).features) - {"kv_decode"}
         assert feats <= covered, feats - covered
 
 
-def test_window_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need_llamacpp):
+def test_window_passes_against_hf_and_is_a_finding_against_llamacpp(run, policy, need_llamacpp):
     rows = run(policy, family="starcoder2", ref=HF_AND_LLAMACPP, kv="decode", overrides=WINDOW_4)
     lc = llamacpp_statuses(rows)
     # every layer is windowed in HF; llama.cpp attends causally over everything
@@ -39,7 +39,7 @@ def test_window_passes_against_hf_and_is_a_finding_against_llamacpp(policy, need
     assert "derived as ffn_inp - layer_in" in row["reason"]
 
 
-def test_ffn_finding_is_the_fp16_gelu_table(policy, need_llamacpp):
+def test_ffn_finding_is_the_fp16_gelu_table(case_run, policy, need_llamacpp):
     """HF's FFN half with ggml's fp16 GELU table, on llama.cpp's resid_mid,
     reproduces llama.cpp's layer_out; with HF's exact GELU it does not."""
     r = case_run(policy, "starcoder2", ref=HF_AND_LLAMACPP, kv="decode")

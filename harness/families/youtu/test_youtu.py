@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.families import get
-from harness.testing import HF_AND_LLAMACPP, all_statuses, bad_rows, run
+from harness.testing import HF_AND_LLAMACPP, all_statuses, bad_rows
 
 FAMILY = "youtu"
 YARN = (("rope_parameters.rope_type", "yarn"), ("rope_parameters.factor", 4.0),
@@ -17,7 +17,7 @@ YARN = (("rope_parameters.rope_type", "yarn"), ("rope_parameters.factor", 4.0),
 
 
 @pytest.mark.parametrize("kv", ["decode", "batched", "paged"])
-def test_three_way_in_every_backing(policy, need_llamacpp, kv):
+def test_three_way_in_every_backing(run, policy, need_llamacpp, kv):
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv=kv)
     assert not bad_rows(rows)
     st = all_statuses(rows)
@@ -29,22 +29,21 @@ def test_three_way_in_every_backing(policy, need_llamacpp, kv):
     assert st[("llamacpp", "hf", 1, "layer_out")] == "pass"
 
 
-def test_yarn_with_one_magnitude_is_three_way(policy, need_llamacpp):
+def test_yarn_with_one_magnitude_is_three_way(run, policy, need_llamacpp):
     rows = run(policy, family=FAMILY, ref=HF_AND_LLAMACPP, kv="decode", overrides=YARN)
     assert not bad_rows(rows)
     assert all_statuses(rows)[("impl", "llamacpp", 1, "q_pe")] == "pass"
 
 
-def test_the_export_writes_every_layer_dense(tmp_path):
+def test_the_export_writes_every_layer_dense(gguf_export, tmp_path):
     """conversion/deepseek.py: no n_routed_experts -> leading_dense_block_count = n_layer,
     expert_feed_forward_length = intermediate_size, expert_shared_count 0, no expert_count."""
     from gguf import GGUFReader
 
-    from harness.gguf import export
 
     fam = get(FAMILY)
     config = fam.make_config({})
-    path = export.export(fam, fam.build_model(config, 0), config, "f32", 0, fam.variants[0])
+    path = gguf_export.export(fam, fam.build_model(config, 0), config, "f32", 0, fam.variants[0])
     r = GGUFReader(str(path))
 
     def val(key):
@@ -56,14 +55,14 @@ def test_the_export_writes_every_layer_dense(tmp_path):
     assert val("expert_shared_count") == 0 and val("expert_count") is None
 
 
-def test_mlx_runs_it_as_youtu_llm(policy):
+def test_mlx_runs_it_as_youtu_llm(run, policy):
     rows = run(policy, family=FAMILY, ref="hf,mlx", kv="decode")
     assert not bad_rows(rows)
     st = all_statuses(rows)
     assert st[("impl", "mlx", 1, "attn_out")] == "pass" and st[("mlx", "hf", 1, "layer_out")] == "pass"
 
 
-def test_mlx_scales_no_yarn_mscale(policy):
+def test_mlx_scales_no_yarn_mscale(run, policy):
     """With YaRN mlx-lm's youtu_llm keeps the softmax at q_head_dim**-0.5 (no mscale^2):
     its rotation agrees, its softmax does not -- the finding, from L0's attention on; impl
     passes against HF (findings.toml)."""

@@ -1,7 +1,7 @@
 """llama.cpp (through llama-cpp-python) as a reference (``--ref llamacpp``).
 
 The GGUF is the family's export of the case's HF weights (written the way
-``convert_hf_to_gguf.py`` writes it: harness/gguf/export.py and each family's
+``convert_hf_to_gguf.py`` writes it: harness/pipeline/gguf/export.py and each family's
 converter steps) or the user's own file; the capture runs in a subprocess
 (``worker.py``) with the eval callback reading the graph's named tensors
 (``capture.py``), so a crash inside llama.cpp is an error row and the run goes

@@ -574,7 +574,7 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
         file_stamp = [str(gguf_path.resolve()), st.st_size, st.st_mtime_ns,
                       cache.key(config.to_json_string(use_diff=False))]
     else:
-        file_stamp = gguf_path.name  # content-keyed (harness/gguf/export.py, harness/gguf/weights.py quantize)
+        file_stamp = gguf_path.name  # content-keyed (harness/pipeline/gguf/export.py, harness/pipeline/gguf/weights.py quantize)
     calls = plan_calls(req.tokens, case.kv, case.schedule, getattr(req, "batch_plan", None))
     n_seq, n_tok = req.tokens.shape
     layer_cfgs = list(req.layer_cfgs)

@@ -38,7 +38,7 @@ from harness import kinds
 from harness import ggml_types
 
 # the tensor helpers stream.py shares with this reader (their own module: no cycle)
-from .tensors import ALIGN, aligned_empty, dequantize, dequantizer, param_tensor, place, set_param  # noqa: F401
+from harness.gguf.tensors import ALIGN, aligned_empty, dequantize, dequantizer, param_tensor, place, set_param  # noqa: F401
 
 
 class LayerWeights:
@@ -251,7 +251,7 @@ def open_reader(path: str):
     """The file's metadata and tensor table (``fastread.GGUFFile``: gguf-py's
     reader takes 15 s over a 262k-token vocabulary), or one line saying why it
     cannot be read."""
-    from .fastread import GGUFFile
+    from harness.gguf.fastread import GGUFFile
 
     p = Path(path)
     try:

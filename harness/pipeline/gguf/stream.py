@@ -114,7 +114,7 @@ class Streamed:
 
     # ------------------------------------------------------------ reading
     def _read(self, names) -> None:
-        from .tensors import place
+        from harness.gguf.tensors import place
 
         ahead = sorted({g for n in names for g, _ in self.trace.pieces[n] if g in self._raw})
         if len(ahead) > 1:
@@ -168,7 +168,7 @@ class Streamed:
     def release(self, module) -> None:
         import torch
 
-        from .tensors import set_param
+        from harness.gguf.tensors import set_param
 
         for n in self.names.get(id(module), ()):
             p = self.params[n]
@@ -203,7 +203,7 @@ class Streamed:
         if self.held(module):
             yield
             return
-        from .tensors import set_param
+        from harness.gguf.tensors import set_param
 
         for n in self.names.get(id(module), ()):
             p = self.params[n]
@@ -245,7 +245,7 @@ class Streamed:
         8B-class vocabulary's whole table took 6 s to read for each capture, for 24 rows."""
         import torch
 
-        from .tensors import dequantize, param_tensor, set_param
+        from harness.gguf.tensors import dequantize, param_tensor, set_param
 
         head = self.model.get_output_embeddings()
         if (type(emb) is not torch.nn.Embedding or emb.max_norm is not None

@@ -114,7 +114,7 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0, varia
     ``--hf-model`` checkpoint's path and file stamp): part of the cache key."""
     from harness.versions import versions
 
-    src = cache.source_hash(*cache.family_sources(family), Path(__file__), Path(__file__).parent.parent / "families" / "base.py")
+    src = cache.source_hash(*cache.family_sources(family), Path(__file__), Path(__file__).parents[2] / "families" / "base.py")
     k = cache.key("gguf", EXPORT_SCHEMA, family.name, config.to_json_string(use_diff=False), seed, weight_type,
                   variant, versions().get("gguf"), src, source,
                   # instance state that shapes the file (a test switching off a transform)

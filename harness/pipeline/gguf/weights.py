@@ -62,7 +62,7 @@ def quantize(src: Path, weight_type: str, timeout: int = 600) -> Path:
 def export_for_case(family, model, config, weight_type: str, seed: int, variant, source=None) -> Path:
     """The GGUF llama.cpp runs for a case: the export at a float type, or the F32
     export quantized by llama.cpp."""
-    from harness.gguf import export as gguf_export
+    from harness.pipeline.gguf import export as gguf_export
 
     if weight_type in ggml_types.FLOAT_EXPORTS:
         return gguf_export.export(family, model, config, weight_type, seed, variant, source=source)
@@ -72,7 +72,7 @@ def export_for_case(family, model, config, weight_type: str, seed: int, variant,
 
 def file_tensors(path: Path) -> tuple[dict, dict]:
     """``({name: loader of the dequantized float32 array}, {name: type})``."""
-    from harness.gguf.reader import dequantizer, open_reader
+    from harness.pipeline.gguf.reader import dequantizer, open_reader
 
     reader = open_reader(str(path))
     return ({t.name: dequantizer(t) for t in reader.tensors},
