@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.lazy import lazy
+
+torch = lazy("torch")
+
 ALIGN = 64  # bytes: torch's CPU allocator's alignment (c10 gAlignment), which a parameter had before
 
 
 def aligned_empty(n: int, dtype=np.float32) -> np.ndarray:
     """An uninitialised array in torch's allocator's memory (``ALIGN``), which ``place``
     then takes as a parameter without copying."""
-    import torch
 
     return torch.empty(n, dtype=getattr(torch, np.dtype(dtype).name)).numpy()

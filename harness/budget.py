@@ -47,8 +47,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+import resource
 
 from harness.ggml_types import is_quantized
+from harness.lazy import lazy
+
+torch = lazy("torch")
+transformers = lazy("transformers")
 
 GB = 2**30
 # the config keys families name their position limit by, in the order they are read
@@ -109,7 +114,6 @@ _BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 @dataclass(frozen=True)
 class ParamCounts:
     """A model's parameter counts, from its config alone."""
-
     total: int  # every distinct parameter tensor once (tied embeddings once)
     largest_module: int  # the largest decoder layer / embedding / output head
     largest_tensor: int
@@ -129,12 +133,10 @@ def param_counts(family, config) -> ParamCounts:
     key = (family.name, config.to_json_string(use_diff=False))
     if key in _COUNTS:
         return _COUNTS[key]
-    import torch
-    from transformers import AutoModelForCausalLM
 
     kw = {} if family.experts_implementation is None else {"experts_implementation": family.experts_implementation}
     with torch.device("meta"):
-        m = AutoModelForCausalLM.from_config(config, **kw)
+        m = transformers.AutoModelForCausalLM.from_config(config, **kw)
     seen, total, largest_tensor = set(), 0, 0
     for p in m.parameters():  # parameters() yields a tied tensor once
         if id(p) not in seen:
@@ -199,7 +201,6 @@ def _probe_elems(lc, seqs: int, tokens: int) -> int:
 @dataclass
 class EstimateContext:
     """What a reference's ``estimate`` reads of the case (harness/references)."""
-
     pc: "ParamCounts"
     seqs: int
     tokens: int
@@ -422,7 +423,6 @@ def usage() -> dict:
     """What this process (and the workers it waited for: llama.cpp) used so far:
     peak resident memory in GB and CPU seconds -- meta.json's ``resources``, what
     scripts/bench_real_size.py reports against the estimate."""
-    import resource
 
     from harness.references.llamacpp import capture as llamacpp
 

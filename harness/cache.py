@@ -16,6 +16,7 @@ import shutil
 import time
 import weakref
 from pathlib import Path
+import sys
 
 from .store import META, ProbeStore, StoreWriter
 from .versions import cache_root
@@ -43,7 +44,6 @@ def family_sources(family) -> list[Path]:
     """The source files a family's behaviour comes from: the module of every
     class in its MRO (a family module may build on a shared helper module, e.g.
     ``families/_mla.py``), so editing any of them invalidates its captures."""
-    import sys
 
     files = []
     for cls in type(family).__mro__:

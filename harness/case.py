@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from pathlib import Path
+import inspect
+from concurrent.futures import ThreadPoolExecutor
 
 from impl import Backend
 from impl.config import ConfigError
@@ -289,7 +291,6 @@ class CaseRun(Build):
         in a thread beside the others where the memory plan holds both at once
         (``Plan.overlap``): its worker's seconds then pass while HF computes here
         (a 135M-class file: 3 s of a 23 s run). What each capture holds is the same."""
-        from concurrent.futures import ThreadPoolExecutor
 
         apart = [r for r in refs if references.get(r).runs_apart] if len(refs) > 1 and self.plan.overlap else []
         if apart and self.record is None:
@@ -446,7 +447,6 @@ class CaseRun(Build):
 def _progress(fn):
     """``fn`` as ``progress(message, done=None, total=None)`` (harness/progress.py
     ``Phases``); a callback of one argument is given the message alone."""
-    import inspect
 
     if fn is None:
         return lambda message, done=None, total=None: None

@@ -50,6 +50,11 @@ import re
 from pathlib import Path
 
 from harness.errors import UsageError, suggest
+from harness.lazy import lazy
+
+torch = lazy("torch")
+transformers = lazy("transformers")
+safetensors = lazy("safetensors")
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
@@ -116,11 +121,8 @@ def family_of(path) -> str:
 
 
 def _param_shapes(config) -> dict[str, tuple]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
-        m = AutoModelForCausalLM.from_config(config)
+        m = transformers.AutoModelForCausalLM.from_config(config)
     return {k: tuple(v.shape) for k, v in m.state_dict().items()}
 
 
@@ -150,10 +152,9 @@ def load_config(path, family, overrides: dict | None = None):
         raise UsageError(f"--hf-model {path} holds model_type {mt!r}; family {family.name} reads "
                          f"{family.hf_model_type!r}")
     _offline()
-    from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
+        config = transformers.AutoConfig.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
         if config.model_type != family.hf_model_type:  # a multimodal checkpoint: its text model
             config = config.get_text_config(decoder=True)
     except (OSError, ValueError, TypeError, KeyError) as e:
@@ -167,9 +168,6 @@ def load_config(path, family, overrides: dict | None = None):
 
 def load_model(path, family, config):
     """The checkpoint as a float32 eager HF model (hooks wrap the eager attention)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     p = check_dir(path)
     _offline()
     kw = {} if family.experts_implementation is None else {"experts_implementation": family.experts_implementation}
@@ -177,7 +175,7 @@ def load_model(path, family, config):
     if mapping:
         kw["key_mapping"] = mapping
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
             str(p), config=config, dtype=torch.float32, attn_implementation="eager", use_safetensors=True,
             local_files_only=True, trust_remote_code=False, output_loading_info=True, **kw)
     except (OSError, ValueError, RuntimeError) as e:
@@ -212,11 +210,10 @@ def checkpoint_keys(p: Path) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UsageError(f"--hf-model {p}: {index[0].name} is not a safetensors index "
                              f"({' '.join(str(e).split())[:200]})") from None
-    from safetensors import safe_open
 
     keys = []
     for f in sorted(p.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as st:
+        with safetensors.safe_open(str(f), "pt") as st:
             keys += list(st.keys())
     return sorted(keys)
 

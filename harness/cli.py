@@ -11,6 +11,8 @@ import argparse
 import json
 import re
 import sys
+import atexit
+import os
 
 from .errors import UsageError, suggest
 
@@ -211,8 +213,6 @@ def entry() -> None:
     tests/test_interrupt.py test_run_interrupted_twice)."""
     rc = main(process=True)
     if rc == 130:
-        import atexit
-        import os
 
         try:
             atexit._run_exitfuncs()

@@ -25,8 +25,19 @@ import re
 import types
 import typing
 from typing import Any
+import dataclasses
+import copy
+import logging
+import json
+from importlib import metadata
 
 from .errors import UsageError, suggest
+from harness.lazy import lazy
+
+modeling_rope_utils = lazy("transformers.modeling_rope_utils")
+hf_logging = lazy("transformers.utils.logging")
+transformers = lazy("transformers")
+huggingface_hub_errors = lazy("huggingface_hub.errors")
 
 ROPE_TABLE = "rope_parameters"
 
@@ -50,7 +61,6 @@ def field_types(cls) -> dict[str, Any]:
     """``{field: declared type}`` of an HF config class (a dataclass in transformers
     5), as huggingface_hub's validator reads them: ``Field.type`` unevaluated (a
     string annotation is a forward reference it does not check; neither do we)."""
-    import dataclasses
 
     if not dataclasses.is_dataclass(cls):
         return {}
@@ -59,9 +69,7 @@ def field_types(cls) -> dict[str, Any]:
 
 def rope_types() -> dict[str, Any]:
     """``{key: declared type}`` of a RoPE table (transformers' ``RopeParameters``)."""
-    from transformers.modeling_rope_utils import RopeParameters
-
-    return dict(RopeParameters.__annotations__)
+    return dict(modeling_rope_utils.RopeParameters.__annotations__)
 
 
 def _members(tp) -> tuple:
@@ -167,10 +175,6 @@ def default_table(cls, top: str):
     """The config class's default value of the table ``top`` as a dict (a
     sub-config, like mpt's ``attn_config``, as its ``to_dict()``); a value that
     is not a table is returned as it is."""
-    import copy
-    import logging
-
-    from transformers.utils import logging as hf_logging
 
     # the class's own defaults may not pass its own token-id check (Starcoder2Config:
     # vocab 49152, bos/eos 50256): what it says about them is not about this run
@@ -202,9 +206,8 @@ def _as_table(x) -> dict:
         return {}
     if not hasattr(x, "to_dict"):
         return dict(x)
-    from transformers import PretrainedConfig
 
-    generic = set(field_types(PretrainedConfig)) | {"model_type", "transformers_version"}
+    generic = set(field_types(transformers.PretrainedConfig)) | {"model_type", "transformers_version"}
     return {k: v for k, v in x.to_dict().items() if k not in generic and not k.startswith("_")}
 
 
@@ -260,9 +263,7 @@ def override_value(family, key: str, value):
 # ---------------------------------------------------------------- HF's refusals
 def hf_refusals() -> tuple[type, ...]:
     """The exceptions an HF config constructor raises for a bad value."""
-    from huggingface_hub.errors import StrictDataclassError
-
-    return (ValueError, TypeError, KeyError, StrictDataclassError)
+    return (ValueError, TypeError, KeyError, huggingface_hub_errors.StrictDataclassError)
 
 
 def refusal(e: Exception, family, kw: dict, prefix: str) -> UsageError:
@@ -353,8 +354,6 @@ def _type_info(tp) -> dict:
 def schema(family) -> dict:
     """``{"settable": [...], "types": {key: info}, "rope": {key: info}}`` of the
     family's config class (the cache's copy when it has one)."""
-    import json
-    from importlib import metadata
 
     from . import cache
 

@@ -28,6 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config_values import field_types, global_value
+from harness.lazy import lazy
+
+transformers = lazy("transformers")
+hypothesis = lazy("hypothesis")
 
 ROOT = Path(__file__).resolve().parent.parent
 REASONS = ROOT / "fixtures" / "coverage.toml"
@@ -53,10 +57,7 @@ class Key:
 
 
 def _generic() -> set[str]:
-    from transformers import PretrainedConfig
-
-
-    return set(field_types(PretrainedConfig)) | {"model_type", "transformers_version"}
+    return set(field_types(transformers.PretrainedConfig)) | {"model_type", "transformers_version"}
 
 
 def _source(module: str) -> str:
@@ -95,7 +96,6 @@ def _readers(mod, key: str) -> list[str]:
 
 def hf_keys(fam) -> dict[str, Key]:
     """The family's key table on the HF side, read from transformers' sources."""
-
     cls = fam.config_class()
     generic = _generic()
     conf_mod = cls.__module__
@@ -148,15 +148,13 @@ def _spec_cases() -> tuple:
 
 
 def _fuzz_draws(family: str) -> list[tuple]:
-    from hypothesis import HealthCheck, given, settings
-
     from .fuzz import case_strategy
 
     got: list[tuple] = []
 
-    @settings(max_examples=FUZZ_DRAWS, database=None, derandomize=True, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(case_strategy([family]))
+    @hypothesis.settings(max_examples=FUZZ_DRAWS, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(case_strategy([family]))
     def draw(case):
         got.append(case.overrides)
 

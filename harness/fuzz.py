@@ -30,11 +30,18 @@ import itertools
 import json
 import time
 from dataclasses import dataclass, field, replace
+from dataclasses import asdict
 
 import numpy as np
 
 from . import kinds, references
 from .case import Case
+from harness.lazy import lazy
+
+st = lazy("hypothesis.strategies")
+hypothesis = lazy("hypothesis")
+hypothesis_database = lazy("hypothesis.database")
+hypothesis_errors = lazy("hypothesis.errors")
 
 
 def _module_reference() -> str:
@@ -123,7 +130,6 @@ def space_of(fam) -> dict:
 @dataclass(frozen=True)
 class SpecExample:
     """One layer outside the references, judged against the spec's formulas."""
-
     cfg: object  # impl LayerConfig or MlaConfig
     weight_seed: int
     opts: tuple  # weight options ((name, True), ...)
@@ -147,8 +153,6 @@ def _cfg_label(cfg) -> str:
 # ---------------------------------------------------------------- drawing
 def strategies():
     """Import hypothesis lazily: the rest of the harness runs without it."""
-    from hypothesis import strategies as st
-
     return st
 
 
@@ -530,8 +534,6 @@ def spec_repro(ex: SpecExample) -> str:
 
 
 def spec_to_dict(ex: SpecExample) -> dict:
-    from dataclasses import asdict
-
     d = asdict(ex)
     d["cfg_type"] = type(ex.cfg).__name__
     return d
@@ -648,10 +650,6 @@ def hunt(kind: str, strategy, check, budget_s: float, seed: int, stats: HuntStat
     ``shrink_s`` more seconds), record the smallest failing example and go on
     with the remaining budget under the next seed. A draw the family refuses
     (``is_refused``) is discarded (``assume``), never shrunk into."""
-    from hypothesis import HealthCheck, Phase, assume, given, settings
-    from hypothesis import seed as hseed
-    from hypothesis.database import DirectoryBasedExampleDatabase
-    from hypothesis.errors import Flaky, Unsatisfiable
 
     deadline = time.monotonic() + budget_s
     shrink_s = max(30.0, budget_s / 2) if shrink_s is None else shrink_s
@@ -660,14 +658,14 @@ def hunt(kind: str, strategy, check, budget_s: float, seed: int, stats: HuntStat
         memo: dict = {}
         state = {"failing": None, "shrink_until": None}
 
-        @settings(max_examples=10_000, deadline=None, database=None if db_dir is None else
-                  DirectoryBasedExampleDatabase(str(db_dir / kind)), derandomize=False, report_multiple_bugs=False,
-                  suppress_health_check=list(HealthCheck),
+        @hypothesis.settings(max_examples=10_000, deadline=None, database=None if db_dir is None else
+                  hypothesis_database.DirectoryBasedExampleDatabase(str(db_dir / kind)), derandomize=False, report_multiple_bugs=False,
+                  suppress_health_check=list(hypothesis.HealthCheck),
                   # the saved failures are replayed once, first; later rounds look for new ones
-                  phases=((Phase.reuse,) if round_ == 0 else ()) + (Phase.generate, Phase.shrink),
+                  phases=((hypothesis.Phase.reuse,) if round_ == 0 else ()) + (hypothesis.Phase.generate, hypothesis.Phase.shrink),
                   print_blob=False)
-        @hseed(seed * 1000 + round_)
-        @given(strategy)
+        @hypothesis.seed(seed * 1000 + round_)
+        @hypothesis.given(strategy)
         def prop(ex):
             key = repr(ex)
             if key in memo:
@@ -695,7 +693,7 @@ def hunt(kind: str, strategy, check, budget_s: float, seed: int, stats: HuntStat
                         state["said"] = now  # quick examples (spec) are summarised, not listed
                         log(f"  [{kind}] #{stats.by_kind[kind]} {'FAIL' if out.failed else 'ok  '} {out.seconds:5.1f}s "
                             f"{out.label}" + (f" -- {out.why}" if out.failed else ""))
-            assume(not is_refused(out))
+            hypothesis.assume(not is_refused(out))
             if out.failed:
                 if state["shrink_until"] is None:
                     state["shrink_until"] = time.monotonic() + shrink_s
@@ -721,10 +719,10 @@ def hunt(kind: str, strategy, check, budget_s: float, seed: int, stats: HuntStat
                 ex, out = state["failing"]
                 stats.failures.append((replace(out, why=f"{out.why} (shrinking stopped at its time limit)"), ex))
                 log(f"  [{kind}] smallest failing example so far: {out.label} -- {out.why}")
-        except Flaky as e:  # the failure did not reproduce: recorded as such, never dropped
+        except hypothesis_errors.Flaky as e:  # the failure did not reproduce: recorded as such, never dropped
             ex, out = state["failing"]
             stats.failures.append((replace(out, why=f"{out.why} (flaky on replay: {type(e).__name__})"), ex))
-        except Unsatisfiable:
+        except hypothesis_errors.Unsatisfiable:
             break
         round_ += 1
     return stats

@@ -10,6 +10,10 @@ Names are ggml's, lower case: ``f32``, ``f16``, ``bf16``, ``q8_0``, ``q4_k``,
 
 from __future__ import annotations
 
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
+
 # --gguf-type: the float exports written here, and the llama_ftype values of the
 # quantizations llama_model_quantize makes from an F32 export (llama.h enum
 # llama_ftype; checked against llama_cpp.LLAMA_FTYPE_MOSTLY_* in tests)
@@ -85,7 +89,6 @@ def coarsest_activation(acts) -> str | None:
 def readable() -> set[str]:
     """The tensor types ``--gguf`` reads: F32 / F16 natively, the rest where
     ``gguf.quants.dequantize`` has a dequantizer."""
-    import gguf
 
     return {"f32", "f16"} | {t.name.lower() for t in gguf.quants._type_traits}
 
@@ -96,7 +99,6 @@ def bits_per_weight(weight_type: str) -> float:
         return 32.0
     if weight_type in ("f16", "bf16", "float16", "bfloat16"):
         return 16.0
-    import gguf
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[weight_type.upper()]]
     return size * 8 / block

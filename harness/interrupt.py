@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import signal
 import threading
+import os
+import sys
 
 _pending = False
 
@@ -39,8 +41,6 @@ def check() -> None:
 def finish(status: int) -> None:
     """From now on a SIGINT ends the process at once with ``status`` (the command is already
     on its way out: nothing is left to interrupt cleanly)."""
-    import os
-    import sys
 
     def _now(signum, frame):
         try:

@@ -51,6 +51,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+import gzip
 
 from contract.rows import FAILING
 
@@ -58,6 +59,9 @@ from . import atomic, families
 from .case import Case
 from .errors import UsageError, suggest
 from .specs import DEFAULT_SPEC, keyword_matcher, select  # noqa: F401 (matrix.select etc., as before)
+from harness.lazy import lazy
+
+torch = lazy("torch")
 
 # spec key -> (Case field, default values). The order is the product's order,
 # the dtype varying fastest, so neighbouring cases share their references.
@@ -312,7 +316,6 @@ class Journal:
         if self.path.exists():
             return self.path.read_text()
         if self.packed.exists():
-            import gzip
 
             return gzip.decompress(self.packed.read_bytes()).decode()
         return ""
@@ -320,7 +323,6 @@ class Journal:
     def pack(self) -> None:
         """Compress a finished run's journal (``--resume``, ``merge`` read it the same): the
         default matrix's was the largest file of its report (issue 41)."""
-        import gzip
 
         if self.path.exists():
             atomic.write_bytes(self.packed, gzip.compress(self.path.read_bytes(), compresslevel=6))
@@ -455,7 +457,6 @@ def _init_worker(threads: int, log_path: str | None = None, verbose: bool = Fals
     os.environ.setdefault("CONFORMANCE_LLAMACPP_THREADS", str(threads))
     os.environ["MPLBACKEND"] = "Agg"
     t = time.perf_counter()
-    import torch
 
     torch.set_num_threads(threads)
     import harness.case  # noqa: F401  (the fixed cost, paid once per worker)

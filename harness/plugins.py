@@ -23,6 +23,7 @@ import importlib
 import sys
 from functools import lru_cache
 from pathlib import Path
+import tomllib
 
 PREFIX = "attn_conformance."
 GROUPS = ("references", "kinds", "families", "candidates", "commands")
@@ -30,7 +31,6 @@ GROUPS = ("references", "kinds", "families", "candidates", "commands")
 
 class Declared:
     """An entry point, ``module:attr`` (read from pyproject.toml or the metadata)."""
-
     def __init__(self, name: str, value: str):
         self.name, self.value = name, value
 
@@ -55,8 +55,6 @@ def _installed(path: tuple):
 
 @lru_cache(maxsize=None)
 def _pyproject() -> dict:
-    import tomllib
-
     p = Path(__file__).resolve().parents[1] / "pyproject.toml"
     try:
         return tomllib.loads(p.read_text())

@@ -10,6 +10,8 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+import json
+import importlib.util
 
 from .config_values import global_value
 from .errors import UsageError, suggest
@@ -62,7 +64,6 @@ def followed() -> dict[tuple[str, str], str]:
     table (``--triangulate openvino``) says nothing here either: the engine is a candidate,
     judged by these findings, and one computing llama.cpp's model is a divergence of it from
     HF -- a finding that holds for a judged engine is a ``[[finding]]`` naming it."""
-    import json
 
     from . import references
     from .versions import norm, versions
@@ -404,7 +405,6 @@ def family_finding_files() -> list[Path]:
     """Every family folder's findings.toml: the built-in folders
     (harness/families/<name>/findings.toml), then the folder of each family
     another package registers (entry point group ``attn_conformance.families``)."""
-    import importlib.util
 
     from . import plugins
 

@@ -15,6 +15,11 @@ from __future__ import annotations
 import sys
 import time
 
+from harness.lazy import lazy
+
+rich_console = lazy("rich.console")
+rich_progress = lazy("rich.progress")
+
 
 class Throttled:
     """Print ``message`` on ``stream`` at most once every ``every`` seconds (the latest
@@ -51,12 +56,9 @@ class Phases:
 
     def __enter__(self):
         if self.live:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                       TimeElapsedColumn)
 
-            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=Console(file=self.stream), transient=True)
+            self.bar = rich_progress.Progress(rich_progress.SpinnerColumn(), rich_progress.TextColumn("{task.description}"), rich_progress.BarColumn(), rich_progress.MofNCompleteColumn(),
+                                rich_progress.TimeElapsedColumn(), console=rich_console.Console(file=self.stream), transient=True)
             self.bar.__enter__()
             self.task = self.bar.add_task("starting", total=None)
         return self

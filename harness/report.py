@@ -12,6 +12,8 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
+import os
+import tempfile
 
 from . import atomic
 from .atomic import atomic_path
@@ -53,8 +55,6 @@ LOCK_NAME = ".conformance-lock"
 
 def _holder(lock: Path) -> int | None:
     """The pid holding ``lock``, or None when the lock is stale (its process is gone)."""
-    import os
-
     try:
         pid = int(lock.read_text().strip() or "0")
     except (OSError, ValueError):
@@ -78,7 +78,6 @@ def claim_out(out: str | None, run_id: str, if_not_empty: str = "give another --
     two `run`s into one --out both printed PASS and one result was lost). A lock left
     by a process that is gone is stale and taken over. ``resume``: the directory holds
     a run to complete (``matrix --resume``), not nothing. ``release_out`` gives it back."""
-    import os
 
     d = run_dir(out, run_id) if not resume else Path(out)
     if not resume:
@@ -130,8 +129,6 @@ def release_out(d: Path, keep: bool = True) -> None:
 def check_writable(path: Path, flag: str, file: bool = False) -> None:
     """UsageError unless ``path`` -- a directory, or with ``file`` a file --
     existing or not, can be made and written by this process. Creates nothing."""
-    import os
-    import tempfile
 
     path = Path(path)
     if file and path.is_dir():

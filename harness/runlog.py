@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import warnings
+import importlib.util
 
 LOG_NAME = "log.txt"
 
@@ -107,7 +108,6 @@ class _AfterImport:
     def find_spec(self, name, path=None, target=None):
         if name != self.name:
             return None
-        import importlib.util
 
         sys.meta_path.remove(self)  # the real finders find it
         spec = importlib.util.find_spec(name)

@@ -4,6 +4,9 @@ loads every command module, and this is all the matrix command needs to name at 
 
 from __future__ import annotations
 
+import re
+import dataclasses
+
 from .errors import UsageError
 from .versions import ROOT
 
@@ -14,7 +17,6 @@ def keyword_matcher(expr: str):
     """pytest's ``-k`` grammar over a case id: ``expr := and ('or' and)*``, ``and :=
     not ('and' not)*``, ``not := 'not' not | '(' expr ')' | word``; a word matches
     where it is a case-insensitive substring of the id. UsageError for a malformed one."""
-    import re
 
     toks = re.findall(r"\(|\)|[^\s()]+", expr)
     if not toks:
@@ -71,8 +73,6 @@ def keyword_matcher(expr: str):
 
 def select(spec, expr: str):
     """The spec with only the cases ``-k EXPR`` selects; none is bad input."""
-    import dataclasses
-
     match = keyword_matcher(expr)
     cases = [c for c in spec.cases if match(c.case_id())]
     if not cases:

@@ -7,6 +7,12 @@ import subprocess
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
+import re
+import sysconfig
+import os
+import hashlib
+from importlib.util import find_spec
+import json
 
 ROOT = Path(__file__).resolve().parent.parent
 # every package that shapes a result, recorded with every run (meta.json) and checked
@@ -27,8 +33,6 @@ LOCK = ROOT / "lock.txt"
 
 def norm(name: str) -> str:
     """A distribution's normalised name (PEP 503): ``llama_cpp_python`` -> ``llama-cpp-python``."""
-    import re
-
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -54,7 +58,6 @@ def installed() -> dict[str, str]:
     appends its ``_vendor`` folder, whose bundled copies (jaraco.*, zipp, tomli, ...)
     are no install, and a test or a user may put a scratch target on the path (CI saw
     both turn the lock check red, depending on which test ran first in the worker)."""
-    import sysconfig
 
     roots = list(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))
     return {norm(d.metadata["Name"]): d.version for d in metadata.distributions(path=roots) if d.metadata["Name"]}
@@ -118,8 +121,6 @@ def versions() -> dict:
 
 def cache_root() -> Path:
     """The cache directory (``CONFORMANCE_CACHE``, default .cache/conformance; harness/cache.py)."""
-    import os
-
     return Path(os.environ.get("CONFORMANCE_CACHE", ROOT / ".cache" / "conformance"))
 
 
@@ -128,8 +129,6 @@ def _llama_cpp_stamp() -> list | None:
     package's version, its shared libraries (name, size, mtime) and this CPU (its
     flags: a build with every CPU variant picks one at load), or None when it is
     not installed."""
-    import hashlib
-    from importlib.util import find_spec
 
     spec = find_spec("llama_cpp")
     if spec is None or not spec.origin:
@@ -162,8 +161,6 @@ def per_llama_build(name: str, extra, compute):
     """``compute()`` (JSON data) kept in the cache per llama.cpp build: under the
     library's stamp (``_llama_cpp_stamp``: version, its shared libraries, this CPU) and
     ``extra`` (what else it depends on); None when llama_cpp is not installed."""
-    import hashlib
-    import json
 
     stamp = _llama_cpp_stamp()
     if stamp is None:

@@ -23,6 +23,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
+import hashlib
+import shutil
+import io
+import base64
 
 import pandas as pd
 
@@ -33,6 +37,12 @@ from .features import REFERENCE_GAPS, SPEC_DECORATIONS
 # A case's status is the first of CASE_ORDER its rows have: one failing row fails the
 # case; a case passes only when impl was checked (harness/verdict.py: unguarded first).
 from .verdict import CASE_ORDER, FAILING  # noqa: E402
+from harness.lazy import lazy
+
+backend_agg = lazy("matplotlib.backends.backend_agg")
+matplotlib_figure = lazy("matplotlib.figure")
+ticker = lazy("matplotlib.ticker")
+Image = lazy("PIL.Image")
 GLYPH = {"unguarded": "❌ UNGUARDED", "missing": "❌ missing", "error": "❌ error", "fail": "❌ FAIL",
          "pass": "✅ pass", "finding": "⚠️ finding",
          "not-implemented": "➖ not implemented", "not-exposed": "➖ not exposed", "skipped": "➖ skipped"}
@@ -759,8 +769,6 @@ def junit_xml(df: pd.DataFrame, meta: dict) -> str:
 
 # ---------------------------------------------------------------- plots
 def plot_name(case_id: str) -> str:
-    import hashlib
-
     slug = re.sub(r"[^A-Za-z0-9._=-]+", "_", case_id)[:120]
     return f"{slug}-{hashlib.sha1(case_id.encode()).hexdigest()[:8]}.png"
 
@@ -773,7 +781,6 @@ def plot_case(rows, path: Path) -> None:
     marked, the tolerance dashed. Drawing costs more than a warm case, so a PNG
     is kept in the cache under the hash of exactly what it shows (and of this
     file) and copied from there when the same rows come again."""
-    import shutil
 
     from . import cache
 
@@ -791,10 +798,6 @@ def plot_case(rows, path: Path) -> None:
 
 
 def _draw(df: pd.DataFrame, path: Path):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, NullLocator
-
     from contract.probes import LAYER_PROBES
 
     df = df[df["nmse"].notna()]
@@ -812,8 +815,8 @@ def _draw(df: pd.DataFrame, path: Path):
     shown = ({lab: x for x, (k, lab) in enumerate(labels) if k[0] != 1 or x == 0 or labels[x - 1][0][:2] != k[:2]}
              if per_layer else xs)
     width = max(6.0, 0.16 * len(shown) * (3 if per_layer else 1))
-    fig = Figure(figsize=(width, 3.4), dpi=90)
-    FigureCanvasAgg(fig)
+    fig = matplotlib_figure.Figure(figsize=(width, 3.4), dpi=90)
+    backend_agg.FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     # exact agreement (NMSE 0) is drawn on a floor below the smallest error, not at 1e-300
     pos = df["nmse"][df["nmse"] > 0]
@@ -835,8 +838,8 @@ def _draw(df: pd.DataFrame, path: Path):
     else:
         ax.set_xticks(range(len(xs)), list(xs), rotation=90, fontsize=6)
     ax.set_title(str(df["case_id"].iloc[0]) if "case_id" in df and len(df) else "", fontsize=7)
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.0e}"))  # plain text: mathtext parsing is slow
+    ax.yaxis.set_minor_locator(ticker.NullLocator())
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:.0e}"))  # plain text: mathtext parsing is slow
     ax.legend(fontsize=6, loc="upper left")
     # fixed margins: tight_layout measures every label and doubled the cost of a plot. The left
     # one in inches (tick labels "1e-10" plus the axis label), not a fraction of a width that
@@ -844,9 +847,6 @@ def _draw(df: pd.DataFrame, path: Path):
     fig.subplots_adjust(left=0.95 / width, right=1 - 0.06 / width, top=0.92, bottom=0.3)
     # a 64-colour palette (Pillow, matplotlib's own dependency): a few line colours and their
     # anti-aliasing need no more, and report.html embeds every plot: 51 -> ~19 KB each (+0.05 s)
-    import io
-
-    from PIL import Image
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -920,8 +920,6 @@ def feature_map(df: pd.DataFrame) -> str:
 
 # ---------------------------------------------------------------- all of them
 def write_all(d: Path, df: pd.DataFrame, meta: dict) -> None:
-    import base64
-
     d = Path(d)
     plots = {cid: d / "plots" / plot_name(cid) for cid in dict.fromkeys(df["case_id"])} if len(df) else {}
     # embedded as data URIs: a report.html copied or mailed on its own keeps its plots

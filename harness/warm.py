@@ -39,6 +39,7 @@ import pickle
 import platform
 from functools import lru_cache
 from pathlib import Path
+import json
 
 from . import cache
 from .versions import ROOT, _version
@@ -96,7 +97,6 @@ def eligible(case, candidate) -> bool:
 # ---------------------------------------------------------------- the config
 class Opaque:
     """A config value that is not plain data (a ``torch.dtype``): set, equal to nothing."""
-
     def __init__(self, text: str):
         self.text = text
 
@@ -163,8 +163,6 @@ class ConfigSnapshot:
         return self._json
 
     def to_dict(self) -> dict:
-        import json
-
         return json.loads(self._json)
 
     def __reduce__(self):
@@ -181,7 +179,6 @@ def _call_key(name: str, kw: dict) -> str:
 
 class Recorder:
     """What a cold run's model stage hands out, kept to be written as the record."""
-
     def __init__(self, k: str):
         self.key = k
         self.ok = True
@@ -219,7 +216,6 @@ class Recorder:
 
 class Record:
     """A record read back: what the warm run's model stage serves."""
-
     def __init__(self, data: dict):
         self.config = data["config"]
         self.layer_cfgs = data["layer_cfgs"]

@@ -7,6 +7,7 @@ user's, and ``dump:DIR`` names an engine that wrote a dump directory."""
 from __future__ import annotations
 
 from functools import lru_cache
+import copy
 
 from ..errors import UsageError, suggest
 from .api import (  # noqa: F401
@@ -61,7 +62,6 @@ def _get(name: str) -> Candidate:
         obj = plugins.load("candidates", name, reg[name])
     except plugins.PluginError as e:  # a plug-in that does not import is bad input, said in one line
         raise UsageError(str(e)) from None
-    import copy
 
     # a class is instantiated; an instance (one parametrised engine under several
     # names) is copied, so each name keeps its own

@@ -49,6 +49,9 @@ import numpy as np
 from ..errors import UsageError
 from .. import kinds, references
 from .api import Candidate, CandidateCapture
+from harness.lazy import lazy
+
+safetensors_numpy = lazy("safetensors.numpy")
 
 CASE_FORMAT = "attn-conformance-case/1"
 DUMP_FORMAT = "attn-conformance-dump/1"
@@ -65,17 +68,13 @@ def _plain(obj):
 
 
 def save(path: Path, tensors: dict) -> None:
-    from safetensors.numpy import save_file
-
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
+    safetensors_numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
 
 
 def load(path: Path) -> dict:
-    from safetensors.numpy import load_file
-
     try:
-        return load_file(str(path))
+        return safetensors_numpy.load_file(str(path))
     except Exception as e:
         raise UsageError(f"{path} is not a readable safetensors file: {' '.join(str(e).split())[:200]}") from None
 
@@ -186,7 +185,6 @@ def read_manifest(d: Path) -> dict:
 
 class DumpCandidate(Candidate):
     """The engine that wrote a dump directory."""
-
     ragged = True  # export-case gave it the case's steps and lengths (case.json)
 
     def __init__(self, path: str):

@@ -15,6 +15,7 @@ a path that did not run.
 from __future__ import annotations
 
 import copy
+import inspect
 
 from .api import Candidate, CandidateCapture
 
@@ -87,7 +88,6 @@ def _refusal_source(cls, implementation: str) -> str:
     """Where transformers says the model class lacks the path: the
     ``_supports_sdpa`` / ``_supports_flex_attn = False`` line (with its comment),
     by file and line; '' when no such line is found."""
-    import inspect
 
     flag = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}.get(implementation)
     owner = next((k for k in cls.__mro__ if flag in vars(k)), None)

@@ -10,6 +10,9 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 
 from .api import LayerCall, LayerCandidate, NotExposed
+from harness.lazy import lazy
+
+torch = lazy("torch")
 
 
 class ImplCandidate(LayerCandidate):
@@ -82,7 +85,6 @@ def sdpa_attend(be, q, k, v, q_pos, k_pos, *, scale, head_map, window=None, soft
     ``sinks`` and ``slopes`` (ALiBi) have no SDPA parameter and are dropped --
     silently, as such a swap does; the harness is what notices. SDPA returns no
     probabilities, so ``attn_probs`` is not exposed."""
-    import torch
 
     xp = be.xp
     hm = be.index(head_map)

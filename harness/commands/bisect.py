@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from .. import references
 
@@ -64,7 +65,6 @@ def cmd_bisect(a) -> int:
         if case.ref == "all" and d["reference"] in references.names():
             # bisect against the reference the first divergence is against (HF-only
             # module switches can then be used when that is HF)
-            from dataclasses import replace
 
             fcase = replace(case, ref=d["reference"])
             print(f"  (against {d['reference']}, where the first divergence is)")

@@ -20,6 +20,7 @@ import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+import json
 
 from ..errors import UsageError
 
@@ -141,7 +142,6 @@ def version_changes(base: str, new: str) -> list[tuple[str, str | None, str | No
     installed for one run and absent from the other is no change: it shapes only the
     rows of a candidate that runs on it, and such a candidate cannot run without it
     (the rows say so); two different versions of it are one."""
-    import json
 
     from ..versions import ENGINE_PACKAGES, PACKAGES
 

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+import sys
 
 from ..errors import UsageError
 from .triangulate import command_of
+from harness.lazy import lazy
+
+pd = lazy("pandas")
 
 DEFAULT_RUN = Path(__file__).resolve().parents[2] / "fixtures" / "baselines" / "default"
 # the source files a finding's reason cites, by side
@@ -81,8 +85,6 @@ def _bound(f: dict) -> str:
 
 
 def divergences(run_dir: Path, families: list[str] | None = None) -> str:
-    import pandas as pd
-
     from .. import references
     from ..policy import load_policy
     from ..report import read_rows
@@ -201,7 +203,6 @@ def cmd_divergences(a) -> int:
     if not run.is_dir():
         raise UsageError(f"--run {run} is not a run directory")
     if a.triangulate:
-        import sys
 
         from . import triangulate
 

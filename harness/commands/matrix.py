@@ -9,10 +9,15 @@ import signal
 import sys
 import time
 from pathlib import Path
+import json
 
 from ..errors import UsageError
 from ..specs import DEFAULT_SPEC, keyword_matcher, select  # noqa: F401 (the CLI's names for them)
 from ..versions import ROOT
+from harness.lazy import lazy
+
+rich_console = lazy("rich.console")
+rich_progress = lazy("rich.progress")
 
 
 def say_default(arg: str | None, spec, command: str) -> None:
@@ -137,8 +142,6 @@ def _run_dir(d: Path, jobs: int, plots: bool | str, quiet: bool = False):
 
 
 def meta_info(d: Path) -> dict:
-    import json
-
     try:
         return json.loads((Path(d) / "meta.json").read_text()).get("case_info", {})
     except (OSError, ValueError):
@@ -170,11 +173,9 @@ class Progress:
         if self.n and not self.quiet:  # a resumed run
             print(f"resuming: {self.n} of {self.total} cases already done", file=sys.stderr, flush=True)
         if self.tty:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.description}"), console=Console(stderr=True), transient=False)
+            self.bar = rich_progress.Progress(rich_progress.BarColumn(), rich_progress.MofNCompleteColumn(), rich_progress.TimeElapsedColumn(),
+                                rich_progress.TextColumn("{task.description}"), console=rich_console.Console(stderr=True), transient=False)
             self.bar.__enter__()
             self.task = self.bar.add_task("", total=self.total, completed=self.n)
         return self

@@ -18,8 +18,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+import numpy as np
 
 from ..errors import UsageError
+from harness.lazy import lazy
+
+backend_agg = lazy("matplotlib.backends.backend_agg")
+matplotlib_figure = lazy("matplotlib.figure")
+pd = lazy("pandas")
 
 KV_MODES = ("decode", "batched", "paged")
 FORMS = ("naive", "absorbed")
@@ -65,7 +71,6 @@ def mla_families(names: list[str] | None = None) -> dict:
 def measure(family, tokens: int = 16, backend: str = "numpy", dtype: str = "float32", seed: int = 0) -> list[dict]:
     """One row per (form, KV mode): the cache bytes per token impl holds for
     ``family``'s tiny model, all MLA layers together."""
-    import numpy as np
 
     from impl import Backend
     from impl.mla import MlaConfig
@@ -116,14 +121,9 @@ def _itemsize(dtype: str) -> int:
 
 def plot(rows: list[dict], path: Path) -> Path:
     """Bars: naive vs absorbed bytes per token, grouped by KV mode (Agg backend)."""
-    import numpy as np
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     fam = rows[0]["family"]
-    fig = Figure(figsize=(6.0, 3.6))
-    FigureCanvasAgg(fig)
+    fig = matplotlib_figure.Figure(figsize=(6.0, 3.6))
+    backend_agg.FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(len(KV_MODES))
     width = 0.38
@@ -156,7 +156,6 @@ def table(rows: list[dict]) -> str:
 
 def run(out: Path, names: list[str] | None = None, tokens: int = 16, backend: str = "numpy",
         dtype: str = "float32", seed: int = 0) -> list[dict]:
-    import pandas as pd
 
     from impl import Backend
     from impl.config import ConfigError

@@ -35,9 +35,19 @@ import time
 from pathlib import Path
 
 from typing import TYPE_CHECKING
+import os
+import numpy as np
+import re
+from dataclasses import replace as _replace
+import importlib
+from pathlib import Path as _P
+from dataclasses import replace
 
 from .. import atomic, references
 from ..errors import UsageError, suggest
+from harness.lazy import lazy
+
+pd = lazy("pandas")
 
 if TYPE_CHECKING:  # the case machinery (numpy, impl, the families) is imported where used:
     from ..case import Case  # `conformance --help` builds every command's parser
@@ -51,8 +61,6 @@ def slice_of(case: Case) -> str:
 
 
 def register(sub) -> None:
-    import os
-
     p = sub.add_parser("mutate", help="mutation self-test: run a matrix spec under every mutant; the score "
                                       "is killed / total")
     p.add_argument("spec", nargs="?", metavar="SPEC", help=SPEC_HELP)
@@ -92,7 +100,6 @@ def register(sub) -> None:
 def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) -> dict:
     """Run one case with one mutant applied (in a worker process, or in-process
     for -j1); return the verdict, not the rows."""
-    import numpy as np
 
     from ..case import Case
     from ._mutant_case import MutantCase
@@ -141,7 +148,6 @@ def excused(rows: list[dict]) -> dict:
     """``{"layer/probe/reference": [nmse, the finding's label, or None for a pass]}`` of the
     rows that passed or that a finding excuses (``finding``, or ``unguarded`` where no other
     reference guards it): what a mutant's run moved, and where."""
-    import re
 
     out = {}
     for r in rows:
@@ -239,7 +245,6 @@ def own_cases(mutants: list, spec_cases: list, candidate: str = "impl",
     --sensitivity`` both take their cases from here: the two must agree on what caught
     a mutant (issue 41: --sensitivity ran the own case in its own slice only, and called
     yarn-beta-fast-plus-one uncaught at numpy/torch float32 where mutate killed it)."""
-    from dataclasses import replace as _replace
 
     own = {}
     for m in mutants:
@@ -269,8 +274,6 @@ def applies(m, cand) -> str | None:
     """Why mutant ``m`` does not reach candidate ``cand``'s code, or None: it must
     lie in a module the candidate runs and not in a function it replaces."""
     from ..mutants import _enclosing_def
-    import importlib
-    from pathlib import Path as _P
 
     if not any(m.module == mod or m.module.startswith(mod + ".") for mod in cand.runs_modules):
         return f"{cand.name} runs none of {m.module}'s code"
@@ -288,7 +291,6 @@ def with_fields(spec, **fields):
     """``spec`` with these fields set on every case, each case validated again (cases
     that then coincide are run once): ``ref=`` judges every case against one reference
     (``--ref``), ``candidate=`` with its own limits judges a candidate (``--candidate``)."""
-    from dataclasses import replace
 
     cases = []
     for c in spec.cases:
@@ -747,8 +749,6 @@ def table(res: dict) -> str:
 
 
 def write(d: Path, res: dict) -> None:
-    import pandas as pd
-
     d.mkdir(parents=True, exist_ok=True)
     atomic.write_text(d / "mutation.json", json.dumps(res, indent=1, default=str))
     atomic.write_text(d / "mutation.md", render(res))

@@ -38,8 +38,15 @@ import ast
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import requires
+from importlib.metadata import version
 
 from ..errors import UsageError
+from harness.lazy import lazy
+
+packaging_requirements = lazy("packaging.requirements")
+pd = lazy("pandas")
 
 TABLES = Path(__file__).resolve().parents[2] / "fixtures" / "triangulation"
 PAIR_SIDES = ("hf", "hf_cached", "llamacpp")  # the references a finding's pair is drawn from
@@ -127,12 +134,9 @@ def as_witness(name: str) -> Witness:
 def _extra_packages(extra: str) -> tuple:
     """The distributions the project's extra ``extra`` installs here (a reference's
     ``requires``: mlx -> mlx, mlx-lm), read from the project's own metadata."""
-    from importlib.metadata import PackageNotFoundError, requires
-
-    from packaging.requirements import Requirement
 
     try:
-        reqs = [Requirement(r) for r in requires("attn-conformance") or ()]
+        reqs = [packaging_requirements.Requirement(r) for r in requires("attn-conformance") or ()]
     except PackageNotFoundError:
         return ()
     return tuple(dict.fromkeys(r.name for r in reqs if r.marker and r.marker.evaluate({"extra": extra})))
@@ -190,8 +194,6 @@ def command_of(row) -> str:
 
 def case_of(row, refs: str, candidate: str = "impl"):
     """The case a baseline row belongs to, run with ``refs`` and ``candidate`` judged."""
-    import pandas as pd
-
     from ..case import Case
     from ..cli import parse_value
 
@@ -252,8 +254,6 @@ def _first(rows, label: str, f: dict, witness: str, teacher_forced: bool = False
 
 def measure(run_dir: Path, witness: str, families: list[str] | None = None, progress=None) -> dict:
     """The table: a verdict for every HF-vs-llama.cpp finding ``run_dir`` reached."""
-    import pandas as pd
-
     from ..case import run_case
     from ..policy import load_policy
     from ..report import read_rows
@@ -324,8 +324,6 @@ def _versions(packages: tuple = ()) -> dict:
 
 
 def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(dist)
     except PackageNotFoundError:

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
+torch = lazy("torch")
+
 
 class GGUFExport:
     """The GGUF-export half of ``Family`` (mixed in)."""
-
     # The llama.cpp architecture the GGUF export writes (None: no llama.cpp reference).
     gguf_arch: str | None = None
     # The converter writes llama3 RoPE scaling as a rope_freqs tensor: LlamaModel and its
@@ -30,7 +34,6 @@ class GGUFExport:
     def gguf_params(self, w, config, variant: str | None = None) -> None:
         """The metadata llama.cpp reads for the arch: conversion/base.py
         ``TextModel.set_gguf_parameters`` plus the arch's own additions."""
-        import gguf
 
         gguf_size_params(w, config)
         rp = dict(config.rope_parameters or {})
@@ -91,7 +94,6 @@ class GGUFExport:
     def gguf_tensor_map(self, config):
         """gguf's own tensor-name map of the family's arch (``get_tensor_name_map``),
         or of ``gguf_tensor_names_from`` where the installed gguf lacks the arch."""
-        import gguf
 
         archs = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
         name = self.gguf_arch if self.gguf_arch in archs else self.gguf_tensor_names_from
@@ -104,7 +106,6 @@ class GGUFExport:
     def gguf_tensors(self, model, config, variant: str | None = None):
         """``(gguf_name, array)`` for every HF tensor, converted (``gguf_convert``)
         and renamed with gguf's own tensor map, as ``modify_tensors`` does."""
-        import torch
 
         tmap = self.gguf_tensor_map(config)
         emb = getattr(model.get_input_embeddings(), "weight", None)
@@ -146,7 +147,6 @@ def tensor_name_map(tensors: tuple[str, ...], n_blocks: int):
     ``tensors``, the ``MODEL_TENSOR`` names the arch's ``MODEL_TENSORS`` entry of the
     vendored gguf-py lists -- what ``TensorNameMap.__init__`` keeps for an arch it
     knows. Only ``get_name`` is used (export and ``--gguf``)."""
-    import gguf
 
     keep = {getattr(gguf.MODEL_TENSOR, t) for t in tensors}
     tmap = gguf.TensorNameMap.__new__(gguf.TensorNameMap)
@@ -187,7 +187,6 @@ def gguf_yarn_params(w, rp: dict, keys: tuple[str, ...] = YARN_KEYS) -> None:
     type, factor, original context, then each of the optional ``keys`` of
     ``rope_parameters`` that is present -- written whether or not the arch reads
     it; HF's ``truncate`` has no GGUF key at all."""
-    import gguf
 
     adders = {"extrapolation_factor": w.add_rope_scaling_yarn_ext_factor,
               "attention_factor": w.add_rope_scaling_yarn_attn_factor,
@@ -228,7 +227,6 @@ def text_model_gguf_params(w, config) -> None:
     generic metadata most converters start from with ``super()``); a family adds
     its own keys after calling it. Reads the HF config object, as the converter
     reads config.json (``find_hparam``: the first of several names present)."""
-    import gguf
 
     def find(*names):
         for n in names:
@@ -299,7 +297,6 @@ class NegExpALog:
 
     def gguf_value_map(self, name, data, config):
         if name.endswith(".A_log"):
-            import torch  # torch.exp as the converter computes it (np.exp differs in the last bit)
 
             return (-torch.exp(torch.from_numpy(np.ascontiguousarray(data)))).numpy()
         return super().gguf_value_map(name, data, config)

@@ -6,6 +6,7 @@ these hooks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+import contextlib
 
 import numpy as np
 
@@ -24,7 +25,6 @@ class Point:
 
 class HFCapture:
     """The HF-capture half of ``Family`` (mixed in)."""
-
     layers_path = "model.layers"
     hf_points: dict[str, Point] = {}
     # model-level probes: name -> (module path from the model root, "in"/"out")
@@ -112,7 +112,6 @@ class HFCapture:
         attention math is inline (bloom, mpt: no ``eager_attention_forward``).
         It writes ``sink[layer_idx][probe] = float64 array``, as the eager wrapper
         does (``hf_canonical`` then applies). Default: nothing."""
-        import contextlib
 
         return contextlib.nullcontext()
 

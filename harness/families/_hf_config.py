@@ -11,6 +11,10 @@ import json
 from contract.layers import ConfigError, divisors
 
 from ..errors import UsageError, suggest
+from harness.lazy import lazy
+
+configuration_auto = lazy("transformers.models.auto.configuration_auto")
+transformers = lazy("transformers")
 
 # Generic PretrainedConfig fields a user has no business setting through --set.
 _GENERIC_FIELDS = {
@@ -100,7 +104,6 @@ class HFConfig:
     def config_from_kwargs(self, kw: dict, refused: str):
         """The HF config from ``kw``, checked before (``validate``) and after
         (``validate_config``); ``refused`` starts the error where HF refuses it."""
-        from transformers import AutoConfig
 
         self.validate(kw)
         from ..config_values import check_values, hf_refusals, refusal
@@ -108,7 +111,7 @@ class HFConfig:
         check_values(kw.items())
 
         try:
-            config = AutoConfig.for_model(self.hf_model_type, **kw)
+            config = transformers.AutoConfig.for_model(self.hf_model_type, **kw)
         except hf_refusals() as e:  # huggingface_hub's strict-dataclass validation, HF's own checks
             raise refusal(e, self, kw, refused) from None
         self.validate_config(config)
@@ -160,10 +163,8 @@ def _divisors(n: int) -> str:
 # quarter of the spec's load time). Both are pure functions of their arguments.
 @functools.lru_cache(maxsize=None)
 def _config_class(model_type: str):
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     try:
-        return CONFIG_MAPPING[model_type]
+        return configuration_auto.CONFIG_MAPPING[model_type]
     except KeyError:
         # an older transformers than the family was written for (`conformance upstream`
         # bisecting releases, or a user's own install): one line, not a KeyError

@@ -55,6 +55,9 @@ from impl.mla import mla_yarn as yarn_from_params
 from ..errors import UsageError
 from .base import (Family, LcPoint, Point, gguf_moe_convert, gguf_size_params, gguf_yarn_params,
                    rope_identity_overrides, tensor)
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 
 def split_kv_b(kv_b: np.ndarray, n_heads: int, nope: int, v: int) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +88,6 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
 
 class MlaFamily(Family):
     """An HF MLA decoder (``DeepseekV2Attention`` and its copies)."""
-
     variants = ("absorbed", "naive")
     # HF returns the rope slice de-interleaved (apply_rotary_pos_emb_interleave)
     hf_rope_deinterleaves = False
@@ -481,7 +483,6 @@ class MlaFamily(Family):
         ``llama_model_deepseek2::load_arch_tensors``: ``attn_kv_b`` when the
         ``_mla`` keys are absent), with the head metadata of an MHA
         (head_count_kv = H, key_length ``nope + rope``, value_length ``v``)."""
-        import gguf
 
         self.text_params(w, config)
         h = config.num_attention_heads

@@ -31,11 +31,16 @@ Kimi keeps three convs' states side by side.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import numpy as np
 
 from contract.recurrent import RecurrentConfig
 from harness.references.hf.internals import signature as hf_signature
+from harness.lazy import lazy
+
+torch = lazy("torch")
+F = lazy("torch.nn.functional")
 
 # where each HF scan function's l2norm sees q and k: [B, H, T, D] after a transpose, or [B, T, H, D]
 SCAN_LAYOUT = {"torch_chunk_gated_delta_rule": "bhtd", "torch_recurrent_gated_delta_rule": "bhtd",
@@ -49,14 +54,12 @@ MAMBA_SCANS = ("mamba2_chunk_scan", "mamba2_selective_state_update", "mamba_sele
 def _np(t):
     """A float64 NumPy COPY: HF updates its cache's states in place (``copy_``), and a
     float64 tensor's ``.numpy()`` would share that memory -- every call's snapshot the last."""
-    import torch
 
     return t.detach().to(dtype=torch.float64).cpu().numpy().copy()
 
 
 class RecurrentProbes:
     """The recurrent half of a family's probe maps (mixed in before ``Family``)."""
-
     # the recurrent module's path in the decoder layer, and the HF module that is its gated
     # norm (its second argument is z) -- None where the family reads z otherwise
     hf_rec_module = "linear_attn"
@@ -160,10 +163,6 @@ def _untile(a: np.ndarray, axis: int, nk: int, r: int, width: int = 1) -> np.nda
 
 @contextlib.contextmanager
 def _taps(fam, model, config, sink):
-    import sys
-
-    import torch  # noqa: F401 (the wrapped functions run under it)
-
     layers = fam.decoder_layers(model)
     rec = {}  # the running recurrent layer: index, rows of the call, batch
     handles, patched = [], []
@@ -257,7 +256,6 @@ def _taps(fam, model, config, sink):
             y = out[0] if isinstance(out, tuple) else out
             put("rec_out", _mamba_scan_out(name, y))
             if z is not None:
-                import torch.nn.functional as F
 
                 y = y * F.silu(z)
                 out = (y, *out[1:]) if isinstance(out, tuple) else y
@@ -298,8 +296,6 @@ def _mamba_scan_inputs(name: str, a: dict):
     before use -- ``softplus(dt + dt_bias)``, clamped to ``dt_limit`` in
     ``mamba2_chunk_scan`` only (``mamba2_selective_state_update`` and the Mamba-1
     scans clamp nothing) -- with the same torch ops, so it is HF's own value."""
-    import torch
-    import torch.nn.functional as F
 
     x, dt, b, c = a["hidden_states"], a["dt"], a["B"], a["C"]
     bias = a.get("dt_bias", a.get("delta_bias"))

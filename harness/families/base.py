@@ -27,6 +27,8 @@ import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
+import importlib
+import inspect
 
 import numpy as np
 
@@ -42,6 +44,10 @@ from ._hf_config import HFConfig, _divisors, _one_line  # noqa: F401 (re-exporte
 from ._lc_capture import FUSED_QKV_NOPE_LC_POINTS, LcCapture, LcPoint, lc_unrotated  # noqa: F401 (re-exported)
 from ._switches import ModelSwitch, Switches, rope_identity_overrides  # noqa: F401 (re-exported)
 from .hookspec import check as _check_hooks
+from harness.lazy import lazy
+
+torch = lazy("torch")
+transformers = lazy("transformers")
 
 
 # A layer no description covers (a linear-attention / delta-net layer): the report
@@ -102,8 +108,6 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         ``init_weights``), ``realistic`` (the same, then a trained model's statistics:
         ``realistic_weights``) or ``trained`` (realistic, and the recurrent layers' decays
         as trained checkpoints spread them: ``trained_apply``)."""
-        import torch
-        from transformers import AutoModelForCausalLM
 
         if weights not in WEIGHT_KINDS:
             from ..errors import UsageError, suggest
@@ -111,7 +115,7 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
             raise UsageError(f"unknown weights {weights!r}; {suggest(weights, WEIGHT_KINDS)}")
         torch.manual_seed(seed)
         kw = {} if self.experts_implementation is None else {"experts_implementation": self.experts_implementation}
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32, **kw)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32, **kw)
         self.init_weights(model, seed)
         if weights in ("realistic", "trained"):
             self.realistic_weights(model, config, seed, weights)
@@ -156,7 +160,6 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         in its effective weight: ``w' = f (1 + w) - 1``.
 
         ``weights="trained"`` also gives the recurrent layers long memory (``trained_apply``)."""
-        import torch
 
         plan = self.realistic_plan(config, seed, weights)
         with torch.no_grad():
@@ -166,7 +169,6 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
     def realistic_plan(self, config, seed: int, weights: str = "realistic") -> dict:
         """What ``realistic_weights`` draws once for a model (its own generator): the
         outlier channels, their factors and signs; ``trained``: the seed of the decays."""
-        import torch
 
         hidden = int(config.hidden_size if hasattr(config, "hidden_size") else getattr(config, "d_model"))
         gen = torch.Generator().manual_seed(10_007 + seed)
@@ -225,7 +227,6 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         has the smallest A: its memory is ~1 / (1 * 1e-3) = 1000 rows (at 4 heads the
         slowest head remembers >= 1 / (4.75 * 3.2e-3) ~ 65 rows, typically hundreds), where
         seeded O(1) weights give every head a memory of one to a few rows."""
-        import torch
 
         prefix, _, leaf = name.rpartition(".")
         if leaf == "bias" and prefix.endswith("dt_proj"):
@@ -252,7 +253,6 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
     def init_weights(self, model, seed: int) -> None:
         """Seeded weights with O(1) activations: HF's own init (std 0.02) leaves the
         attention nearly uniform, where a wrong scale or mask hardly shows."""
-        import torch
 
         with torch.no_grad():
             for _, p, value in self.init_draws(model, seed):
@@ -265,7 +265,6 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         written tensor by tensor as it is drawn (gguf/stream.py ``export_streamed``).
         ``initial(name, p)``: the parameter's value as HF initialised it, which
         ``init_value`` reads for a norm (default: the parameter itself)."""
-        import torch
 
         gen = torch.Generator().manual_seed(seed)
         # drawn in float64 for the tiny models (their captures and the committed baseline
@@ -341,9 +340,6 @@ def hf_default_rope_reads(config_class, key: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _default_rope_reads(config_module: str, key: str) -> bool:
-    import importlib
-    import inspect
-
     try:
         mod = importlib.import_module(config_module.replace(".configuration_", ".modeling_"))
     except ImportError:
@@ -504,7 +500,6 @@ def post_norm_points(resid_mid: str) -> dict[str, Point]:
 @dataclass
 class FamilyInfo:
     """What `conformance list` prints for a family."""
-
     name: str
     hf_model_type: str
     features: list[str] = field(default_factory=list)

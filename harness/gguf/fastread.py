@@ -21,6 +21,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
+
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
        10: np.uint64, 11: np.int64, 12: np.float64}
@@ -39,10 +43,7 @@ class Tensor(NamedTuple):
 
 class GGUFFile:
     """``values`` (key -> Python value: str, number, bool, list) and ``tensors``."""
-
     def __init__(self, path: str):
-        import gguf
-
         self.path = path
         self.mm = np.memmap(path, dtype=np.uint8, mode="r")
         buf = self.mm

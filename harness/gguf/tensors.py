@@ -12,6 +12,10 @@ import numpy as np
 
 from ..aligned import ALIGN, aligned_empty
 from ..errors import UsageError
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
+torch = lazy("torch")
 
 
 class _GgmlToFloat(ctypes.Structure):
@@ -48,7 +52,6 @@ def dequantize(data: np.ndarray, tensor_type) -> np.ndarray:
     """One tensor's raw data (gguf-py's layout) as float32: ggml's own ``to_float``
     (C, the dequantization llama.cpp runs; 20x gguf-py's numpy on K-quants),
     else ``gguf.quants.dequantize``. Flat."""
-    import gguf
 
     fn = _ggml_to_float(int(tensor_type)) if tensor_type not in (gguf.GGMLQuantizationType.F32,) else None
     if fn is None:
@@ -77,7 +80,6 @@ def place(model, state: dict, path: str) -> tuple[list[str], list[str]]:
     the model at once, and a pass over it). An array not aligned as torch's
     allocator aligns is copied into such memory first, so every weight lies where a
     loaded one did. ``(missing, unexpected)`` as ``load_state_dict(strict=False)``."""
-    import torch
 
     sd = model.state_dict(keep_vars=True)
     unexpected = [k for k in state if k not in sd]
@@ -101,7 +103,6 @@ def place(model, state: dict, path: str) -> tuple[list[str], list[str]]:
 def param_tensor(v):
     """Array ``v`` as a float32 tensor in memory aligned as torch's allocator aligns
     (``ALIGN``): its own memory where it is so, else a copy."""
-    import torch
 
     arr = np.asarray(v, dtype=np.float32)
     if arr.ctypes.data % ALIGN or not arr.flags.c_contiguous or not arr.flags.writeable:
@@ -115,7 +116,6 @@ def set_param(p, value) -> None:
     """Parameter ``p`` (the same object: hooks and a tied head keep it) now holds
     ``value``: its ``.data`` where the device stays, else the two swapped whole
     (a parameter on the meta device, read layer by layer: gguf/stream.py)."""
-    import torch
 
     if p.device == value.device:
         p.data = value

@@ -7,6 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harness.lazy import lazy
+
+torch = lazy("torch")
+modeling_llama = lazy("transformers.models.llama.modeling_llama")
+
 
 @dataclass(frozen=True)
 class ModelSwitch:
@@ -24,8 +29,6 @@ class ModelSwitch:
 
 
 def _fill_params(family, model, endings: tuple[str, ...], value: float) -> int:
-    import torch
-
     n = 0
     with torch.no_grad():
         for layer in family.decoder_layers(model):
@@ -38,12 +41,9 @@ def _fill_params(family, model, endings: tuple[str, ...], value: float) -> int:
 
 def _plain_rms(module):
     """A ``(1 + w)`` RMS norm module as HF ``LlamaRMSNorm`` with weight ``1 + w``."""
-    import torch
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
     w = module.weight.detach()
     eps = getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6))
-    new = LlamaRMSNorm(w.shape[-1], eps=eps).to(w.dtype)
+    new = modeling_llama.LlamaRMSNorm(w.shape[-1], eps=eps).to(w.dtype)
     with torch.no_grad():
         new.weight.copy_(1.0 + w)
     return new
@@ -52,7 +52,6 @@ def _plain_rms(module):
 def _open_gate(module):
     """A gate projection replaced by a constant 1e4: ``sigmoid(1e4) == 1`` exactly in
     every float type, so the gate it feeds passes the branch through unchanged."""
-    import torch
 
     class OpenGate(torch.nn.Module):
         def __init__(self, width: int):
@@ -68,7 +67,6 @@ def _open_gate(module):
 def _identity_modules(family, model, layer_cfgs, paths_of, swap=None) -> int:
     """Replace the modules at ``paths_of(layer_cfg)`` in every decoder layer by the
     identity (or by ``swap(module)``); the number replaced."""
-    import torch
 
     n = 0
     modules, done = family.decoder_layers(model), set()

@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
+import copy
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from ..features import model_features
 from ..ggml_types import is_quantized
 from ..references import CaptureRequest, RefCapture
 from ..select import Selection
+from harness.lazy import lazy
+
+torch = lazy("torch")
 
 
 class Build:
@@ -309,9 +313,6 @@ class Build:
         """The model with its weights held in ``dtype``: the float32 base model (also
         for float64, which HF computes module by module on it: references/hf/float64.py
         ``promoted``), or ONE copy in bfloat16 / float16 made once per case."""
-        import copy
-
-        import torch
 
         if dtype in ("float32", "float64"):
             return self.base_model
@@ -484,9 +485,6 @@ class Build:
         if model is None:
             return self.model_in(weights), how
         if weights not in ("float32", "float64"):
-            import copy
-
-            import torch
 
             # ONE copy per case, as model_in makes
             model = self.memo(f"gguf_hf_{weights}", lambda: copy.deepcopy(model).to(getattr(torch, weights)))

@@ -12,17 +12,21 @@ candidate it runs free from the same tokens (``free``).
 from __future__ import annotations
 
 import time
+import traceback
+import re
 
 import numpy as np
 
 from .. import references
 from ..errors import UsageError
 from ..references import RefCapture
+from harness.lazy import lazy
+
+torch = lazy("torch")
 
 
 def _error(e: Exception) -> RefCapture:
     ref = references.oracle_reference()
-    import traceback
 
     from .. import runlog
 
@@ -102,7 +106,6 @@ def drift(build, rc: RefCapture) -> RefCapture | None:
     None where there is none to measure: float weights, another precision, a
     reference that is not the oracle one, no Linear a quantized tensor feeds.
     Made once per case."""
-    import re
 
     from ..ggml_types import is_quantized
     from ..references.llamacpp.ggml_matmul import linear_act_types, unrounded_params
@@ -343,7 +346,6 @@ def _rounded_inputs(rc: RefCapture, dtype: str) -> RefCapture:
     """``rc`` as a capture to force by, its layer inputs rounded to ``dtype`` as the
     candidate is handed them (a half-precision candidate fed llama.cpp's float32 layer
     inputs casts them, round to nearest even)."""
-    import torch
 
     class Rounded(dict):
         def __missing__(self, k):  # lazily: only the layer inputs are read

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+import base64
 
 NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
@@ -121,7 +122,6 @@ class Browser:
     def screenshot(self, path: Path, width: int = 1400, height: int = 900, full: bool = False) -> Path:
         """The page as a PNG at ``width`` x ``height`` CSS pixels (a laptop's window), or
         its whole length with ``full``."""
-        import base64
 
         self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
                                                         "mobile": False}, session=True)

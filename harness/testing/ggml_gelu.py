@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.lazy import lazy
+
+torch = lazy("torch")
+
 
 def gelu_fp16_table(x):
-    import torch
-
     h = x.to(torch.float16).to(torch.float32)
     g = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * h * (1.0 + 0.044715 * h * h)))
     g = g.to(torch.float16).to(torch.float32)
@@ -47,7 +49,6 @@ def assert_fp16_gelu_explains_layer_out(lc_probes, ffn_half, exact_act) -> None:
     GELU: most elements off). Measured, AVX2 kernels: gemma3 exact NMSE 1.3e-9
     (97% of elements off), table 1.8e-15 (no token off); gemma4 exact 1.2e-9,
     table 3.6e-12 (one token off)."""
-    import torch
 
     with torch.no_grad():
         x = torch.as_tensor(lc_probes["L0.resid_mid"], dtype=torch.float32)

@@ -18,11 +18,18 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+import sys
+import shutil
+import subprocess
 
 from ..errors import UsageError, suggest
 from ..versions import ROOT, norm, read_lock, versions
 from . import envs, sources
 from .search import Bisector, Change, Run, run_in_env
+from harness.lazy import lazy
+
+packaging_version = lazy("packaging.version")
+pd = lazy("pandas")
 
 # the reference packages the command bisects, by the names a user may give
 PACKAGES = {"transformers": "transformers", "hf": "transformers", "hf_cached": "transformers",
@@ -48,7 +55,6 @@ class Plan:
 def parse_range(text: str, dist: str, index: envs.Index, pre: bool = False) -> list[str]:
     """``A..B`` (inclusive; ``pinned`` is the lock's release, ``latest`` the newest) ->
     the releases of ``dist`` in it, oldest first."""
-    from packaging.version import InvalidVersion, Version
 
     lo, sep, hi = text.partition("..")
     if not sep:
@@ -71,11 +77,11 @@ def parse_range(text: str, dist: str, index: envs.Index, pre: bool = False) -> l
 
     a, b = resolve(lo, "lo"), resolve(hi, "hi")
     try:
-        if Version(a) > Version(b):
+        if packaging_version.Version(a) > packaging_version.Version(b):
             raise UsageError(f"range {text!r} runs backwards: {a} is newer than {b}")
-    except InvalidVersion:
+    except packaging_version.InvalidVersion:
         pass
-    return [v for v in avail if Version(a) <= Version(v) <= Version(b)]
+    return [v for v in avail if packaging_version.Version(a) <= packaging_version.Version(v) <= packaging_version.Version(b)]
 
 
 def plan(reference: str, rng: str, spec_path: str, families: list[str] | None, keyword: str | None,
@@ -107,8 +113,6 @@ def plan(reference: str, rng: str, spec_path: str, families: list[str] | None, k
 
 def python_for(dist: str, release: str, index: envs.Index, log) -> Path:
     """The release's environment; the project's own for the calibrated (installed) one."""
-    import sys
-
     have = versions().get(dist.replace("-", "_"))
     if have is not None and have.split("+", 1)[0] == release and index.find_links is None:
         return Path(sys.executable)
@@ -141,7 +145,6 @@ def execute(p: Plan, out: Path, jobs: int, index: envs.Index, log, tree: Path | 
 def baseline_check(b: Bisector, cal: str | None, baseline: Path | None) -> dict | None:
     """How the calibrated release's run compares with the committed baseline's rows of
     the same cases (a harness change or another machine shows here, not as a release's)."""
-    import pandas as pd
 
     if cal is None or cal not in b.runs or baseline is None or not (baseline / "rows.parquet").is_file():
         return None
@@ -163,8 +166,6 @@ def harness_tree(rev: str | None) -> Path | None:
     """The harness of git revision ``rev`` as a folder (``git archive``, once per commit,
     in the cache): ``--harness REV`` replays what that commit's adapter saw of each
     release. None: this checkout."""
-    import shutil
-    import subprocess
 
     from ..versions import cache_root
 

@@ -34,6 +34,9 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..versions import ROOT, cache_root, norm, read_lock
+from harness.lazy import lazy
+
+packaging_version = lazy("packaging.version")
 
 ENV_SCHEMA = 1
 
@@ -176,8 +179,6 @@ class _constraints:
 
 def releases(dist: str, index: Index = Index(), pre: bool = False) -> list[str]:
     """Every release of ``dist`` the index holds, oldest first (``pip index versions``)."""
-    from packaging.version import InvalidVersion, Version
-
     r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", dist, "--disable-pip-version-check",
                         *(["--pre"] if pre else []), *index.pip_args()], capture_output=True, text=True)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("Available versions:")), None)
@@ -186,7 +187,7 @@ def releases(dist: str, index: Index = Index(), pre: bool = False) -> list[str]:
     out = []
     for v in line.partition(":")[2].split(","):
         try:
-            out.append(Version(v.strip()))
-        except InvalidVersion:
+            out.append(packaging_version.Version(v.strip()))
+        except packaging_version.InvalidVersion:
             continue
     return [str(v) for v in sorted(out)]

@@ -25,6 +25,12 @@ import sys
 from pathlib import Path
 
 import importlib.metadata as _md
+import inspect
+import sys as _sys
+
+from harness.lazy import lazy
+
+transformers = lazy("transformers")
 
 
 def _own_entry_points_from_the_tree() -> None:
@@ -61,10 +67,6 @@ def family_sources(family_name: str) -> dict[str, list[str]]:
     modeling module of its HF model class and its config class, and the modules of
     every transformers name the modeling module imports (``Cache`` ->
     ``cache_utils.py``; ``use_kernel_forward_from_hub`` -> ``integrations/hub_kernels.py``)."""
-    import inspect
-    import sys as _sys
-
-    from transformers import AutoModelForCausalLM
 
     from harness import families
 
@@ -72,7 +74,7 @@ def family_sources(family_name: str) -> dict[str, list[str]]:
     config = fam.make_config()
     out: list[str] = []
     try:
-        cls = AutoModelForCausalLM._model_mapping[type(config)]
+        cls = transformers.AutoModelForCausalLM._model_mapping[type(config)]
     except KeyError:
         cls = None
     mods = [type(config).__module__] + ([cls.__module__] if cls is not None else [])

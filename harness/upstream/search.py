@@ -25,6 +25,11 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+import os
+
+from harness.lazy import lazy
+
+pd = lazy("pandas")
 
 NMSE_FLOOR = 1e-30  # below this an NMSE is exactly-equal arithmetic: one class
 
@@ -197,9 +202,6 @@ def run_in_env(python: Path, spec: str, case_ids: list[str], out: Path, jobs: in
                tree: Path | None = None) -> Run:
     """The cases ``case_ids`` of ``spec`` run by the environment of ``python`` (runner.py),
     with the harness of ``tree`` (default: this checkout)."""
-    import os
-
-    import pandas as pd
 
     from ..versions import ROOT
 

@@ -32,6 +32,15 @@ from __future__ import annotations
 
 import importlib
 from importlib import metadata
+import tempfile
+from pathlib import Path
+
+from harness.lazy import lazy
+
+tokenizers = lazy("tokenizers")
+models = lazy("tokenizers.models")
+pre_tokenizers = lazy("tokenizers.pre_tokenizers")
+transformers = lazy("transformers")
 
 EXTRA = "pip install -e '.[engines]'"
 
@@ -77,10 +86,7 @@ def checkpoint(run, with_tokenizer: bool = True):
 
 def scratch(run, name: str):
     """A temporary directory for this case's converted model ``name`` (removed at exit)."""
-    import tempfile
-
     d = run.memo("engines_tmp", lambda: tempfile.TemporaryDirectory(prefix="attn-engines-"))
-    from pathlib import Path
 
     p = Path(d.name) / name
     p.mkdir(parents=True, exist_ok=True)
@@ -103,18 +109,16 @@ def _save_checkpoint(run, with_tokenizer: bool):
     d = scratch(run, "hf")
     run.base_model.save_pretrained(d)
     if with_tokenizer:
-        from tokenizers import Tokenizer, models, pre_tokenizers
-        from transformers import PreTrainedTokenizerFast
 
         n = int(run.config.vocab_size)
         vocab = {f"<t{i}>": i for i in range(n)}
-        tk = Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))
+        tk = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))
         tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         special = {k: f"<t{_special_id(run.config, k + '_id', i, n)}>" for i, k in ((1, "bos_token"), (2, "eos_token"))}
         # pad named too: the converters load it with AutoTokenizer, which picks the family's
         # own class from config.json (Qwen2Tokenizer), and that class adds its default pad
         # "<|endoftext|>" as a 129th token where none is given
-        PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<t0>", pad_token="<t0>", **special).save_pretrained(d)
+        transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<t0>", pad_token="<t0>", **special).save_pretrained(d)
     return d
 
 

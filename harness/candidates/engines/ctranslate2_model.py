@@ -23,6 +23,9 @@ import numpy as np
 
 from ..api import Candidate, CandidateCapture
 from . import checkpoint, require, said, scratch, version
+from harness.lazy import lazy
+
+ctranslate2_converters = lazy("ctranslate2.converters")
 
 NOT_EXPOSED = ("CTranslate2's Generator returns only logits (forward_batch: 'the full output logits for each "
                "position'); no layer tensor leaves its C++ decoder")
@@ -46,11 +49,10 @@ class CTranslate2(Candidate):
     def _converted(self, run):
         def make():
             ct2 = require("ctranslate2", self.name)
-            from ctranslate2.converters import TransformersConverter
 
             out = scratch(run, "ctranslate2")
             try:
-                TransformersConverter(str(checkpoint(run)), low_cpu_mem_usage=False).convert(
+                ctranslate2_converters.TransformersConverter(str(checkpoint(run)), low_cpu_mem_usage=False).convert(
                     str(out), quantization="float32", force=True)
                 gen = ct2.Generator(str(out), device="cpu", compute_type="float32", inter_threads=1, intra_threads=1)
             except Exception as e:  # the converter's own refusal: a skipped case in its words

@@ -31,6 +31,10 @@ import numpy as np
 
 from ..api import Candidate, CandidateCapture
 from . import require, said, version
+from harness.lazy import lazy
+
+torch = lazy("torch")
+ov = lazy("openvino")
 
 INSIDE = ("the converted graph names it by no module boundary (RoPE's ops lie inside the attention module: "
           "__module.<path>.self_attn/aten::...)")
@@ -74,7 +78,6 @@ class OpenVino(Candidate):
 
 def _convert(run):
     ov = require("openvino", "openvino")
-    import torch
 
     model = run.base_model
 
@@ -115,7 +118,6 @@ def _module_tree(model, n_layers: int) -> dict:
     norm registered before the attention module, the attention module's
     q/k/v/o projections (``q_proj`` ... ``o_proj``, ``dense``, ``out_proj``), and
     the model's final norm (the norm registered after the layers, beside them)."""
-    import torch
 
     lists = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers]
     path, layers = lists[0] if lists else (None, [])
@@ -170,8 +172,6 @@ def _module_tree(model, n_layers: int) -> dict:
 
 
 def _run(run, ovm):
-    import openvino as ov
-
     from contract.probes import LAYER_PROBES
 
     ops = list(ovm.get_ordered_ops())

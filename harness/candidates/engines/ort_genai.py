@@ -34,10 +34,19 @@ currently supported") is ``skipped`` in its words.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import re
+import json
+
 import numpy as np
 
 from ..api import Candidate, CandidateCapture
 from . import checkpoint, require, said, scratch, version
+from harness.lazy import lazy
+
+onnx = lazy("onnx")
+ort = lazy("onnxruntime")
 
 NO_Q_ROPE = "GroupQueryAttention rotates Q inside its kernel and returns no rotated query"
 PASS_THROUGH = ("Reshape", "Transpose", "Identity", "SimplifiedLayerNormalization", "LayerNormalization", "Cast",
@@ -96,8 +105,6 @@ class OrtGenai(Candidate):
 def _build(run):
     """Run the builder on the case's checkpoint: ``(True, onnx ModelProto with the
     probes as outputs, and where each lies)`` or ``(False, the builder's own words)``."""
-    import subprocess
-    import sys
 
     out = scratch(run, "ort-genai")
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint(run)), "-o", str(out),
@@ -112,15 +119,12 @@ def _build(run):
         last = last.replace(str(checkpoint(run)), run.config.architectures[0] if getattr(
             run.config, "architectures", None) else type(run.base_model).__name__)
         return False, f"onnxruntime-genai {version('onnxruntime-genai')} model builder refuses it: {last[:300]}"
-    import onnx
 
     model = onnx.load(str(out / "model.onnx"), load_external_data=True)
     return True, model
 
 
 def _layer_of(name: str):
-    import re
-
     m = re.match(r"/model/layers\.(\d+)/", name)
     return int(m.group(1)) if m else None
 
@@ -223,8 +227,6 @@ def _cache_dims(lc, name: str, windowed: dict) -> tuple:
 
 def _windowed(model_dir) -> dict:
     """``{layer: cache capacity}`` of the layers with a window-sized cache (genai_config.json)."""
-    import json
-
     try:
         cfg = json.loads((model_dir / "genai_config.json").read_text())
     except (OSError, ValueError):
@@ -238,10 +240,6 @@ def _windowed(model_dir) -> dict:
 
 def _run(run, model):
     """Run ``model`` from the case's tokens on its schedule; ``(probes, not_exposed)``."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import helper
-
     from contract.probes import LAYER_PROBES
 
     from ...schedule import chunk_sizes
@@ -266,7 +264,7 @@ def _run(run, model):
                 if a.name == "qk_output":
                     node.attribute.remove(a)
                     break
-            node.attribute.append(helper.make_attribute("qk_output", 2))
+            node.attribute.append(onnx.helper.make_attribute("qk_output", 2))
             while len(node.output) < 4:
                 node.output.append("")
             node.output[3] = node.name + "/output_qk"
@@ -274,7 +272,7 @@ def _run(run, model):
         elif where[0] == "present":
             want[key] = where[1].output[1]
     for t in sorted(set(want.values()) - outs):
-        g.output.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
+        g.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.log_severity_level = 4

@@ -47,6 +47,9 @@ from contract.layers import Unimplemented
 
 from ..api import LayerCandidate
 from . import require, said
+from harness.lazy import lazy
+
+onnx = lazy("onnx")
 
 OP = "com.microsoft.GroupQueryAttention"
 NO_Q_ROPE = (f"{OP} rotates Q inside its kernel and returns no rotated query (its outputs: output, present_key, "
@@ -170,16 +173,12 @@ class _LayerGraph:
 
     # ---------------------------------------------------------------- building
     def init(self, name, arr, dtype=np.float32):
-        from onnx import numpy_helper
-
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(np.asarray(arr, dtype=dtype)), name))
+        self.inits.append(onnx.numpy_helper.from_array(np.ascontiguousarray(np.asarray(arr, dtype=dtype)), name))
         return name
 
     def node(self, op, inputs, out, domain="", **attrs):
-        from onnx import helper
-
         outs = [out] if isinstance(out, str) else list(out)
-        self.nodes.append(helper.make_node(op, list(inputs), outs, name=outs[0] + "/" + op, domain=domain, **attrs))
+        self.nodes.append(onnx.helper.make_node(op, list(inputs), outs, name=outs[0] + "/" + op, domain=domain, **attrs))
         return out
 
     def linear(self, x, wname, bname, out):
@@ -217,16 +216,14 @@ class _LayerGraph:
                          epsilon=float(spec.eps))
 
     def model(self):
-        from onnx import TensorProto, helper
-
         lc, w = self.lc, self.w
         h, hkv, d, dv = lc.n_heads, lc.n_kv_heads, lc.head_dim, lc.dv
-        f = TensorProto.FLOAT
-        inputs = [helper.make_tensor_value_info("x", f, ["B", "n", lc.hidden_size]),
-                  helper.make_tensor_value_info("past_key", f, ["B", hkv, "P", d]),
-                  helper.make_tensor_value_info("past_value", f, ["B", hkv, "P", dv]),
-                  helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
-                  helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+        f = onnx.TensorProto.FLOAT
+        inputs = [onnx.helper.make_tensor_value_info("x", f, ["B", "n", lc.hidden_size]),
+                  onnx.helper.make_tensor_value_info("past_key", f, ["B", hkv, "P", d]),
+                  onnx.helper.make_tensor_value_info("past_value", f, ["B", hkv, "P", dv]),
+                  onnx.helper.make_tensor_value_info("seqlens_k", onnx.TensorProto.INT32, ["B"]),
+                  onnx.helper.make_tensor_value_info("total_sequence_length", onnx.TensorProto.INT32, [])]
         normed = self.norm("x", lc.input_norm, "attn_norm", "attn_norm_b", "attn_in")
         a_in = normed
         if lc.attn_in_multiplier != 1.0:
@@ -357,9 +354,9 @@ class _LayerGraph:
                 base = self.node("Mul", [base, self.init("residual_alpha", lc.residual_alpha)], "resid.base")
             self.node("Add", [base, br], "resid_mid")
             names.append("resid_mid")
-        outputs = [helper.make_tensor_value_info(n, f, None) for n in names]
-        g = helper.make_graph(self.nodes, "attn_half", inputs, outputs, self.inits)
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+        outputs = [onnx.helper.make_tensor_value_info(n, f, None) for n in names]
+        g = onnx.helper.make_graph(self.nodes, "attn_half", inputs, outputs, self.inits)
+        return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 21), onnx.helper.make_opsetid("com.microsoft", 1)],
                                  ir_version=10)
 
     # ---------------------------------------------------------------- running

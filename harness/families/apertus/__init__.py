@@ -40,6 +40,9 @@ from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import trace_import
 from ..base import LcPoint, LlamaLike, Point, tensor
+from harness.lazy import lazy
+
+activations = lazy("transformers.activations")
 
 _ACT = ("alpha_n", "alpha_p", "beta", "eps")  # HF XIELUActivation's names = the GGUF keys' (xielu.<name>)
 
@@ -82,9 +85,8 @@ class Apertus(LlamaLike):
             vals = [float(np.float32(tensor(layer, f"mlp.act_fn.{key}").reshape(-1)[0]))
                     for layer in self.decoder_layers(model)]
             if not self._write_xielu_from_weights:  # XIELUActivation.__init__'s values, every layer
-                from transformers.activations import XIELUActivation
 
-                vals = [float(np.float32(tensor(XIELUActivation(dtype=__import__("torch").float32), key)
+                vals = [float(np.float32(tensor(activations.XIELUActivation(dtype=__import__("torch").float32), key)
                                          .reshape(-1)[0]))] * len(vals)
             getattr(w, f"add_xielu_{key}")(vals)
 

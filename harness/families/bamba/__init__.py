@@ -37,6 +37,8 @@ of 16 (rotary 8), Mamba-2 of 8 heads x 16, 2 groups, state 16, conv 4, HF chunk 
 
 from __future__ import annotations
 
+import dataclasses
+
 from contract.recurrent import RecurrentConfig
 from contract.layers import NormSpec
 
@@ -50,7 +52,6 @@ from ..llama import PermutedQK
 
 class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
     """conversion/granite.py ``GraniteHybridModel`` -> llama.cpp ``granitehybrid``."""
-
     gguf_arch = "granitehybrid"
     hf_rec_module = "mamba"
     hf_rec_gate_norm = "norm"
@@ -171,7 +172,6 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
         layer with no KV head is a Mamba layer (``is_recr_impl[i] = n_head_kv(i) == 0``),
         one head / KV-head count for the attention layers, the RoPE switch
         (``rope.scaling.finetuned``, default true). ``(kwargs, hparams)``."""
-        import dataclasses
 
         from .._gguf_import import hf_rope, read_hparams, special_tokens, vocab_of
 
@@ -253,7 +253,6 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
 
 class _Overridden:
     """The HF config with a few values replaced, as the converter ends up writing them."""
-
     def __init__(self, config, **values):
         self._config, self._values = config, values
 

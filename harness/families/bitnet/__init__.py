@@ -41,6 +41,10 @@ from __future__ import annotations
 from contract.layers import NormSpec
 
 from ..base import LcPoint, LlamaLike, gguf_size_params
+from harness.lazy import lazy
+
+torch = lazy("torch")
+gguf = lazy("gguf")
 
 # the HF modules the converter ternarizes (ATTN_Q/K/V/OUT, FFN_UP/DOWN/GATE)
 TERNARY = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -51,7 +55,6 @@ def weight_quant(w):
     """conversion/bitnet.py ``BitnetModel.weight_quant``, step for step (float32, per
     tensor): scale = mean|W| clamped at 1e-5, round(W / scale) clamped to [-1, 1],
     times the scale (as the converter writes it: ``/ (1 / scale)``)."""
-    import torch
 
     t = torch.as_tensor(w)
     dtype = t.dtype
@@ -85,7 +88,6 @@ class BitNet(LlamaLike):
     def init_weights(self, model, seed: int) -> None:
         """The seeded draw, then the converter's ternarization of the seven matrices
         (see the module docstring: HF, impl and llama.cpp then share one set of weights)."""
-        import torch
 
         super().init_weights(model, seed)
         with torch.no_grad():
@@ -102,7 +104,6 @@ class BitNet(LlamaLike):
     def gguf_params(self, w, config, variant=None):
         """conversion/base.py TextModel.set_gguf_parameters for BitNetConfig (no head_dim
         field, so no key/value length), then BitnetModel's no-op linear scaling."""
-        import gguf
 
         gguf_size_params(w, config)
         w.add_rope_freq_base(config.rope_parameters["rope_theta"])
@@ -124,7 +125,6 @@ class BitNet(LlamaLike):
         # BitnetModel.modify_tensors ternarizes q/k/v/o/gate/up/down: done once, in
         # init_weights, on the original draw (a second weight_quant is not the identity)
         yield name, data
-
 
     def config_from_gguf(self, meta, shapes, tensors):
         # bitnet.cpp load_arch_hparams: the RMS eps (the default reverse); the graph's

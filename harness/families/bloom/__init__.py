@@ -45,6 +45,7 @@ The default tiny config has 4 heads (a power of two); ``--set hidden_size=96
 from __future__ import annotations
 
 import re
+import contextlib
 
 import numpy as np
 
@@ -126,7 +127,6 @@ class Bloom(Family):
     def hf_taps(self, model, config, sink: dict):
         """BloomAttention returns ``(residual + attn, attention_probs)``: the
         probabilities the forward itself used, read off its second output."""
-        import contextlib
 
         from harness.references.hf.capture import _to_np
 
@@ -178,7 +178,6 @@ class Bloom(Family):
             # "Map bloom-style qkv_linear to gpt-style qkv_linear": (head, 3, d, h) -> [Q; K; V]
             data = per_head_qkv_to_blocks(data, config.n_head)
         yield name, np.ascontiguousarray(data)
-
 
     def config_from_gguf(self, meta, shapes, tensors):
         # bloom.cpp load_arch_hparams: layer_norm_eps; ALiBi's max bias is fixed at 8 (no

@@ -35,6 +35,9 @@ from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, LcPoint, text_model_gguf_params
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 # command-r.cpp load_arch_tensors: attn_q_norm / attn_k_norm only `if (n_layer >= 64)`
 QK_NORM_MIN_LAYERS = 64
@@ -84,8 +87,6 @@ class Cohere(LlamaLike):
         return super().init_value(name, p, r)
 
     def gguf_params(self, w, config, variant=None):
-        import gguf
-
         # conversion/command_r.py CommandR2Model: max_position_embeddings replaced by
         # model_max_length where the config has one (HF's CohereConfig has none)
         text_model_gguf_params(w, config)

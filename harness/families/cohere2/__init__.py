@@ -39,6 +39,9 @@ import numpy as np
 
 from .._gguf_import import hf_rope, llama_like_config, read_hparams, swa_pattern
 from ..base import LlamaLike, lc_unrotated
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 
 class Cohere2(LlamaLike):
@@ -88,8 +91,6 @@ class Cohere2(LlamaLike):
         return lc_unrotated(self.lc_points)
 
     def gguf_params(self, w, config, variant=None):
-        import gguf
-
         super().gguf_params(w, config, variant)
         # conversion/base.py TextModel.set_gguf_parameters: layer_norm_eps
         w.add_layer_norm_eps(config.layer_norm_eps)
@@ -123,7 +124,6 @@ class Cohere2(LlamaLike):
                 raise ValueError(f"cohere2: bias tensor {name!r} is not zero; the converter refuses it")
             return None
         return data
-
 
     def config_from_gguf(self, meta, shapes, tensors):
         """cohere2.cpp load_arch_hparams: ``load_swa_pattern(ml, 4)``,

@@ -60,6 +60,9 @@ from .._gguf_export import tensor_name_map
 from .._gguf_import import experts, hf_rope, llama_like_config, one_per_layer, read_hparams, swa_pattern
 from ..base import gguf_moe_convert, text_model_gguf_params
 from ..cohere2 import Cohere2
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 # vendored gguf-py constants.py MODEL_TENSORS[MODEL_ARCH.COHERE2MOE], the trunk's
 # (the NEXTN_* multi-token-prediction block is not compared: none in HF's model)
@@ -114,7 +117,6 @@ class Cohere2Moe(Cohere2):
 
     def gguf_params(self, w, config, variant=None):
         # conversion/command_r.py Cohere2MoeModel.set_gguf_parameters
-        import gguf
 
         text_model_gguf_params(w, config)
         # conversion/base.py TextModel.set_gguf_parameters: the gating from expert_selection_fn

@@ -44,6 +44,7 @@ sides.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import numpy as np
 
@@ -132,7 +133,6 @@ class Dbrx(LlamaLike):
         """Q and K as ``apply_rotary_pos_emb`` receives them (clamped, split, before
         the rotation), V as the eager attention receives it (clamped; the cache's rows
         in front on HF's cached path, which the capture's merge takes the last of)."""
-        import sys
 
         from harness.references.hf.capture import _to_np
 

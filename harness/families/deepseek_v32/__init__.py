@@ -45,6 +45,9 @@ Extra configs:
 from __future__ import annotations
 
 from ..glm_moe_dsa import GlmMoeDsa
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 
 class DeepseekV32(GlmMoeDsa):
@@ -70,7 +73,6 @@ class DeepseekV32(GlmMoeDsa):
         the absorbed form never writes, and the naive form is not exported for
         llama.cpp), and tensor_mapping.py names the same HF modules for both --
         so glm-dsa's map names every tensor deepseek32.cpp loads."""
-        import gguf
 
         return gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM_DSA, config.num_hidden_layers)
 

@@ -45,6 +45,9 @@ from contract.layers import NormSpec, QkNormSpec
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams
 from ..base import LlamaLike, gguf_moe_convert, text_model_gguf_params
 from ..glm4_moe import SeededExpertBias
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 
 class Dots1(SeededExpertBias, LlamaLike):
@@ -84,7 +87,6 @@ class Dots1(SeededExpertBias, LlamaLike):
         # conversion/dots1.py Dots1Model.set_gguf_parameters: Qwen2MoeModel's (TextModel's keys
         # with num_experts = n_routed_experts, the gating from scoring_func, the experts'
         # width), then the leading dense count, shared count, weights' scale and norm
-        import gguf
 
         text_model_gguf_params(w, config)
         if getattr(config, "scoring_func", None) == "sigmoid":

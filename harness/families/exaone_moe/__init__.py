@@ -41,6 +41,9 @@ from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams, swa_pattern
 from ..base import LcPoint, LlamaLike, gguf_moe_convert, text_model_gguf_params
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 
 class ExaoneMoe(LlamaLike):
@@ -92,7 +95,6 @@ class ExaoneMoe(LlamaLike):
     def gguf_params(self, w, config, variant=None):
         # conversion/exaone.py ExaoneMoEModel.set_gguf_parameters -> Exaone4Model's ->
         # TextModel's (the gating function only from scoring_func: conversion/base.py)
-        import gguf
 
         text_model_gguf_params(w, config)
         if getattr(config, "scoring_func", None) == "sigmoid":

@@ -51,6 +51,9 @@ from contract.layers import ConfigError
 
 from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 from ..base import Family, LcCapture, LcPoint, Point, rope_from_config, tensor
+from harness.lazy import lazy
+
+modeling_falcon = lazy("transformers.models.falcon.modeling_falcon")
 
 # conversion/falcon.py FalconModel.set_gguf_parameters: add_context_length(2048), "not in config.json"
 CONVERTER_CONTEXT = 2048
@@ -157,7 +160,6 @@ class Falcon(Family):
         ``apply_rotary_pos_emb`` returns (patched for the forward, the layer named
         by a pre-hook on the attention module), the probabilities its second output,
         the merged heads ``dense``'s input."""
-        from transformers.models.falcon import modeling_falcon
 
         from harness.references.hf.capture import _to_np
 

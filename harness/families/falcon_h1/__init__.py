@@ -66,6 +66,9 @@ from .._mamba2 import (Mamba2Sizes, mamba2_config, mamba2_convert, mamba2_weight
                       validate_ssd_shapes)
 from ..base import LcPoint, LlamaLike, Point
 from contract.layers import NormSpec
+from harness.lazy import lazy
+
+torch = lazy("torch")
 
 MULTIPLIERS = ("attention_in_multiplier", "key_multiplier", "attention_out_multiplier", "ssm_in_multiplier",
                "ssm_out_multiplier", "embedding_multiplier", "lm_head_multiplier")
@@ -283,7 +286,6 @@ class FalconH1(NegExpALog, LlamaLike):
         f = self._fold(name, config)
         if f is None:
             return data
-        import torch
 
         t = torch.from_numpy(np.ascontiguousarray(data))
         return (t * torch.as_tensor(np.asarray(f, dtype=np.float32))).numpy() if np.ndim(f) else (t * f).numpy()

@@ -108,6 +108,7 @@ Tiny config: 21 layers (the fewest at which llama.cpp shares; layer 20 reads
 from __future__ import annotations
 
 import re
+import contextlib
 
 import numpy as np
 
@@ -115,6 +116,10 @@ from contract.layers import LayerConfig, NormSpec, QkNormSpec
 
 from .._gguf_import import llama_like_config, read_hparams, swa_pattern
 from ..base import LcPoint, LlamaLike, Point, text_model_gguf_params
+from harness.lazy import lazy
+
+torch = lazy("torch")
+transformers = lazy("transformers")
 
 # llama-hparams.h:264-267: what gemma3n.cpp takes as given (never read from the file)
 LC_FIXED = {"altup_num_inputs": 4, "altup_active_idx": 0, "laurel_rank": 64, "hidden_size_per_layer_input": 256}
@@ -239,9 +244,6 @@ class Gemma3n(LlamaLike):
         active_prediction + attn``); recomputed here as that very add -- the torch tensors
         ``input_layernorm`` reads and ``post_attention_layernorm`` returns, in the
         model's dtype -- so it is HF's value bit for bit."""
-        import contextlib
-
-        import torch
 
         held: dict = {}
 
@@ -388,7 +390,6 @@ class Gemma3n(LlamaLike):
         w.add_altup_num_inputs(config.altup_num_inputs)
         w.add_embedding_length_per_layer_input(config.hidden_size_per_layer_input)
         w.add_shared_kv_layers(config.num_kv_shared_layers)
-        import torch
 
         normal = torch.distributions.normal.Normal(0, 1)
         w.add_activation_sparsity_scale([normal.icdf(torch.tensor(s, dtype=torch.float32)).item()
@@ -478,9 +479,8 @@ class Gemma3n(LlamaLike):
         if "output.weight" in shapes:
             kw["tie_word_embeddings"] = False
         if n > LC_KV_FROM:
-            from transformers import AutoConfig
 
-            hf = kv_sources(AutoConfig.for_model(self.hf_model_type, **kw))
+            hf = kv_sources(transformers.AutoConfig.for_model(self.hf_model_type, **kw))
             lc = lc_kv_sources(swa)
             if hf != lc:
                 first = next(i for i, (a, b) in enumerate(zip(hf, lc)) if a != b)

@@ -48,6 +48,10 @@ from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams
 from ..base import LlamaLike, gguf_moe_convert, text_model_gguf_params
+from harness.lazy import lazy
+
+torch = lazy("torch")
+gguf = lazy("gguf")
 
 QK_NORM = QkNormSpec(NormSpec("rms"), over="head", where="pre_rope")  # Glm4MoeAttention q_norm / k_norm
 
@@ -62,8 +66,6 @@ class SeededExpertBias:
     _expert_bias_std = 0.3
 
     def init_weights(self, model, seed: int) -> None:
-        import torch
-
         super().init_weights(model, seed)
         gen = torch.Generator().manual_seed(7919 + seed)
         with torch.no_grad():
@@ -99,7 +101,6 @@ class Glm4Moe(SeededExpertBias, LlamaLike):
     def gguf_params(self, w, config, variant=None):
         # conversion/glm.py Glm4MoeModel.set_gguf_parameters (with --no-mtp): TextModel's keys,
         # rope.dimension_count = head_dim * partial_rotary_factor (default 0.5), then the MoE keys
-        import gguf
 
         text_model_gguf_params(w, config)
         prf = (config.rope_parameters or {}).get("partial_rotary_factor", 0.5)

@@ -39,8 +39,14 @@ slide), a window of 4 at 16 tokens, sinks N(0, 1) (HF's init is zeros: no mass).
 
 from __future__ import annotations
 
+import re
+import copy
+
 from .._gguf_import import llama_like_config, read_hparams, swa_pattern
 from ..granite import Granite
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 # why HF's attn_probs is not granite_swa's (the module docstring)
 HF_PROBS = ("HF's eager attention (modular_granite_swa.py eager_attention_forward) returns the softmax "
@@ -63,8 +69,6 @@ class _WithSinks:
         self._tmap = tmap
 
     def get_name(self, name, try_suffixes=()):
-        import re
-
         for hf, gg in self.EXTRA.items():
             m = re.fullmatch(r"model\.layers\.(\d+)\." + re.escape(hf) + r"(\.weight)?", name)
             if m:
@@ -98,8 +102,6 @@ class GraniteSWA(Granite):
         return bool(config.layer_rope_theta[i])
 
     def rope(self, config, i: int, head_dim: int):
-        import copy
-
         if not self.uses_rope(config, i):
             return None
         # GraniteSWAModel.__init__: one rotary embedding per theta, rope_parameters' theta replaced
@@ -117,8 +119,6 @@ class GraniteSWA(Granite):
         w.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
 
     def gguf_tensor_map(self, config):
-        import gguf
-
         arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[self._tensor_map_arch]
         return _WithSinks(gguf.get_tensor_name_map(arch, config.num_hidden_layers))
 

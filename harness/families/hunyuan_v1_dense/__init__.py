@@ -32,11 +32,15 @@ the NTK-alpha RoPE (alpha 1000, 32k context) three-way.
 from __future__ import annotations
 
 import dataclasses
+import copy
 
 from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LcPoint, LlamaLike, rope_from_config, text_model_gguf_params
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 
 def ntk_alpha_theta(config) -> float:
@@ -84,7 +88,6 @@ class HunYuanDense(LlamaLike):
         # conversion/hunyuan.py HunYuanModel.set_gguf_parameters: TextModel's; for a
         # "dynamic" RoPE the scaled base over TextModel's rope.freq_base, scaling NONE,
         # factor 1, and a 256k context (GGUFWriter keeps the later of a duplicated key)
-        import gguf
 
         from .._mla import MlaFamily
 
@@ -112,8 +115,6 @@ class HunYuanDense(LlamaLike):
 
 def _with_rope(config, rope_parameters: dict):
     """A shallow copy of ``config`` with other rope parameters."""
-    import copy
-
     c = copy.copy(config)
     object.__setattr__(c, "rope_parameters", rope_parameters)
     return c

@@ -35,6 +35,9 @@ from contract.layers import NormSpec, QkNormSpec
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams
 from ..base import LlamaLike, gguf_moe_convert, text_model_gguf_params
 from ..glm4_moe import SeededExpertBias
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 SIGMOID = 2  # llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (gguf ExpertGatingFuncType.SIGMOID)
 
@@ -69,7 +72,6 @@ class HYV3(SeededExpertBias, LlamaLike):
     def gguf_params(self, w, config, variant=None):
         # conversion/hunyuan.py HYV3Model.set_gguf_parameters: TextModel's keys, the experts'
         # and the shared expert's widths, the top-k weights' norm and scale, sigmoid gating
-        import gguf
 
         text_model_gguf_params(w, config)
         w.add_expert_feed_forward_length(config.moe_intermediate_size)

@@ -63,6 +63,9 @@ from .._gguf_export import NegExpALog
 from .._mla import MlaFamily
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, Point, tensor
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 # HF's l2norm in both KDA scans (modeling_kimi_linear.py l2norm(..., eps=1e-6))
 HF_QK_L2_EPS = 1e-6
@@ -207,8 +210,6 @@ class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
     # ------------------------------------------------------------------ GGUF
     def gguf_params(self, w, config, variant=None):
         """KimiLinearModel.set_gguf_parameters on top of TextModel's."""
-        import gguf
-
         self.check_lc_variant(variant)
         self.text_params(w, config)
         r, nope, rope, v = config.kv_lora_rank, config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
@@ -257,7 +258,6 @@ class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
                 yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", data
                 return
         yield from super().gguf_convert(name, data, config, variant)
-
 
     def config_from_gguf(self, meta, shapes, tensors):
         """kimi-linear.cpp load_arch_hparams: the RMS eps, the ``_mla`` head sizes,

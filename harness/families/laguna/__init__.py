@@ -70,6 +70,9 @@ from contract.layers import NormSpec, QkNormSpec
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams, swa_pattern
 from ..base import LlamaLike, LcPoint, gguf_moe_convert, text_model_gguf_params
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 _S, _F = "sliding_attention", "full_attention"
 
@@ -160,7 +163,6 @@ class Laguna(LlamaLike):
         # gguf-py 0.19 has no MODEL_ARCH.LAGUNA. step35's tensor list is the vendored
         # gguf-py's MODEL_TENSORS[LAGUNA] plus rope_freqs (which a laguna model never has):
         # the same names, post_attention_layernorm -> ffn_norm and g_proj -> attn_gate
-        import gguf
 
         return gguf.get_tensor_name_map(gguf.MODEL_ARCH.STEP35, config.num_hidden_layers)
 
@@ -176,7 +178,6 @@ class Laguna(LlamaLike):
         w.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
         w.add_expert_weights_norm(True)  # HF reference always sum-normalises after top-k
         w.add_expert_weights_scale(float(config.moe_routed_scaling_factor))
-        import gguf
 
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         lead = 0

@@ -22,11 +22,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..lfm2 import Lfm2, PerLayerKv
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 
 class _WithOutput:
     """A gguf TensorNameMap that also names HF's ``lm_head`` GGUF's ``output``."""
-
     def __init__(self, tmap):
         self._tmap = tmap
 
@@ -70,7 +72,6 @@ class Lfm2Moe(Lfm2):
         """conversion/lfm2.py ``LFM2MoeModel.set_gguf_parameters``: the per-layer KV heads
         (0 for a conv layer), TextModel's keys, the experts' width, the dense lead, the
         sigmoid gating, the vocabulary and ``shortconv.l_cache``."""
-        import gguf
 
         from .._gguf_export import text_model_gguf_params
 

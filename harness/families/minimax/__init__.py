@@ -58,6 +58,7 @@ on every residual, betas 1.0, ``rms_norm_eps`` 1e-6: HF's lightning ``norm`` kee
 from __future__ import annotations
 
 import re
+import contextlib
 
 import numpy as np
 
@@ -68,6 +69,9 @@ from impl import lightning_slopes
 from .._recurrent import RecurrentProbes, _np
 from ...errors import UsageError
 from ..base import LcPoint, LlamaLike, Point, gguf_moe_convert, tensor
+from harness.lazy import lazy
+
+torch = lazy("torch")
 
 # HF MiniMaxLightningAttention.__init__: `self.norm = MiniMaxRMSNorm(head_dim * num_heads)`,
 # no eps argument -- MiniMaxRMSNorm's default
@@ -218,7 +222,6 @@ class MiniMax(RecurrentProbes, LlamaLike):
         slopes (``slope_rate`` is a buffer, cast after); computed here with the same
         torch ops, then rounded as HF rounds them. The rule (HF's factor; llama.cpp's
         differs by the 1e-5 term) is impl's ``lightning_slopes``, checked against these."""
-        import torch
 
         if self._slope_rule != "hf":
             return lightning_slopes(h, i, n_layers, self._slope_rule)
@@ -286,7 +289,6 @@ class MiniMax(RecurrentProbes, LlamaLike):
         """The lightning layers' log-decay per row, ``-slope_rate`` from each module's
         own buffer (HF ``ratio = torch.exp(-self.slope_rate)`` / ``query_decay``), recorded
         as the module runs (the rows of the call it is handed)."""
-        import contextlib
 
         @contextlib.contextmanager
         def taps():

@@ -48,6 +48,9 @@ from contract.layers import NormSpec, QkNormSpec
 from .._gguf_import import experts, llama_like_config, read_hparams
 from ..base import LcPoint, LlamaLike, gguf_moe_convert, text_model_gguf_params
 from ..glm4_moe import SeededExpertBias
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 
 class MiniMaxM2(SeededExpertBias, LlamaLike):
@@ -89,7 +92,6 @@ class MiniMaxM2(SeededExpertBias, LlamaLike):
     def gguf_params(self, w, config, variant=None):
         # conversion/minimax.py MiniMaxM2Model.set_gguf_parameters: TextModel's keys (the
         # gating from scoring_func), the experts' width, the rotary width (rotary_dim)
-        import gguf
 
         text_model_gguf_params(w, config)
         if getattr(config, "scoring_func", None) == "sigmoid":

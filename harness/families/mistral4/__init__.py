@@ -40,6 +40,9 @@ from __future__ import annotations
 from contract.layers import TemperatureSpec
 
 from ..deepseek_v3 import DeepseekV3
+from harness.lazy import lazy
+
+transformers = lazy("transformers")
 
 
 class Mistral4(DeepseekV3):
@@ -72,9 +75,8 @@ class Mistral4(DeepseekV3):
         # AutoModelForCausalLM (models/auto/modeling_auto.py MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         # every path that builds the model (build_model, the GGUF export, the hook points)
         # asks that auto class, so the mapping is added here, where each config is made
-        from transformers import AutoModelForCausalLM, Mistral4Config, Mistral4ForCausalLM
 
-        AutoModelForCausalLM.register(Mistral4Config, Mistral4ForCausalLM, exist_ok=True)
+        transformers.AutoModelForCausalLM.register(transformers.Mistral4Config, transformers.Mistral4ForCausalLM, exist_ok=True)
         return super().config_from_kwargs(kw, refused)
 
     def _temperature(self, config) -> TemperatureSpec | None:

@@ -38,6 +38,7 @@ tensors HF multiplies, clamp included.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import numpy as np
 
@@ -126,8 +127,6 @@ class Mpt(Family):
 
     # ------------------------------------------------------------------ HF probes
     def hf_taps(self, model, config, sink: dict):
-        import sys
-
         from harness.references.hf.capture import _to_np
 
         layers = self.decoder_layers(model)

@@ -35,6 +35,9 @@ from __future__ import annotations
 from .._gguf_export import NormPlusOne
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, text_model_gguf_params
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 
 class Nemotron(NormPlusOne, LlamaLike):
@@ -68,7 +71,6 @@ class Nemotron(NormPlusOne, LlamaLike):
         # conversion/nemotron.py NemotronModel.set_gguf_parameters: TextModel's (the RMS eps
         # key from norm_eps), vocab size, layer_norm_eps, the rope width from the hidden
         # size, and the rope scaling type (NONE without a factor)
-        import gguf
 
         text_model_gguf_params(w, config)
         w.add_vocab_size(config.vocab_size)

@@ -39,6 +39,9 @@ from contract.layers import ConfigError
 
 from .._gguf_import import experts, llama_like_config, one_per_layer, read_hparams
 from ..base import LlamaLike, gguf_moe_convert, text_model_gguf_params
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
 
 # conversion/glm.py Glm4MoeModel.set_gguf_parameters: the factor it assumes where
 # rope_parameters names none (GLM-4.5's; HF SolarOpen's is 1.0)
@@ -89,7 +92,6 @@ class SolarOpen(LlamaLike):
         # conversion/glm.py Glm4MoeModel.set_gguf_parameters (SolarOpenModel adds none):
         # TextModel's keys, the rope width with the 0.5 default, the routed expert count,
         # the experts' width, the shared count, sigmoid gating, the scale and the norm
-        import gguf
 
         text_model_gguf_params(w, config)
         prf = (config.rope_parameters or {}).get("partial_rotary_factor", CONVERTER_DEFAULT_FACTOR)

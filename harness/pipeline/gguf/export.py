@@ -17,11 +17,18 @@ cannot block falls back to F16.
 from __future__ import annotations
 
 from pathlib import Path
+import re
+import copy
 
 import numpy as np
 
 from harness import cache
 from harness.atomic import atomic_path
+from harness.lazy import lazy
+
+gguf = lazy("gguf")
+torch = lazy("torch")
+transformers = lazy("transformers")
 
 WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0")
 EXPORT_SCHEMA = 1
@@ -82,9 +89,6 @@ def converter_keeps_f32(name: str) -> bool:
     """Whether the converter writes GGUF tensor ``name`` as F32 regardless of the
     requested type: ``*_norm.weight``, a name that does not end in ``.weight``, and
     the ``_ALWAYS_F32`` kinds (ggml's SSM_CONV, for one, reads only F32 kernels)."""
-    import re
-
-    import gguf
 
     if name.endswith("_norm.weight") or not name.endswith(".weight"):
         return True
@@ -94,8 +98,6 @@ def converter_keeps_f32(name: str) -> bool:
 
 
 def _quantize(data: np.ndarray, weight_type: str):
-    import gguf
-
     if weight_type == "f32" or data.ndim < 2:
         return data.astype(np.float32, copy=False), None  # a float32 weight is written from the model's own memory
     if weight_type == "f16":
@@ -132,7 +134,6 @@ def _write(family, model, config, weight_type: str, variant: str | None, tmp: Pa
     # Under a temporary name unique to this writer (harness/atomic.py): two workers
     # exporting the same key at once each write their own file, and the rename that
     # lands last wins -- a fixed ".tmp" name let one rename the other's file away.
-    import gguf
 
     # use_temp_file: each tensor is spooled to disk as it is added (gguf's writer holds
     # every added array until the end otherwise: a second copy of a real model)
@@ -172,10 +173,6 @@ def export_streamed(family, config, seed: int, weight_type: str, out: Path, weig
     same values: tests/test_gguf_stream.py holds the two files to the same tensors
     and the same quantized file. Refused (ValueError) for a family whose export or
     initialisation reads more than one parameter at a time."""
-    import copy
-
-    import torch
-    from transformers import AutoModelForCausalLM
 
     from harness.families._gguf_export import GGUFExport
     from harness.families.base import Family
@@ -186,7 +183,7 @@ def export_streamed(family, config, seed: int, weight_type: str, out: Path, weig
         raise ValueError(f"family {family.name}: its export or initialisation is not one parameter at a time")
     kw = {} if family.experts_implementation is None else {"experts_implementation": family.experts_implementation}
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32, **kw)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32, **kw)
     if any(True for _ in model.buffers()) and any(n in model.state_dict() for n, _ in model.named_buffers()):
         raise ValueError(f"family {family.name}: its model exports buffers, which a meta model does not hold")
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+import contextlib
 
 import numpy as np
 
@@ -39,6 +40,10 @@ from harness import ggml_types
 
 # the tensor helpers stream.py shares with this reader (their own module: no cycle)
 from harness.gguf.tensors import ALIGN, aligned_empty, dequantize, dequantizer, param_tensor, place, set_param  # noqa: F401
+from harness.lazy import lazy
+
+torch = lazy("torch")
+transformers = lazy("transformers")
 
 
 class LayerWeights:
@@ -66,8 +71,6 @@ class LayerWeights:
 
     def holding(self, i: int):
         """Layer ``i``'s weights held for the block (a streamed model's: read, then dropped)."""
-        import contextlib
-
         return self.stream.holding(self.module(i)) if self.stream is not None else contextlib.nullcontext()
 
     def __getitem__(self, i: int) -> dict:
@@ -104,7 +107,6 @@ class LayerWeights:
 @dataclass
 class GGUFSource:
     """What ``harness.case.CaseRun`` takes from a GGUF."""
-
     path: str
     family: Any
     config: Any
@@ -155,7 +157,6 @@ def head_with_bias(model) -> None:
     """``model``'s output head replaced by one with a bias (zeros, filled by the
     reverse map from output.bias), its weight the same parameter: a tied head
     stays tied."""
-    import torch
 
     old = model.get_output_embeddings()
     new = torch.nn.Linear(old.in_features, old.out_features, bias=True, dtype=old.weight.dtype)
@@ -279,11 +280,6 @@ def load(path: str, family: str | None = None, stream=None) -> GGUFSource:
 
 
 def _load(path: str, family: str | None = None, stream=None) -> GGUFSource:
-    import contextlib
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from . import stream as streaming
 
     reader = open_reader(path)
@@ -326,7 +322,7 @@ def _load(path: str, family: str | None = None, stream=None) -> GGUFSource:
         from transformers.initialization import no_init_weights
 
         with no_init_weights(), (streaming.params_on_meta() if stream else contextlib.nullcontext()):
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32,
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32,
                                                      **kwargs).eval()
         model.tie_weights()  # what init_weights does besides initialising (skipped with it)
     except (ValueError, TypeError, KeyError, AssertionError, RuntimeError) as e:

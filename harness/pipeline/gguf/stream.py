@@ -30,8 +30,13 @@ from __future__ import annotations
 import mmap
 import os
 from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from harness.lazy import lazy
+
+torch = lazy("torch")
 
 ENV = "CONFORMANCE_GGUF_STREAM"  # "1": always read layer by layer, "0": never; unset: when the model would not fit
 
@@ -54,7 +59,6 @@ def params_on_meta():
     """Modules built in the block register their parameters on the meta device
     (buffers stay where they are made): what accelerate's ``init_empty_weights``
     does without its buffers."""
-    import torch
 
     old = torch.nn.Module.register_parameter
 
@@ -75,7 +79,6 @@ def params_on_meta():
 
 class Streamed:
     """The units of ``model`` (parameters on meta) and how to read each from the file."""
-
     def __init__(self, family, model, config, variant, path: str, tensors: dict, shapes: dict, reader,
                  provenance: dict):
         from harness.families._gguf_import import Trace, layer_key_for
@@ -118,7 +121,6 @@ class Streamed:
 
         ahead = sorted({g for n in names for g, _ in self.trace.pieces[n] if g in self._raw})
         if len(ahead) > 1:
-            from concurrent.futures import ThreadPoolExecutor
 
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gguf-read")
@@ -166,8 +168,6 @@ class Streamed:
         self.resident.append(module)
 
     def release(self, module) -> None:
-        import torch
-
         from harness.gguf.tensors import set_param
 
         for n in self.names.get(id(module), ()):
@@ -198,7 +198,6 @@ class Streamed:
         """``module``'s parameters given storage of their shapes and no values (nothing
         read from the file) for the block, where they are not held: for what reads
         only names and shapes (the features' weight names)."""
-        import torch
 
         if self.held(module):
             yield
@@ -243,7 +242,6 @@ class Streamed:
         a table of those rows ARE its rows of the whole table) whose weight is no tied
         head's and is the file's tensor as it lies (one piece, laid out as HF's). An
         8B-class vocabulary's whole table took 6 s to read for each capture, for 24 rows."""
-        import torch
 
         from harness.gguf.tensors import dequantize, param_tensor, set_param
 

@@ -24,11 +24,17 @@ import copy
 import subprocess
 import sys
 from pathlib import Path
+import warnings
 
 from harness.atomic import atomic_path
 from harness.errors import UsageError
 from harness.versions import ROOT
 from harness import ggml_types
+from harness.lazy import lazy
+
+torch = lazy("torch")
+tg = lazy("transformers.modeling_gguf_pytorch_utils")
+tlog = lazy("transformers.utils.logging")
 
 QUANTIZE_SCHEMA = 1
 
@@ -83,7 +89,6 @@ def dequantized_model(family, model, config, path: Path, variant):
     """``(model, hf_types)``: a copy of ``model`` holding the weights of the GGUF
     at ``path`` (its export, quantized), dequantized and placed back by
     ``trace_import``, and per HF tensor the types of the GGUF tensors it came from."""
-    import torch
 
     tensors, types = file_tensors(path)
     out = copy.deepcopy(model).to(torch.float32)
@@ -98,14 +103,12 @@ def transformers_reference(src, log=None):
     in ``src``'s config, and how it was built; ``(None, why)`` where the loader
     does not support the arch (the reverse-mapped ``src.model`` is then the HF
     reference)."""
-    import torch
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, load_gguf_checkpoint
 
     arch = src.family.gguf_arch
     if getattr(src, "stream", None) is not None:
         return None, ("the harness's reverse map, one layer at a time (the model is too large to hold: "
                       "transformers' GGUF loader builds it whole)")
-    if arch not in GGUF_SUPPORTED_ARCHITECTURES and arch.replace("-", "_") not in GGUF_SUPPORTED_ARCHITECTURES:
+    if arch not in tg.GGUF_SUPPORTED_ARCHITECTURES and arch.replace("-", "_") not in tg.GGUF_SUPPORTED_ARCHITECTURES:
         return None, f"transformers' GGUF loader does not support {arch}: the harness's reverse map"
     quantized = sorted({t for t in src.tensor_types.values() if ggml_types.is_quantized(t)})
     if quantized:
@@ -119,7 +122,7 @@ def transformers_reference(src, log=None):
     model = copy.deepcopy(src.model)
     try:
         with quiet_third_party():
-            parsed = load_gguf_checkpoint(src.path, return_tensors=True, model_to_load=model)
+            parsed = tg.load_gguf_checkpoint(src.path, return_tensors=True, model_to_load=model)
     except Exception as e:  # its own mapping refused the file: fall back, and say so
         return None, (f"transformers' GGUF loader refused the file ({type(e).__name__}: "
                       f"{' '.join(str(e).split())[:160]}): the harness's reverse map")
@@ -150,10 +153,6 @@ def quiet_third_party():
     GGUF tensors...", written raw into the run's output: it imports tqdm.auto
     itself, so transformers' own disable_progress_bar does not reach it) and
     without its log lines and warnings: the run's output is the harness's."""
-    import warnings
-
-    import transformers.modeling_gguf_pytorch_utils as tg
-    from transformers.utils import logging as tlog
 
     def silent(it=None, *args, **kwargs):
         return it

@@ -12,6 +12,8 @@ from rounding (README "Verdict rules", docs/explanation/oracle-and-tolerance.md)
 from __future__ import annotations
 
 from pathlib import Path
+import contextlib
+import copy
 
 from contract.probes import STATE_PROBES
 
@@ -90,7 +92,6 @@ class HF(Reference):
         # modeling code promoted (float64.py), so it is judged at float64
         model, how = req.model(weights)
         if attn_implementation != "eager":  # a candidate's attention path, on a copy: the reference stays eager
-            import copy
 
             model = copy.deepcopy(model)
             model.set_attn_implementation(attn_implementation)
@@ -100,7 +101,6 @@ class HF(Reference):
         forced = None if force is None else {k2: force.probes[k2] for k2 in force.probes if k2.endswith(".layer_in")}
         # each probe goes to disk as HF computes it (harness/store.py); the oracle stops
         # after the last layer it is asked for
-        import contextlib
 
         rounded = ggml_matmul.rounded_linears(model, rounding) if rounding else contextlib.nullcontext()
         with cache.writer("hf", k, keep=sel.key) as w, rounded:

@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+import contextlib
 
 import numpy as np
 
+from harness.lazy import lazy
+
+torch = lazy("torch")
+modeling_utils = lazy("transformers.modeling_utils")
+
 
 def _to_np(t):
-    import torch
-
     return t.detach().to(dtype=torch.float64).cpu().numpy()
 
 
@@ -91,9 +95,8 @@ def _wrapped_eager(family, model, sink: dict, attn_implementation: str = "eager"
             setattr(mod, family.eager_name, wrap(orig, True))
             patched.append((mod, family.eager_name, orig))
     else:
-        from transformers.modeling_utils import AttentionInterface
 
-        table = AttentionInterface._global_mapping
+        table = modeling_utils.AttentionInterface._global_mapping
         orig = table[attn_implementation]
         table[attn_implementation] = wrap(orig, False)
         patched.append((table, attn_implementation, orig))
@@ -149,7 +152,6 @@ def _no_head(head):
     the head's shape, no weights to widen or multiply. The single-forward path stops
     after the last layer instead (``StopForward``); a cached call must return its
     cache, so the forward goes on, past a head that computes nothing."""
-    import torch
 
     out = int(head.weight.shape[0])
 
@@ -205,7 +207,6 @@ def _by_layer(layer_major, dec, calls, tokens, per_call: list, switch, model, lo
     dict of ``per_call``. False (and ``per_call`` left empty) where a cache read
     shows the order cannot reproduce the calls: the caller then runs them one after
     another."""
-    import torch
 
     starts = [sum(calls[:c]) for c in range(len(calls))]
     mine = [{} for _ in calls]
@@ -314,9 +315,6 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     held, the key rows the call added); the recurrent layers' state after every
     call is read from the cache (``Family.hf_cache_states``: ``state_conv``,
     ``state_rec``, stacked along a ``calls`` axis)."""
-    import contextlib
-
-    import torch
 
     from harness.references.hf import layer_major
     from harness.references.hf.float64 import promoted

@@ -32,6 +32,10 @@ import textwrap
 from contextlib import contextmanager
 
 from .internals import plain
+from harness.lazy import lazy
+
+torch = lazy("torch")
+mru = lazy("transformers.modeling_rope_utils")
 
 _PATTERNS = (
     (re.compile(r"torch\.float32\b"), "torch.float64"),
@@ -135,8 +139,6 @@ class Float64Paths:
                     self._set(mod, attr, new)
 
     def patch_rope_inits(self) -> None:
-        from transformers import modeling_rope_utils as mru
-
         self.patch_module_functions(mru.__name__)
         table = mru.ROPE_INIT_FUNCTIONS
         for kind, fn in list(table.items()):
@@ -163,7 +165,6 @@ def _rebuild_rotary(model) -> list[tuple[object, str, object]]:
     ``.to(torch.float64)`` only widens the rounded values. Every rotary class in
     transformers 5 is constructed from the config alone (``XRotaryEmbedding(config)``).
     Returns ``(parent, attribute, original)`` for each, to put back."""
-    import torch
 
     from .rope import apply_freq_factors
 
@@ -190,7 +191,6 @@ def _rebuild_config_buffers(model) -> list[tuple[object, str, object]]:
     default dtype, then ``register_buffer``), whose multipliers ``.to(torch.float64)``
     would only widen from their float32 roundings. Returns ``(module, buffer,
     original)`` for each, to put back."""
-    import torch
 
     replaced = []
     for m in model.modules():
@@ -257,8 +257,6 @@ class _Pool:
         self.free: list = []  # the buffers handed back, oldest first
 
     def widened(self, t, dtype):
-        import torch
-
         key = (tuple(t.shape), dtype, t.device)
         for j, buf in enumerate(self.free):
             if (tuple(buf.shape), buf.dtype, buf.device) == key:
@@ -340,7 +338,6 @@ def promoted(model, family, keep_bytes: int = 0, keep_last: bool = False, skip=N
     layer-by-layer cached path (layer_major.py) calls each layer for every call in
     turn, so it is widened once, and still one layer is in float64 at a time.
     Yields the ``Float64Paths`` record."""
-    import torch
 
     f64 = torch.float64
     big = list(family.decoder_layers(model))
@@ -429,7 +426,6 @@ def float64_paths(model, rebuild: bool = True):
     path of its modeling code in float64. Yields the ``Float64Paths`` record
     (``kept_float32``: what could not be promoted). ``rebuild``: re-create the
     rotary embeddings (put back on exit)."""
-    import torch
 
     fp = Float64Paths()
     fp._done, fp._done_mods = set(), set()

@@ -33,9 +33,15 @@ from __future__ import annotations
 
 import inspect
 import sys
+from importlib.metadata import version
+from pathlib import Path
 
 from ...errors import UsageError
 from . import internals
+from harness.lazy import lazy
+
+torch = lazy("torch")
+transformers = lazy("transformers")
 
 # the functions the recurrent taps wrap (families/_recurrent.py), per layer kind, with the
 # parameters the wrappers read by name -- in HF's own signature, so a rename is seen
@@ -72,8 +78,6 @@ def supported() -> str:
 
 
 def _release() -> str:
-    from importlib.metadata import version
-
     try:
         return f"transformers {version('transformers')}"
     except Exception:  # noqa: BLE001 -- a source checkout without metadata
@@ -87,12 +91,9 @@ def _refuse(what: str):
 
 
 def _meta_model(family, config):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     kw = {} if family.experts_implementation is None else {"experts_implementation": family.experts_implementation}
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, attn_implementation="eager", **kw)
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", **kw)
 
 
 def _sub(root, path: str):
@@ -181,7 +182,6 @@ def _stamp(family, key):
     transformers (its version and the kernels package that wraps its functions), the
     family's code and config, and this module's (0.1 s a family on a cold start: 9 s
     over the 88 families of the default matrix, paid once per release)."""
-    from pathlib import Path
 
     from ... import cache
     from ...versions import versions

@@ -36,6 +36,11 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
+from harness.lazy import lazy
+
+cache_utils = lazy("transformers.cache_utils")
+torch = lazy("torch")
+
 _local = threading.local()
 
 
@@ -167,8 +172,6 @@ class LayerMajor:
 
     def run(self, fn) -> list:
         """``[fn(0), ..., fn(C-1)]``; the first exception of any call is raised here."""
-        import torch
-
         grad = torch.is_grad_enabled()
 
         def body(c):
@@ -204,7 +207,6 @@ def _reads_checked(lm: LayerMajor):
     """Every ``Cache`` method that reads a layer's state by index, checked by ``lm``
     while it runs (cache_utils ``Cache.get_seq_length`` / ``get_mask_sizes`` /
     ``get_query_offset``: what a model's preamble reads)."""
-    from transformers import cache_utils
 
     cls = cache_utils.Cache
     saved = {}

@@ -3,13 +3,16 @@ whose per-pair factors no HF RoPE type computes from the config)."""
 
 from __future__ import annotations
 
+from harness.lazy import lazy
+
+torch = lazy("torch")
+
 
 def apply_freq_factors(model, config) -> None:
     """HF's RoPE table divided, pair by pair, by the file's ``rope_freqs``
     (``config.rope_parameters["freq_factors"]``, set where no HF RoPE type
     reproduces them): llama.cpp's ``ggml_rope_ext`` rotates pair i by
     ``pos * theta_i / ff_i``; HF's rotary embedding reads its ``inv_freq`` buffer."""
-    import torch
 
     factors = (getattr(config, "rope_parameters", None) or {}).get("freq_factors")
     if factors is None:

@@ -13,6 +13,9 @@ that wants to be judged at the tight ``ggml_<act>`` bound).
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 from .. import Reference
 
 # the llama-cpp-python release whose vendored ggml.h the struct mirror was written from
@@ -56,8 +59,6 @@ class LlamaCpp(Reference):
         """The ``ggml_tensor`` layout the eval callback reads (ggml_ctypes.py) checked
         against the library being loaded: a release that moved a field is refused in
         one line, not read as garbage arrays. Kept in the cache per library build."""
-        import hashlib
-        from pathlib import Path
 
         from ...errors import UsageError
         from ...versions import _version, per_llama_build

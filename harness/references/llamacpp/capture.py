@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+import select
 
 import numpy as np
 
@@ -251,7 +252,6 @@ class _WorkerServer:
     def capture(self, req_path: Path, out_dir: Path, timeout: float) -> tuple[int, str]:
         """Run one capture; ``(status, its stderr)``: 0, or the worker's exit status
         (negative: the signal that ended it)."""
-        import select
 
         key = (WORKER_MODULE, tuple(sorted(worker_env().items())))
         _check_aborted()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from importlib.util import find_spec
 
 import numpy as np
 
@@ -43,7 +44,6 @@ class GgmlTensor(ctypes.Structure):
 def ggml_base_path(pkg_dir: Path | None = None) -> Path:
     """libggml-base of the installed llama-cpp-python (found without importing it)."""
     if pkg_dir is None:
-        from importlib.util import find_spec
 
         spec = find_spec("llama_cpp")
         if spec is None or not spec.origin:

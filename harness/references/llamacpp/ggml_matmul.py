@@ -61,6 +61,10 @@ import contextlib
 
 import numpy as np
 
+from harness.lazy import lazy
+
+torch = lazy("torch")
+
 _F32 = np.float32
 
 
@@ -159,9 +163,6 @@ def impl_weight_sources(family, model, config, i: int, memo: dict | None = None,
     and restoring every layer of a 30-layer model took a second of a 20 s run).
     ``hold()``: a context holding the layer's weights while they are filled (a model
     read layer by layer, gguf/stream.py), entered only when they are."""
-    import contextlib
-
-    import torch
 
     m = family.layer_module(config, i)  # the module layer i runs (Family.invocation_order)
     layer = family.decoder_layers(model)[m]
@@ -301,7 +302,6 @@ def linear_act_types(model, hf_types: dict[str, set[str]]) -> dict[str, str]:
     BF16) GGUF tensors of one activation type (``hf_types``: HF parameter -> the
     GGUF types it came from). A head tied to the embeddings takes the
     embedding's types (llama.cpp multiplies by token_embd itself)."""
-    import torch
 
     from harness.ggml_types import vec_dot_type
 
@@ -331,7 +331,6 @@ def unrounded_params(model, hf_types: dict[str, set[str]], act_types: dict[str, 
     weights (transformers keeps them as fused 3-D parameters, multiplied inside the
     experts module), an attention kernel's own matrices. An ``nn.Embedding``'s
     weight is a lookup (ggml's get_rows: no rounding) and not one of them."""
-    import torch
 
     from harness.ggml_types import is_quantized
 
@@ -352,7 +351,6 @@ def rounded_linears(model, act_types: dict[str, str]):
     arithmetic, free-running: how far that moves it from itself is the drift the
     activation rounding makes at this depth, on these weights (the policy's
     ``drift_ratio``, fixtures/tolerance.toml)."""
-    import torch
 
     mods = dict(model.named_modules())
     handles = []

@@ -41,6 +41,9 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+from pathlib import Path
+import os
+import traceback
 
 import numpy as np
 
@@ -68,8 +71,6 @@ def main(req_path: str, out_dir: str) -> int:
     else:
         lc.llama_log_set(_quiet, None)
     lc.llama_backend_init()
-
-    from pathlib import Path
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -222,8 +223,6 @@ def serve() -> int:
     of the original stdout; fd 1 itself then points at stderr, so nothing llama.cpp or
     Python prints can be taken for an answer. Ends at end of input (the parent went)
     or after the first capture that did not succeed."""
-    import os
-    import traceback
 
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)

@@ -12,9 +12,21 @@ does not implement is ``not-implemented`` for it, with the reason.
 from __future__ import annotations
 
 from pathlib import Path
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version
+import tempfile
+from importlib.util import find_spec
+import contextlib
+import io
 
 from .. import Reference
 from ..capture import RefCapture
+from harness.lazy import lazy
+
+mx = lazy("mlx.core")
+mlx_lm_utils = lazy("mlx_lm.utils")
+hf_logging = lazy("transformers.utils.logging")
+utils = lazy("mlx_lm.utils")
 
 CAPTURE_SCHEMA = 1
 
@@ -31,16 +43,12 @@ class Mlx(Reference):
     # (harness.testing.HF_AND_LLAMACPP), so a witness joining `all` changes none of them
 
     def available(self) -> bool:
-        from importlib.util import find_spec
-
         return find_spec("mlx_lm") is not None and find_spec("mlx") is not None
 
     def model_type(self, config, family=None) -> str | None:
         """The mlx-lm module that implements ``config``'s model type (or the one the
         family's checkpoint is rewritten to: checkpoint.LAYOUTS), or None."""
         import importlib.util
-
-        from mlx_lm import utils
 
         from .checkpoint import model_type as layout_type
 
@@ -53,9 +61,7 @@ class Mlx(Reference):
     def module_refusal(self, mt: str) -> str | None:
         """Why mlx-lm's module for ``mt`` cannot be imported here, or None: mlx_lm/models/olmo.py
         prints a line and calls sys.exit(1) without the ``ai2-olmo`` package."""
-        import contextlib
         import importlib
-        import io
 
         out = io.StringIO()
         try:
@@ -190,8 +196,6 @@ def _locked() -> str:
 
 
 def _version(dist: str = "mlx-lm") -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(dist)
     except PackageNotFoundError:
@@ -202,14 +206,8 @@ def _load(req, dtype: str):
     """mlx-lm's model of the case: the HF model's checkpoint, saved as a user's download
     is (config.json + safetensors), read by ``mlx_lm.utils.load_model``, cast to ``dtype``;
     and the class of HF's embedding module."""
-    import tempfile
-
-    import mlx.core as mx
-    from mlx_lm.utils import load_model
 
     from .checkpoint import rewrite
-
-    from transformers.utils import logging as hf_logging
 
     hf_model, _ = req.model("float32")
     with tempfile.TemporaryDirectory(prefix="conformance-mlx-") as d:
@@ -222,7 +220,7 @@ def _load(req, dtype: str):
                 hf_logging.enable_progress_bar()
         rewrite(req.family.name, Path(d))
         try:
-            model, _config = load_model(Path(d), lazy=False)
+            model, _config = mlx_lm_utils.load_model(Path(d), lazy=False)
         except ValueError as e:
             # mlx_lm.utils.load_model -> nn.Module.load_weights(strict=True): the checkpoint holds
             # weights its module has no place for, or lacks ones it needs -- mlx-lm's model of this

@@ -30,6 +30,10 @@ import numpy as np
 
 from ..hf.capture import _resolve  # one path walk for both references (lists and dict-like modules too)
 from .families import OWN_VALUE, SDPA_MLA, mlx_path
+from harness.lazy import lazy
+
+mx = lazy("mlx.core")
+models_cache = lazy("mlx_lm.models.cache")
 
 # the probes the scaled_dot_product_attention wrapper reads, and where HF's eager layout agrees
 SDPA_PROBES = ("q_rope", "k_rope", "attn_heads")
@@ -40,8 +44,6 @@ NOT_EXPOSED = {
 
 
 def _np(a) -> np.ndarray:
-    import mlx.core as mx
-
     if a.dtype in (mx.bfloat16, mx.float16):
         a = a.astype(mx.float32)  # numpy has no bfloat16: widened exactly
     return np.array(a, copy=True)
@@ -99,10 +101,8 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
             meta: dict) -> dict:
     """mlx-lm's probes of the case, canonical (``"L{i}.{probe}"`` and the model
     probes), its calls put together as HF's cached path's are."""
-    import mlx.core as mx
 
     from ..hf.capture import _merge_calls  # the same merge as HF's cached path: rows, keys, calls
-    from mlx_lm.models.cache import make_prompt_cache
 
     layers = decoder_layers(family, model)
     n_layers = len(layer_cfgs)
@@ -216,7 +216,7 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
             absent[p] = "mlx-lm's model module calls no scaled_dot_product_attention the capture can wrap"
     per_call: list[dict] = []
     try:
-        cache = make_prompt_cache(model)
+        cache = models_cache.make_prompt_cache(model)
         start = 0
         for size in calls:
             got = {}

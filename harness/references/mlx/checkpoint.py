@@ -16,6 +16,13 @@ import inspect
 import json
 import re
 from pathlib import Path
+import dataclasses
+import importlib
+import numpy as np
+
+from harness.lazy import lazy
+
+safetensors_numpy = lazy("safetensors.numpy")
 
 
 def _legacy_rope(rp: dict) -> tuple[float | None, dict | None]:
@@ -121,8 +128,6 @@ def hub_config(path: Path) -> dict:
 def missing_fields(cfg: dict, model_type: str) -> list[str]:
     """The fields mlx-lm's ModelArgs of ``model_type`` requires (no default) that the
     bridged config does not hold: mlx-lm cannot build the model from it."""
-    import dataclasses
-    import importlib
 
     args = getattr(importlib.import_module(f"mlx_lm.models.{model_type}"), "ModelArgs", None)
     if args is None or not dataclasses.is_dataclass(args):
@@ -146,7 +151,6 @@ def _gpt_oss(cfg: dict, w: dict) -> tuple[dict, dict]:
     sanitized"); transformers 5 saves ``experts.gate_up_proj`` [E, hidden, 2 x inter] with
     gate and up interleaved on the last axis (GptOssExperts.forward: ``gate_up[..., ::2]``,
     ``gate_up[..., 1::2]``) and ``experts.down_proj`` [E, inter, hidden]."""
-    import numpy as np
 
     out = {}
     for k, v in w.items():
@@ -213,17 +217,16 @@ def rewrite(family: str, folder: Path) -> None:
     got = LAYOUTS.get(family)
     if got is None:
         return
-    from safetensors.numpy import load_file, save_file
 
     files = sorted(folder.glob("*.safetensors"))
     weights = {}
     for f in files:
-        weights.update(load_file(str(f)))
+        weights.update(safetensors_numpy.load_file(str(f)))
         f.unlink()
     for f in folder.glob("*.safetensors.index.json"):
         f.unlink()
     cfg, weights = got[1](cfg, weights)
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "mlx"})
+    safetensors_numpy.save_file(weights, str(folder / "model.safetensors"), metadata={"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
@@ -235,8 +238,6 @@ def layer_pattern_refusal(cfg: dict, model_type: str) -> str | None:
     mask (mlx_lm/models/gemma3_text.py Gemma3Model.__call__ ``cache[self.sliding_window_pattern
     - 1]``). A ``layer_types`` list that is no such period would be run as another model
     without a word; one with fewer layers than the period raises IndexError there."""
-    import dataclasses
-    import importlib
 
     mod = importlib.import_module(f"mlx_lm.models.{model_type}")
     b = bridged(cfg)
