@@ -33,6 +33,10 @@ from contract.probes import LAYER_PROBES
 
 from . import references
 from .verdict import FAILING  # noqa: E402  (one definition of what fails)
+from .case import CaseRun
+from .errors import UsageError
+from . import families
+from .features import SPEC_DECORATIONS
 _ORDER = {p: i for i, p in enumerate(LAYER_PROBES)}
 
 
@@ -114,8 +118,6 @@ class Switch:
 def switches_for(case, run, features=None) -> tuple[dict[str, Switch], dict[str, str]]:
     """Every way ``case``'s features can be switched off: ``({tag: Switch}, {tag: why unusable})``.
     One switch per feature, the strongest kind that exists."""
-    from .case import CaseRun
-    from .errors import UsageError
 
     fam, feats = run.family, set(run.features if features is None else features)
     found: dict[str, Switch] = {}
@@ -201,8 +203,6 @@ def feature_bisect(case, policy, log=print, features=None) -> dict:
     ``features``: the case's features where the caller knows them better than
     the run does (a mutant in the code that builds impl's configs, e.g. the RoPE
     frequency table, hides the feature it breaks from the derived tags)."""
-    from . import families
-    from .case import CaseRun
 
     fam = families.get(case.family)
     run = CaseRun(case, policy)
@@ -289,8 +289,6 @@ def describe_features(res: dict) -> str:
 
 
 def _decorations():
-    from .features import SPEC_DECORATIONS
-
     return SPEC_DECORATIONS
 
 

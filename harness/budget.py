@@ -51,6 +51,9 @@ import resource
 
 from harness.ggml_types import is_quantized
 from harness.lazy import lazy
+from .errors import UsageError
+from . import references, kinds
+from harness.references.llamacpp import capture as llamacpp
 
 torch = lazy("torch")
 transformers = lazy("transformers")
@@ -74,7 +77,6 @@ def check(run) -> None:
     """Refuse (UsageError, exit 2) a case its model cannot hold or this machine
     cannot fit, before any work. ``run``: a ``CaseRun``; its ``plan`` (the memory
     decision, cached on the run) is made here."""
-    from .errors import UsageError
 
     case = run.case
     if getattr(run, "record", None) is not None:
@@ -87,7 +89,6 @@ def check(run) -> None:
         key, n = lim
         raise UsageError(f"--tokens {case.tokens} is past family {run.family.name}'s {key}={n}; use at most {n} "
                          f"tokens, or --set {key}=N")
-    from . import references
 
     for ref in case.refs:  # a setting a reference's source asserts against (Reference.config_refusal)
         if getattr(run, "source", None) is not None and references.get(ref).file_weights:
@@ -181,7 +182,6 @@ def _layer_dims(lc) -> tuple[int, int, int, int, int]:
     """(hidden, query heads, kv heads, query/key width, value width) of a layer
     description's cache row: its kind's reading (``LayerKind.dims``); an
     unimplemented layer holds no cache impl sizes."""
-    from . import kinds
 
     kind = kinds.of(lc)
     if kind is None:
@@ -192,7 +192,6 @@ def _layer_dims(lc) -> tuple[int, int, int, int, int]:
 def _probe_elems(lc, seqs: int, tokens: int) -> int:
     """Elements of a layer's probes its ``dims`` do not count (a recurrent layer's
     probes and per-call states: ``LayerKind.probe_elems``)."""
-    from . import kinds
 
     kind = kinds.of(lc)
     return kind.probe_elems(lc, seqs, tokens) if kind is not None else 0
@@ -248,7 +247,6 @@ def estimate(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, 
     the parameters); ``streamed``: the file's model is read one layer at a time
     (gguf/stream.py): the weights held are a decoder layer, the embedding and the
     head, not the model. Each reference adds its own parts (``Reference.estimate``)."""
-    from . import references
 
     pc = param_counts(family, config)
     hf_dtype = hf_dtype or dtype
@@ -316,7 +314,6 @@ def available() -> int:
         try:
             return int(float(env) * GB)
         except ValueError:
-            from .errors import UsageError
 
             raise UsageError(f"CONFORMANCE_MEMORY_GB must be a number of gigabytes, got {env!r}") from None
     try:
@@ -380,12 +377,10 @@ def plan(family, config, layer_cfgs, *, tokens: int, seqs: int, dtype: str, refs
          streamed: bool = False) -> Plan:
     """The fullest run that fits ``budget`` (default ``available()``), or a
     ``UsageError`` (exit 2) when even the smallest does not."""
-    from .errors import UsageError
 
     budget = available() if budget is None else budget
     kw = dict(tokens=tokens, seqs=seqs, dtype=dtype, refs=refs, selection=selection, gguf_type=gguf_type,
               file_bytes=file_bytes, streamed=streamed)
-    from . import references
 
     oracle_ref = any(references.get(r).oracle for r in refs)
     wants_oracle = oracle_ref and dtype != "float64"
@@ -423,8 +418,6 @@ def usage() -> dict:
     """What this process (and the workers it waited for: llama.cpp) used so far:
     peak resident memory in GB and CPU seconds -- meta.json's ``resources``, what
     scripts/bench_real_size.py reports against the estimate."""
-
-    from harness.references.llamacpp import capture as llamacpp
 
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     # the workers' own peaks (VmHWM, reported by each worker): RUSAGE_CHILDREN's maxrss

@@ -42,6 +42,15 @@ from .policy import Policy
 from .references import RefCapture  # noqa: F401 (re-exported: harness.case.RefCapture)
 from .schedule import SCHEDULES, chunk_sizes, plan_of
 from .select import parse_layers, parse_probes
+from .config_values import check_values
+from .families.base import WEIGHT_KINDS
+from . import candidates
+from .pipeline.gguf.weights import check_weight_type
+from .config_values import check_overrides
+from .candidates import CandidateCapture, LayerCandidate
+from .warm import Miss
+from .candidates.api import kv_source_limit
+from . import budget
 
 STATUSES = verdict.STATUSES
 
@@ -161,8 +170,6 @@ class Case:
         if self.gguf is None and self.gguf_type not in GGUF_TYPES:
             raise UsageError(f"unknown GGUF weight type {self.gguf_type!r}; {suggest(self.gguf_type, GGUF_TYPES)}")
         if self.gguf is None:
-            from .pipeline.gguf.weights import check_weight_type
-
             check_weight_type(self.gguf_type)
         if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt.strip()):
             raise UsageError("--prompt must be non-empty text")
@@ -179,15 +186,11 @@ class Case:
         if self.page_size < 1:
             raise UsageError(f"--page-size must be a positive integer, got {self.page_size}")
         parse_layers(self.layers)
-        from .config_values import check_values
 
         if self.overrides and self.gguf is None:
-            from .config_values import check_overrides
-
             check_overrides(families.get(self.family), self.overrides)  # unknown keys, wrong types: no HF import
         check_values(self.overrides)  # values every side would turn into NaN, before any config is built
         parse_probes(self.probes)
-        from .families.base import WEIGHT_KINDS
 
         if self.weights not in WEIGHT_KINDS:
             raise UsageError(f"unknown weights {self.weights!r}; {suggest(self.weights, WEIGHT_KINDS)}")
@@ -218,7 +221,6 @@ class Case:
             what = ("--hf-model" if self.hf_model else "--set" if self.overrides else "--gguf-type"
                     if self.gguf_type != "f32" else "--variant")
             raise UsageError(f"{what} does not apply to --gguf: the file's metadata and tensor types are its config")
-        from . import candidates
 
         candidates.get(self.candidate).validate(self)
 
@@ -239,8 +241,6 @@ class CaseRun(Build):
     @cached_property
     def candidate(self):
         """The engine judged (harness/candidates; impl by default)."""
-        from . import candidates
-
         return candidates.get(self.case.candidate)
 
     def capture(self, ref: str) -> RefCapture:
@@ -265,7 +265,6 @@ class CaseRun(Build):
         """How the candidate's probes reach the judge: a candidate that computes one
         layer at a time is run and compared layer by layer (a real-size run holds one
         layer beyond the weights); any other captures once per reference."""
-        from .candidates import CandidateCapture, LayerCandidate
 
         cand = self.candidate
         if isinstance(cand, LayerCandidate):
@@ -329,14 +328,12 @@ class CaseRun(Build):
     def rows(self) -> list[dict]:
         """The case's rows: from its record where the run has one (harness/warm.py),
         the cold way where the record lacks something (it then writes a new one)."""
-        from .warm import Miss
 
         if self.record is not None:
             try:
                 return self._rows()
             except Miss:
                 self.go_cold()
-                from . import budget
 
                 budget.check(self)  # the checks the warm path left to the record
         rows = self._rows()
@@ -357,8 +354,6 @@ class CaseRun(Build):
             why = (f"candidate {name} runs one chunk plan for every sequence (LayerCall.chunks); a ragged case's "
                    "sequences differ in length, first call and arrival (LayerCall.steps: docs/how-to/add-a-candidate.md)")
         if not why and not cand.reads_kv_source and cand.teacher_forced:
-            from .candidates.api import kv_source_limit
-
             why = kv_source_limit(cand, self.layer_cfgs)
         if why:  # a limit of the engine, said in the row: nothing compared, never a pass
             return [Judge(self.judge_request()).row(name, "-", None, "*", "skipped", why)]

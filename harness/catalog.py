@@ -19,6 +19,8 @@ from pathlib import Path
 
 from . import cache
 from .versions import ROOT, _version
+from .case import Case, CaseRun
+from . import runlog
 
 SCHEMA = 1
 
@@ -42,7 +44,6 @@ def variants(fam) -> list:
 def compute(fam, variant) -> list[str]:
     """The feature tags of ``fam``'s default config under ``variant``, as a case of it
     reports them (without the kv_* tag, which is the case's, not the family's)."""
-    from .case import Case, CaseRun
 
     return [f for f in CaseRun(Case(family=fam.name, variant=variant), None).features if not f.startswith("kv_")]
 
@@ -58,7 +59,6 @@ def family_features(reg: dict, say=lambda msg: None) -> dict[str, dict[str, list
     missing = [(n, v) for n, fam in reg.items() for v in variants(fam) if (v or "") not in held.get(n, {})]
     if missing:
         say(f"deriving the features of {len(missing)} family configs (once; cached until the code changes) ...")
-        from . import runlog
 
         runlog.setup(False)  # building the models is not the place for HF's remarks
         for n, v in missing:

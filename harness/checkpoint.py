@@ -51,6 +51,8 @@ from pathlib import Path
 
 from harness.errors import UsageError, suggest
 from harness.lazy import lazy
+from harness import families
+from harness.config_values import hf_refusals, refusal
 
 torch = lazy("torch")
 transformers = lazy("transformers")
@@ -102,8 +104,6 @@ def model_type(d: dict):
 
 def family_of(path) -> str:
     """The family whose ``hf_model_type`` is the checkpoint's text model type."""
-    from harness import families
-
     p = check_dir(path)
     mt = model_type(_config_json(p))
     reg = families.registry()
@@ -128,7 +128,6 @@ def _param_shapes(config) -> dict[str, tuple]:
 
 def _apply_overrides(family, config, overrides: dict, path):
     d = family.apply_overrides(config.to_dict(), overrides)
-    from harness.config_values import hf_refusals, refusal
 
     try:
         new = type(config).from_dict(d)

@@ -15,6 +15,12 @@ import atexit
 import os
 
 from .errors import UsageError, suggest
+from .case import Case
+from . import references
+from harness.checkpoint import family_of
+from impl import Backend
+from impl.config import ConfigError
+from . import plugins, interrupt, runlog, cache
 
 
 class _Parser(argparse.ArgumentParser):
@@ -110,16 +116,11 @@ def add_verbose(p) -> None:
 
 
 def case_from_args(a):
-    from .case import Case
-
     if not a.family and not a.gguf and not a.hf_model:
         raise UsageError("--family is required (or --hf-model PATH / --gguf PATH); see `conformance list`")
     family = a.family
     if a.hf_model and not family:
-        from harness.checkpoint import family_of
-
         family = family_of(a.hf_model)
-    from . import references
 
     ref = a.ref if a.ref is not None else references.default(file=bool(a.gguf))
     return Case(family=family or "", ref=ref, backend=a.backend, device=a.device, dtype=a.dtype, kv=a.kv,
@@ -133,8 +134,6 @@ def case_from_args(a):
 def _require_device(case) -> None:
     """One case asked for by hand on a device this machine lacks is bad input (a
     matrix that lists such cases records them as skipped instead)."""
-    from impl import Backend
-    from impl.config import ConfigError
 
     try:
         Backend(case.backend, case.device, case.dtype).check_available()
@@ -146,7 +145,6 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command is a plug-in (entry point group ``attn_conformance.commands``, one
     module each under harness/commands: ``register(sub)`` adds its parser), in the
     order pyproject.toml declares them; a user's package adds its own the same way."""
-    from . import plugins
 
     p = _Parser(prog="conformance", description="Differential conformance harness for attention implementations")
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
@@ -163,7 +161,6 @@ def main(argv: list[str] | None = None, *, process: bool = False) -> int:
     """Run one command; its exit status. ``process``: main is the whole process (``entry``),
     so an interrupt may take over SIGINT for the way out; an in-process caller (a test, a
     user's script) keeps its own handler."""
-    from . import interrupt, plugins
 
     interrupt.install()
     try:
@@ -173,12 +170,10 @@ def main(argv: list[str] | None = None, *, process: bool = False) -> int:
             parser.print_help()
             return 2
         if getattr(a, "verbose", None) is not None:  # a command that writes a run directory
-            from . import runlog
 
             runlog.setup(a.verbose)
         rc = int(a.fn(a) or 0)
         if getattr(a, "verbose", None) is not None:  # a command that used the cache: keep it under its limit
-            from . import cache
 
             try:
                 cache.enforce_limit()
@@ -213,7 +208,6 @@ def entry() -> None:
     tests/test_interrupt.py test_run_interrupted_twice)."""
     rc = main(process=True)
     if rc == 130:
-
         try:
             atexit._run_exitfuncs()
         finally:

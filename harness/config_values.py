@@ -33,6 +33,8 @@ from importlib import metadata
 
 from .errors import UsageError, suggest
 from harness.lazy import lazy
+from . import cache
+from .atomic import write_text
 
 modeling_rope_utils = lazy("transformers.modeling_rope_utils")
 hf_logging = lazy("transformers.utils.logging")
@@ -355,8 +357,6 @@ def schema(family) -> dict:
     """``{"settable": [...], "types": {key: info}, "rope": {key: info}}`` of the
     family's config class (the cache's copy when it has one)."""
 
-    from . import cache
-
     try:
         tf = metadata.version("transformers")
     except metadata.PackageNotFoundError:
@@ -371,7 +371,6 @@ def schema(family) -> dict:
     out = {"settable": family.settable_keys(), "aliases": family.key_aliases(),
            "types": {n: _type_info(t) for n, t in types.items()},
            "rope": {n: _type_info(t) for n, t in rope_types().items()}}
-    from .atomic import write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps(out))

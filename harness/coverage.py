@@ -29,6 +29,8 @@ from pathlib import Path
 
 from .config_values import field_types, global_value
 from harness.lazy import lazy
+from .matrix import load_spec
+from .fuzz import case_strategy
 
 transformers = lazy("transformers")
 hypothesis = lazy("hypothesis")
@@ -138,8 +140,6 @@ def _add(keys: dict[str, Key], key: str, value, where: str, default) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _spec_cases() -> tuple:
-    from .matrix import load_spec
-
     out = []
     for p in sorted(SPECS.glob("*.toml")):
         spec = load_spec(p, check=False)  # what it varies, whatever extras are installed here
@@ -148,8 +148,6 @@ def _spec_cases() -> tuple:
 
 
 def _fuzz_draws(family: str) -> list[tuple]:
-    from .fuzz import case_strategy
-
     got: list[tuple] = []
 
     @hypothesis.settings(max_examples=FUZZ_DRAWS, database=None, derandomize=True, deadline=None,

@@ -29,14 +29,24 @@ import functools
 import itertools
 import json
 import time
-from dataclasses import dataclass, field, replace
-from dataclasses import asdict
+from dataclasses import dataclass, field, replace, asdict
 
 import numpy as np
 
 from . import kinds, references
 from .case import Case
 from harness.lazy import lazy
+from . import families
+from .features import layer_features
+from . import interrupt
+from impl import Backend
+from impl.runner import load_layer, run_layer
+from . import budget
+from .case import CaseRun
+from .errors import UsageError
+from .bisect import first_divergence
+from impl import LayerConfig, MlaConfig, MlaYarn, NormSpec, QkNormSpec, RopeSpec, TemperatureSpec, WindowSpec
+from .features import SPEC_DECORATIONS
 
 st = lazy("hypothesis.strategies")
 hypothesis = lazy("hypothesis")
@@ -92,7 +102,6 @@ ROPE_THETA = 1000000.0
 def _flat_rope_theta(name: str) -> bool:
     """Whether family ``name``'s tiny config has one RoPE table with a base
     (``rope_parameters.rope_theta``; not a table per layer type, as gemma3's)."""
-    from . import families
 
     rp = getattr(families.get(name).make_config({}), "rope_parameters", None)
     return isinstance(rp, dict) and "rope_theta" in rp
@@ -145,8 +154,6 @@ class SpecExample:
 
 
 def _cfg_label(cfg) -> str:
-    from .features import layer_features
-
     return "+".join(sorted(layer_features(cfg, {}))) or "plain"
 
 
@@ -162,8 +169,6 @@ def case_strategy(family_names: list[str], ref: str = "all"):
 
     @st.composite
     def draw_case(draw):
-        from . import families
-
         name = draw(st.sampled_from(family_names))
         fam = families.get(name)
         space = space_of(fam)
@@ -414,13 +419,7 @@ class Outcome:
 
 def run_spec(ex: SpecExample) -> Outcome:
     """impl (float64) against ``harness.specref`` on every probe both name."""
-    from . import interrupt
-
     interrupt.check()
-    from impl import Backend
-    from impl.runner import load_layer, run_layer
-
-    from .features import layer_features
 
     t0 = time.perf_counter()
     w = spec_weights(ex)
@@ -456,12 +455,8 @@ def run_spec(ex: SpecExample) -> Outcome:
 def run_three_way(case: Case, policy) -> Outcome:
     """One generated case end to end; failed when any comparison fails or errors
     (a known, bounded finding of the policy is not a failure)."""
-    from . import interrupt
 
     interrupt.check()  # a Ctrl-C swallowed in the last example's finalisers ends the run here
-    from . import budget
-    from .case import CaseRun
-    from .errors import UsageError
 
     t0 = time.perf_counter()
     try:
@@ -485,8 +480,6 @@ def run_three_way(case: Case, policy) -> Outcome:
     bad = [r for r in rows if r["status"] in ("fail", "error")]
     why, d, who = "", None, "impl"
     if bad:
-        from .bisect import first_divergence
-
         d, who = first_divergence(rows), "impl"
         for other in references.names()[1:]:  # a reference judged against the first
             if d is None:
@@ -540,8 +533,6 @@ def spec_to_dict(ex: SpecExample) -> dict:
 
 
 def spec_from_dict(d: dict) -> SpecExample:
-    from impl import LayerConfig, MlaConfig, MlaYarn, NormSpec, QkNormSpec, RopeSpec, TemperatureSpec, WindowSpec
-
     d = dict(d)
     c = dict(d.pop("cfg"))
     kind = d.pop("cfg_type", "LayerConfig")
@@ -596,15 +587,11 @@ def regression_group(case: Case, why: str, n: int) -> str:
 # ---------------------------------------------------------------- coverage
 def feature_pairs(features) -> set[tuple[str, str]]:
     """Pairs of decorations exercised together (the KV backing counts as one)."""
-    from .features import SPEC_DECORATIONS
-
     tags = sorted(t for t in set(features) if t in SPEC_DECORATIONS)
     return set(itertools.combinations(tags, 2))
 
 
 def all_pairs() -> int:
-    from .features import SPEC_DECORATIONS
-
     return len(SPEC_DECORATIONS) * (len(SPEC_DECORATIONS) - 1) // 2
 
 

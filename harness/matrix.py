@@ -60,6 +60,13 @@ from .case import Case
 from .errors import UsageError, suggest
 from .specs import DEFAULT_SPEC, keyword_matcher, select  # noqa: F401 (matrix.select etc., as before)
 from harness.lazy import lazy
+from . import budget
+from .case import CaseRun, run_case
+from .policy import load_policy
+from . import views, runlog
+import harness.case
+from . import report, references
+from .cache import cache_dir
 
 torch = lazy("torch")
 
@@ -241,8 +248,6 @@ def _expand(axes: dict, where: str, excludes: list = (), hits: list | None = Non
 def _check_configs(cases: list[Case], where: str) -> None:
     """Config keys and layer shapes, once per distinct model, and what each case
     needs of it (positions, memory: ``budget.check``), before anything runs."""
-    from . import budget
-    from .case import CaseRun
 
     seen: dict = {}
     planned = set()
@@ -396,8 +401,6 @@ def work(case_dict: dict, policy_path: str | None, plot_dir) -> dict:
     """Run one case (in a worker process, or in-process for -j1) and draw its plot.
     ``plot_dir``: None (no plot), a folder (every case's plot), or ``(folder, which)``
     with ``which`` one of ``PLOT_WHICH``."""
-    from .case import run_case
-    from .policy import load_policy
 
     case = Case.from_dict(case_dict)
     if policy_path not in _POLICIES:
@@ -407,7 +410,6 @@ def work(case_dict: dict, policy_path: str | None, plot_dir) -> dict:
         rows, info = run_case(case, _POLICIES[policy_path])
     except Exception as e:  # a crash outside impl's per-layer guard is this case's error row; the run goes on
         tb = traceback.format_exc()
-        from . import runlog
 
         runlog.traceback_block(f"{case.case_id()}: the case", tb)
         rows = [crash_row(case, f"{type(e).__name__}: {' '.join(str(e).split())[:400]}", tb)]
@@ -419,7 +421,6 @@ def work(case_dict: dict, policy_path: str | None, plot_dir) -> dict:
         info["worker_startup_s"] = _WORKER_STARTUP.pop()
     plot_dir, which = plot_dir if isinstance(plot_dir, (tuple, list)) else (plot_dir, "all")
     if plot_dir and wants_plot(rows, which):
-        from . import views
 
         try:
             views.plot_case(rows, Path(plot_dir) / views.plot_name(case.case_id()))
@@ -443,7 +444,6 @@ _WORKER_STARTUP: list = []  # a worker's start-up seconds, until its first case 
 def _init_worker(threads: int, log_path: str | None = None, verbose: bool = False) -> None:
     # Before torch is imported in this process: one pool of `threads` per worker,
     # so -j workers share the cores instead of each spinning all of them.
-    from . import runlog
 
     # Ctrl-C reaches every process of the terminal's group: a worker leaves it to the
     # parent, which stops the workers with SIGTERM (_stop_workers) -- a worker's own
@@ -459,7 +459,6 @@ def _init_worker(threads: int, log_path: str | None = None, verbose: bool = Fals
     t = time.perf_counter()
 
     torch.set_num_threads(threads)
-    import harness.case  # noqa: F401  (the fixed cost, paid once per worker)
     # said apart from the first case's own time (its record's info.worker_startup_s)
     _WORKER_STARTUP.append(time.perf_counter() - t)
 
@@ -482,7 +481,6 @@ def execute(cases: list[Case], jobs: int, policy_path: str | None, plot_dir: str
             on_done(c, task(c.to_dict(), policy_path, plot_dir))
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    from . import runlog
 
     def pool():
         return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
@@ -619,8 +617,6 @@ def nonempty(spec: Spec) -> list[Case]:
 def start(spec: Spec, out: str | None, shard_arg: tuple[int, int] | None, policy_path: str | None,
           jobs: int, argv: list[str]) -> Path:
     """Check everything, then create the run directory with its ``run.json``."""
-    from . import report
-
     cases = nonempty(spec)
     if shard_arg:
         cases = shard(cases, *shard_arg)
@@ -628,7 +624,6 @@ def start(spec: Spec, out: str | None, shard_arg: tuple[int, int] | None, policy
             raise UsageError(f"--shard {shard_arg[0]}/{shard_arg[1]} is empty: the spec has {len(spec.cases)} cases; "
                              f"use at most {len(spec.cases)} shards")
     if policy_path:
-        from .policy import load_policy
 
         load_policy(policy_path)  # a bad policy is bad input: refused before the directory exists
     preflight(cases)
@@ -650,7 +645,6 @@ def preflight(cases: list[Case]) -> None:
     in the installed release: harness/references ``Reference.preflight``), on the
     family's own config: a release that moved one is refused in one line before the
     run directory exists, not met as an error row in every case of the family."""
-    from . import families, references
 
     refs: dict[str, set] = {}
     for c in cases:
@@ -708,8 +702,6 @@ def _spec_meta(run: dict) -> dict:
 
 def finalize(d: Path, cases: list[Case], records: dict, meta: dict):
     """Rows in case order from the journal records, meta.json and the views."""
-    from . import report, views
-
     missing = [c.case_id() for c in cases if c.case_id() not in records]
     if missing:
         raise UsageError(f"{d}: {len(missing)} cases have no journal record (first: {missing[0]}); "
@@ -728,15 +720,11 @@ def finalize(d: Path, cases: list[Case], records: dict, meta: dict):
 
 
 def _cache_dir():
-    from .cache import cache_dir
-
     return cache_dir()
 
 
 def merge(dirs: list[str], out: str | None, argv: list[str]):
     """Join the shards of one spec into one run directory (rows from their journals)."""
-    from . import report
-
     runs = []
     for d in dirs:
         run = read_run(d)

@@ -20,6 +20,7 @@ install predates a new built-in still finds it (one declaration, one place).
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -48,9 +49,7 @@ def _installed(path: tuple):
     per ``sys.path`` (``path``: where distributions are found; a test that prepends a
     plug-in's folder reads again): each ``entry_points(group=...)`` reads every
     distribution's metadata again (six groups: a tenth of a warm run, issue 29 finding 4)."""
-    from importlib.metadata import entry_points
-
-    return entry_points()
+    return metadata.entry_points()
 
 
 @lru_cache(maxsize=None)

@@ -15,6 +15,10 @@ import importlib.util
 
 from .config_values import global_value
 from .errors import UsageError, suggest
+from . import references
+from .versions import norm, versions
+from contract.probes import LAYER_PROBES
+from . import plugins
 
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "fixtures" / "tolerance.toml"
 PRECISION_ORDER = ("float64", "float32", "bfloat16", "float16", "kv_q8_0", "q8_0", "q8_1", "q8_k")
@@ -34,8 +38,6 @@ _MISSING = object()
 
 
 def _reference_names() -> tuple[str, ...]:
-    from . import references
-
     return references.names()
 
 
@@ -44,7 +46,6 @@ def _names(side: str) -> tuple[str, ...]:
     the reference whose model it computes (``Reference.model_of``: HF's cached path
     computes HF's model, so a finding of llama.cpp vs HF holds for llama.cpp vs
     hf_cached too; a finding naming hf_cached holds for it alone)."""
-    from . import references
 
     ref = references.registry().get(side)
     return (side,) if ref is None or not ref.model_of else (side, ref.model_of)
@@ -64,9 +65,6 @@ def followed() -> dict[tuple[str, str], str]:
     table (``--triangulate openvino``) says nothing here either: the engine is a candidate,
     judged by these findings, and one computing llama.cpp's model is a divergence of it from
     HF -- a finding that holds for a judged engine is a ``[[finding]]`` naming it."""
-
-    from . import references
-    from .versions import norm, versions
 
     have = {norm(k): v for k, v in versions().items()}
     out = {}
@@ -107,7 +105,6 @@ def pair_sides() -> tuple[str, ...]:
     """The references a finding's pair is drawn from: HF and llama.cpp (``_SIDE``) and the
     references computing one of their models (``Reference.model_of``: HF's cached path).
     Every other reference is a witness (issue 38's triangulation)."""
-    from . import references
 
     sides = set(_SIDE.values())
     return tuple(n for n, r in references.registry().items() if n in sides or r.model_of in sides)
@@ -172,7 +169,6 @@ def config_matches(config, conditions: dict, family_values: dict | None = None) 
 def dataflow_position(layer: int | None, probe: str) -> tuple:
     """Where a probe sits in the model's dataflow: model-level ``embeddings``
     first, then layer by layer in probe order, then ``final_norm`` / ``logits``."""
-    from contract.probes import LAYER_PROBES
 
     if layer is None or layer < 0:
         return (-1, 0) if probe == "embeddings" else (float("inf"), 0)
@@ -405,8 +401,6 @@ def family_finding_files() -> list[Path]:
     """Every family folder's findings.toml: the built-in folders
     (harness/families/<name>/findings.toml), then the folder of each family
     another package registers (entry point group ``attn_conformance.families``)."""
-
-    from . import plugins
 
     files = sorted(FAMILIES_DIR.glob("*/findings.toml"))
     for name, ep in plugins.entry_points("families").items():

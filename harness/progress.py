@@ -16,6 +16,7 @@ import sys
 import time
 
 from harness.lazy import lazy
+from . import interrupt
 
 rich_console = lazy("rich.console")
 rich_progress = lazy("rich.progress")
@@ -56,7 +57,6 @@ class Phases:
 
     def __enter__(self):
         if self.live:
-
             self.bar = rich_progress.Progress(rich_progress.SpinnerColumn(), rich_progress.TextColumn("{task.description}"), rich_progress.BarColumn(), rich_progress.MofNCompleteColumn(),
                                 rich_progress.TimeElapsedColumn(), console=rich_console.Console(file=self.stream), transient=True)
             self.bar.__enter__()
@@ -69,8 +69,6 @@ class Phases:
             self.bar = None
 
     def __call__(self, message: str, done: int | None = None, total: int | None = None) -> None:
-        from . import interrupt
-
         interrupt.check()  # each phase and layer of a case: a Ctrl-C swallowed on the way is raised here
         if self.plain is not None and message != self.said:
             # a new phase at once; the same phase's next step ("layer 3 of 24") at most every 10 s

@@ -19,6 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from .errors import UsageError
+from .matrix import load_spec, nonempty
+from .case import run_case
+from .policy import load_policy
+from .report import case_table
+from .views import FAILING, case_status
+from . import references
+
 _PASSED = "conformance_passed"
 
 
@@ -50,9 +58,6 @@ def pytest_collect_file(file_path, parent):
 
 class MatrixSpec(pytest.File):
     def collect(self):
-        from .errors import UsageError
-        from .matrix import load_spec, nonempty
-
         try:
             cases = nonempty(load_spec(self.path))
         except UsageError as e:
@@ -72,13 +77,6 @@ class CaseItem(pytest.Item):
         self.user_properties.append(("conformance_case", case.case_id()))
 
     def runtest(self):
-        from .case import run_case
-        from .policy import load_policy
-        from .report import case_table
-        from .views import FAILING, case_status
-
-        from . import references
-
         for name in self.case.refs:
             ref = references.get(name)
             if ref.available():

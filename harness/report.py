@@ -11,7 +11,6 @@ import secrets
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 import os
 import tempfile
 
@@ -21,8 +20,9 @@ from .errors import UsageError
 from .verdict import FAILING
 from .versions import calibrated, drift, versions
 
-if TYPE_CHECKING:  # pandas is imported where rows are made or read: bad input is refused without it
-    import pandas as pd
+from harness.lazy import lazy
+
+pd = lazy("pandas")  # bad input is refused, `conformance list` runs, without it (harness/lazy.py)
 
 
 def new_run_id() -> str:
@@ -148,8 +148,6 @@ def check_writable(path: Path, flag: str, file: bool = False) -> None:
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
-    import pandas as pd
-
     df = pd.DataFrame(rows)
     if not df.empty and "detail" not in df:
         df["detail"] = ""  # the column every run has (contract.rows): only error rows fill it
@@ -190,8 +188,6 @@ def write_meta(d: Path, meta: dict) -> None:
 
 
 def read_rows(d: Path) -> pd.DataFrame:
-    import pandas as pd
-
     p = Path(d)
     if (p / "rows.parquet").exists():
         return pd.read_parquet(p / "rows.parquet")
@@ -201,8 +197,6 @@ def read_rows(d: Path) -> pd.DataFrame:
 
 
 def counts(rows) -> dict:
-    import pandas as pd
-
     df = rows if isinstance(rows, pd.DataFrame) else frame(rows)
     return df["status"].value_counts().to_dict() if not df.empty else {}
 
@@ -228,8 +222,6 @@ def _fmt(x) -> str:
 
 def case_table(rows) -> str:
     """Per reference, layer and probe: status, NMSE, max_abs, the worst element."""
-    import pandas as pd
-
     df = rows if isinstance(rows, pd.DataFrame) else frame(rows)
     if df.empty:
         return "(no rows)"

@@ -91,7 +91,7 @@ def _route_transformers(hf_logging) -> None:
     if not _SINK.verbose:
         hf_logging.disable_progress_bar()
         try:
-            from huggingface_hub.utils import disable_progress_bars
+            from huggingface_hub.utils import disable_progress_bars  # absent from older huggingface_hub
 
             disable_progress_bars()
         except ImportError:

@@ -54,13 +54,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from contract.recurrent import RecurrentConfig
+
 EPS = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 
 
 @dataclass(frozen=True)
 class RopeSize:
     """How far the RoPE angles of one layer reach in one case."""
-
     mean_sq: float  # mean over positions and rotated pairs of (pos * inv_freq * (1 + pair))^2
     max_weighted: float  # max over positions and pairs of pos * inv_freq * (1 + pair)
 
@@ -110,7 +111,6 @@ def output_norm_amplification(lc, probes: dict, layer: int) -> float:
     group at 1/50 of the RMS, impl's relative error there 1.2e-10 against HF's
     3.6e-12, attn_branch 11x HF's distance to the float64 oracle; the norm's
     amplification there 28, the row then at 0.22 of its bound). 1 where the layer has no output norm or nothing to measure."""
-    from contract.recurrent import RecurrentConfig
 
     if not isinstance(lc, RecurrentConfig) or not lc.norm_groups:
         return 1.0

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract.errors import ConfigError
+from contract.probes import PROBES
 
 SCHEDULES = ("prefill", "decode", "mixed")
 
@@ -166,7 +167,6 @@ def mask(probe: str, arr, lengths) -> np.ndarray:
     llama.cpp and the candidate only each sequence's own rows), and none of it
     belongs to the case. Zeros on both sides add nothing to an NMSE or a max;
     the array is returned as it is when no sequence is short."""
-    from contract.probes import PROBES
 
     a = np.asarray(arr)
     if lengths is None or a.ndim < 2 or a.shape[0] != len(lengths):

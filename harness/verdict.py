@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from contract.layers import guard_probe  # noqa: F401 (re-exported)
 from contract.rows import CASE_ORDER, FAILING, STATUSES  # noqa: F401 (re-exported)
+from . import references
 
 
 def candidate_rows(rows) -> list[dict]:
     """The rows that judge a case's candidate (not the references against each
     other). Every case has one candidate; rows made before candidates were a
     choice name impl."""
-    from . import references
 
     return [r for r in rows if r["candidate"] not in references.names()]
 
@@ -59,7 +59,6 @@ def guard(rows: list[dict], layer_cfgs, candidate: str, make_row, fallback: str 
     input, which is judged too); where ``fallback`` is hidden too (an engine that
     exposes only logits), a passing ``logits`` guards the layer. ``layers``: the layer indices the case compared
     (``--layers``; None: all) -- each of them needs its guard."""
-    from . import references
 
     mine = [r for r in rows if r["candidate"] == candidate]
     in_case = {r["reference"] for r in mine} - {"-"}

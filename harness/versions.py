@@ -14,6 +14,8 @@ import hashlib
 from importlib.util import find_spec
 import json
 
+from .atomic import write_text
+
 ROOT = Path(__file__).resolve().parent.parent
 # every package that shapes a result, recorded with every run (meta.json) and checked
 # against the lock: the references and what they compute with (tokenizers, safetensors,
@@ -171,7 +173,6 @@ def per_llama_build(name: str, extra, compute):
     except (OSError, ValueError, KeyError, TypeError):
         pass
     got = compute()
-    from .atomic import write_text
 
     try:
         write_text(f, json.dumps({"value": got, "stamp": stamp}))
@@ -182,7 +183,7 @@ def per_llama_build(name: str, extra, compute):
 
 def _kernels_of_import() -> str | None:
     try:
-        import llama_cpp
+        import llama_cpp  # an optional extra ([llamacpp]): None without it
     except ImportError:
         return None
     try:

@@ -28,21 +28,24 @@ import shutil
 import io
 import base64
 
-import pandas as pd
-
-from . import references
-from . import atomic
+from . import references, atomic
 from .features import REFERENCE_GAPS, SPEC_DECORATIONS
 
 # A case's status is the first of CASE_ORDER its rows have: one failing row fails the
 # case; a case passes only when impl was checked (harness/verdict.py: unguarded first).
 from .verdict import CASE_ORDER, FAILING  # noqa: E402
 from harness.lazy import lazy
+from .report import exit_status
+from .versions import REFERENCE_PACKAGES
+from . import cache
+from contract.probes import LAYER_PROBES
 
+pd = lazy("pandas")
 backend_agg = lazy("matplotlib.backends.backend_agg")
 matplotlib_figure = lazy("matplotlib.figure")
 ticker = lazy("matplotlib.ticker")
 Image = lazy("PIL.Image")
+
 GLYPH = {"unguarded": "❌ UNGUARDED", "missing": "❌ missing", "error": "❌ error", "fail": "❌ FAIL",
          "pass": "✅ pass", "finding": "⚠️ finding",
          "not-implemented": "➖ not implemented", "not-exposed": "➖ not exposed", "skipped": "➖ skipped"}
@@ -247,8 +250,6 @@ class RunModel:
 
 
 def run_model(df: pd.DataFrame, meta: dict) -> RunModel:
-    from .report import exit_status
-
     cs = cases(df)
     spec = meta.get("spec", {})
     cc = cs["status"].value_counts().to_dict() if len(cs) else {}
@@ -317,7 +318,6 @@ def versions_line(meta: dict) -> tuple[str, bool]:
     verdicts were calibrated on (meta ``calibration``, written from lock.txt): one line for
     every view's header. ``("", True)`` for a run that recorded neither (a run made before
     the lock)."""
-    from .versions import REFERENCE_PACKAGES
 
     v = meta.get("versions") or {}
     if not v:
@@ -782,8 +782,6 @@ def plot_case(rows, path: Path) -> None:
     is kept in the cache under the hash of exactly what it shows (and of this
     file) and copied from there when the same rows come again."""
 
-    from . import cache
-
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     if df.empty or "nmse" not in df:
         return
@@ -798,8 +796,6 @@ def plot_case(rows, path: Path) -> None:
 
 
 def _draw(df: pd.DataFrame, path: Path):
-    from contract.probes import LAYER_PROBES
-
     df = df[df["nmse"].notna()]
     # x: dataflow order -- embeddings, each layer's probes, then the model's outputs
     order = {p: i for i, p in enumerate(LAYER_PROBES)}

@@ -42,7 +42,11 @@ from pathlib import Path
 import json
 
 from . import cache
-from .versions import ROOT, _version
+from .versions import ROOT, _version, llama_cpp_kernels
+from .ggml_types import is_quantized
+from .store import ProbeStore
+from . import atomic
+from .references import RefCapture
 
 SCHEMA = 1  # bump when what a record holds, or what it means, changes
 KIND = "warm"
@@ -72,8 +76,6 @@ def _tree_hash() -> str:
 
 @lru_cache(maxsize=1)
 def _versions() -> dict:
-    from .versions import llama_cpp_kernels
-
     v = {p: _version(p) for p in PACKAGES}
     v["python"] = platform.python_version()
     v["llama_cpp_kernels"] = llama_cpp_kernels()  # they key every llama.cpp capture
@@ -88,8 +90,6 @@ def key(case, family, reference_names) -> str:
 
 def eligible(case, candidate) -> bool:
     """Whether the record of ``case`` can stand in for its model stage (module docstring)."""
-    from .ggml_types import is_quantized
-
     return (not case.gguf and not case.hf_model and case.prompt is None and not case.switch_off
             and not is_quantized(case.gguf_type) and getattr(candidate, "warm_path", False))
 
@@ -186,8 +186,6 @@ class Recorder:
         self.weights: dict[tuple[str, int], dict] = {}
 
     def capture(self, name: str, kw: dict, rc) -> None:
-        from .store import ProbeStore
-
         path = getattr(rc.probes, "path", None)
         root = cache.cache_dir().resolve()
         if (rc.error or not isinstance(rc.probes, ProbeStore) or rc.meta.get("uncached") or path is None
@@ -207,7 +205,6 @@ class Recorder:
     def write(self, config, counts, layer_cfgs, tokens) -> None:
         if not self.ok or counts is None or counts.total > MAX_PARAMS:
             return
-        from . import atomic
 
         record = {"schema": SCHEMA, "config": ConfigSnapshot.of(config, counts), "layer_cfgs": list(layer_cfgs),
                   "tokens": tokens, "weights": self.weights, "captures": self.captures}
@@ -229,9 +226,6 @@ class Record:
         return {k: v.copy() if hasattr(v, "copy") else v for k, v in self.weights[(dtype, i)].items()}
 
     def capture(self, name: str, kw: dict):
-        from .references import RefCapture
-        from .store import ProbeStore
-
         c = self.captures.get(_call_key(name, kw))
         if c is None:
             raise Miss(f"capture {name} {sorted(kw)}")

@@ -37,6 +37,7 @@ from .ops import linear as _linear
 from .ops import noop as _noop
 from .ops import sigmoid as _sigmoid
 from .recurrent_kinds import RecurrentConfig, head_index, query_scale
+from .recurrent_scan import carried_decays, chunk_steps, scan_chunked, scan_sequential
 
 # The weights a recurrent layer may carry, per role, in HF nn.Linear layout ([out, in]).
 # C = conv channels (RecurrentConfig.conv_channels), W = the output row (RecurrentConfig.width).
@@ -111,7 +112,6 @@ RECURRENT_STATES = {
 @dataclass
 class RecurrentLayer:
     """A recurrent layer's config and its weights, resident on one backend."""
-
     cfg: RecurrentConfig
     backend: Backend
     w: dict = field(default_factory=dict)
@@ -426,7 +426,6 @@ def _recur(layer: RecurrentLayer, q, k, v, g, beta, slot: kvmod.RecurrentState):
         # value head h reads key head head_index[h] (RecurrentConfig.head_map)
         q = xp.take(q, layer.head_index, axis=1)
         k = xp.take(k, layer.head_index, axis=1)
-    from .recurrent_scan import carried_decays, chunk_steps, scan_chunked, scan_sequential
 
     delta = cfg.update == "delta"
     n = q.shape[0]

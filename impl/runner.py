@@ -29,6 +29,9 @@ from . import kv as kvmod
 from .attention import Layer
 from .config import ConfigError
 from .trace import Trace
+from .mla import MlaLayer
+from .recurrent import RecurrentLayer
+from .recurrent_kinds import RECURRENT_KINDS
 
 
 def load_layer(cfg, weights: dict, backend):
@@ -36,9 +39,6 @@ def load_layer(cfg, weights: dict, backend):
     ``contract.recurrent``): the body its kind names in ``LOADERS`` -- the
     attention body for a ``LayerConfig``, the MLA body for an ``MlaConfig``, the
     one recurrent body for a ``RecurrentConfig`` of every recurrent kind."""
-    from .mla import MlaLayer
-    from .recurrent import RecurrentLayer
-    from .recurrent_kinds import RECURRENT_KINDS
 
     loaders = {"attention": Layer, "mla": MlaLayer, **{k: RecurrentLayer for k in RECURRENT_KINDS}}
     kind = getattr(cfg, "kind", None)

@@ -20,6 +20,8 @@ from .api import (  # noqa: F401
     LayerCandidate,
     NotExposed,
 )
+from .. import plugins, references
+from .dump import DumpCandidate
 
 
 @lru_cache(maxsize=1)
@@ -27,7 +29,6 @@ def registry() -> dict:
     """``{name: entry point}`` of the group (harness/plugins.py: installed entry points
     and this project's own declared ones). A name may not be a reference's: a
     row's candidate column must say which side was checked."""
-    from .. import plugins, references
 
     found = plugins.entry_points("candidates")
     for n in (*references.names(), "-"):
@@ -50,13 +51,10 @@ def get(name: str) -> Candidate:
 @lru_cache(maxsize=64)
 def _get(name: str) -> Candidate:
     if name.startswith(DUMP_PREFIX):
-        from .dump import DumpCandidate
-
         return DumpCandidate(name[len(DUMP_PREFIX):])
     reg = registry()
     if name not in reg:
         raise UsageError(f"unknown candidate {name!r}; {suggest(name, list(reg) + ['dump:DIR'])}")
-    from .. import plugins
 
     try:
         obj = plugins.load("candidates", name, reg[name])

@@ -33,10 +33,13 @@ carry every upstream layer's rounding. Engines outside Python write dumps
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+import traceback
 
 import numpy as np
 
 from contract.candidate import PROBE_SHAPES, CandidateCapture, LayerCall, NotExposed  # noqa: F401 (re-exported)
+from contract.probes import PROBES
+from .. import kinds, runlog
 
 GROUP = "attn_conformance.candidates"
 DEFAULT = "impl"
@@ -44,7 +47,6 @@ DEFAULT = "impl"
 
 class Candidate(ABC):
     """An engine judged by the harness. ``name`` is set from its entry point."""
-
     name: str = ""
     description: str = ""
     # True: fed each reference's input to every layer (only that layer's own
@@ -78,7 +80,6 @@ class Candidate(ABC):
 
     def validate(self, case) -> None:
         """Raise ``UsageError`` (one line) for a case this candidate can never run."""
-
     def unsupported(self, run) -> str | None:
         """Why this candidate cannot run this case (a ``skipped`` row naming the
         engine's limit), or None."""
@@ -128,7 +129,6 @@ class LayerCandidate(Candidate):
         """Layer ``i`` alone, fed ``rc``'s own input to it, on that layer's weights
         only (made when asked: a real-size run never holds every layer's); empty
         for a layer with no description (``Unimplemented``) or no input in ``rc``."""
-        from .. import kinds
 
         case = run.case
         cap = CandidateCapture(self.name, self.dtype(run))
@@ -156,9 +156,6 @@ class LayerCandidate(Candidate):
             call = layer_call(i, None if src is None else layer_call(src))
             got = self.run_layer(call)
         except Exception as e:  # the candidate crashed: an error row for this layer, the run goes on
-            import traceback
-
-            from .. import runlog
 
             cap.errors[i] = f"{self.name} raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
             cap.details[i] = traceback.format_exc()
@@ -194,7 +191,6 @@ def padded(probe: str, arr, n_tokens: int) -> np.ndarray:
     one array per sequence (a ragged case's sequences differ in length) zero-padded
     along its token axes to ``n_tokens`` -- the rows past a sequence's length are
     not compared (``harness.schedule.mask``)."""
-    from contract.probes import PROBES
 
     if not isinstance(arr, (list, tuple)):
         return np.asarray(arr)

@@ -50,6 +50,12 @@ from ..errors import UsageError
 from .. import kinds, references
 from .api import Candidate, CandidateCapture
 from harness.lazy import lazy
+from contract.probes import LAYER_PROBES
+from .. import verdict
+from ..schedule import chunk_sizes
+from .api import PROBE_SHAPES
+from impl.backend import DTYPES
+from contract.probes import PROBES
 
 safetensors_numpy = lazy("safetensors.numpy")
 
@@ -82,12 +88,6 @@ def load(path: Path) -> dict:
 # ---------------------------------------------------------------- export-case
 def export_case(run, out: Path) -> dict:
     """Write ``run``'s case for an outside engine into ``out``; returns case.json's data."""
-    from contract.probes import LAYER_PROBES
-
-    from .. import verdict
-    from ..schedule import chunk_sizes
-    from .api import PROBE_SHAPES
-
     case = run.case
     out.mkdir(parents=True, exist_ok=True)
     layers = []
@@ -176,7 +176,6 @@ def read_manifest(d: Path) -> dict:
     for r, sub in runs.items():
         if not (Path(d) / sub).is_dir():
             raise UsageError(f"dump {d}: run {r!r} names {sub!r}, which is not a directory of the dump")
-    from impl.backend import DTYPES
 
     if m["dtype"] not in DTYPES:
         raise UsageError(f"dump {d}: dtype {m['dtype']!r}; valid: {', '.join(DTYPES)}")
@@ -230,7 +229,6 @@ class DumpCandidate(Candidate):
         found shape, not a judged ``error`` row (issue 29, finding 7). The expected
         shape is the reference's own probe of the same name (the canonical layout
         the judge compares in)."""
-        from contract.probes import PROBES
 
         for k, v in probes.items():
             probe = k.split(".", 1)[1] if re.fullmatch(r"L\d+\..+", k) else k

@@ -18,6 +18,8 @@ import copy
 import inspect
 
 from .api import Candidate, CandidateCapture
+from contract.probes import LAYER_PROBES
+from .. import references, verdict
 
 NO_PROBS = {
     "sdpa": "transformers' sdpa_attention_forward returns no attention weights (integrations/sdpa_attention.py)",
@@ -60,10 +62,6 @@ class HfAttention(Candidate):
         return None
 
     def capture(self, run, rc) -> CandidateCapture:
-        from contract.probes import LAYER_PROBES
-
-        from .. import references, verdict
-
         hf = references.get("hf")
         c = hf.capture(run.request(), run.case.dtype, run.weights_dtype(rc), force=rc,
                        attn_implementation=self.implementation)

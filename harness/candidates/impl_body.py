@@ -11,6 +11,16 @@ import numpy as np
 
 from .api import LayerCall, LayerCandidate, NotExposed
 from harness.lazy import lazy
+from impl.trace import Trace
+from ..mutants import _rebind
+import impl.attention
+import impl.runner
+from impl import Backend
+from impl.runner import load_layer
+from harness.references.llamacpp.ggml_matmul import installed, weight_names
+from .. import families
+from ..errors import UsageError
+from impl.runner import run_layer
 
 torch = lazy("torch")
 
@@ -23,15 +33,9 @@ class ImplCandidate(LayerCandidate):
     warm_path = True  # run_layer reads its LayerCall alone (harness/warm.py)
 
     def backend(self, call: LayerCall):
-        from impl import Backend
-
         return Backend(call.backend, call.device, call.dtype)
 
     def run_layer(self, call: LayerCall) -> dict:
-        from impl.runner import load_layer, run_layer
-
-        from harness.references.llamacpp.ggml_matmul import installed, weight_names
-
         layer = load_layer(call.config, call.weights, self.backend(call))
         # a layer reading another layer's K/V (kv_source): the source runs beside it, its
         # own products rounded as the reader's are (its LayerCall's ggml_act)
@@ -43,8 +47,6 @@ class ImplCandidate(LayerCandidate):
         # order the file holds each weight's input columns (Family.ggml_input_orders)
         orders, src_orders = {}, {}
         if call.ggml_act or src_act:
-            from .. import families
-
             fam = families.get(call.family)
             orders = fam.ggml_input_orders(call.config)
             src_orders = {} if src is None else fam.ggml_input_orders(src.config)
@@ -101,12 +103,6 @@ def swapped_kernel():
     """impl's attention kernel replaced by ``sdpa_attend`` wherever it is bound by
     name (impl.attention, impl.mla, impl) for the duration of the block; the
     trace tolerates the missing probabilities. impl's files are not touched."""
-    import impl.attention
-    import impl.runner
-    from impl.trace import Trace
-
-    from ..mutants import _rebind
-
     class _NoProbsTrace(Trace):
         def put_probs(self, probs, q_pos, k_pos):
             if probs is not None:
@@ -129,8 +125,6 @@ class TorchSdpaKernel(ImplCandidate):
     replaces = (KERNEL,)
 
     def validate(self, case) -> None:
-        from ..errors import UsageError
-
         if case.backend != "torch":
             raise UsageError(f"candidate {self.name} calls torch's scaled_dot_product_attention on impl's torch "
                              "backend; use --backend torch")

@@ -28,6 +28,11 @@ probabilities (no ``kq_soft_max`` node).
 from __future__ import annotations
 
 from .api import Candidate, CandidateCapture
+from harness.references.llamacpp.capture import available
+from ..errors import UsageError
+from .. import references
+from ..policy import comparison_dtype
+from contract.probes import LAYER_PROBES
 
 BLOCK = {"q8_0": 32}  # ggml block sizes of the quantized cache types (ggml/src/ggml.c type_traits)
 # kv_q8_0: a Q8_0 cache's own table (fixtures/tolerance.toml), apart from q8_0 -- the
@@ -49,12 +54,6 @@ class FlashAttn(Candidate):
         return {"flash_attn": True, "type_k": self.kv_type, "type_v": self.kv_type}
 
     def validate(self, case) -> None:
-        from harness.references.llamacpp.capture import available
-
-        from ..errors import UsageError
-
-        from .. import references
-
         bad = [r for r in case.ref.split(",") if r not in references.choices()]
         if bad:
             raise UsageError(f"candidate {self.name} is judged against {', '.join(references.choices())} "
@@ -79,12 +78,9 @@ class FlashAttn(Candidate):
         return None
 
     def capture(self, run, rc) -> CandidateCapture:
-        from .. import references
-
         # one free run serves every reference: llama.cpp's own capture, with the engine's settings
         c = run.memo(f"capture_{self.name}", lambda: references.get("llamacpp").capture(
             run.request(), engine=self.engine, capture_name=self.name))
-        from ..policy import comparison_dtype
 
         precision = comparison_dtype(PRECISION[self.kv_type], run.weight_dtype)
         cap = CandidateCapture(self.name, precision, dict(c.probes), meta=dict(c.meta), note=(
@@ -93,7 +89,6 @@ class FlashAttn(Candidate):
                "`if (k->type == GGML_TYPE_F32) k = ggml_cast(ctx0, k, GGML_TYPE_F16)`) and the CPU kernel "
                "accumulates V in F16 (ggml-cpu/ops.cpp ggml_compute_forward_flash_attn_ext_f16_one_chunk: VKQ16)"
                if self.kv_type != "q8_0" else "its KV cache holds Q8_0 blocks (8-bit values, one F16 scale per 32)")))
-        from contract.probes import LAYER_PROBES
 
         cap.not_exposed["attn_probs"] = ("flash attention materialises no probabilities: ggml_flash_attn_ext "
                                          "replaces kq_soft_max (src/llama-graph.cpp build_attn_mha)")

@@ -6,11 +6,18 @@ import sys
 from dataclasses import replace
 
 from .. import references
+from ..cli import _add_case_args
+from ..bisect import describe, describe_features, feature_bisect, first_divergence, git_bisect
+from ..case import CaseRun
+from ..cli import case_from_args
+from ..errors import UsageError
+from ..policy import load_policy
+from ..progress import Phases
+from ..report import frame
+from ..views import run_model
 
 
 def register(sub) -> None:
-    from ..cli import _add_case_args
-
     p = sub.add_parser("bisect", help="name the first divergence of a case (layer, probe), a feature, or a commit")
     _add_case_args(p)
     p.add_argument("--features", action="store_true",
@@ -21,12 +28,6 @@ def register(sub) -> None:
 
 
 def cmd_bisect(a) -> int:
-    from ..bisect import describe, describe_features, feature_bisect, first_divergence, git_bisect
-    from ..case import CaseRun
-    from ..cli import case_from_args
-    from ..errors import UsageError
-    from ..policy import load_policy
-
     policy = load_policy(a.policy)
     case = case_from_args(a)
     case.validate()
@@ -44,7 +45,6 @@ def cmd_bisect(a) -> int:
             return 1
         print(f"first bad commit: {res['subject']}  ({res['runs']} runs of the case)")
         return 0
-    from ..progress import Phases
 
     phases = Phases()
     run = CaseRun(case, policy, progress=phases)
@@ -70,8 +70,6 @@ def cmd_bisect(a) -> int:
             print(f"  (against {d['reference']}, where the first divergence is)")
         res = feature_bisect(fcase, policy, log=lambda m: print(m, file=sys.stderr))
         print(describe_features(res))
-    from ..report import frame
-    from ..views import run_model
 
     print(run_model(frame(rows), {}).last_line())  # the case's verdict, as run would end
     return 0 if d is None else 1

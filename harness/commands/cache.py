@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 
 from ..errors import UsageError
+from .. import cache
+from ..versions import cache_root
 
 
 def register(sub) -> None:
@@ -33,9 +35,6 @@ def _gb(b: int) -> str:
 
 
 def cmd_cache(a) -> int:
-    from .. import cache
-    from ..versions import cache_root
-
     if a.older_than is not None and not a.older_than >= 0:
         raise UsageError(f"--older-than must be a number of days >= 0, got {a.older_than}")
     if a.max_size is not None and not a.max_size >= 0:

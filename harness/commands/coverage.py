@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
+from .. import coverage, families
+from ..coverage import summary
 
 OPEN = Path(__file__).resolve().parents[2] / "fixtures" / "coverage_open.json"
 
@@ -32,8 +34,6 @@ def register(sub) -> None:
 
 
 def tables(names: list[str], fuzz: bool = True) -> dict:
-    from .. import coverage, families
-
     return {n: coverage.table(families.get(n), fuzz=fuzz) for n in names}
 
 
@@ -50,8 +50,6 @@ def _values(vals: set) -> str:
 
 
 def markdown(tabs: dict, only_uncovered: bool = False) -> str:
-    from ..coverage import summary
-
     lines = ["# Config key coverage", "",
              "Each family's keys (its HF config class's fields; `rope_parameters` one level down), where "
              "transformers reads them, and what varies each: a matrix spec (`default` runs in CI) or the fuzz "
@@ -80,8 +78,6 @@ def markdown(tabs: dict, only_uncovered: bool = False) -> str:
 
 
 def cmd_coverage(a) -> int:
-    from .. import families
-
     names = list(families.registry())
     for f in a.family or ():
         if f not in names:

@@ -19,13 +19,19 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 import json
 
 from ..errors import UsageError
+from ..report import read_rows
+from ..views import _err, is_candidate, cases, FAILING, feature_order
+from ..versions import ENGINE_PACKAGES, PACKAGES
+from ..views import _g, _md
+from ..policy import load_policy
+from ..report import check_writable
 
-if TYPE_CHECKING:  # pandas is imported where used: `conformance list` loads this module too
-    import pandas as pd
+from harness.lazy import lazy
+
+pd = lazy("pandas")  # bad input is refused, `conformance list` runs, without it (harness/lazy.py)
 
 # Below this fraction of its tolerance an error is rounding noise: growth is
 # measured from here, so 1e-30 -> 1e-28 in float64 is not a "100x regression".
@@ -54,8 +60,6 @@ def register(sub) -> None:
 
 
 def _rows(d: str) -> pd.DataFrame:
-    from ..report import read_rows
-
     if not Path(d).is_dir():
         raise UsageError(f"{d!r} is not a run directory")
     try:
@@ -67,10 +71,6 @@ def _rows(d: str) -> pd.DataFrame:
 def _worst(df: pd.DataFrame) -> dict:
     """``{(case_id, reference): (err, floor, where)}``: the worst judged error of
     each case's candidate (impl, or another engine)."""
-    import pandas as pd
-
-    from ..views import _err, is_candidate
-
     impl = df[is_candidate(df)].assign(_e=lambda x: pd.to_numeric(_err(x), errors="coerce"))
     impl = impl[impl["_e"].notna()]
     out = {}
@@ -86,8 +86,6 @@ def _worst(df: pd.DataFrame) -> dict:
 
 def _only(df: pd.DataFrame, candidate: str, where: str) -> pd.DataFrame:
     """The rows of the cases of ``df`` that judge ``candidate``."""
-    from ..views import cases
-
     cs = cases(df)
     keep = set(cs.loc[cs["candidate"] == candidate, "case_id"])
     if not keep:
@@ -97,8 +95,6 @@ def _only(df: pd.DataFrame, candidate: str, where: str) -> pd.DataFrame:
 
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, factor: float) -> dict:
-    from ..views import FAILING, cases
-
     bc, nc = cases(base).set_index("case_id"), cases(new).set_index("case_id")
     feats = {**bc["features"].to_dict(), **nc["features"].to_dict()}
     failing = lambda c, cid: cid in c.index and c.at[cid, "status"] in FAILING  # noqa: E731
@@ -115,7 +111,6 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, factor: float) -> dict:
             if g > factor and not (math.isinf(e) and math.isinf(b)):
                 grew.append({"case_id": key[0], "reference": key[1], "base": b, "new": e, "growth": g, "where": where})
     regressed = set(new_fail) | {g["case_id"] for g in grew}  # missing is not a regression: it was not run
-    from ..views import feature_order
 
     per = {}
     for f in feature_order({t for ts in feats.values() for t in ts}):
@@ -143,8 +138,6 @@ def version_changes(base: str, new: str) -> list[tuple[str, str | None, str | No
     rows of a candidate that runs on it, and such a candidate cannot run without it
     (the rows say so); two different versions of it are one."""
 
-    from ..versions import ENGINE_PACKAGES, PACKAGES
-
     def read(d):
         try:
             return json.loads((Path(d) / "meta.json").read_text()).get("versions") or {}
@@ -160,8 +153,6 @@ def version_changes(base: str, new: str) -> list[tuple[str, str | None, str | No
 
 
 def markdown(res: dict, base: str, new: str, changed: list | None = None) -> str:
-    from ..views import _g, _md
-
     reg = bool(res["regressed"])
     nc = res["new_cases"]
     miss = f" ({len(res['missing'])} cases of base missing: not run in new)" if res["missing"] else ""
@@ -207,14 +198,10 @@ def markdown(res: dict, base: str, new: str, changed: list | None = None) -> str
 
 
 def cmd_diff(a) -> int:
-    from ..policy import load_policy
-
     factor = a.factor if a.factor is not None else load_policy(a.policy).regression_factor
     if not factor > 1:
         raise UsageError(f"the growth factor must be > 1, got {factor}")
     if a.md:
-        from ..report import check_writable
-
         check_writable(Path(a.md), f"--md {a.md}", file=True)
     base, new = _rows(a.base), _rows(a.new)
     if a.candidate:

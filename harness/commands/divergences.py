@@ -23,6 +23,12 @@ import sys
 from ..errors import UsageError
 from .triangulate import command_of
 from harness.lazy import lazy
+from .. import references
+from ..policy import load_policy
+from ..report import read_rows
+from .triangulate import load_tables
+from ..versions import read_lock
+from . import triangulate
 
 pd = lazy("pandas")
 
@@ -85,10 +91,6 @@ def _bound(f: dict) -> str:
 
 
 def divergences(run_dir: Path, families: list[str] | None = None) -> str:
-    from .. import references
-    from ..policy import load_policy
-    from ..report import read_rows
-
     refs = set(references.names())
     pol = load_policy()
     try:
@@ -98,7 +100,6 @@ def divergences(run_dir: Path, families: list[str] | None = None) -> str:
     df = df[df["status"] == "finding"]
     stated = [f for f in pol.findings if f["candidate"] in refs and f["reference"] in refs]
     seen_by = {f["_n"].split(" (seen by")[0]: f for f in pol.findings if "(seen by" in f["_n"]}
-    from .triangulate import load_tables
 
     tables = load_tables()
     out = ["# Divergences between the references", "",
@@ -175,8 +176,6 @@ def _verdict(table: dict, f: dict, label: str) -> str:
 
 
 def _witness_note(tables: dict) -> str:
-    from ..versions import read_lock
-
     lock = read_lock()
     parts = []
     for w, t in tables.items():
@@ -203,9 +202,6 @@ def cmd_divergences(a) -> int:
     if not run.is_dir():
         raise UsageError(f"--run {run} is not a run directory")
     if a.triangulate:
-
-        from . import triangulate
-
         table = triangulate.measure(run, a.triangulate, a.family,
                                     progress=lambda m: print(f"triangulate: {m}", file=sys.stderr, flush=True))
         p = triangulate.write(table, a.family)

@@ -7,16 +7,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
+from ..cli import _add_case_args, add_verbose
+from ..progress import add_quiet
+from ..candidates.dump import export_case
+from ..case import CaseRun
+from ..cli import case_from_args
+from ..policy import load_policy
+from ..report import remove_partial
+from ..progress import Phases
+from .run import cmd_run_case
+from .. import references
+from ..candidates.dump import FREE, read_manifest
+from ..case import Case
 
 
 def register(sub) -> None:
-    from ..cli import _add_case_args
-
     p = sub.add_parser("export-case", help="write a case for an outside engine: config, weights (safetensors, "
                                            "GGUF), tokens, each reference's layer inputs")
     _add_case_args(p)
     p.add_argument("--out", metavar="DIR", required=True, help="the directory to write (must not exist or be empty)")
-    from ..cli import add_verbose
 
     add_verbose(p)  # HF's progress bars and warnings stay out of stderr (harness/runlog.py), as for run
     p.set_defaults(fn=cmd_export)
@@ -24,20 +33,12 @@ def register(sub) -> None:
     j.add_argument("dump", metavar="DUMP_DIR", help="a dump: manifest.json + <run>/L{i}.safetensors")
     j.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
     j.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
-    from ..progress import add_quiet
 
     add_quiet(j)
     j.set_defaults(fn=cmd_judge)
 
 
 def cmd_export(a) -> int:
-    from ..candidates.dump import export_case
-    from ..case import CaseRun
-    from ..cli import case_from_args
-    from ..errors import UsageError
-    from ..policy import load_policy
-    from ..report import remove_partial
-
     if a.candidate != "impl":
         raise UsageError("export-case writes the inputs of a case, whatever engine runs it; give no --candidate")
     out = Path(a.out)
@@ -45,7 +46,6 @@ def cmd_export(a) -> int:
         raise UsageError(f"--out {out} exists and is not an empty directory")
     case = case_from_args(a)
     case.validate()
-    from ..progress import Phases
 
     phases = Phases()
     run = CaseRun(case, load_policy(a.policy), progress=phases)
@@ -63,17 +63,12 @@ def cmd_export(a) -> int:
 
 
 def cmd_judge(a) -> int:
-    from .run import cmd_run_case
-
     return cmd_run_case(lambda: case_of(Path(a.dump)), a.policy, a.out, command="judge", quiet=a.quiet)
 
 
 def case_of(d: Path):
     """The case a dump answers, its candidate being the dump (and its references
     the runs the dump holds)."""
-    from .. import references
-    from ..candidates.dump import FREE, read_manifest
-    from ..case import Case
 
     m = read_manifest(d)
     c = dict(m["case"])

@@ -17,6 +17,10 @@ from pathlib import Path
 from ..errors import UsageError
 from ..families import hookspec
 from ..families.base import Family
+from .. import families, kinds
+from ..policy import load_policy
+from contract.probes import order
+from ..cli import parse_set
 
 def register(sub) -> None:
     p = sub.add_parser("explain", help="one family, flat: its resolved hooks, layers, probe maps and findings")
@@ -49,9 +53,6 @@ def _owner(cls, name: str):
 
 
 def explain(fam, overrides: dict, variant: str | None) -> str:
-    from .. import families, kinds
-    from ..policy import load_policy
-
     cls = type(fam)
     out = [f"# {fam.name}", "", fam.description, "",
            f"- HF model type: `{fam.hf_model_type}`; llama.cpp arch: `{fam.gguf_arch or '-'}`",
@@ -143,15 +144,10 @@ def explain(fam, overrides: dict, variant: str | None) -> str:
 
 
 def _order(probe: str) -> int:
-    from contract.probes import order
-
     return order(probe)
 
 
 def cmd_explain(a) -> int:
-    from .. import families
-    from ..cli import parse_set
-
     fam = families.get(a.family)
     if a.variant is not None and a.variant not in fam.variants:
         raise UsageError(f"unknown variant {a.variant!r} for family {fam.name}; valid: "

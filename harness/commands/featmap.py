@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from .matrix import add_run_args
+from .. import matrix, report, views
+from .matrix import DEFAULT_SPEC, plots_of, run_dir, say_default
 
 
 def register(sub) -> None:
-    from .matrix import add_run_args
-
     p = sub.add_parser("features", help="decorations x families x references: verified where, worst attn_out NMSE")
     p.add_argument("spec", nargs="?", metavar="SPEC", help="matrix spec to run (default fixtures/matrix/default.toml)")
     p.add_argument("--run", metavar="DIR", help="read an existing run directory instead of running a spec")
@@ -26,9 +27,6 @@ def register(sub) -> None:
 
 
 def cmd_features(a) -> int:
-    from .. import matrix, report, views
-    from .matrix import DEFAULT_SPEC, plots_of, run_dir, say_default
-
     if a.run:
         if a.spec:
             raise UsageError("give a SPEC to run or --run DIR to read, not both")

@@ -28,6 +28,12 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError, suggest
+from ..cli import add_verbose
+from .. import families, fuzz, report
+from ..references import choices
+from ..policy import load_policy
+from ..cache import cache_dir
+from .. import runlog
 
 ROOT = Path(__file__).resolve().parents[2]
 REGRESSIONS = ROOT / "fixtures" / "matrix" / "fuzz_regressions.toml"
@@ -51,7 +57,6 @@ def register(sub) -> None:
     p.add_argument("--spec-share", type=float, default=0.2, metavar="F",
                    help="share of the budget for spec examples, impl against the spec's formulas (default 0.2)")
     p.add_argument("--out", metavar="DIR", help="run directory (default reports/<run-id>)")
-    from ..cli import add_verbose
 
     add_verbose(p)  # transformers' and hypothesis' own chatter to <out>/log.txt (stderr with -v)
     p.add_argument("--policy", metavar="TOML", help="tolerance policy (default fixtures/tolerance.toml)")
@@ -69,8 +74,6 @@ def parse_budget(text: str) -> float:
 
 
 def _families(requested) -> list[str]:
-    from .. import families
-
     # every family with a fuzz space of its own (harness/families/<name>: fuzz_space)
     known = [n for n, f in families.registry().items() if getattr(f, "fuzz_space", None) is not None]
     if not requested:
@@ -83,10 +86,6 @@ def _families(requested) -> list[str]:
 
 
 def cmd_fuzz(a) -> int:
-    from .. import fuzz, report
-    from ..references import choices
-    from ..policy import load_policy
-
     if a.replay_spec:
         try:
             ex = fuzz.spec_from_dict(json.loads(a.replay_spec))
@@ -102,14 +101,13 @@ def cmd_fuzz(a) -> int:
         raise UsageError(f"--spec-share must be between 0 and 1, got {a.spec_share}")
     fams = _families(a.family)
     try:
-        import hypothesis  # noqa: F401
+        import hypothesis  # noqa: F401 -- an optional extra ([dev]): refused in one line where missing
         from hypothesis.configuration import set_hypothesis_home_dir
     except ImportError:
         raise UsageError("conformance fuzz needs hypothesis: pip install -e '.[dev]'") from None
     policy = load_policy(a.policy)
     run_id = report.new_run_id()
     d = report.check_out(a.out, run_id)  # a bad --out is refused before the budget is spent
-    from ..cache import cache_dir
 
     # hypothesis keeps its own files (the constants it collects) in the cache, not in a
     # .hypothesis/ of whatever folder the user ran the command from (issue 41)
@@ -141,7 +139,6 @@ def cmd_fuzz(a) -> int:
     res = summarize(stats, wall, budget, a, fams)
     recorded = record(stats, res) if a.record else []
     d.mkdir(parents=True, exist_ok=True)
-    from .. import runlog
 
     runlog.attach(d / runlog.LOG_NAME)
     (d / "fuzz.json").write_text(json.dumps(res, indent=1, default=str))
@@ -156,8 +153,6 @@ def cmd_fuzz(a) -> int:
 
 
 def summarize(stats, wall: float, budget: float, a, fams) -> dict:
-    from .. import fuzz
-
     per_min = {k: (n / (stats.seconds_by_kind.get(k, 0.0) / 60) if stats.seconds_by_kind.get(k) else 0.0)
                for k, n in stats.by_kind.items()}
     failures = []
@@ -184,8 +179,6 @@ def summarize(stats, wall: float, budget: float, a, fams) -> dict:
 
 def record(stats, res) -> list[str]:
     """Append every shrunk failure to the regression files (once per case)."""
-    from .. import fuzz
-
     done = []
     three = [(o, ex) for o, ex in stats.failures if o.kind == "three-way"]
     if three:

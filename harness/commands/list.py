@@ -4,6 +4,13 @@ reads their files), references, candidates, backends, probes."""
 from __future__ import annotations
 
 from ..errors import UsageError
+from impl.backend import BACKENDS, DEVICES, DTYPES
+from impl.kv import KV_MODES
+from ..schedule import SCHEDULES
+from contract.probes import LAYER_PROBES, MODEL_PROBES
+from .. import catalog, families, references
+from ..case import GGUF_TYPES
+from .. import candidates, mutants
 
 
 def register(sub) -> None:
@@ -17,13 +24,6 @@ def cmd_list(a) -> int:
     """Families (variants, feature tags, whether ``--gguf`` reads their files),
     references, backends, probes. Imports neither torch nor transformers when the
     features are cached (``harness/catalog.py``)."""
-    from impl.backend import BACKENDS, DEVICES, DTYPES
-    from impl.kv import KV_MODES
-    from ..schedule import SCHEDULES
-    from contract.probes import LAYER_PROBES, MODEL_PROBES
-
-    from .. import catalog, families, references
-    from ..case import GGUF_TYPES
 
     reg = families.registry()
     feats = catalog.family_features(reg, catalog.say_stderr) if a.features else {}
@@ -43,7 +43,6 @@ def cmd_list(a) -> int:
     if named_only:  # Reference.in_all: not yet judged on every family it implements
         print(f"  all = {', '.join(references.all_names())}; {', '.join(named_only)} only where named "
               f"(--ref hf,{named_only[0]})")
-    from .. import candidates
 
     print("candidates (--candidate; entry points of the group attn_conformance.candidates; or dump:DIR):")
     for name in candidates.registry():
@@ -57,7 +56,6 @@ def cmd_list(a) -> int:
     print(f"GGUF weight types (--gguf-type; --gguf reads the same): {', '.join(GGUF_TYPES)}")
     print(f"layer probes: {', '.join(LAYER_PROBES)}")
     print(f"model probes: {', '.join(MODEL_PROBES)}")
-    from .. import mutants
 
     by_kind: dict = {}
     for name, m in mutants.registry().items():

@@ -15,6 +15,12 @@ from ..errors import UsageError
 from ..specs import DEFAULT_SPEC, keyword_matcher, select  # noqa: F401 (the CLI's names for them)
 from ..versions import ROOT
 from harness.lazy import lazy
+from ..cli import add_verbose
+from ..progress import add_quiet
+from .. import matrix, report, runlog
+from ..views import run_model
+from ..versions import drift_line
+from ..views import case_status
 
 rich_console = lazy("rich.console")
 rich_progress = lazy("rich.progress")
@@ -51,16 +57,12 @@ def add_run_args(p) -> None:
                    help="which cases get a PNG plot: needed (default: a case with a failing row or a finding), "
                         "all, or none")
     p.add_argument("--no-plots", action="store_true", help="no per-case PNG plots (as --plots none)")
-    from ..cli import add_verbose
-    from ..progress import add_quiet
 
     add_verbose(p)
     add_quiet(p)
 
 
 def cmd_matrix(a) -> int:
-    from .. import matrix
-
     if a.jobs < 1:
         raise UsageError(f"-j/--jobs must be at least 1, got {a.jobs}")
     if a.resume:
@@ -69,7 +71,6 @@ def cmd_matrix(a) -> int:
                              "SPEC, --shard, -k, --out, --policy")
         d = Path(a.resume)
         matrix.read_run(d)
-        from .. import report
 
         report.claim_out(str(d), "", resume=True)  # not while another command completes it
     else:
@@ -97,8 +98,6 @@ def plots_of(a) -> str:
 
 def run_dir(d: Path, jobs: int, plots: bool | str, quiet: bool = False):
     """Complete the run in ``d`` with a progress display; ``(exit status, rows)``."""
-    from .. import matrix, report, runlog
-
     try:
         return _run_dir(d, jobs, plots, quiet)
     finally:
@@ -106,8 +105,6 @@ def run_dir(d: Path, jobs: int, plots: bool | str, quiet: bool = False):
 
 
 def _run_dir(d: Path, jobs: int, plots: bool | str, quiet: bool = False):
-    from .. import matrix, report, runlog
-
     run = matrix.read_run(d)
     runlog.attach(Path(d) / runlog.LOG_NAME)
     total = len(run["cases"])
@@ -126,14 +123,12 @@ def _run_dir(d: Path, jobs: int, plots: bool | str, quiet: bool = False):
         raise KeyboardInterrupt(f"{kept}; conformance matrix --resume {d} completes the run") from None
     finally:
         signal.signal(signal.SIGTERM, old)
-    from ..views import run_model
 
     if not quiet:
         print(f"report: {d} (summary.md, report.html, junit.xml, rows.parquet)")
     startup = [i.get("worker_startup_s") for i in meta_info(d).values() if i.get("worker_startup_s") is not None]
     if startup and not quiet:
         print(f"worker start-up: {len(startup)} workers, {max(startup):.1f} s at most (not counted in any case's time)")
-    from ..versions import drift_line
 
     if not drift_line().startswith("calibrated"):
         print(f"note: {drift_line()}", file=sys.stderr)
@@ -157,8 +152,6 @@ class Progress:
     pass / fail count); one line per finished case otherwise, for CI logs."""
 
     def __init__(self, total: int, held: dict, quiet: bool = False):
-        from ..views import case_status
-
         self.total, self.n = total, len(held)
         self.tally: dict[str, int] = {}
         for rec in held.values():  # a resumed run counts what it already holds
@@ -173,7 +166,6 @@ class Progress:
         if self.n and not self.quiet:  # a resumed run
             print(f"resuming: {self.n} of {self.total} cases already done", file=sys.stderr, flush=True)
         if self.tty:
-
             self.bar = rich_progress.Progress(rich_progress.BarColumn(), rich_progress.MofNCompleteColumn(), rich_progress.TimeElapsedColumn(),
                                 rich_progress.TextColumn("{task.description}"), console=rich_console.Console(stderr=True), transient=False)
             self.bar.__enter__()
@@ -199,8 +191,6 @@ class Progress:
         self._refresh()
 
     def done(self, case, rec):
-        from ..views import case_status
-
         cid = case.case_id()
         wall = time.perf_counter() - self.inflight.pop(cid, time.perf_counter())
         info = rec.get("info", {})

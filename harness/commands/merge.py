@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import sys
 
+from .. import matrix, report
+from ..views import run_model
+
 
 def register(sub) -> None:
     p = sub.add_parser("merge", help="join `conformance matrix --shard I/N` run directories into one report")
@@ -14,12 +17,9 @@ def register(sub) -> None:
 
 
 def cmd_merge(a) -> int:
-    from .. import matrix, report
-
     d, df, _ = matrix.merge(a.dirs, a.out, sys.argv[1:])
     print(", ".join(f"{k} {v}" for k, v in sorted(report.counts(df).items())) or "no rows")
     print(f"report: {d}")
-    from ..views import run_model
 
     print(run_model(df, {}).last_line())
     return report.exit_status(df)

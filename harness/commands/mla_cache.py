@@ -22,6 +22,13 @@ import numpy as np
 
 from ..errors import UsageError
 from harness.lazy import lazy
+from impl.mla import MlaConfig
+from .. import families
+from impl import Backend
+from impl.runner import load_layer, run_layer
+from ..schedule import chunk_sizes
+from impl.config import ConfigError
+from .. import report
 
 backend_agg = lazy("matplotlib.backends.backend_agg")
 matplotlib_figure = lazy("matplotlib.figure")
@@ -45,9 +52,6 @@ def register(sub) -> None:
 def mla_families(names: list[str] | None = None) -> dict:
     """The registered families whose default config has MLA layers (discovered
     from their impl layer configs, not listed)."""
-    from impl.mla import MlaConfig
-
-    from .. import families
 
     reg = families.registry()
     if names:
@@ -72,10 +76,6 @@ def measure(family, tokens: int = 16, backend: str = "numpy", dtype: str = "floa
     """One row per (form, KV mode): the cache bytes per token impl holds for
     ``family``'s tiny model, all MLA layers together."""
 
-    from impl import Backend
-    from impl.mla import MlaConfig
-    from impl.runner import load_layer, run_layer
-
     _check_tokens(tokens)
     be = Backend(backend, "cpu", dtype)
     config = family.make_config({})
@@ -92,7 +92,6 @@ def measure(family, tokens: int = 16, backend: str = "numpy", dtype: str = "floa
             held, formula = 0.0, 0
             for i, lc in mla:
                 layer = load_layer(lc, weights[i], be)
-                from ..schedule import chunk_sizes  # NumPy: not at parser registration (`--help`)
 
                 plan = [chunk_sizes("mixed", len(x)) for x in inputs]
                 _, _, steps = run_layer(layer, inputs, kv, plan, trace=False, seed=seed)
@@ -156,10 +155,6 @@ def table(rows: list[dict]) -> str:
 
 def run(out: Path, names: list[str] | None = None, tokens: int = 16, backend: str = "numpy",
         dtype: str = "float32", seed: int = 0) -> list[dict]:
-
-    from impl import Backend
-    from impl.config import ConfigError
-
     try:
         Backend(backend, "cpu", dtype)
     except ConfigError as e:
@@ -179,8 +174,6 @@ def run(out: Path, names: list[str] | None = None, tokens: int = 16, backend: st
 
 
 def cmd_mla_cache(a) -> int:
-    from .. import report
-
     out = report.check_out(a.out, f"mla-cache-{report.new_run_id()}")
     rows = run(out, a.family, a.tokens, a.backend, a.dtype, a.seed)
     print(table(rows))

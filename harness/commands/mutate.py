@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-from typing import TYPE_CHECKING
 import os
 import numpy as np
 import re
@@ -46,11 +45,24 @@ from dataclasses import replace
 from .. import atomic, references
 from ..errors import UsageError, suggest
 from harness.lazy import lazy
+from ..cli import add_verbose
+from ._mutant_case import MutantCase
+from ..case import Case
+from .. import matrix
+from ..mutants import StaleMutant, applied, registry
+from ..bisect import FAILING, first_divergence
+from ..verdict import candidate_rows
+from ..features import SPEC_DECORATIONS
+from .. import candidates
+from ..mutants import _enclosing_def
+from .. import report
+from .matrix import DEFAULT_SPEC, say_default
+from .. import runlog
+from ..progress import Throttled
+from ..policy import load_policy
 
 pd = lazy("pandas")
 
-if TYPE_CHECKING:  # the case machinery (numpy, impl, the families) is imported where used:
-    from ..case import Case  # `conformance --help` builds every command's parser
 
 SPEC_HELP = "matrix spec TOML (default fixtures/matrix/default.toml)"
 
@@ -65,7 +77,6 @@ def register(sub) -> None:
                                       "is killed / total")
     p.add_argument("spec", nargs="?", metavar="SPEC", help=SPEC_HELP)
     p.add_argument("--out", metavar="DIR", help="run directory (default ./reports/<run-id>)")
-    from ..cli import add_verbose
 
     add_verbose(p)
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
@@ -101,11 +112,6 @@ def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) 
     """Run one case with one mutant applied (in a worker process, or in-process
     for -j1); return the verdict, not the rows."""
 
-    from ..case import Case
-    from ._mutant_case import MutantCase
-    from .. import matrix
-    from ..mutants import StaleMutant, applied, registry
-
     d = dict(case_dict)
     name = d.pop("mutant")
     size = d.pop("mutant_d", None)
@@ -126,9 +132,6 @@ def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) 
 
 def verdict(rows: list[dict]) -> dict:
     """Killed or not, and where: the first divergence of the case's candidate in dataflow order."""
-    from ..bisect import FAILING, first_divergence
-    from ..verdict import candidate_rows
-
     mine = candidate_rows(rows)
     failing = [r for r in mine if r["status"] in FAILING]
     name = mine[0]["candidate"] if mine else "impl"
@@ -193,9 +196,6 @@ def _no_pass_reason(rows: list[dict]) -> str:
 
 # ---------------------------------------------------------------- the run
 def select_mutants(names: str | None, decoration: str | None) -> list:
-    from ..features import SPEC_DECORATIONS
-    from ..mutants import registry
-
     reg = registry()
     chosen = list(reg.values())
     if names:
@@ -218,8 +218,6 @@ def select_mutants(names: str | None, decoration: str | None) -> list:
 
 
 def own_case(m, candidate: str = "impl", ref: str | None = None) -> Case:
-    from ..case import Case
-
     kw = dict(m.case)
     kw.setdefault("ref", references.default())
     if ref is not None:
@@ -228,7 +226,6 @@ def own_case(m, candidate: str = "impl", ref: str | None = None) -> Case:
     kw["candidate"] = candidate
     if candidate != "impl":
         # a candidate's own limits (torch-sdpa-kernel runs on torch) shape the case
-        from .. import candidates
 
         kw.update(candidates.get(candidate).mutant_case_fields())
     return Case(**kw)
@@ -273,7 +270,6 @@ def own_cases(mutants: list, spec_cases: list, candidate: str = "impl",
 def applies(m, cand) -> str | None:
     """Why mutant ``m`` does not reach candidate ``cand``'s code, or None: it must
     lie in a module the candidate runs and not in a function it replaces."""
-    from ..mutants import _enclosing_def
 
     if not any(m.module == mod or m.module.startswith(mod + ".") for mod in cand.runs_modules):
         return f"{cand.name} runs none of {m.module}'s code"
@@ -307,7 +303,6 @@ def for_candidate(spec, candidate: str):
     """``spec`` with every case judging ``candidate``."""
     if candidate == "impl":
         return spec
-    from .. import candidates
 
     return with_fields(spec, candidate=candidate, **candidates.get(candidate).mutant_case_fields())
 
@@ -317,11 +312,6 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
                  candidate: str = "impl", ref: str | None = None) -> dict:
     """Baseline, then every mutant on the cases that exercise it; the result as plain data.
     ``log``: one line per finished run; ``phase``: one line per phase."""
-    from ._mutant_case import MutantCase
-
-    from .. import matrix
-    from ..bisect import FAILING
-    from ..mutants import StaleMutant, applied
 
     t0 = time.perf_counter()
     spec_cases = matrix.nonempty(spec)
@@ -344,8 +334,6 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     base: dict[str, dict] = {}
 
     def base_done(c, rec):
-        from ..verdict import candidate_rows
-
         mine = candidate_rows(rec["rows"])
         # against one witness alone its findings' probes are unguarded in every run: not a failure
         bad = [r for r in mine if r["status"] in FAILING and (ref is None or r["status"] != "unguarded")]
@@ -520,10 +508,8 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     killed = sum(1 for e in out if e["status"] == "killed")
     by_spec = sum(1 for e in out if e.get("killed_by_spec"))
     exercised = sorted({f for cid in spec_ids for f in base[cid]["features"]})
-    from ..mutants import registry
 
     covered = {m.decoration for m in registry().values()}
-    from ..features import SPEC_DECORATIONS
 
     no_mutant = [t for t in exercised if t in SPEC_DECORATIONS and t not in covered
                  and t not in ("kv_decode", "kv_batched")]
@@ -563,10 +549,6 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
     clean case of the slice exercising its decoration still catches -- found by
     bisecting the ladder, assuming (as the errors are smooth in ``d``) that a
     larger perturbation is caught whenever a smaller one is."""
-    from ._mutant_case import MutantCase
-
-    from .. import matrix
-    from ..bisect import FAILING
 
     chosen = [m for m in mutants if m.param is not None]
     if not chosen:
@@ -582,8 +564,6 @@ def run_sensitivity(spec, mutants: list, jobs: int, policy_path: str | None, log
     base: dict[str, dict] = {}
 
     def base_done(c, rec):
-        from ..verdict import candidate_rows
-
         impl = candidate_rows(rec["rows"])
         base[c.case_id()] = {"features": rec["info"].get("features", []),
                              "clean": bool(impl) and not any(r["status"] in FAILING for r in impl)}
@@ -756,9 +736,6 @@ def write(d: Path, res: dict) -> None:
 
 
 def cmd_mutate(a) -> int:
-    from .. import matrix, report
-    from .matrix import DEFAULT_SPEC, say_default
-
     if a.jobs < 1:
         raise UsageError(f"-j/--jobs must be at least 1, got {a.jobs}")
     if not 0.0 <= a.min_score <= 1.0:
@@ -766,8 +743,6 @@ def cmd_mutate(a) -> int:
     spec = matrix.load_spec(a.spec or DEFAULT_SPEC)
     mutants = select_mutants(a.mutants, a.decoration)
     if a.candidate != "impl":
-        from .. import candidates
-
         if a.sensitivity:
             raise UsageError("--sensitivity measures impl's parameters; give no --candidate")
         cand = candidates.get(a.candidate)
@@ -782,8 +757,6 @@ def cmd_mutate(a) -> int:
     if a.ref is not None:
         if a.sensitivity:
             raise UsageError("--sensitivity measures against the spec's own references; give no --ref")
-        from ..case import Case
-
         Case(family="llama", ref=a.ref).validate()  # an unknown name: one line naming the valid ones
         if a.ref == "all" or "," in a.ref:
             raise UsageError(f"--ref takes one reference, got {a.ref!r}; one of {', '.join(references.names())}")
@@ -792,15 +765,12 @@ def cmd_mutate(a) -> int:
                              f"(pip install -e '.[{references.get(a.ref).requires}]')")
         spec = with_fields(spec, ref=a.ref)
     if a.policy:
-        from ..policy import load_policy
-
         load_policy(a.policy)
     matrix.nonempty(spec)
     run_id = report.new_run_id()
     d = report.check_out(a.out, run_id)
     made = not d.exists()
     d.mkdir(parents=True, exist_ok=True)  # now: the workers append to its log.txt
-    from .. import runlog
 
     runlog.attach(d / runlog.LOG_NAME)
 
@@ -811,7 +781,6 @@ def cmd_mutate(a) -> int:
     # a terminal gets a line per mutant run; a CI log one per phase, and the latest run at
     # most every 30 s between (issue 41: mutate said nothing for minutes off a terminal)
     quiet = not sys.stderr.isatty()
-    from ..progress import Throttled
 
     every = Throttled("mutate: ", every=30.0)
     if a.sensitivity:

@@ -10,6 +10,12 @@ import time
 
 from ..cli import _add_case_args, _require_device, add_verbose, case_from_args
 from ..progress import add_quiet
+from .. import budget, references, report, runlog
+from ..case import CaseRun
+from ..policy import load_policy
+from ..progress import Phases
+from .. import views
+from ..versions import drift_line
 
 
 def register(sub) -> None:
@@ -32,10 +38,6 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
     usable) into a run directory -- rows, meta.json and the views a matrix writes
     (summary.md, report.html, junit.xml): one case is one page too --, print its
     table (not with ``quiet``) and, last, the verdict line; the exit status."""
-    from .. import budget, references, report, runlog
-    from ..case import CaseRun
-    from ..policy import load_policy
-    from ..progress import Phases
 
     policy = load_policy(policy_path)
     run_id = report.new_run_id()
@@ -54,7 +56,6 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
         references.preflight(case.refs, run.family, run.config)
     budget.check(run)  # and a case the model or this machine cannot hold
     t0 = time.time()
-    from .. import views  # pandas: imported once the input has passed every check
 
     # the directory is this run's from here: another command into the same --out is
     # refused (report.claim_out's lock), and a run that finishes nothing leaves nothing
@@ -70,7 +71,6 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
         for note in run.notes:
             print(f"note: {note}")
         print(f"report: {d} (summary.md, report.html, rows.parquet)")
-    from ..versions import drift_line
 
     if not drift_line().startswith("calibrated"):  # a verdict made on another release than the lock's
         print(f"note: {drift_line()}", file=sys.stderr)
@@ -80,8 +80,6 @@ def cmd_run_case(make_case, policy_path: str | None, out: str | None, command: s
 
 def _run_into(d, run_id, run, case, command, phases, plots, t0, views):
     """The case's work, its rows and views written into ``d``; the rows' frame."""
-    from .. import budget, report, runlog
-
     with phases:
         rows = run.rows()
         df = report.write_rows(d, rows)

@@ -38,12 +38,17 @@ import ast
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import requires
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, requires, version
 
 from ..errors import UsageError
 from harness.lazy import lazy
+from .. import candidates, references
+from ..case import Case
+from ..cli import parse_value
+from contract.probes import LAYER_PROBES
+from ..case import run_case
+from ..policy import load_policy
+from ..report import read_rows
 
 packaging_requirements = lazy("packaging.requirements")
 pd = lazy("pandas")
@@ -90,15 +95,12 @@ class Witness:
 def witness_names() -> list[str]:
     """What ``--triangulate`` takes: the references outside the pair, then the candidates that
     run an engine of its own (``Candidate.engine_packages``; not impl, nor a reference's code)."""
-    from .. import candidates, references
 
     refs = [n for n in references.names() if n not in PAIR_SIDES]
     return refs + [n for n in candidates.names() if _engine_packages(n)]
 
 
 def _engine_packages(name: str) -> tuple:
-    from .. import candidates
-
     try:
         return tuple(candidates.get(name).engine_packages)
     except UsageError:  # a plug-in that does not load is no witness (`conformance list` says why)
@@ -107,8 +109,6 @@ def _engine_packages(name: str) -> tuple:
 
 def as_witness(name: str) -> Witness:
     """``name`` as a witness, or a one-line ``UsageError`` naming the valid ones (exit 2)."""
-    from .. import references
-
     valid = witness_names()
     if name not in valid:
         raise UsageError(f"--triangulate {name!r}: not a witness; valid: {', '.join(valid)}")
@@ -118,7 +118,6 @@ def as_witness(name: str) -> Witness:
             raise UsageError(f"--triangulate {name}: reference {name} is not installed "
                              f"(pip install -e '.[{ref.requires}]')")
         return Witness(name, False, False, _extra_packages(ref.requires))
-    from .. import candidates
 
     cand = candidates.get(name)
     packages = tuple(cand.engine_packages)
@@ -149,7 +148,6 @@ def table_path(witness: str) -> Path:
 def load_tables() -> dict[str, dict]:
     """Every stored table, by witness: the references' first (the third implementation the
     project is judged against), then the engines', each by name."""
-    from .. import references
 
     paths = sorted(TABLES.glob("*.json")) if TABLES.is_dir() else []
     return {p.stem: json.loads(p.read_text())
@@ -194,9 +192,6 @@ def command_of(row) -> str:
 
 def case_of(row, refs: str, candidate: str = "impl"):
     """The case a baseline row belongs to, run with ``refs`` and ``candidate`` judged."""
-    from ..case import Case
-    from ..cli import parse_value
-
     def val(col, default=None):
         v = row.get(col)
         return default if v is None or (not isinstance(v, str) and pd.isna(v)) or v == "" else v
@@ -223,7 +218,6 @@ def case_of(row, refs: str, candidate: str = "impl"):
 def _first(rows, label: str, f: dict, witness: str, teacher_forced: bool = False):
     """The witness's two rows, and the pair's, at the first probe the finding excused that it
     exposes (``teacher_forced``: in the layer where the pair starts to differ, past its input)."""
-    from contract.probes import LAYER_PROBES
 
     order = {p: i for i, p in enumerate(LAYER_PROBES)}
     excused = [r for r in rows if r["candidate"] == f["candidate"] and r["reference"] == f["reference"]
@@ -254,10 +248,6 @@ def _first(rows, label: str, f: dict, witness: str, teacher_forced: bool = False
 
 def measure(run_dir: Path, witness: str, families: list[str] | None = None, progress=None) -> dict:
     """The table: a verdict for every HF-vs-llama.cpp finding ``run_dir`` reached."""
-    from ..case import run_case
-    from ..policy import load_policy
-    from ..report import read_rows
-
     w = as_witness(witness)
     pol = load_policy()
     df = read_rows(Path(run_dir))

@@ -9,6 +9,15 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from ..cli import add_verbose
+from .. import report as rep
+from .. import upstream
+from ..upstream import envs
+from ..upstream import report as urep
+from ..upstream.search import Change
+from ..versions import ROOT
+from ..specs import DEFAULT_SPEC
+from .. import runlog
 
 
 def register(sub) -> None:
@@ -33,21 +42,12 @@ def register(sub) -> None:
                    help="run the harness of this git commit in every release (replay what that commit saw: an "
                         "adapter a release broke there); default this checkout")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the report's path and the last line")
-    from ..cli import add_verbose
 
     add_verbose(p)  # transformers' own chatter to <out>/log.txt (stderr with -v)
     p.set_defaults(fn=cmd_upstream)
 
 
 def cmd_upstream(a) -> int:
-    from .. import report as rep
-    from .. import upstream
-    from ..upstream import envs
-    from ..upstream import report as urep
-    from ..upstream.search import Change  # noqa: F401
-    from ..versions import ROOT
-    from ..specs import DEFAULT_SPEC
-
     if a.jobs < 1:
         raise UsageError(f"-j/--jobs must be at least 1, got {a.jobs}")
     if a.find_links and not Path(a.find_links).is_dir():
@@ -59,7 +59,6 @@ def cmd_upstream(a) -> int:
     run_id = rep.new_run_id()
     out = rep.check_out(a.out or str(Path.cwd() / "reports" / f"upstream-{run_id}"), run_id)
     out.mkdir(parents=True, exist_ok=True)
-    from .. import runlog
 
     runlog.attach(out / runlog.LOG_NAME)
     log = (lambda s: None) if a.quiet else (lambda s: print(f"upstream: {s}", file=sys.stderr, flush=True))

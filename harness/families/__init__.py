@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import UsageError, suggest
 from .base import Family
+from .. import plugins
 
 GROUP = "families"
 
@@ -44,8 +45,6 @@ def discover() -> dict[str, Family]:
 
 @lru_cache(maxsize=1)
 def registry() -> dict[str, Family]:
-    from .. import plugins
-
     found: dict[str, Family] = {}
     for name, ep in plugins.entry_points(GROUP).items():
         obj = plugins.load(GROUP, name, ep)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.lazy import lazy
+from ._convert import llama3_rope_factors
 
 gguf = lazy("gguf")
 torch = lazy("torch")
@@ -133,8 +134,6 @@ class GGUFExport:
     def gguf_extra_tensors(self, config, variant: str | None = None):
         """The tensors the converter writes from the config alone (llama3's rope_freqs)."""
         if self.converter_rope_freqs:
-            from ._convert import llama3_rope_factors
-
             factors = llama3_rope_factors(config)
             if factors is not None:
                 yield "rope_freqs.weight", factors
@@ -297,7 +296,6 @@ class NegExpALog:
 
     def gguf_value_map(self, name, data, config):
         if name.endswith(".A_log"):
-
             return (-torch.exp(torch.from_numpy(np.ascontiguousarray(data)))).numpy()
         return super().gguf_value_map(name, data, config)
 

@@ -41,6 +41,9 @@ from ..gguf.llamacpp_keys import RECURRENT_UNSCALED, ROPE_FACTORS, SCALES
 # the metadata's reading is the format floor's (harness/gguf/meta.py); the families'
 # reverses take it from here
 from ..gguf.meta import _REQUIRED, GGUFMeta, Hparams, float32_value, get_mscale, read_hparams  # noqa: F401
+from ._convert import llama3_from_factors
+from ..references.hf.rope import apply_freq_factors
+from harness.aligned import aligned_empty
 
 
 def swa_pattern(meta: GGUFMeta, hp: Hparams, n_pattern: int, dense_first: bool = False) -> list[bool]:
@@ -233,7 +236,6 @@ def llama_like_config(family, meta: GGUFMeta, shapes: dict, hp: Hparams, swa: bo
 
 class GGUFImport:
     """The GGUF-import half of ``Family`` (mixed in)."""
-
     # Another family whose reverse reads this family's files as they are -- the same
     # HF model class and llama.cpp graph (sarvam_mla's files are deepseek_v3's): --gguf
     # picks that one unless --family names this (None: this family is a candidate itself)
@@ -298,7 +300,6 @@ class GGUFImport:
         """What the HF model built from the read-back config still lacks (default:
         a RoPE table with llama.cpp's per-pair frequency factors, where the config
         carries them)."""
-        from ..references.hf.rope import apply_freq_factors
 
         apply_freq_factors(model, config)
 
@@ -404,7 +405,6 @@ def rope_freqs(meta: GGUFMeta, kw: dict, tensors: dict) -> None:
     (conversion/llama.py ``generate_extra_tensors``), else the factors as they
     are (``freq_factors``, applied by ``rope_from_config`` and
     ``apply_freq_factors``: llama.cpp's random-model generator writes random ones)."""
-    from ._convert import llama3_from_factors
 
     if "rope_freqs.weight" not in tensors or meta.arch not in ROPE_FACTORS:
         # a graph that never reads it (falcon-h1.cpp: ggml_rope_ext(..., nullptr, ...)) rotates
@@ -615,8 +615,6 @@ class Trace:
                 raise UsageError(f"{where}: tensor {g} has shape {tuple(data.shape)} (numpy order); "
                                  f"the metadata makes it {tuple(arr.shape)} for family {family.name}")
             if flat is None:
-                from harness.aligned import aligned_empty
-
                 flat = aligned_empty(n)
                 flat[...] = 0.0
                 covered = np.zeros(n, dtype=bool)

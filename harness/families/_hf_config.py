@@ -7,11 +7,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from importlib.metadata import version
 
 from contract.layers import ConfigError, divisors
 
 from ..errors import UsageError, suggest
 from harness.lazy import lazy
+from .. import config_values
+from ..config_values import default_table, check_values, hf_refusals, refusal
 
 configuration_auto = lazy("transformers.models.auto.configuration_auto")
 transformers = lazy("transformers")
@@ -63,7 +66,6 @@ class HFConfig:
         ``top``) applied to the config dict ``d`` in place; a key the family does
         not offer is refused. ``table_default(top)``: the table a ``top.sub`` key
         starts from where ``d`` has none (default: an empty one)."""
-        from .. import config_values
 
         valid = self.settable_keys()
         aliases = self.key_aliases()
@@ -93,7 +95,6 @@ class HFConfig:
 
     def config_kwargs(self, overrides: dict) -> dict:
         kw = json.loads(json.dumps(self.tiny))  # deep copy
-        from ..config_values import default_table
 
         return self.apply_overrides(kw, overrides, lambda top: default_table(self.config_class(), top))
 
@@ -106,7 +107,6 @@ class HFConfig:
         (``validate_config``); ``refused`` starts the error where HF refuses it."""
 
         self.validate(kw)
-        from ..config_values import check_values, hf_refusals, refusal
 
         check_values(kw.items())
 
@@ -168,9 +168,6 @@ def _config_class(model_type: str):
     except KeyError:
         # an older transformers than the family was written for (`conformance upstream`
         # bisecting releases, or a user's own install): one line, not a KeyError
-        from importlib.metadata import version
-
-        from ..errors import UsageError
 
         raise UsageError(f"transformers {version('transformers')} has no model type {model_type!r} (a family "
                          "written for a newer release; the lock's is in lock.txt)") from None

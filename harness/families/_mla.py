@@ -48,14 +48,14 @@ import numpy as np
 
 from contract.layers import NormSpec
 from impl import make_rope
-from contract.layers import ConfigError
-from contract.layers import MlaConfig, MlaYarn
+from contract.layers import ConfigError, MlaConfig, MlaYarn
 from impl.mla import mla_yarn as yarn_from_params
 
 from ..errors import UsageError
 from .base import (Family, LcPoint, Point, gguf_moe_convert, gguf_size_params, gguf_yarn_params,
                    rope_identity_overrides, tensor)
 from harness.lazy import lazy
+from ._gguf_import import get_mscale, hf_rope, experts, one_per_layer, special_tokens, vocab_of, read_hparams
 
 gguf = lazy("gguf")
 
@@ -342,7 +342,6 @@ class MlaFamily(Family):
         deepseek2 when it is not 1, times ``rope.scaling.attn_factor``) and the
         softmax scale ``(a * (1 + 0.1 log_mul ln f))^2 / sqrt(d)`` (the graphs'
         ``kq_scale``), which HF takes as ``get_mscale(f, mscale_all_dim)^2``."""
-        from ._gguf_import import get_mscale, hf_rope
 
         if hp.rope_scaling_type != "yarn" or hp.rope_freq_scale == 1.0:
             return hf_rope(meta, hp)
@@ -380,7 +379,6 @@ class MlaFamily(Family):
         """What deepseek2.cpp and glm-dsa.cpp read alike: the sizes, the RMS eps,
         the leading dense layers, the experts (width, shared count), the tied
         head, the vocabulary."""
-        from ._gguf_import import experts, one_per_layer, special_tokens, vocab_of
 
         vocab = vocab_of(meta, shapes)
         n_exp, n_used = experts(meta, hp, self.name, groups=True)
@@ -401,7 +399,6 @@ class MlaFamily(Family):
         family's router), the YaRN log multiplier (written as ``0.1 *
         mscale_all_dim``: divided back), and the mistral-large temperature
         (refused)."""
-        from ._gguf_import import read_hparams
 
         hp = read_hparams(meta)
         kw = self.mla_common(meta, shapes, hp)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..config_values import global_value
 from ..kinds.switches import ModelSwitch  # noqa: F401 (re-exported)
+from .. import kinds
 
 # HF FalconH1Config's scalar multipliers of the two parallel branches (the feature
 # ``branch_multipliers``: LayerConfig attn_in / key / attn_out / ssm_in / ssm_out_multiplier)
@@ -15,7 +16,6 @@ BRANCH_MULTIPLIERS = ("attention_in_multiplier", "key_multiplier", "attention_ou
 
 class Switches:
     """The bisection half of ``Family`` (mixed in)."""
-
     def feature_switches(self, config, features: set[str]) -> dict[str, dict]:
         """Config overrides that switch one feature OFF in the reference -- and so
         in impl, which derives its layers from the same config. Used by feature
@@ -131,7 +131,6 @@ class Switches:
         switch, to impl's layer configs). Each layer kind owns its switches
         (``LayerKind.switches``, harness/kinds/<kind>/switches.py); a family adds what
         only it has by extending this."""
-        from .. import kinds
 
         sw: dict = {}
         for kind in kinds.registry().values():

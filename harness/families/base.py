@@ -32,8 +32,7 @@ import inspect
 
 import numpy as np
 
-from contract.layers import Unimplemented
-from contract.layers import LayerConfig, NormSpec, QkNormSpec, WindowSpec
+from contract.layers import Unimplemented, LayerConfig, NormSpec, QkNormSpec, WindowSpec
 from impl import make_rope
 
 from ._gguf_export import (YARN_KEYS, GGUFExport, gguf_moe_convert, gguf_size_params,  # noqa: F401 (re-exported)
@@ -45,6 +44,7 @@ from ._lc_capture import FUSED_QKV_NOPE_LC_POINTS, LcCapture, LcPoint, lc_unrota
 from ._switches import ModelSwitch, Switches, rope_identity_overrides  # noqa: F401 (re-exported)
 from .hookspec import check as _check_hooks
 from harness.lazy import lazy
+from ..errors import UsageError, suggest
 
 torch = lazy("torch")
 transformers = lazy("transformers")
@@ -110,7 +110,6 @@ class Family(HFConfig, HFCapture, LcCapture, GGUFExport, GGUFImport, Switches):
         as trained checkpoints spread them: ``trained_apply``)."""
 
         if weights not in WEIGHT_KINDS:
-            from ..errors import UsageError, suggest
 
             raise UsageError(f"unknown weights {weights!r}; {suggest(weights, WEIGHT_KINDS)}")
         torch.manual_seed(seed)

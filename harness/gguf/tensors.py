@@ -34,7 +34,7 @@ def _ggml_to_float(type_id: int):
     ggml-quants.c ``dequantize_row_*``: the numbers llama.cpp's get_rows and
     matmuls read), or None without llama-cpp-python."""
     try:
-        import llama_cpp
+        import llama_cpp  # an optional extra ([llamacpp]): None without it
     except ImportError:
         return None
     lib_dir = Path(llama_cpp.__file__).parent / "lib"

@@ -35,6 +35,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .. import plugins
+from contract.layers import Unimplemented
+
 GROUP = "kinds"
 
 
@@ -79,8 +82,6 @@ class LayerKind:
 
 @lru_cache(maxsize=1)
 def registry() -> dict[str, LayerKind]:
-    from .. import plugins
-
     out: dict[str, LayerKind] = {}
     for name, ep in plugins.entry_points(GROUP).items():
         obj = plugins.load(GROUP, name, ep)
@@ -100,8 +101,6 @@ def of(desc) -> LayerKind | None:
 
 def implemented(desc) -> bool:
     """Whether a layer has a description a candidate can compute (not ``Unimplemented``)."""
-    from contract.layers import Unimplemented
-
     return desc is not None and not isinstance(desc, Unimplemented)
 
 

@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..kinds.mutant import Mutant  # noqa: F401 (re-exported)
+from .. import kinds
 
 
 class StaleMutant(RuntimeError):
@@ -104,8 +105,6 @@ def _rebind(original, replacement) -> list:
 @lru_cache(maxsize=1)
 def registry() -> dict[str, Mutant]:
     """Every layer kind's mutants (``LayerKind.mutant_modules``, each exporting ``MUTANTS``)."""
-    from .. import kinds
-
     found: dict[str, Mutant] = {}
     # once each: one plug-in may serve several kinds (harness/kinds/recurrent: every recurrent kind)
     modules = list(dict.fromkeys(m for k in kinds.registry().values() for m in k.mutant_modules))

@@ -30,6 +30,20 @@ from ..ggml_types import is_quantized
 from ..references import CaptureRequest, RefCapture
 from ..select import Selection
 from harness.lazy import lazy
+from .gguf import stream as streaming
+from .gguf import reader as gguf_import
+from .. import candidates, warm
+from ..warm import Miss
+from ..checkpoint import load_config
+from .gguf.weights import dequantized_model, export_for_case
+from ..ggml_types import activation_dtype
+from .gguf.weights import file_tensors
+from ..checkpoint import load_model
+from .gguf.export import BYTE_VOCAB_MIN
+from ..schedule import chunk_sizes, plan_of
+from .gguf.weights import transformers_reference
+from ..references.llamacpp.ggml_matmul import layer_act_types
+from ..ggml_types import coarsest_activation
 
 torch = lazy("torch")
 
@@ -49,8 +63,6 @@ class Build:
         self._memo: dict = {}
         self.hf_types: dict = {}  # quantized weights: HF tensor -> the GGUF types it came from
         if case.gguf:
-            from .gguf import reader as gguf_import
-
             t = time.perf_counter()
             self.source = gguf_import.load(case.gguf, case.family or None, stream=_stream_wanted)
             self.hf_types = self.source.hf_types
@@ -69,8 +81,6 @@ class Build:
             self._warm_up()
 
     def _warm_up(self) -> None:
-        from .. import candidates, warm
-
         if not warm.eligible(self.case, candidates.get(self.case.candidate)):
             return
         k = warm.key(self.case, self.family, references.names())
@@ -85,7 +95,6 @@ class Build:
     def go_cold(self) -> None:
         """Forget the record and everything made from it: the case runs the cold way
         (a capture the record does not hold, harness/warm.py ``Miss``)."""
-        from .. import warm
 
         for cls in type(self).__mro__:
             for name, attr in vars(cls).items():
@@ -126,8 +135,6 @@ class Build:
 
     def _cold_only(self, what: str) -> None:
         if self.record is not None:
-            from ..warm import Miss
-
             raise Miss(what)
 
     def memo(self, key: str, make):
@@ -181,8 +188,6 @@ class Build:
         if self.source is not None:
             return self.source.config
         if self.case.hf_model:
-            from ..checkpoint import load_config
-
             return load_config(self.case.hf_model, self.family, dict(self.case.overrides))
         return self.family.make_config(dict(self.case.overrides))
 
@@ -235,8 +240,6 @@ class Build:
         same numbers."""
         m = self.float_model
         if self.source is None and self.family.gguf_arch and is_quantized(self.case.gguf_type):
-            from .gguf.weights import dequantized_model
-
             try:
                 path = self.gguf_path  # its own timing: gguf_export
             except RuntimeError:  # no file for llama.cpp (its capture reports why): the float weights
@@ -255,7 +258,6 @@ class Build:
         self._cold_only("the GGUF")
         if not self.family.gguf_arch:
             raise RuntimeError(f"family {self.family.name} has no GGUF export (llama.cpp arch unknown)")
-        from .gguf.weights import export_for_case
 
         # --hf-model: the checkpoint's files shape the GGUF as much as its config does
         stamp = [self.case.hf_model, checkpoint_stamp(self.case.hf_model)] if self.case.hf_model else None
@@ -279,8 +281,6 @@ class Build:
         file's quantized tensors."""
         if not is_quantized(self.case.gguf_type):
             return self.case.gguf_type
-        from ..ggml_types import activation_dtype
-        from .gguf.weights import file_tensors
 
         try:
             types = self.source.tensor_types if self.source is not None else file_tensors(self.gguf_path)[1]
@@ -297,8 +297,6 @@ class Build:
             return self.source.model
         t = time.perf_counter()
         if self.case.hf_model:
-            from ..checkpoint import load_model
-
             m = load_model(self.case.hf_model, self.family, self.config)
         else:
             m = self.family.build_model(self.config, self.case.seed, "float32", weights=self.case.weights)
@@ -341,7 +339,6 @@ class Build:
         if self.case.prompt is None:
             return None
         if self.source is None:  # the export's seeded vocabulary (harness/pipeline/gguf/export.py tiny_vocab)
-            from .gguf.export import BYTE_VOCAB_MIN
 
             if int(self.config.vocab_size) < BYTE_VOCAB_MIN:  # before any export or capture
                 raise UsageError(
@@ -393,7 +390,6 @@ class Build:
         config before any work. A ``--prompt`` sets the length later, but only on the
         named schedules, whose shape (one call; one row per call; one call then one row
         per call) does not depend on it."""
-        from ..schedule import chunk_sizes
 
         chunks = tuple(chunk_sizes(self.case.schedule, self.case.tokens))
         out = {}
@@ -408,7 +404,6 @@ class Build:
         """Each sequence's rows, rows per call and arrival (harness/schedule.py): the
         plan every side runs -- impl through ``LayerCall.steps``, llama.cpp's decode
         calls -- after the token ids (a ``--prompt`` decides the length)."""
-        from ..schedule import plan_of
 
         return plan_of(self.case, int(self.tokens.shape[1]))
 
@@ -470,7 +465,6 @@ class Build:
     def gguf_hf(self):
         """``(model, how)`` of transformers' own GGUF loader on the user's file
         (``(None, why not)`` where it does not read the arch); built once."""
-        from .gguf.weights import transformers_reference
 
         return transformers_reference(self.source)
 
@@ -485,7 +479,6 @@ class Build:
         if model is None:
             return self.model_in(weights), how
         if weights not in ("float32", "float64"):
-
             # ONE copy per case, as model_in makes
             model = self.memo(f"gguf_hf_{weights}", lambda: copy.deepcopy(model).to(getattr(torch, weights)))
         return model, how
@@ -512,7 +505,6 @@ class Build:
         (``LayerCall.ggml_act``); else empty."""
         if not self.emulates(rc):
             return {}
-        from ..references.llamacpp.ggml_matmul import layer_act_types
 
         by_layer = self.memo("act_types_by_layer", dict)
         if i not in by_layer:
@@ -533,8 +525,6 @@ class Build:
             return None
         acts = {n: t for n, t in call.ggml_act.items() if n in call.weights}
         if acts and set(acts) <= call.ggml_met:
-            from ..ggml_types import coarsest_activation
-
             return "ggml_" + coarsest_activation(acts.values())
         return self.weight_dtype
 
@@ -542,6 +532,5 @@ class Build:
 def _stream_wanted(family, config) -> bool:
     """Whether a GGUF file's model is read layer by layer (gguf/stream.py ``wanted``):
     where its float32 weights would not fit this run's memory budget."""
-    from .gguf import stream as streaming
 
     return streaming.wanted(family, budget.param_counts(family, config).total, budget.available())

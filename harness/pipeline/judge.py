@@ -18,6 +18,7 @@ import time
 from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Callable
+import traceback
 
 import numpy as np
 
@@ -29,12 +30,12 @@ from ..errors import UsageError
 from ..policy import comparison_dtype, dataflow_position, pair_sides
 from ..references import RefCapture
 from ..schedule import mask
+from .. import runlog
 
 
 @dataclass(frozen=True)
 class JudgeRequest:
     """What the judge stage reads of a case (made by ``harness.case.CaseRun``)."""
-
     case: Any  # harness.case.Case
     family: str
     config: Any  # the reference's own HF config (findings match on it)
@@ -114,9 +115,6 @@ class Judge:
         except UsageError:
             raise
         except Exception as e:  # the candidate crashed as a whole: one error row, the run goes on
-            import traceback
-
-            from .. import runlog
 
             tb = traceback.format_exc()
             runlog.traceback_block(f"{req.case.case_id()}: candidate {name} vs {rc.name}", tb)
@@ -234,7 +232,6 @@ class Judge:
                     compare(whole, None, probe, probe in rc.probes)
         return rows
 
-
     def compare_refs(self, cand: RefCapture, ref: RefCapture, drift: RefCapture | None = None,
                      drift_base: RefCapture | None = None) -> list[dict]:
         """``cand`` against ``ref`` at every probe both hold. ``drift``: ``ref``
@@ -274,7 +271,6 @@ class Judge:
                 row["tol_reason"] = note
             rows.append(row)
         return rows
-
 
     def judge(self, cand_name, ref_name, layer, probe, a, b, cdt, oracle, drift=None,
               drift_keeps_table: bool = False, sides: dict | None = None, rounding=None,
@@ -404,7 +400,6 @@ class Judge:
         row = self.row(cand_name, ref_name, layer, probe, status, reason, cmp_dtype=cdt, **m, **extra,
                         tol_nmse=tol.get("nmse"), tol_atol=tol.get("atol"), tol_reason=why)
         return row
-
 
     def witnesses(self, rows: list[dict]) -> list[dict]:
         """Triangulation inside the case (issue 38). A witness is a reference outside the
@@ -538,7 +533,6 @@ class Judge:
                scaling.RopeSize(max(r.mean_sq for r in reach), max(r.max_weighted for r in reach)))
         memo[(cand, layer, probe)] = out
         return out
-
 
     def row(self, cand, ref, layer, probe, status, reason, **kw) -> dict:
         """One report row of this case (contract.rows.ROW_COLUMNS)."""

@@ -21,14 +21,18 @@ from .. import references
 from ..errors import UsageError
 from ..references import RefCapture
 from harness.lazy import lazy
+from .. import runlog
+from ..ggml_types import is_quantized
+from ..references.llamacpp.ggml_matmul import linear_act_types, unrounded_params
+from ..policy import comparison_dtype
+from ..schedule import chunk_sizes
+from contract.probes import STATE_PROBES
 
 torch = lazy("torch")
 
 
 def _error(e: Exception) -> RefCapture:
     ref = references.oracle_reference()
-
-    from .. import runlog
 
     tb = "".join(traceback.format_exception(e))  # called inside the handler: the full traceback
     runlog.traceback_block(f"the float64 oracle ({ref.name if ref else '-'})", tb)
@@ -107,9 +111,6 @@ def drift(build, rc: RefCapture) -> RefCapture | None:
     reference that is not the oracle one, no Linear a quantized tensor feeds.
     Made once per case."""
 
-    from ..ggml_types import is_quantized
-    from ..references.llamacpp.ggml_matmul import linear_act_types, unrounded_params
-
     ref = references.get(rc.name)
     if not (ref.oracle and rc.dtype == "float32" and build.hf_types and is_quantized(build.case.gguf_type)):
         return None
@@ -168,8 +169,6 @@ def own_rounding(build, cand: RefCapture, ref: RefCapture, caps=()) -> tuple[Ref
     ``(None, None)`` where the policy does not ask for it, or there is nothing to
     measure (other dtypes, no oracle reference run among ``caps``, the oracle
     skipped by the memory plan)."""
-    from ..ggml_types import is_quantized
-    from ..policy import comparison_dtype
 
     spec = references.get(ref.name)
     if build.plan.skips_oracle or references.oracle_reference() is None:
@@ -256,7 +255,6 @@ def sized_candidate(build, rc: RefCapture) -> bool:
       candidate at every probe): the flat 1e-10 was all, where HF's rule allows ~4e-13 at
       the tiny sizes -- lightning's decay residual lost between one-row calls passed it
       at 0.058 of it (docs/measurements/2026-12-07-float32-llamacpp-alone.md)."""
-    from ..ggml_types import is_quantized
 
     ref = references.get(rc.name)
     if ref.oracle or ref.forced_oracle or rc.dtype != "float32" or is_quantized(build.case.gguf_type):
@@ -365,7 +363,6 @@ def _rounded_inputs(rc: RefCapture, dtype: str) -> RefCapture:
 def _file_float(build) -> str:
     """The float type of the weights llama.cpp holds: its export's (F32, F16, BF16), by the
     policy's own names for them (``sized_candidate`` holds: never a quantized type)."""
-    from ..policy import comparison_dtype
 
     return comparison_dtype(build.case.gguf_type, "float32")
 
@@ -386,13 +383,9 @@ def _state_oracle(build, rc: RefCapture):
 
 
 def _chunks(build) -> tuple:
-    from ..schedule import chunk_sizes
-
     return tuple(chunk_sizes(build.case.schedule, build.case.tokens))
 
 
 def _is_state(key: str) -> bool:
     """Whether capture key ``key`` (``L{i}.{probe}``) is a recurrent state probe."""
-    from contract.probes import STATE_PROBES
-
     return key.split(".", 1)[-1] in STATE_PROBES

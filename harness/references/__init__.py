@@ -32,6 +32,8 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from .capture import RefCapture  # noqa: F401 (re-exported)
+from .. import plugins
+from ..errors import UsageError, suggest
 
 GROUP = "references"
 
@@ -107,7 +109,6 @@ class Reference(ABC):
     @abstractmethod
     def capture(self, run, **kw) -> RefCapture:
         """The reference's probes for the case (``run``: the case's Build)."""
-
     def refusal(self, family, config) -> str | None:
         """Why this reference does not implement ``family`` on ``config`` at all (mlx-lm
         has no module for the model type), or None (default). Under ``--ref all`` the
@@ -159,8 +160,6 @@ class Reference(ABC):
 
 @lru_cache(maxsize=1)
 def registry() -> dict[str, Reference]:
-    from .. import plugins
-
     out = {}
     for name, ep in plugins.entry_points(GROUP).items():
         obj = plugins.load(GROUP, name, ep)
@@ -189,8 +188,6 @@ def choices() -> tuple[str, ...]:
 
 
 def get(name: str) -> Reference:
-    from ..errors import UsageError, suggest
-
     reg = registry()
     if name not in reg:
         raise UsageError(f"unknown reference {name!r}; {suggest(name, list(reg) + ['all'])}")

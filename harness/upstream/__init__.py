@@ -27,6 +27,10 @@ from ..versions import ROOT, norm, read_lock, versions
 from . import envs, sources
 from .search import Bisector, Change, Run, run_in_env
 from harness.lazy import lazy
+from .. import families as fams
+from .. import matrix
+from ..specs import select
+from ..versions import cache_root
 
 packaging_version = lazy("packaging.version")
 pd = lazy("pandas")
@@ -86,10 +90,6 @@ def parse_range(text: str, dist: str, index: envs.Index, pre: bool = False) -> l
 
 def plan(reference: str, rng: str, spec_path: str, families: list[str] | None, keyword: str | None,
          index: envs.Index, pre: bool = False, every: bool = False) -> Plan:
-    from .. import families as fams
-    from .. import matrix
-    from ..specs import select
-
     dist = PACKAGES.get(reference)
     if dist is None:
         raise UsageError(f"unknown reference package {reference!r}; {suggest(reference, sorted(set(PACKAGES)))}")
@@ -166,8 +166,6 @@ def harness_tree(rev: str | None) -> Path | None:
     """The harness of git revision ``rev`` as a folder (``git archive``, once per commit,
     in the cache): ``--harness REV`` replays what that commit's adapter saw of each
     release. None: this checkout."""
-
-    from ..versions import cache_root
 
     if rev is None:
         return None

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from . import KINDS, VERDICT_KINDS, family_of, sources
 from .search import Bisector, Change
+from .. import families
+from ..fuzz import repro_command
 
 EXAMPLES = 8  # rows shown per (release, family, kind); the rest counted (changes.json has them all)
 
@@ -46,7 +48,6 @@ def _llamacpp_files(tar: Path, family) -> list[str]:
 def source_section(dist: str, fam_name: str, prev: str, rel: str, b: Bisector, pythons: dict, find_links) -> list[str]:
     """The hunks of ``dist``'s own source between ``prev`` and ``rel`` in the files
     ``fam_name`` reads (both releases' lists, joined)."""
-    from .. import families
 
     out = []
     if dist == "transformers":
@@ -84,8 +85,6 @@ def source_section(dist: str, fam_name: str, prev: str, rel: str, b: Bisector, p
 
 def repro(dist: str, rel: str, case, pythons: dict, rng: str, harness: str | None = None,
           tree: str | None = None) -> list[str]:
-    from ..fuzz import repro_command
-
     cmd = repro_command(case) if case is not None else "conformance matrix ..."
     py = pythons.get(rel)
     h = f" --harness {harness}" if harness else ""

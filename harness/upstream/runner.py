@@ -29,6 +29,7 @@ import inspect
 import sys as _sys
 
 from harness.lazy import lazy
+from harness import families, report
 
 transformers = lazy("transformers")
 
@@ -67,8 +68,6 @@ def family_sources(family_name: str) -> dict[str, list[str]]:
     modeling module of its HF model class and its config class, and the modules of
     every transformers name the modeling module imports (``Cache`` ->
     ``cache_utils.py``; ``use_kernel_forward_from_hub`` -> ``integrations/hub_kernels.py``)."""
-
-    from harness import families
 
     fam = families.get(family_name)
     config = fam.make_config()
@@ -148,7 +147,6 @@ def main(argv: list[str]) -> int:
         spec = dataclasses.replace(spec, cases=keep)
         d = matrix.start(spec, str(out / "run"), None, None, jobs, ["matrix", spec_path, "(upstream)"])
         matrix.complete(d, jobs, plots="none")
-        from harness import report
 
         getattr(report, "release_out", lambda d: None)(d)  # the lock matrix.start took (a harness with one)
     (out / "upstream.json").write_text(json.dumps(info, indent=1, default=str))

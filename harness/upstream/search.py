@@ -28,6 +28,7 @@ from pathlib import Path
 import os
 
 from harness.lazy import lazy
+from ..versions import ROOT
 
 pd = lazy("pandas")
 
@@ -202,8 +203,6 @@ def run_in_env(python: Path, spec: str, case_ids: list[str], out: Path, jobs: in
                tree: Path | None = None) -> Run:
     """The cases ``case_ids`` of ``spec`` run by the environment of ``python`` (runner.py),
     with the harness of ``tree`` (default: this checkout)."""
-
-    from ..versions import ROOT
 
     tree = tree or ROOT
 

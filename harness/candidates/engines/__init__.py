@@ -36,6 +36,7 @@ import tempfile
 from pathlib import Path
 
 from harness.lazy import lazy
+from ...errors import UsageError
 
 tokenizers = lazy("tokenizers")
 models = lazy("tokenizers.models")
@@ -48,7 +49,6 @@ EXTRA = "pip install -e '.[engines]'"
 def require(module: str, candidate: str):
     """``module`` imported, or a one-line ``UsageError`` saying how to install it
     (a candidate whose engine is absent is bad input: exit 2, nothing run)."""
-    from ...errors import UsageError
 
     try:
         return importlib.import_module(module)
@@ -109,7 +109,6 @@ def _save_checkpoint(run, with_tokenizer: bool):
     d = scratch(run, "hf")
     run.base_model.save_pretrained(d)
     if with_tokenizer:
-
         n = int(run.config.vocab_size)
         vocab = {f"<t{i}>": i for i in range(n)}
         tk = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))

@@ -24,6 +24,7 @@ import numpy as np
 from ..api import Candidate, CandidateCapture
 from . import checkpoint, require, said, scratch, version
 from harness.lazy import lazy
+from contract.probes import LAYER_PROBES
 
 ctranslate2_converters = lazy("ctranslate2.converters")
 
@@ -72,7 +73,6 @@ class CTranslate2(Candidate):
         logits = run.memo("ctranslate2_logits", make)
         cap = CandidateCapture(self.name, "float32", {"logits": logits},
                                meta={"engine": f"ctranslate2 {version('ctranslate2')}"})
-        from contract.probes import LAYER_PROBES
 
         for p in (*LAYER_PROBES, "embeddings", "final_norm"):
             cap.not_exposed[p] = NOT_EXPOSED

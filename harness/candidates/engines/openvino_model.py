@@ -32,6 +32,7 @@ import numpy as np
 from ..api import Candidate, CandidateCapture
 from . import require, said, version
 from harness.lazy import lazy
+from contract.probes import LAYER_PROBES
 
 torch = lazy("torch")
 ov = lazy("openvino")
@@ -172,8 +173,6 @@ def _module_tree(model, n_layers: int) -> dict:
 
 
 def _run(run, ovm):
-    from contract.probes import LAYER_PROBES
-
     ops = list(ovm.get_ordered_ops())
     names = [op.get_friendly_name() for op in ops]
     tree = _module_tree(run.base_model, len(run.layer_cfgs))

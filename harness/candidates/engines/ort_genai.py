@@ -44,6 +44,8 @@ import numpy as np
 from ..api import Candidate, CandidateCapture
 from . import checkpoint, require, said, scratch, version
 from harness.lazy import lazy
+from contract.probes import LAYER_PROBES
+from ...schedule import chunk_sizes
 
 onnx = lazy("onnx")
 ort = lazy("onnxruntime")
@@ -240,10 +242,6 @@ def _windowed(model_dir) -> dict:
 
 def _run(run, model):
     """Run ``model`` from the case's tokens on its schedule; ``(probes, not_exposed)``."""
-    from contract.probes import LAYER_PROBES
-
-    from ...schedule import chunk_sizes
-
     found, hidden = _locate(model, run.layer_cfgs)
     g = model.graph
     outs = {o.name for o in g.output}

@@ -48,6 +48,7 @@ from .._mamba2 import (LC_NOT_EXPOSED, LC_POINTS, Mamba2Sizes, mamba2_config, ma
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, LlamaLike, Point
 from ..llama import PermutedQK
+from .._gguf_import import hf_rope, read_hparams, special_tokens, vocab_of, refuse_experts
 
 
 class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
@@ -173,8 +174,6 @@ class GraniteHybrid(RecurrentProbes, NegExpALog, PermutedQK):
         one head / KV-head count for the attention layers, the RoPE switch
         (``rope.scaling.finetuned``, default true). ``(kwargs, hparams)``."""
 
-        from .._gguf_import import hf_rope, read_hparams, special_tokens, vocab_of
-
         hp = read_hparams(meta)
         kv = {k for k in hp.n_head_kv if k}
         if len(kv) != 1:
@@ -290,7 +289,6 @@ class Bamba(GraniteHybrid):
         """granite-hybrid.cpp load_arch_hparams, as HF Bamba can hold it: RoPE on (HF's
         BambaAttention always rotates), no experts, no granite multipliers (BambaConfig
         has none: each key absent or 0, which the graph reads as none), a dense FFN."""
-        from .._gguf_import import refuse_experts
 
         kw, hp = self._hybrid_gguf_config(meta, shapes)
         refuse_experts(meta, hp, self.name)

@@ -49,12 +49,12 @@ import contextlib
 
 import numpy as np
 
-from contract.layers import LayerConfig, NormSpec
-from contract.layers import ConfigError
+from contract.layers import LayerConfig, NormSpec, ConfigError
 
 from .._convert import per_head_qkv_to_blocks
 from .._gguf_import import alibi_config, read_hparams
 from ..base import FUSED_QKV_NOPE_LC_POINTS, Family, LcPoint, Point, tensor
+from harness.references.hf.capture import _to_np
 
 # HF _get_alibi_slopes: base 2 ** (-(2 ** -(log2(cp2) - 3))) = 2 ** (-8 / cp2), i.e. max bias 8
 ALIBI_MAX_BIAS = 8.0
@@ -127,8 +127,6 @@ class Bloom(Family):
     def hf_taps(self, model, config, sink: dict):
         """BloomAttention returns ``(residual + attn, attention_probs)``: the
         probabilities the forward itself used, read off its second output."""
-
-        from harness.references.hf.capture import _to_np
 
         @contextlib.contextmanager
         def taps():

@@ -52,6 +52,7 @@ from contract.layers import LayerConfig
 
 from .._gguf_import import experts, full_rotary, one_head_dim, read_hparams, special_tokens, vocab_of
 from ..base import LlamaLike, Point, tensor
+from harness.references.hf.capture import _to_np
 
 CONVERTER_EPS = 1e-5  # conversion/dbrx.py DbrxModel.set_gguf_parameters: add_layer_norm_eps(1e-5)
 HF_EPS = 1e-5  # modeling_dbrx.py DbrxNormAttentionNorm: nn.LayerNorm(d_model, bias=False), torch's default eps
@@ -133,8 +134,6 @@ class Dbrx(LlamaLike):
         """Q and K as ``apply_rotary_pos_emb`` receives them (clamped, split, before
         the rotation), V as the eager attention receives it (clamped; the cache's rows
         in front on HF's cached path, which the capture's merge takes the last of)."""
-
-        from harness.references.hf.capture import _to_np
 
         layers = self.decoder_layers(model)
         mod = sys.modules[type(layers[0].norm_attn_norm.attn).__module__]

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from ..glm_moe_dsa import GlmMoeDsa
 from harness.lazy import lazy
+from .._gguf_import import read_hparams
 
 gguf = lazy("gguf")
 
@@ -95,7 +96,6 @@ class DeepseekV32(GlmMoeDsa):
         weights' scale / norm, the gating function (required; HF's router is
         sigmoid only), the YaRN log multiplier (divided by 0.1), the indexer's
         heads, key length and top-k. Every layer is a full indexer."""
-        from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
         kw = self.mla_common(meta, shapes, hp)

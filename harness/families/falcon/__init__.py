@@ -46,12 +46,12 @@ import contextlib
 
 import numpy as np
 
-from contract.layers import LayerConfig, NormSpec
-from contract.layers import ConfigError
+from contract.layers import LayerConfig, NormSpec, ConfigError
 
 from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 from ..base import Family, LcCapture, LcPoint, Point, rope_from_config, tensor
 from harness.lazy import lazy
+from harness.references.hf.capture import _to_np
 
 modeling_falcon = lazy("transformers.models.falcon.modeling_falcon")
 
@@ -160,8 +160,6 @@ class Falcon(Family):
         ``apply_rotary_pos_emb`` returns (patched for the forward, the layer named
         by a pre-hook on the attention module), the probabilities its second output,
         the merged heads ``dense``'s input."""
-
-        from harness.references.hf.capture import _to_np
 
         @contextlib.contextmanager
         def taps():

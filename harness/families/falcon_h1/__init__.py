@@ -67,6 +67,8 @@ from .._mamba2 import (Mamba2Sizes, mamba2_config, mamba2_convert, mamba2_weight
 from ..base import LcPoint, LlamaLike, Point
 from contract.layers import NormSpec
 from harness.lazy import lazy
+from ..base import tensor
+from .._gguf_import import hf_rope, read_hparams, refuse_experts, special_tokens, vocab_of
 
 torch = lazy("torch")
 
@@ -207,8 +209,6 @@ class FalconH1(NegExpALog, LlamaLike):
         if not config.mamba_rms_norm:
             m.pop("out_norm", None)  # nn.Identity: no weight
         if config.projectors_bias and not s.proj_bias:
-            from ..base import tensor
-
             m["bo"] = tensor(self.decoder_layers(model)[i], "mamba.out_proj.bias")
         w.update({f"ssm.{k}": v for k, v in m.items() if v is not None})
         return w
@@ -307,7 +307,6 @@ class FalconH1(NegExpALog, LlamaLike):
         with every multiplier 1 and the folded weights -- the model llama.cpp runs. The gated
         norm is the file's ``ssm_norm`` (present: ``mamba_rms_norm``, gate then norm as
         build_mamba2_layer orders it); the conv bias is ``ssm_conv1d.bias``."""
-        from .._gguf_import import hf_rope, read_hparams, refuse_experts, special_tokens, vocab_of
 
         hp = read_hparams(meta)
         refuse_experts(meta, hp, self.name)

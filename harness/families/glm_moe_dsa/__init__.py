@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from .._mla import MlaFamily, mla_lc_points
 from ..base import LcPoint, NotInImpl
+from .._gguf_import import read_hparams
 
 DSA_REASON = ("DeepSeek sparse attention: the indexer's top-k key selection (HF GlmMoeDsaIndexer, llama.cpp "
               "glm-dsa.cpp) is not implemented in impl; it is inert only while index_topk >= the sequence length")
@@ -129,7 +130,6 @@ class GlmMoeDsa(MlaFamily):
             # 0.19 lacks the helper, so the key is written by name)
             w.add_array(f"{w.arch}.attention.indexer.types", [t == "full" for t in config.indexer_types])
 
-
     def config_from_gguf(self, meta, shapes, tensors):
         """glm-dsa.cpp load_arch_hparams: the common MLA keys, the RoPE sections
         (read; no mrope in this graph), the Q and KV ranks (required: "GLM_DSA
@@ -137,7 +137,6 @@ class GlmMoeDsa(MlaFamily):
         gating function (default sigmoid -- HF's router is sigmoid only), the
         indexer's heads, key length, top-k and per-layer types (default: all
         full below a 1M context). It never reads a YaRN log multiplier."""
-        from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
         kw = self.mla_common(meta, shapes, hp)

@@ -29,6 +29,7 @@ import numpy as np
 from .._convert import per_head_qkv_split
 from ..base import tensor
 from ..gpt2 import GPT2
+from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 
 
 class GPTBigCode(GPT2):
@@ -70,8 +71,6 @@ class GPTBigCode(GPT2):
         w.add_layer_norm_eps(config.layer_norm_epsilon)
 
     def config_from_gguf(self, meta, shapes, tensors):
-        from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
-
         hp = read_hparams(meta)
         refuse_experts(meta, hp, self.name)
         if hp.head_kv != 1:

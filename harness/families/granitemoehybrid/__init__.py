@@ -32,6 +32,7 @@ from __future__ import annotations
 from contract.recurrent import RecurrentConfig
 
 from ..bamba import GraniteHybrid
+from .._gguf_import import experts, one_per_layer
 
 
 class GraniteMoeHybrid(GraniteHybrid):
@@ -87,7 +88,6 @@ class GraniteMoeHybrid(GraniteHybrid):
         residual or logit scale), the experts (softmax routing, renormalised:
         build_moe_ffn norm_w = true) and the shared expert's width, RoPE off (a hybrid's
         file: the converter writes rope.scaling.finetuned=false; on, it is a Bamba file)."""
-        from .._gguf_import import experts, one_per_layer
 
         kw, hp = self._hybrid_gguf_config(meta, shapes)
         if kw.pop("_rope"):

@@ -78,6 +78,7 @@ from contract.layers import LayerConfig, NormSpec
 from .._gguf_export import tensor_name_map
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, LcPoint, text_model_gguf_params
+from ...errors import UsageError
 
 # the vendored gguf-py's MODEL_TENSORS[HRM_TEXT] (constants.py), less HRM_Z_L_INIT
 _TENSORS = ("TOKEN_EMBD", "OUTPUT", "ATTN_Q", "ATTN_K", "ATTN_V", "ATTN_GATE", "ATTN_OUT", "FFN_GATE",
@@ -255,8 +256,6 @@ class HrmText(LlamaLike):
         alias = sorted(k for k in tensors if k.startswith("blk.") and k.endswith(".scale")
                        and int(k.split(".")[1]) >= first)
         if alias:
-            from ...errors import UsageError
-
             raise UsageError(f"--gguf: {alias[0]}: a weight scale on an aliased cache slot (llama-model.cpp's "
                              f"generic .scale pass loads one per slot): HF HrmText's invocations share one "
                              f"weight; valid: scales on blk.0-{first - 1} only")

@@ -39,6 +39,7 @@ from contract.layers import NormSpec, QkNormSpec
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LcPoint, LlamaLike, rope_from_config, text_model_gguf_params
 from harness.lazy import lazy
+from .._mla import MlaFamily
 
 gguf = lazy("gguf")
 
@@ -88,8 +89,6 @@ class HunYuanDense(LlamaLike):
         # conversion/hunyuan.py HunYuanModel.set_gguf_parameters: TextModel's; for a
         # "dynamic" RoPE the scaled base over TextModel's rope.freq_base, scaling NONE,
         # factor 1, and a 256k context (GGUFWriter keeps the later of a duplicated key)
-
-        from .._mla import MlaFamily
 
         text_model_gguf_params(w, config)
         rp = dict(config.rope_parameters or {})

@@ -50,6 +50,7 @@ from .._lc_capture import lc_nope_points
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, LlamaLike, Point
 from ..mamba import Mamba1Sizes, mamba1_config, mamba1_state_canonical, mamba1_weights
+from .._gguf_import import experts, read_hparams, special_tokens, vocab_of
 
 # jamba.cpp: `cb(cur, "ffn_inp", il)` names the branch's output; the sum is unnamed
 _RESID_UNNAMED = ("jamba.cpp names the branch's output ffn_inp (cb(cur, \"ffn_inp\", il) after ffn_inp = "
@@ -219,7 +220,6 @@ class Jamba(RecurrentProbes, NegExpALog, LlamaLike):
         ``attn_layer_period`` from ``attn_layer_offset``, the MoE layers (``ffn_gate_inp``
         present) every ``expert_layer_period`` from ``expert_layer_offset``, one head and
         KV-head count, expand = inner / hidden."""
-        from .._gguf_import import experts, read_hparams, special_tokens, vocab_of
 
         hp = read_hparams(meta)
         attn = [i for i, k in enumerate(hp.n_head_kv) if k]

@@ -56,14 +56,14 @@ from __future__ import annotations
 import numpy as np
 
 from contract.recurrent import RecurrentConfig
-from contract.layers import NormSpec
-from contract.layers import MlaConfig
+from contract.layers import NormSpec, MlaConfig
 
 from .._gguf_export import NegExpALog
 from .._mla import MlaFamily
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, Point, tensor
 from harness.lazy import lazy
+from .._gguf_import import experts, one_per_layer, read_hparams, special_tokens, vocab_of
 
 gguf = lazy("gguf")
 
@@ -267,7 +267,6 @@ class KimiLinear(RecurrentProbes, NegExpALog, MlaFamily):
         the routed weights (build_moe_ffn norm_w = true), never reads a Q rank
         (a direct wq) and rotates nothing (rope type NONE: the RoPE keys load_hparams
         reads have no effect here)."""
-        from .._gguf_import import experts, one_per_layer, read_hparams, special_tokens, vocab_of
 
         hp = read_hparams(meta)
         if self.gguf_variant_of(shapes) == "naive":

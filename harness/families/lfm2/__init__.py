@@ -42,6 +42,7 @@ from ...errors import UsageError
 from .._gguf_export import text_model_gguf_params
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, LlamaLike, Point, tensor
+from .._gguf_import import read_hparams, full_rotary, hf_rope, one_head_dim, refuse_experts, special_tokens, vocab_of
 
 # llama.cpp's lfm2 graph names its tensors with a literal "{}" (cb(cur, "model.layers.{}.conv.in_proj", il))
 L = "model.layers.{}."
@@ -212,7 +213,6 @@ class Lfm2(RecurrentProbes, LlamaLike):
     def config_from_gguf(self, meta, shapes, tensors):
         """lfm2.cpp load_arch_hparams: ``shortconv.l_cache``, the RMS eps; a layer with no
         KV head is a conv layer."""
-        from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
         kw = self._hybrid_gguf_config(meta, shapes, hp)
@@ -223,7 +223,6 @@ class Lfm2(RecurrentProbes, LlamaLike):
         """What lfm2.cpp reads alike for lfm2 and lfm2moe: the sizes (one head_dim, the
         whole head rotated), the RoPE, the per-layer KV heads (0: a conv layer, one
         count for the attention layers), ``shortconv.l_cache``, the RMS eps."""
-        from .._gguf_import import full_rotary, hf_rope, one_head_dim, refuse_experts, special_tokens, vocab_of
 
         kv = {k for k in hp.n_head_kv if k}
         if len(kv) != 1:

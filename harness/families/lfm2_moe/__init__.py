@@ -23,6 +23,8 @@ import numpy as np
 
 from ..lfm2 import Lfm2, PerLayerKv
 from harness.lazy import lazy
+from .._gguf_export import text_model_gguf_params
+from .._gguf_import import experts, one_per_layer, read_hparams
 
 gguf = lazy("gguf")
 
@@ -73,8 +75,6 @@ class Lfm2Moe(Lfm2):
         (0 for a conv layer), TextModel's keys, the experts' width, the dense lead, the
         sigmoid gating, the vocabulary and ``shortconv.l_cache``."""
 
-        from .._gguf_export import text_model_gguf_params
-
         text_model_gguf_params(w, PerLayerKv(config))
         w.add_expert_feed_forward_length(config.moe_intermediate_size)
         w.add_leading_dense_block_count(config.num_dense_layers)
@@ -107,7 +107,6 @@ class Lfm2Moe(Lfm2):
     def config_from_gguf(self, meta, shapes, tensors):
         """lfm2.cpp load_arch_hparams for lfm2moe: lfm2's keys plus the experts' width,
         the dense lead and the gating function (sigmoid: HF's router)."""
-        from .._gguf_import import experts, one_per_layer, read_hparams
 
         hp = read_hparams(meta)
         kw = self._hybrid_gguf_config(meta, shapes, hp, moe=True)

@@ -37,6 +37,8 @@ from contract.layers import NormSpec
 from ...errors import UsageError
 from ..base import LcPoint
 from ..mamba2 import Mamba2
+from ..base import tensor
+from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,6 @@ def mamba1_weights(layer, mixer: str, norm: str, s: Mamba1Sizes, bc_weights: boo
     ``bc_weights``: the dt / B / C norms' weights (Jamba's JambaRMSNorm). FalconMamba's
     norms hold a ``weight`` buffer too, never read (FalconMambaWeightlessRMSNorm: "Dummy
     weights that are not used", dt's even d_inner wide): not taken."""
-    from ..base import tensor
 
     m = lambda n: tensor(layer, f"{mixer}.{n}")  # noqa: E731
     di = s.inner
@@ -207,7 +208,6 @@ class Mamba(Mamba2):
         ``ssm.state_size``, ``ssm.time_step_rank``, ``ssm.dt_b_c_rms`` (optional, false),
         the RMS eps; expand = inner_size / embedding_length (HF MambaConfig's). A file
         whose ``ssm.dt_b_c_rms`` is not this family's is the other Mamba-1 family's."""
-        from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 
         hp = read_hparams(meta)
         refuse_experts(meta, hp, self.name)

@@ -38,6 +38,7 @@ from .._mamba2 import (HF_BLOCK_POINTS, LC_NOT_EXPOSED, Mamba2Sizes, mamba2_conf
                        mamba2_weights, refuse_short_conv)
 from .._recurrent import RecurrentProbes
 from ..base import Family, LcPoint
+from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 
 
 class Mamba2(RecurrentProbes, NegExpALog, Family):
@@ -145,7 +146,6 @@ class Mamba2(RecurrentProbes, NegExpALog, Family):
         ``ssm.state_size``, ``ssm.time_step_rank`` (the heads), ``ssm.group_count``, the RMS eps;
         head_dim = inner_size / time_step_rank, expand = inner_size / embedding_length (HF
         Mamba2Config's own sizes). The conv bias is the file's ``ssm_conv1d.bias``."""
-        from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 
         hp = read_hparams(meta)
         refuse_experts(meta, hp, self.name)

@@ -70,6 +70,8 @@ from .._recurrent import RecurrentProbes, _np
 from ...errors import UsageError
 from ..base import LcPoint, LlamaLike, Point, gguf_moe_convert, tensor
 from harness.lazy import lazy
+from .._gguf_export import text_model_gguf_params
+from .._gguf_import import experts, llama_like_config, read_hparams
 
 torch = lazy("torch")
 
@@ -349,7 +351,6 @@ class MiniMax(RecurrentProbes, LlamaLike):
         ``full_attn_alpha_factor``; reference_refusal holds the converter's asserts)
         and ``rope.dimension_count`` from the original ``rotary_dim`` -- here the
         width HF rotates, the whole head (MiniMaxRotaryEmbedding)."""
-        from .._gguf_export import text_model_gguf_params
 
         text_model_gguf_params(w, config)
         w.add_residual_scale(float(config.full_attn_alpha_factor))
@@ -377,7 +378,6 @@ class MiniMax(RecurrentProbes, LlamaLike):
         betas 1), the recurrent layers (the per-layer array, else every layer but each
         ``full_attention_interval``-th, default 8); the experts route by softmax,
         renormalised (build_moe_ffn norm_w = true), width n_ff."""
-        from .._gguf_import import experts, llama_like_config, read_hparams
 
         hp = read_hparams(meta)
         n = hp.n_layer

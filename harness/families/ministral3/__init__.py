@@ -46,6 +46,7 @@ from __future__ import annotations
 from contract.layers import TemperatureSpec
 
 from ..mistral3 import Mistral3
+from .._gguf_import import hf_rope, read_hparams
 
 
 class Ministral3(Mistral3):
@@ -114,7 +115,6 @@ class Ministral3(Mistral3):
         """mistral3.cpp load_arch_hparams: the RMS eps, the temperature scale (its floor
         scale is ``n_ctx_orig_yarn``, offset 0), the YaRN betas and log multiplier
         (the attention factor from it with mscale 1, llama-context.cpp)."""
-        from .._gguf_import import hf_rope, read_hparams
 
         kw = super(Mistral3, self).config_from_gguf(meta, shapes, tensors)
         hp = read_hparams(meta)

@@ -46,6 +46,7 @@ from contract.layers import LayerConfig, NormSpec
 
 from .._gguf_import import alibi_config, read_hparams
 from ..base import FUSED_QKV_NOPE_LC_POINTS, Family, Point, tensor
+from harness.references.hf.capture import _to_np
 
 # HF MptModel.forward: build_mpt_alibi_tensor(num_heads, max_seq_len) -- default alibi_bias_max
 HF_ALIBI_MAX_BIAS = 8.0
@@ -127,8 +128,6 @@ class Mpt(Family):
 
     # ------------------------------------------------------------------ HF probes
     def hf_taps(self, model, config, sink: dict):
-        from harness.references.hf.capture import _to_np
-
         layers = self.decoder_layers(model)
         mod = sys.modules[type(layers[0].attn).__module__]
         state = {"layer": None, "call": 0}

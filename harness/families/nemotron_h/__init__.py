@@ -56,6 +56,7 @@ from .._mamba2 import HF_BLOCK_POINTS, Mamba2Mixer, Mamba2Sizes
 from .._recurrent import RecurrentProbes
 from ..base import LcPoint, Point, tensor
 from ..llama import PermutedQK
+from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 
 # NemotronHConfig.validate_layer_type's kinds: the ones this arch's graph builds
 LAYER_TYPES = ("linear_attention", "full_attention", "mlp")
@@ -246,7 +247,6 @@ class NemotronH(Mamba2Mixer, RecurrentProbes, NegExpALog, PermutedQK):
         per-layer arrays (recurrent iff ``n_head_kv == 0 && n_ff == 0``, attention iff
         ``n_ff == 0``, else MLP), ``layer_norm_epsilon`` (the RMS eps falls back to it).
         HF holds one head count, one KV head count and one MLP width for all layers."""
-        from .._gguf_import import read_hparams, refuse_experts, special_tokens, vocab_of
 
         hp = read_hparams(meta)
         refuse_experts(meta, hp, self.name)

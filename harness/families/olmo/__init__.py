@@ -38,6 +38,7 @@ import contextlib
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike
 from ..llama import Llama
+from harness.references.hf.capture import _to_np
 
 
 class Olmo(Llama):
@@ -81,7 +82,6 @@ class Olmo(Llama):
         """Read q/k/v after OlmoAttention's in-place ``clamp_``: keep the projection
         outputs (no copy) and read them once the attention's forward is done (per
         call: HF's cached path runs the attention once per call of the schedule)."""
-        from harness.references.hf.capture import _to_np
 
         @contextlib.contextmanager
         def taps():

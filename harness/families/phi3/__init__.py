@@ -60,6 +60,7 @@ from impl import make_rope
 from .._convert import longrope_factor_tensors, longrope_factors_of, without_longrope_tensors
 from .._gguf_import import llama_like_config, read_hparams
 from ..base import LlamaLike, Point, tensor
+from contract.layers import WindowSpec
 
 # the context per sequence llama.cpp runs with in the harness for cases up to 256
 # tokens (references/llamacpp/capture.py: n_ctx = n_seq * max(256, ...)): what
@@ -125,8 +126,6 @@ class Phi3(LlamaLike):
         return make_rope("longrope", rp["rope_theta"], rot, "neox", rp)
 
     def window(self, config, i: int):
-        from contract.layers import WindowSpec
-
         # Phi3Model: a sliding-window mask on every layer where config.sliding_window is set
         return WindowSpec("sliding", int(config.sliding_window)) if config.sliding_window else None
 

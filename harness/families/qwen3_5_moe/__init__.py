@@ -24,6 +24,7 @@ Tiny config: qwen3_5_text's (4 layers [linear, attention, linear, attention],
 from __future__ import annotations
 
 from ..qwen3_5_text import Qwen35Text
+from .._gguf_import import read_hparams
 
 
 class Qwen35Moe(Qwen35Text):
@@ -46,7 +47,6 @@ class Qwen35Moe(Qwen35Text):
     def config_from_gguf(self, meta, shapes, tensors):
         """qwen35moe.cpp load_arch_hparams: qwen35's (the hybrid keys, the MRoPE
         sections) and the experts' (``experts_config``)."""
-        from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
         kw = self._experts_config(meta, hp, self._with_mrope(meta, self._hybrid_config(meta, shapes, hp, moe=True)))

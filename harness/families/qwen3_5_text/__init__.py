@@ -28,6 +28,8 @@ import numpy as np
 
 from ..base import LcPoint, tensor
 from ..qwen3_next import GatedHybrid
+from contract.recurrent import RecurrentConfig
+from .._gguf_import import read_hparams
 
 
 def _reorder_v_heads(t: np.ndarray, dim: int, nk: int, nv_per_k: int, hd: int) -> np.ndarray:
@@ -72,7 +74,6 @@ class Qwen35Text(GatedHybrid):
         """``out_proj``'s input columns are the value heads, which the converter stores
         tiled (``_reorder_v_heads(data, 1, ...)``): the file's column j = (i Hk + g) Dv + d
         is impl's (g r + i) Dv + d -- ggml rounds ``final_output`` in that order."""
-        from contract.recurrent import RecurrentConfig
 
         if not isinstance(desc, RecurrentConfig) or not self._reorder_v_heads or desc.n_k_heads == desc.n_v_heads:
             return {}
@@ -105,7 +106,6 @@ class Qwen35Text(GatedHybrid):
         sections; the graph runs interleaved MRoPE (LLAMA_ROPE_TYPE_IMROPE), which
         for text -- every position the same on each axis -- is the plain
         rotation of the sectioned channels."""
-        from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
         return self._with_mrope(meta, self._hybrid_config(meta, shapes, hp, moe=False))

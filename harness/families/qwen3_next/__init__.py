@@ -53,6 +53,7 @@ from .._gguf_import import llama_like_config
 from .._recurrent import RecurrentProbes
 from ...errors import UsageError
 from ..base import LcPoint, LlamaLike, Point, gguf_moe_convert, gguf_size_params, tensor
+from .._gguf_import import experts, one_per_layer, read_hparams
 
 # HF's l2norm inside the delta-rule scans (modeling_qwen3_next.py l2norm, called from
 # torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule with eps=1e-6)
@@ -307,7 +308,6 @@ class GatedHybrid(RecurrentProbes, NegExpALog, NormPlusOne, LlamaLike):
         ``n_ff``); the graphs route by softmax and always renormalise
         (build_moe_ffn norm_w = true), every layer MoE with a sigmoid-gated shared
         expert -- HF's Qwen3NextSparseMoeBlock / Qwen3_5MoeSparseMoeBlock."""
-        from .._gguf_import import experts, one_per_layer
 
         n_exp, n_used = experts(meta, hp, self.name)
         kw.update(num_experts=n_exp, num_experts_per_tok=n_used,
@@ -382,7 +382,6 @@ class Qwen3Next(GatedHybrid):
     def config_from_gguf(self, meta, shapes, tensors):
         """qwen3next.cpp load_arch_hparams: the hybrid keys and the experts'
         (``experts_config``)."""
-        from .._gguf_import import read_hparams
 
         hp = read_hparams(meta)
         return self._experts_config(meta, hp, self._hybrid_config(meta, shapes, hp, moe=True))

@@ -23,6 +23,7 @@ magnitude a deepseek2 file can say).
 from __future__ import annotations
 
 from ..deepseek_v3 import DeepseekV3
+from .._gguf_import import one_per_layer, special_tokens, vocab_of
 
 class Youtu(DeepseekV3):
     name = "youtu"
@@ -46,7 +47,6 @@ class Youtu(DeepseekV3):
         """deepseek2.cpp's common MLA keys for a file without experts (MlaFamily.mla_common
         reads an MoE's): every layer dense (``leading_dense_block_count`` = n_layer), the
         experts' width the dense width the converter wrote again, no shared experts."""
-        from .._gguf_import import one_per_layer, special_tokens, vocab_of
 
         vocab = vocab_of(meta, shapes)
         if hp.n_expert:

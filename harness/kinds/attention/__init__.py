@@ -12,6 +12,9 @@ import numpy as np
 from contract.layers import LayerConfig
 
 from .. import LayerKind
+from .spec import attn_layer
+from .switches import model_switches
+from .fuzz import spec_strategy, spec_weights
 
 # tag -> (what it is, where the spec names it)
 DECORATIONS = {
@@ -209,21 +212,13 @@ class Attention(LayerKind):
         return int(lc.hidden_size), h, int(lc.n_kv_heads or h), int(lc.head_dim or 0), int(lc.dv or 0)
 
     def spec_strategy(self, st, n: int, hid: int, opts: dict):
-        from .fuzz import spec_strategy
-
         return spec_strategy(st, n, hid, opts)
 
     def spec_weights(self, desc, opts: dict, rng) -> dict:
-        from .fuzz import spec_weights
-
         return spec_weights(desc, opts, rng)
 
     def spec_layer(self, desc, weights, x):
-        from .spec import attn_layer
-
         return attn_layer(desc, weights, x)
 
     def switches(self, family) -> dict:
-        from .switches import model_switches
-
         return model_switches(family)

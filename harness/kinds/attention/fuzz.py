@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import math
 
+from contract.errors import ConfigError
+from impl import LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec, make_rope
+from harness.lazy import lazy
+
+hypothesis = lazy("hypothesis")
+
 
 def _divisor(draw, st, n: int) -> int:
     return draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
@@ -19,9 +25,6 @@ def spec_strategy(st, n: int, hid: int, opts: dict):
     ``opts`` receives the weight options it draws (biases, sinks, ...)."""
     @st.composite
     def draw_cfg(draw):
-        from contract.errors import ConfigError
-        from impl import LayerConfig, NormSpec, QkNormSpec, TemperatureSpec, WindowSpec, make_rope
-
         norm_kinds = ("rms", "rms1p", "layer", "none")
         shape = draw(st.sampled_from(("gqa",) * 8 + ("linear", "absent")))
         if shape != "gqa":
@@ -87,9 +90,8 @@ def spec_strategy(st, n: int, hid: int, opts: dict):
                 residual=draw(st.sampled_from(("sequential", "parallel"))),
                 residual_multiplier=draw(st.sampled_from((1.0, 1.0, 0.5))))
         except ConfigError:
-            from hypothesis import assume
 
-            assume(False)
+            hypothesis.assume(False)
         opts.update(biases=draw(st.booleans()), sinks=draw(st.booleans()), obias=draw(st.booleans()),
                     gate_bias=draw(st.booleans()), qk_norm_bias=draw(st.booleans()))
         return cfg

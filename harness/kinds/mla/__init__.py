@@ -12,6 +12,8 @@ from __future__ import annotations
 from contract.layers import MlaConfig
 
 from .. import LayerKind
+from .spec import mla_layer
+from .fuzz import spec_strategy, spec_weights
 
 DECORATIONS = {
     "mla": ("multi-head latent attention", "mla.rs: mla_forward_token"),
@@ -74,16 +76,10 @@ class Mla(LayerKind):
                 max(d, int(lc.kv_lora_rank) + int(lc.qk_rope_head_dim)), int(lc.v_head_dim))
 
     def spec_strategy(self, st, n: int, hid: int, opts: dict):
-        from .fuzz import spec_strategy
-
         return spec_strategy(st, n, hid, opts)
 
     def spec_weights(self, desc, opts: dict, rng) -> dict:
-        from .fuzz import spec_weights
-
         return spec_weights(desc, opts, rng)
 
     def spec_layer(self, desc, weights, x):
-        from .spec import mla_layer
-
         return mla_layer(desc, weights, x)

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from impl import MlaConfig, NormSpec, make_rope, mla_yarn
+
 
 def spec_strategy(st, n: int, hid: int, opts: dict):
     """A hypothesis strategy of one ``MlaConfig`` at width ``hid`` (the MLA gate has no HF family: only here)."""
@@ -15,8 +17,6 @@ def spec_strategy(st, n: int, hid: int, opts: dict):
 
     @st.composite
     def draw(draw):
-        from impl import MlaConfig, NormSpec, make_rope, mla_yarn
-
         h = draw(st.integers(1, 4))
         rd = draw(st.sampled_from((0, 2, 4)))
         rope = make_rope("default", 10000.0, rd, "interleaved") if rd else None

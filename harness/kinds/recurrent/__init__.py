@@ -23,6 +23,7 @@ from __future__ import annotations
 from contract.recurrent import RECURRENT_KINDS, RecurrentConfig
 
 from .. import LayerKind
+from .spec import recurrent_layer
 
 # tag -> (what it is, where the spec / the references name it)
 DECORATIONS = {
@@ -134,8 +135,6 @@ class Recurrent(LayerKind):
         return seqs * tokens * (rows + state)
 
     def spec_layer(self, desc, weights, x):
-        from .spec import recurrent_layer
-
         return recurrent_layer(desc, weights, x)
 
 

@@ -25,6 +25,9 @@ import numpy as np
 from harness import cache
 from harness.atomic import atomic_path
 from harness.lazy import lazy
+from harness.versions import versions
+from harness.families._gguf_export import GGUFExport
+from harness.families.base import Family
 
 gguf = lazy("gguf")
 torch = lazy("torch")
@@ -114,7 +117,6 @@ def export(family, model, config, weight_type: str = "f32", seed: int = 0, varia
     """Write (or reuse) the GGUF for ``model`` and return its path. ``source``
     names where weights that are not the family's seeded ones came from (an
     ``--hf-model`` checkpoint's path and file stamp): part of the cache key."""
-    from harness.versions import versions
 
     src = cache.source_hash(*cache.family_sources(family), Path(__file__), Path(__file__).parents[2] / "families" / "base.py")
     k = cache.key("gguf", EXPORT_SCHEMA, family.name, config.to_json_string(use_diff=False), seed, weight_type,
@@ -173,9 +175,6 @@ def export_streamed(family, config, seed: int, weight_type: str, out: Path, weig
     same values: tests/test_gguf_stream.py holds the two files to the same tensors
     and the same quantized file. Refused (ValueError) for a family whose export or
     initialisation reads more than one parameter at a time."""
-
-    from harness.families._gguf_export import GGUFExport
-    from harness.families.base import Family
 
     cls = type(family)
     if (cls.gguf_tensors is not GGUFExport.gguf_tensors or cls.gguf_model_params is not GGUFExport.gguf_model_params

@@ -35,12 +35,16 @@ import numpy as np
 
 from harness.errors import UsageError, suggest
 from harness.families._gguf_import import GGUFMeta, rope_freqs, unused_tensors
-from harness import kinds
-from harness import ggml_types
+from harness import kinds, ggml_types
 
 # the tensor helpers stream.py shares with this reader (their own module: no cycle)
 from harness.gguf.tensors import ALIGN, aligned_empty, dequantize, dequantizer, param_tensor, place, set_param  # noqa: F401
 from harness.lazy import lazy
+from harness import families
+from harness.gguf.fastread import GGUFFile
+from . import stream as streaming
+
+initialization = lazy("transformers.initialization")
 
 torch = lazy("torch")
 transformers = lazy("transformers")
@@ -180,8 +184,6 @@ def read_fields(reader) -> dict[str, Any]:
 
 def importable_archs() -> dict[str, list[str]]:
     """arch -> the families that can read it."""
-    from harness import families
-
     out: dict[str, list[str]] = {}
     for name, fam in families.registry().items():
         if fam.gguf_arch and fam.gguf_import_unsupported() is None:
@@ -197,7 +199,6 @@ def candidate_families(arch: str, family: str | None, path: str = "") -> list:
     whose reverse accepts it: deepseek2 is DeepSeek V2's softmax router or V3's
     sigmoid one, an MoE llama file mixtral's). A family whose files another
     family reads as they are (``gguf_reads_as``) is read only by --family."""
-    from harness import families
 
     reg = families.registry()
     if family:
@@ -252,7 +253,6 @@ def open_reader(path: str):
     """The file's metadata and tensor table (``fastread.GGUFFile``: gguf-py's
     reader takes 15 s over a 262k-token vocabulary), or one line saying why it
     cannot be read."""
-    from harness.gguf.fastread import GGUFFile
 
     p = Path(path)
     try:
@@ -280,8 +280,6 @@ def load(path: str, family: str | None = None, stream=None) -> GGUFSource:
 
 
 def _load(path: str, family: str | None = None, stream=None) -> GGUFSource:
-    from . import stream as streaming
-
     reader = open_reader(path)
     values = read_fields(reader)
     arch = values.get("general.architecture")
@@ -319,9 +317,8 @@ def _load(path: str, family: str | None = None, stream=None) -> GGUFSource:
         # no random initialisation: every parameter is the file's (trace_import covers each
         # element, strict below); buffers (RoPE tables) are computed in __init__ as always.
         # A model read layer by layer (stream.py) is built with its parameters on the meta device
-        from transformers.initialization import no_init_weights
 
-        with no_init_weights(), (streaming.params_on_meta() if stream else contextlib.nullcontext()):
+        with initialization.no_init_weights(), (streaming.params_on_meta() if stream else contextlib.nullcontext()):
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32,
                                                      **kwargs).eval()
         model.tie_weights()  # what init_weights does besides initialising (skipped with it)

@@ -27,6 +27,8 @@ a streamed run to the in-memory run's, bit for bit, on a tiny file.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 from contextlib import contextmanager
@@ -35,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from harness.lazy import lazy
+from harness.families._gguf_import import Trace, layer_key_for
+from harness.gguf.tensors import place, set_param, dequantize, param_tensor
 
 torch = lazy("torch")
 
@@ -81,8 +85,6 @@ class Streamed:
     """The units of ``model`` (parameters on meta) and how to read each from the file."""
     def __init__(self, family, model, config, variant, path: str, tensors: dict, shapes: dict, reader,
                  provenance: dict):
-        from harness.families._gguf_import import Trace, layer_key_for
-
         self.family, self.model, self.config, self.path = family, model, config, path
         self.reader = reader
         # each file tensor's loader, served from what ``_read`` dequantized ahead (two threads:
@@ -117,11 +119,8 @@ class Streamed:
 
     # ------------------------------------------------------------ reading
     def _read(self, names) -> None:
-        from harness.gguf.tensors import place
-
         ahead = sorted({g for n in names for g, _ in self.trace.pieces[n] if g in self._raw})
         if len(ahead) > 1:
-
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gguf-read")
             self._ready.update(zip(ahead, self._pool.map(lambda g: self._raw[g](), ahead)))
@@ -168,8 +167,6 @@ class Streamed:
         self.resident.append(module)
 
     def release(self, module) -> None:
-        from harness.gguf.tensors import set_param
-
         for n in self.names.get(id(module), ()):
             p = self.params[n]
             if p.device.type != "meta":  # (back to its own shape: an embedding held only some rows)
@@ -202,7 +199,6 @@ class Streamed:
         if self.held(module):
             yield
             return
-        from harness.gguf.tensors import set_param
 
         for n in self.names.get(id(module), ()):
             p = self.params[n]
@@ -243,8 +239,6 @@ class Streamed:
         head's and is the file's tensor as it lies (one piece, laid out as HF's). An
         8B-class vocabulary's whole table took 6 s to read for each capture, for 24 rows."""
 
-        from harness.gguf.tensors import dequantize, param_tensor, set_param
-
         head = self.model.get_output_embeddings()
         if (type(emb) is not torch.nn.Embedding or emb.max_norm is not None
                 or (head is not None and getattr(head, "weight", None) is emb.weight)):
@@ -281,9 +275,6 @@ def _trim() -> None:
     of its own (layer_major.py), from arenas of their own -- freed but held, a 1B-class
     file's capture kept 0.75 GB of it and an 8B-class one's 3.5 GB while llama.cpp's
     worker ran. Nothing where the C library has no such call."""
-    import ctypes
-    import ctypes.util
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         trim = libc.malloc_trim

@@ -31,6 +31,9 @@ from harness.errors import UsageError
 from harness.versions import ROOT
 from harness import ggml_types
 from harness.lazy import lazy
+from harness.pipeline.gguf import export as gguf_export
+from harness.pipeline.gguf.reader import dequantizer, open_reader
+from harness.ggml_env import worker_env
 
 torch = lazy("torch")
 tg = lazy("transformers.modeling_gguf_pytorch_utils")
@@ -55,7 +58,6 @@ def quantize(src: Path, weight_type: str, timeout: int = 600) -> Path:
     # under a temporary name unique to this writer, renamed into place (harness/atomic.py):
     # two workers quantizing one key never see each other's half-written file
     with atomic_path(out, suffix=".gguf") as tmp:
-        from harness.ggml_env import worker_env
 
         proc = subprocess.run([sys.executable, "-c", code, str(src), str(tmp)], capture_output=True, text=True,
                               timeout=timeout, cwd=str(ROOT), env=worker_env(), process_group=0)  # Ctrl-C: the harness's
@@ -68,7 +70,6 @@ def quantize(src: Path, weight_type: str, timeout: int = 600) -> Path:
 def export_for_case(family, model, config, weight_type: str, seed: int, variant, source=None) -> Path:
     """The GGUF llama.cpp runs for a case: the export at a float type, or the F32
     export quantized by llama.cpp."""
-    from harness.pipeline.gguf import export as gguf_export
 
     if weight_type in ggml_types.FLOAT_EXPORTS:
         return gguf_export.export(family, model, config, weight_type, seed, variant, source=source)
@@ -78,8 +79,6 @@ def export_for_case(family, model, config, weight_type: str, seed: int, variant,
 
 def file_tensors(path: Path) -> tuple[dict, dict]:
     """``({name: loader of the dequantized float32 array}, {name: type})``."""
-    from harness.pipeline.gguf.reader import dequantizer, open_reader
-
     reader = open_reader(str(path))
     return ({t.name: dequantizer(t) for t in reader.tensors},
             {t.name: t.tensor_type.name.lower() for t in reader.tensors})

@@ -19,6 +19,12 @@ from contract.probes import STATE_PROBES
 
 from .. import Reference
 from ..capture import RefCapture
+from .hook_points import check
+from ... import cache
+from ...versions import versions
+from . import capture as hf
+from .float64 import __file__ as f64_file
+from ..llamacpp import ggml_matmul
 
 CAPTURE_SCHEMA = 2  # bump when the meaning of a stored capture changes (2: a directory of .npy, harness/store.py)
 
@@ -37,8 +43,6 @@ class HF(Reference):
 
     def preflight(self, family, config) -> None:
         """The hook points this adapter reads in transformers (hook_points.py)."""
-        from .hook_points import check
-
         check(family, config, cached=self.cached)
 
     def calls(self, req) -> list[int] | None:
@@ -58,16 +62,11 @@ class HF(Reference):
         ``attn_implementation``: transformers' attention path (the reference is
         eager; the hf-sdpa / hf-flex candidates take the others). ``req``: the
         case's ``CaptureRequest``."""
-        from ... import cache
-        from ...versions import versions
-        from . import capture as hf
-        from .float64 import __file__ as f64_file
 
         dtype = dtype or req.hf_dtype
         weights = weights or dtype
         sel = req.selection
         case = req.case
-        from ..llamacpp import ggml_matmul
 
         src = cache.source_hash(*cache.family_sources(req.family), Path(hf.__file__), Path(f64_file),
                                *req.family_base_sources, *((Path(ggml_matmul.__file__),) if rounding else ()))

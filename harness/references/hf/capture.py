@@ -25,6 +25,9 @@ import contextlib
 import numpy as np
 
 from harness.lazy import lazy
+from contract.probes import STATE_PROBES
+from harness.references.hf import layer_major
+from harness.references.hf.float64 import promoted
 
 torch = lazy("torch")
 modeling_utils = lazy("transformers.modeling_utils")
@@ -95,7 +98,6 @@ def _wrapped_eager(family, model, sink: dict, attn_implementation: str = "eager"
             setattr(mod, family.eager_name, wrap(orig, True))
             patched.append((mod, family.eager_name, orig))
     else:
-
         table = modeling_utils.AttentionInterface._global_mapping
         orig = table[attn_implementation]
         table[attn_implementation] = wrap(orig, False)
@@ -117,7 +119,6 @@ def _merge_calls(per_call: list[dict], calls: list[int], n_tok: int) -> dict:
     layer's cache keeps only its window); a key read with the cache's rows in front
     (``[S, L, ...]``: ``k_rope``, bloom's and mpt's ``k`` / ``v``) the rows the call
     added (its last t); the states ``[S, 1, ...]`` stacked into ``[S, calls, ...]``."""
-    from contract.probes import STATE_PROBES
 
     out: dict = {}
     keys = dict.fromkeys(k for d in per_call for k in d)
@@ -315,9 +316,6 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, meta: dict | 
     held, the key rows the call added); the recurrent layers' state after every
     call is read from the cache (``Family.hf_cache_states``: ``state_conv``,
     ``state_rec``, stacked along a ``calls`` axis)."""
-
-    from harness.references.hf import layer_major
-    from harness.references.hf.float64 import promoted
 
     got = {} if sink is None else sink
     want_layer = (lambda i: True) if layers is None else (lambda i: i in set(layers))

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 
 from .internals import plain
 from harness.lazy import lazy
+from .rope import apply_freq_factors
 
 torch = lazy("torch")
 mru = lazy("transformers.modeling_rope_utils")
@@ -165,8 +166,6 @@ def _rebuild_rotary(model) -> list[tuple[object, str, object]]:
     ``.to(torch.float64)`` only widens the rounded values. Every rotary class in
     transformers 5 is constructed from the config alone (``XRotaryEmbedding(config)``).
     Returns ``(parent, attribute, original)`` for each, to put back."""
-
-    from .rope import apply_freq_factors
 
     replaced = []
     for name, mod in list(model.named_modules()):

@@ -39,6 +39,8 @@ from pathlib import Path
 from ...errors import UsageError
 from . import internals
 from harness.lazy import lazy
+from ... import cache
+from ...versions import versions
 
 torch = lazy("torch")
 transformers = lazy("transformers")
@@ -71,7 +73,7 @@ class HookPointMissing(UsageError):
 def supported() -> str:
     """The transformers releases the adapter has been run on (``SUPPORTED`` in
     ``references/hf/__init__.py``), for the refusal's last words."""
-    from . import SUPPORTED
+    from . import SUPPORTED  # a cycle: the package's __init__ imports this module before it sets SUPPORTED
 
     lo, hi = SUPPORTED
     return f"supported {lo}-{hi}"
@@ -81,7 +83,6 @@ def _release() -> str:
     try:
         return f"transformers {version('transformers')}"
     except Exception:  # noqa: BLE001 -- a source checkout without metadata
-        import transformers
 
         return f"transformers {transformers.__version__}"
 
@@ -182,9 +183,6 @@ def _stamp(family, key):
     transformers (its version and the kernels package that wraps its functions), the
     family's code and config, and this module's (0.1 s a family on a cold start: 9 s
     over the 88 families of the default matrix, paid once per release)."""
-
-    from ... import cache
-    from ...versions import versions
 
     try:
         v = versions()

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from contract.probes import STATE_PROBES
 
 from ..hf import HF
+from ...schedule import chunk_sizes
 
 # HF's cache holds ONE length for the whole batch (cache_utils DynamicCache / the
 # linear-attention layers' conv_states / recurrent_states are [batch, ...] updated by
@@ -40,7 +41,6 @@ RAGGED_STATES = ("HF's cache holds one length per batch: on a ragged plan this r
 
 class _Without(Mapping):
     """A capture's probes without some keys (the store stays lazy)."""
-
     def __init__(self, probes, drop):
         self._p, self._drop = probes, drop
 
@@ -68,8 +68,6 @@ class HFCached(HF):
 
     def calls(self, req) -> list[int]:
         """The case's schedule: the same chunk sizes impl's runner and llama.cpp are handed."""
-        from ...schedule import chunk_sizes
-
         return chunk_sizes(req.case.schedule, int(req.tokens.shape[1]))
 
     def not_exposed(self) -> dict[str, str]:

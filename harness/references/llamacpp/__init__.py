@@ -17,6 +17,10 @@ import hashlib
 from pathlib import Path
 
 from .. import Reference
+from ...errors import UsageError
+from ...versions import _version, per_llama_build
+from . import ggml_ctypes
+from .capture import capture_for_case, available, abort, resume, tokenize
 
 # the llama-cpp-python release whose vendored ggml.h the struct mirror was written from
 LAYOUT_OF = "0.3.36"
@@ -31,18 +35,12 @@ class LlamaCpp(Reference):
     requires = "llamacpp"
 
     def available(self) -> bool:
-        from .capture import available
-
         return available()
 
     def abort(self) -> None:
-        from .capture import abort
-
         abort()
 
     def resume(self) -> None:
-        from .capture import resume
-
         resume()
 
     def refusal(self, family, config) -> str | None:
@@ -60,10 +58,6 @@ class LlamaCpp(Reference):
         against the library being loaded: a release that moved a field is refused in
         one line, not read as garbage arrays. Kept in the cache per library build."""
 
-        from ...errors import UsageError
-        from ...versions import _version, per_llama_build
-        from . import ggml_ctypes
-
         def measure():
             try:
                 return ggml_ctypes.layout_mismatch(ggml_ctypes.ggml_base_path())
@@ -78,14 +72,11 @@ class LlamaCpp(Reference):
                              f"{LAYOUT_OF} (docs/how-to/reference-released.md)")
 
     def capture(self, req, engine: dict | None = None, capture_name: str | None = None):
-        from .capture import capture_for_case
-
         return capture_for_case(req, engine, capture_name or self.name)
 
     def tokenize(self, gguf_path, text: str) -> list[int]:
         """``text`` in the file's own vocabulary (llama.cpp's tokenizer): the ids every
         side of a ``--prompt`` case takes."""
-        from .capture import tokenize
 
         return tokenize(gguf_path, text)
 

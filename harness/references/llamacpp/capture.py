@@ -31,6 +31,12 @@ import numpy as np
 from harness import cache
 from harness.versions import ROOT, versions
 from harness.ggml_env import worker_env  # noqa: F401  (here too: the worker's and tests' import)
+from harness.schedule import chunk_sizes
+from contract.recurrent import RecurrentConfig
+from contract.layers import Unimplemented
+from ..capture import RefCapture
+from .worker import DATA
+from contract.probes import STATE_PROBES
 
 CAPTURE_SCHEMA = 1
 TIMEOUT_S = 300
@@ -43,7 +49,7 @@ class LlamaCppUnavailable(RuntimeError):
 
 def available() -> bool:
     try:
-        import llama_cpp  # noqa: F401
+        import llama_cpp  # noqa: F401 -- an optional extra ([llamacpp]): the probe of whether it is here
         import gguf  # noqa: F401
     except ImportError:
         return False
@@ -100,7 +106,6 @@ def plan_calls(tokens: np.ndarray, kv: str, schedule: str, plan=None) -> list[li
     (``harness.schedule``), the same chunk sizes impl's runner is handed;
     ``plan`` (a ``harness.schedule.BatchPlan``): a ragged case's, where each
     sequence has its own length, chunks and arrival (``ubatches``)."""
-    from harness.schedule import chunk_sizes
 
     if plan is not None and plan.ragged:
         return [[(int(tokens[s, p]), p, s) for s, start, n in ub for p in range(start, start + n)]
@@ -157,7 +162,6 @@ class _Dumped(dict):
 
     def __init__(self, d: Path, index: list[dict]):
         super().__init__()
-        from .worker import DATA
 
         path = d / DATA
         self.mm = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
@@ -496,7 +500,6 @@ def parse_state(buf: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
 def assemble_states(fam, config, layer_cfgs, index: list[dict], arrays, n_seq: int) -> dict[str, np.ndarray]:
     """The state probes ``{"L{i}.state_conv": [S, calls, ...], ...}`` of every recurrent
     layer from the worker's per-call state dumps, canonical (``Family.lc_state_canonical``)."""
-    from contract.recurrent import RecurrentConfig
 
     rec_layers = [i for i, lc in enumerate(layer_cfgs) if isinstance(lc, RecurrentConfig)]
     per: dict[tuple[int, str], list[list]] = {}
@@ -561,9 +564,6 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
     context settings other than the reference's (flash attention, KV cache
     types), for a candidate that is llama.cpp run differently; ``capture_name``
     names the capture."""
-    from contract.layers import Unimplemented
-
-    from ..capture import RefCapture
 
     require()
     case, fam, config = req.case, req.family, req.config
@@ -620,8 +620,6 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
     with cache.writer("llamacpp", k, keep=sel.key) as probes, \
             tempfile.TemporaryDirectory(prefix="conformance-lc-", dir=cache.cache_dir()) as dump:
         t = time.perf_counter()
-        from contract.probes import STATE_PROBES
-        from contract.recurrent import RecurrentConfig
 
         want_states = (any(isinstance(lc, RecurrentConfig) for i, lc in enumerate(layer_cfgs) if i in sel.layers)
                        and any(sel.probe(p) for p in STATE_PROBES))
@@ -674,7 +672,6 @@ def capture_for_case(req, engine: dict | None = None, capture_name: str = "llama
         derived = {**input_derived, **derive_attn_out(probes, layer_cfgs)}
         not_exposed = dict(fam.lc_not_exposed or {})
         if want_states and getattr(case, "ragged", False):
-            from contract.probes import STATE_PROBES
 
             not_exposed.update({p: RAGGED_STATES for p in STATE_PROBES})
         meta = {"gguf": str(gguf_path), "gguf_type": case.gguf_type, "calls": len(calls), "derived": derived,

@@ -62,6 +62,7 @@ import contextlib
 import numpy as np
 
 from harness.lazy import lazy
+from harness.ggml_types import vec_dot_type, is_quantized
 
 torch = lazy("torch")
 
@@ -199,7 +200,6 @@ def layer_act_types(family, model, config, i: int, hf_types: dict[str, set[str]]
     weights that come from quantized GGUF tensors of one activation type
     (``hf_types``: HF parameter -> the types of the GGUF tensors it came from;
     ``memo``, ``desc``, ``hold``: ``impl_weight_sources``')."""
-    from harness.ggml_types import vec_dot_type
 
     out = {}
     for name, params in impl_weight_sources(family, model, config, i, memo, desc, hold).items():
@@ -303,8 +303,6 @@ def linear_act_types(model, hf_types: dict[str, set[str]]) -> dict[str, str]:
     GGUF types it came from). A head tied to the embeddings takes the
     embedding's types (llama.cpp multiplies by token_embd itself)."""
 
-    from harness.ggml_types import vec_dot_type
-
     # a tied head is the embedding's Parameter object (by identity: a model read layer by
     # layer holds its parameters on the meta device, every one at address 0)
     by_param = {}
@@ -331,8 +329,6 @@ def unrounded_params(model, hf_types: dict[str, set[str]], act_types: dict[str, 
     weights (transformers keeps them as fused 3-D parameters, multiplied inside the
     experts module), an attention kernel's own matrices. An ``nn.Embedding``'s
     weight is a lookup (ggml's get_rows: no rounding) and not one of them."""
-
-    from harness.ggml_types import is_quantized
 
     covered = set()
     for name, mod in model.named_modules():

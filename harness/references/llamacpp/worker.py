@@ -47,6 +47,8 @@ import traceback
 
 import numpy as np
 
+from harness.references.llamacpp.ggml_ctypes import Ggml
+
 
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 def _quiet(level, text, user):
@@ -57,9 +59,7 @@ def _quiet(level, text, user):
 
 def main(req_path: str, out_dir: str) -> int:
     req = json.loads(open(req_path).read())
-    import llama_cpp as lc
-
-    from harness.references.llamacpp.ggml_ctypes import Ggml
+    import llama_cpp as lc  # llama.cpp's library loads in the worker process only, where main runs
 
     ggml = Ggml()
     wanted = set(req["names"])

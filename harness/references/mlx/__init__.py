@@ -12,8 +12,9 @@ does not implement is ``not-implemented`` for it, with the reason.
 from __future__ import annotations
 
 from pathlib import Path
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version
+import importlib
+import importlib.util
+from importlib.metadata import PackageNotFoundError, version
 import tempfile
 from importlib.util import find_spec
 import contextlib
@@ -22,6 +23,17 @@ import io
 from .. import Reference
 from ..capture import RefCapture
 from harness.lazy import lazy
+from ...versions import read_lock
+from .checkpoint import rewrite
+from .checkpoint import model_type as layout_type
+from .checkpoint import bridged, config_for, layer_pattern_refusal, missing_fields
+from .families import CONFIG_REFUSALS, UNSUPPORTED
+from ...errors import UsageError
+from ...schedule import chunk_sizes
+from ... import cache
+from ...versions import versions
+from . import capture as mlxcap
+from .. import NotImplementedHere
 
 mx = lazy("mlx.core")
 mlx_lm_utils = lazy("mlx_lm.utils")
@@ -48,10 +60,6 @@ class Mlx(Reference):
     def model_type(self, config, family=None) -> str | None:
         """The mlx-lm module that implements ``config``'s model type (or the one the
         family's checkpoint is rewritten to: checkpoint.LAYOUTS), or None."""
-        import importlib.util
-
-        from .checkpoint import model_type as layout_type
-
         mt = (family is not None and layout_type(family.name)) or getattr(config, "model_type", None)
         mt = getattr(utils, "MODEL_REMAPPING", {}).get(mt, mt)
         if importlib.util.find_spec(f"mlx_lm.models.{mt}") is None:
@@ -61,8 +69,6 @@ class Mlx(Reference):
     def module_refusal(self, mt: str) -> str | None:
         """Why mlx-lm's module for ``mt`` cannot be imported here, or None: mlx_lm/models/olmo.py
         prints a line and calls sys.exit(1) without the ``ai2-olmo`` package."""
-        import importlib
-
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
@@ -83,8 +89,6 @@ class Mlx(Reference):
         why = self.module_refusal(mt)
         if why:
             return f"mlx-lm {_version()}: {why}"
-        from .checkpoint import bridged, config_for, layer_pattern_refusal, missing_fields
-        from .families import CONFIG_REFUSALS, UNSUPPORTED
 
         written = config_for(family.name, config.to_dict())
         why = layer_pattern_refusal(written, mt)
@@ -114,10 +118,6 @@ class Mlx(Reference):
              ("mlx_lm.models.base", "scaled_dot_product_attention"))
 
     def preflight(self, family, config) -> None:
-        import importlib
-
-        from ...errors import UsageError
-
         if not self.available() or self.refusal(family, config) is not None:
             return  # nothing of it runs: the refusal says why, as a row or in one line
         mt = self.model_type(config, family)
@@ -129,8 +129,6 @@ class Mlx(Reference):
                              f"(harness/references/mlx/); the lock's is {_locked()}")
 
     def calls(self, req) -> list[int]:
-        from ...schedule import chunk_sizes
-
         return chunk_sizes(req.case.schedule, int(req.tokens.shape[1]))
 
     def compute_dtype(self, case_dtype: str) -> str:
@@ -141,10 +139,6 @@ class Mlx(Reference):
         return "float32" if case_dtype == "float64" else case_dtype
 
     def capture(self, req, **kw) -> RefCapture:
-        from ... import cache
-        from ...versions import versions
-        from . import capture as mlxcap
-
         dtype = self.compute_dtype(req.case.dtype)
         why = self.refusal(req.family, req.config)
         if why is not None:
@@ -180,7 +174,6 @@ class Mlx(Reference):
                 # MLX's CPU kernels of some operations take float32 alone (GatherMM, the
                 # experts' gathered matmul of mlx_lm/models/switch_layers.py): this model, in
                 # this dtype, is one mlx-lm does not compute here
-                from .. import NotImplementedHere
 
                 raise NotImplementedHere(f"MLX {_version('mlx')}'s CPU computes an operation of this model in "
                                          f"float32 only, not {dtype} ({said[:200]})") from None
@@ -190,8 +183,6 @@ class Mlx(Reference):
 
 
 def _locked() -> str:
-    from ...versions import read_lock
-
     return read_lock().get("mlx-lm") or "not pinned"
 
 
@@ -206,8 +197,6 @@ def _load(req, dtype: str):
     """mlx-lm's model of the case: the HF model's checkpoint, saved as a user's download
     is (config.json + safetensors), read by ``mlx_lm.utils.load_model``, cast to ``dtype``;
     and the class of HF's embedding module."""
-
-    from .checkpoint import rewrite
 
     hf_model, _ = req.model("float32")
     with tempfile.TemporaryDirectory(prefix="conformance-mlx-") as d:
@@ -229,7 +218,6 @@ def _load(req, dtype: str):
             # (or holds them in other shapes: mlx_lm/models/mixtral.py and internlm3.py size the heads
             # hidden_size // num_attention_heads whatever head_dim says -- "Expected shape ...")
             if "parameters not in model" in said or "Missing" in said or "Expected shape" in said:
-                from .. import NotImplementedHere
 
                 mt = Mlx().model_type(req.config, req.family) or getattr(req.config, "model_type", "?")
                 raise NotImplementedHere(f"mlx-lm {_version()} cannot build this config's model "

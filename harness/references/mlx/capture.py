@@ -31,6 +31,7 @@ import numpy as np
 from ..hf.capture import _resolve  # one path walk for both references (lists and dict-like modules too)
 from .families import OWN_VALUE, SDPA_MLA, mlx_path
 from harness.lazy import lazy
+from ..hf.capture import _merge_calls
 
 mx = lazy("mlx.core")
 models_cache = lazy("mlx_lm.models.cache")
@@ -101,8 +102,6 @@ def capture(family, model, config, layer_cfgs, tokens: np.ndarray, calls: list[i
             meta: dict) -> dict:
     """mlx-lm's probes of the case, canonical (``"L{i}.{probe}"`` and the model
     probes), its calls put together as HF's cached path's are."""
-
-    from ..hf.capture import _merge_calls  # the same merge as HF's cached path: rows, keys, calls
 
     layers = decoder_layers(family, model)
     n_layers = len(layer_cfgs)
