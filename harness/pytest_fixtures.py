@@ -114,44 +114,23 @@ def need_mlx():
                     "or opt out explicitly with CONFORMANCE_ALLOW_NO_MLX=1")
 
 
-@pytest.fixture(name="run")
-def _run_fixture():
-    return run
+def _handing(value, name: str, doc: str):
+    """A fixture named ``name`` that hands the test ``value`` (a function or a module)."""
+    def fixture():
+        return value
+
+    fixture.__doc__ = doc
+    return pytest.fixture(name=name)(fixture)
 
 
-@pytest.fixture(name="case_run")
-def _case_run_fixture():
-    return case_run
-
-
-@pytest.fixture(name="finding")
-def _finding_fixture():
-    return finding
-
-
-@pytest.fixture(name="assert_dsa_indexer_active")
-def _dsa_active_fixture():
-    return assert_dsa_indexer_active
-
-
-@pytest.fixture(name="assert_dsa_indexer_inert")
-def _dsa_inert_fixture():
-    return assert_dsa_indexer_inert
-
-
-@pytest.fixture
-def cli_main():
-    """``harness.cli.main``: the command line in-process (``cli_main(["run", ...])`` -> exit status)."""
-    return cli.main
-
-
-@pytest.fixture
-def gguf_export():
-    """harness/pipeline/gguf/export.py: a family's model written as the converter writes it."""
-    return _gguf_export
-
-
-@pytest.fixture
-def gguf_import():
-    """harness/pipeline/gguf/reader.py: a GGUF read back into a family's HF model (``--gguf``)."""
-    return _gguf_reader
+_run_fixture = _handing(run, "run", run.__doc__)
+_case_run_fixture = _handing(case_run, "case_run", case_run.__doc__)
+_finding_fixture = _handing(finding, "finding", finding.__doc__)
+_dsa_active_fixture = _handing(assert_dsa_indexer_active, "assert_dsa_indexer_active", assert_dsa_indexer_active.__doc__)
+_dsa_inert_fixture = _handing(assert_dsa_indexer_inert, "assert_dsa_indexer_inert", assert_dsa_indexer_inert.__doc__)
+_cli_fixture = _handing(cli.main, "cli_main", "``harness.cli.main``: the command line in-process "
+                        "(``cli_main([\"run\", ...])`` -> exit status).")
+_export_fixture = _handing(_gguf_export, "gguf_export",
+                           "harness/pipeline/gguf/export.py: a family's model written as the converter writes it.")
+_import_fixture = _handing(_gguf_reader, "gguf_import",
+                           "harness/pipeline/gguf/reader.py: a GGUF read back into a family's HF model (``--gguf``).")
