@@ -65,7 +65,7 @@ def main(req_path: str, out_dir: str) -> int:
     wanted = set(req["names"])
     verbose = bool(req.get("verbose"))
     if verbose:  # llama-cpp-python's own logger, the one its import installs (llama_cpp/_logger.py)
-        from llama_cpp._logger import llama_log_callback
+        from llama_cpp._logger import llama_log_callback  # in the worker, as llama_cpp above
 
         lc.llama_log_set(llama_log_callback, ctypes.c_void_p(0))
     else:
