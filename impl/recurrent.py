@@ -37,7 +37,8 @@ from .ops import linear as _linear
 from .ops import noop as _noop
 from .ops import sigmoid as _sigmoid
 from .recurrent_kinds import RecurrentConfig, head_index, query_scale
-from .recurrent_scan import carried_decays, chunk_steps, scan_chunked, scan_sequential
+from . import recurrent_scan  # looked up at each call, as a test's patch of the module expects
+from .recurrent_scan import chunk_steps, scan_chunked, scan_sequential
 
 # The weights a recurrent layer may carry, per role, in HF nn.Linear layout ([out, in]).
 # C = conv channels (RecurrentConfig.conv_channels), W = the output row (RecurrentConfig.width).
@@ -434,7 +435,7 @@ def _recur(layer: RecurrentLayer, q, k, v, g, beta, slot: kvmod.RecurrentState):
     if cfg.decay_param == "slope":
         # lightning: the same exp(-slope_h) every row -- the state's multipliers carried across
         # chunks and calls without the drift of a fixed rounded exp(-slope) (recurrent_scan)
-        const, slot.decay_residual = carried_decays(be, layer.log_decay, steps, slot.decay_residual)
+        const, slot.decay_residual = recurrent_scan.carried_decays(be, layer.log_decay, steps, slot.decay_residual)
     if cfg.scan == "chunked":
         y, slot.rec = scan_chunked(be, q, k, v, g, beta, slot.rec, delta, cfg.chunk_size, const)
     else:

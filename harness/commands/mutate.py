@@ -49,7 +49,8 @@ from ..cli import add_verbose
 from ._mutant_case import MutantCase
 from ..case import Case
 from .. import matrix
-from ..mutants import StaleMutant, applied, registry
+from .. import mutants as mutants_pkg  # looked up at each call, as a test's patch of the module expects
+from ..mutants import StaleMutant, applied
 from ..bisect import FAILING, first_divergence
 from ..verdict import candidate_rows
 from ..features import SPEC_DECORATIONS
@@ -119,7 +120,7 @@ def work_mutant(case_dict: dict, policy_path: str | None, plot_dir: str | None) 
     t = time.perf_counter()
     try:
         # a mutant may well compute inf - inf: the NaN is judged (a fail), the warning is noise
-        with applied(registry()[name], size), np.errstate(all="ignore"):
+        with applied(mutants_pkg.registry()[name], size), np.errstate(all="ignore"):
             rec = matrix.work(d, policy_path, None)
     except StaleMutant as e:
         return {"case_id": cid, "mutant": name, "stale": str(e)}
@@ -196,7 +197,7 @@ def _no_pass_reason(rows: list[dict]) -> str:
 
 # ---------------------------------------------------------------- the run
 def select_mutants(names: str | None, decoration: str | None) -> list:
-    reg = registry()
+    reg = mutants_pkg.registry()
     chosen = list(reg.values())
     if names:
         wanted = [n.strip() for n in names.split(",") if n.strip()]
@@ -509,7 +510,7 @@ def run_mutation(spec, mutants: list, jobs: int, policy_path: str | None, mutant
     by_spec = sum(1 for e in out if e.get("killed_by_spec"))
     exercised = sorted({f for cid in spec_ids for f in base[cid]["features"]})
 
-    covered = {m.decoration for m in registry().values()}
+    covered = {m.decoration for m in mutants_pkg.registry().values()}
 
     no_mutant = [t for t in exercised if t in SPEC_DECORATIONS and t not in covered
                  and t not in ("kv_decode", "kv_batched")]
