@@ -15,7 +15,6 @@ reference's own config, up to the finding's measured size. The verdict rules
 from __future__ import annotations
 
 import time
-from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Callable
 import traceback
@@ -67,6 +66,13 @@ class CandidateFeed:
     by_layer: bool = False
 
 
+def _family_values(req: JudgeRequest) -> dict:
+    """What the family reads from the reference's config where no key says it
+    (``Family.finding_values``): the policy matches a finding's ``family.NAME``
+    conditions on it and asks no family itself (it sits below them)."""
+    return families.get(req.family).finding_values(req.config) if req.config is not None else {}
+
+
 class Judge:
     def __init__(self, req: JudgeRequest):
         self.req = req
@@ -75,13 +81,6 @@ class Judge:
         # (side, probe key) -> how it was derived: the references' (capture stage), then each
         # candidate capture's own (its meta's "derived")
         self.derived: dict = dict(req.derived)
-
-    @cached_property
-    def family_values(self) -> dict:
-        """What the family reads from the reference's config where no key says it
-        (``Family.finding_values``): the policy matches a finding's ``family.NAME``
-        conditions on it and asks no family itself (it sits below them)."""
-        return families.get(self.req.family).finding_values(self.req.config) if self.req.config is not None else {}
 
     def compare_candidate(self, rc: RefCapture, feed: "CandidateFeed", oracle: RefCapture | None = None,
                           rounding: RefCapture | None = None, sizer: RefCapture | None = None,
@@ -369,7 +368,7 @@ class Judge:
                 if st3 == "fail" and req.policy.finding(
                         req.family, cand_name, oname, probe, kinds.label(lc), req.config, layer=layer,
                         nmse=cm["nmse"], dtype="float64", tokens=req.case.tokens, n_layers=len(req.layer_cfgs),
-                        chunks=req.chunks, family_values=self.family_values):
+                        chunks=req.chunks, family_values=_family_values(req)):
                     # the oracle's float64 model is not exact float64 here, by a finding of its own
                     # against the candidate (minimax#5: HF's float32 decay tables): float64's bound
                     # does not apply to that run; the allowance above stands
@@ -389,7 +388,7 @@ class Judge:
             known = req.policy.finding(req.family, cand_name, ref_name, probe, kinds.label(lc), req.config,
                                        layer=layer, nmse=m["nmse"], dtype=cdt, tokens=req.case.tokens,
                                        n_layers=len(req.layer_cfgs), chunks=req.chunks,
-                                       family_values=self.family_values)
+                                       family_values=_family_values(req))
             if known:
                 status, reason = "finding", f"{reason} -- known disagreement: {known}"
         key = f"L{layer}.{probe}" if layer is not None else probe
@@ -461,7 +460,7 @@ class Judge:
             known = measured and req.policy.finding(
                 req.family, r["candidate"], r["reference"], r["probe"], kinds.label(lc), req.config, layer=layer,
                 nmse=r.get("nmse"), dtype=r.get("cmp_dtype"), tokens=req.case.tokens, n_layers=len(req.layer_cfgs),
-                chunks=req.chunks, measured=measured, family_values=self.family_values)
+                chunks=req.chunks, measured=measured, family_values=_family_values(req))
             out.append(dict(r, status="finding", reason=f"{r['reason']} -- known disagreement: {known}")
                        if known else r)
         return out
