@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.lazy import lazy
-from ._convert import llama3_rope_factors
+from . import _convert  # looked up at each call, as a test's patch of the module expects
 
 gguf = lazy("gguf")
 torch = lazy("torch")
@@ -134,7 +134,7 @@ class GGUFExport:
     def gguf_extra_tensors(self, config, variant: str | None = None):
         """The tensors the converter writes from the config alone (llama3's rope_freqs)."""
         if self.converter_rope_freqs:
-            factors = llama3_rope_factors(config)
+            factors = _convert.llama3_rope_factors(config)
             if factors is not None:
                 yield "rope_freqs.weight", factors
 

@@ -145,8 +145,8 @@ MUTANTS = [
                "per block)",
            bisect_note=NOTE.format(what="chunked scan")),
     Mutant("lightning-decay-residual-dropped", "lightning", "impl.recurrent",
-           "const, slot.decay_residual = carried_decays(be, layer.log_decay, steps, slot.decay_residual)",
-           "const, slot.decay_residual = carried_decays(be, layer.log_decay, steps, None)",
+           "const, slot.decay_residual = recurrent_scan.carried_decays(be, layer.log_decay, steps, slot.decay_residual)",
+           "const, slot.decay_residual = recurrent_scan.carried_decays(be, layer.log_decay, steps, None)",
            {"family": "minimax", "dtype": "float32", "kv": "paged", "schedule": "decode", "tokens": 256, "ref": "hf"},
            "rec_out", dtypes=("float32",),
            doc="the correction of lightning's rounded per-row decay lost between calls (issue 40's second class): "
